@@ -1,0 +1,110 @@
+"""KVCache: the small interface every cache strategy shares, and its memory accounting."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class CacheMemory:
+    """Honest accounting of a cache's bytes.
+
+    allocated_bytes = used_bytes + reserved_bytes: what the cache holds in memory, split into
+    bytes that hold tokens and bytes reserved but still empty. device_bytes is the part on the
+    compute device; offloaded_bytes the part kept in a slower tier (0 unless offloaded).
+    """
+
+    allocated_bytes: int
+    used_bytes: int
+    reserved_bytes: int
+    device_bytes: int
+    offloaded_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int,
+                   batch: int = 1, bytes_per_element: int = 4) -> int:
+    """The memory formula: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes."""
+    return 2 * num_layers * num_kv_heads * head_dim * tokens * batch * bytes_per_element
+
+
+def tensor_bytes(*tensors: torch.Tensor | None) -> int:
+    """Bytes of the storage behind the given tensors (None counts 0)."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Scaled dot-product attention of the last T queries over S >= T keys, causally.
+
+    q: (B, nh, T, hs); k, v: (B, nkv, S, hs) with nh a multiple of nkv (grouped-query attention).
+    The T queries sit at positions S-T .. S-1, so query i may see keys 0 .. S-T+i.
+    """
+    T, S = q.size(2), k.size(2)
+    gqa = q.size(1) != k.size(1)
+    if T == 1:  # one new token sees everything stored: no mask needed
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (B, nh, 1, hs)
+    if T == S:  # prefill from an empty cache
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    keep = torch.arange(S, device=q.device)[None, :] <= (S - T + torch.arange(T, device=q.device))[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=gqa)  # (B, nh, T, hs)
+
+
+class KVCache(ABC):
+    """Per-layer store of keys and values, passed explicitly into the decoder's forward.
+
+    The contract follows transformers' caches: ``update(layer_idx, k, v)`` stores the new
+    keys/values of one layer and returns everything to attend over, shaped
+    (batch, kv_heads, seq, head_dim). ``seq_len`` is the number of tokens stored (it advances
+    when the last layer has been updated).
+    """
+
+    name: str = "base"
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.batch = batch
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+    @abstractmethod
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, nkv, T_new, hs) of one layer; return all K, V (B, nkv, S, hs) to attend over."""
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """Tokens stored so far (the position the next token gets)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget every token (memory of preallocated caches stays reserved)."""
+
+    @abstractmethod
+    def memory(self) -> CacheMemory:
+        """Bytes allocated, holding tokens, and reserved but empty."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this layer's new k, v and attend the queries q over every stored token.
+
+        q: (B, nh, T, hs) -> (B, nh, T, hs). Caches with a non-contiguous layout (paged) override this.
+        """
+        keys, values = self.update(layer_idx, k, v)  # (B, nkv, S, hs)
+        return causal_attention(q, keys, values)
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token's K and V take across all layers and the batch at full precision."""
+        return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, self.batch,
+                              torch.tensor([], dtype=self.dtype).element_size())
+
+    def __repr__(self) -> str:
+        m = self.memory()
+        return (f"{type(self).__name__}(seq_len={self.seq_len}, allocated={m.allocated_bytes:,} B, "
+                f"used={m.used_bytes:,} B, reserved={m.reserved_bytes:,} B)")

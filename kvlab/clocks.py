@@ -1,0 +1,449 @@
+"""The four clocks: per-request timestamps -> TTFT, time between tokens, E2E, throughput.
+
+An engine (or the HTTP load generator) stamps one `RequestRecord` per request
+at the *client side*; this module turns records into latencies, counts and
+rates. Names follow vLLM's `bench serve` (see shared/reference/metrics.md):
+
+| kvlab name | vLLM   | definition (per request unless said)                       |
+|------------|--------|------------------------------------------------------------|
+| `ttft_s`   | TTFT   | first_token_s - scheduled_s                                |
+| `tpot_s`   | TPOT   | (e2e_s - ttft_s) / (output_tokens - 1), output_tokens >= 2 |
+| `itl_s`    | ITL    | every gap between consecutive token stamps, pooled over    |
+|            |        | all requests (one stamp per streamed chunk over HTTP)      |
+| `e2e_s`    | E2EL   | finished_s - scheduled_s (completed requests only)         |
+| `queue_s`  | --     | admitted_s - scheduled_s (first admission to a batch)      |
+| `send_delay_s` | -- | sent_s - scheduled_s (how far the client fell behind)      |
+
+GuideLLM calls our TPOT "ITL" and E2E / output_tokens "TPOT"; we do not
+report the latter. Every clock starts at the *scheduled* arrival, not at the
+actual send, so a client that falls behind under load cannot hide the wait
+(open loop; no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+STATUSES = ("waiting", "running", "completed", "failed")
+CLOCKS = ("ttft", "tpot", "itl", "e2e", "queue")
+DEFAULT_QS = (0.5, 0.9, 0.95, 0.99)
+_NAN = float("nan")
+
+
+@dataclass
+class RequestRecord:
+    """Timestamps of one request, all float seconds on one clock.
+
+    The clock may be `time.perf_counter()` or a simulator's virtual time.
+    `finished_s` is the time of the terminal event: completion, or failure
+    (then `fail_reason` says why: "queue_full", "prompt_too_long",
+    "cancelled", "preempted_too_often", ...). `admitted_s` is the *first*
+    admission into a running batch; a request preempted and re-admitted
+    keeps its first admission and its tokens already streamed.
+    `output_tokens_reported` is the server's `usage` count; when given it is
+    the `output_tokens` used for TPOT and throughput, because over HTTP one
+    streamed chunk (one stamp in `token_s`) may carry several tokens.
+    """
+
+    request_id: int | str
+    prompt_tokens: int
+    max_new_tokens: int
+    scheduled_s: float
+    sent_s: float | None = None  # None -> scheduled_s
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    token_s: list[float] = field(default_factory=list)
+    finished_s: float | None = None
+    status: str = "waiting"
+    fail_reason: str | None = None
+    output_tokens_reported: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sent_s is None:
+            self.sent_s = self.scheduled_s
+        if self.status not in STATUSES:
+            raise ValueError(f"request {self.request_id}: status {self.status!r} is not one of {STATUSES}")
+
+    @classmethod
+    def from_request(cls, request, sent_s: float | None = None) -> "RequestRecord":
+        """A fresh record for a `kvlab.workload.Request` (its profile goes to `extra`)."""
+        return cls(
+            request_id=request.request_id,
+            prompt_tokens=request.prompt_tokens,
+            max_new_tokens=request.max_new_tokens,
+            scheduled_s=request.arrival_s,
+            sent_s=sent_s,
+            extra={"profile": request.profile},
+        )
+
+    # -- events, in the order an engine sees them --------------------------
+    def admit(self, t: float) -> None:
+        """The request joined a running batch (only the first admission is kept)."""
+        if self.admitted_s is None:
+            self.admitted_s = t
+        self.status = "running"
+
+    def token(self, t: float) -> None:
+        """One output token (or streamed chunk) arrived at time `t`."""
+        if self.first_token_s is None:
+            self.first_token_s = t
+        self.token_s.append(t)
+        self.status = "running"
+
+    def finish(self, t: float, output_tokens: int | None = None) -> None:
+        """The request completed; `output_tokens` is the server's usage count, if known."""
+        self.finished_s = t
+        self.status = "completed"
+        if output_tokens is not None:
+            self.output_tokens_reported = output_tokens
+
+    def fail(self, t: float, reason: str) -> None:
+        """The request ended without completing, for `reason`."""
+        self.finished_s = t
+        self.status = "failed"
+        self.fail_reason = reason
+
+    # -- derived quantities --------------------------------------------------
+    @property
+    def output_tokens(self) -> int:
+        """`output_tokens_reported` if the server gave it, else len(token_s)."""
+        if self.output_tokens_reported is not None:
+            return self.output_tokens_reported
+        return len(self.token_s)
+
+    def state_at(self, until_s: float) -> str | None:
+        """State at time `until_s`: None if not yet sent, else one of STATUSES.
+
+        Ended (completed / failed) once `finished_s <= until_s`; running once
+        admitted (or, with no admission stamp, once its first token came);
+        waiting before that.
+        """
+        self.check()
+        if self.sent_s > until_s:
+            return None
+        if self.finished_s is not None and self.finished_s <= until_s:
+            return self.status
+        started = self.admitted_s if self.admitted_s is not None else self.first_token_s
+        if started is not None and started <= until_s:
+            return "running"
+        return "waiting"
+
+    def check(self) -> None:
+        """Raise ValueError if the stamps contradict the status."""
+        ended = self.status in ("completed", "failed")
+        if ended and self.finished_s is None:
+            raise ValueError(f"request {self.request_id} is {self.status} but has no finished_s; use record.finish(t) or record.fail(t, reason)")
+        if not ended and self.finished_s is not None:
+            raise ValueError(f"request {self.request_id} has finished_s={self.finished_s} but status {self.status!r}")
+
+    def clocks(self) -> dict:
+        """This request's clocks (NaN where not defined), as in the module table."""
+        nan = _NAN
+        def since_scheduled(t):
+            return nan if t is None else t - self.scheduled_s
+        ttft = since_scheduled(self.first_token_s)
+        e2e = since_scheduled(self.finished_s) if self.status == "completed" else nan
+        n = self.output_tokens
+        tpot = (e2e - ttft) / (n - 1) if n >= 2 and not math.isnan(e2e) else nan
+        return {
+            "send_delay_s": self.sent_s - self.scheduled_s,
+            "queue_s": since_scheduled(self.admitted_s),
+            "ttft_s": ttft,
+            "tpot_s": tpot,
+            "e2e_s": e2e,
+        }
+
+    def itl_s(self) -> list[float]:
+        """Gaps between consecutive token stamps (vLLM's ITL, before pooling)."""
+        return np.diff(self.token_s).tolist()
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency targets in seconds; a request meets the SLO if it meets every one given.
+
+    A request with one output token has no TPOT and meets any TPOT target
+    (as in vLLM, which counts its TPOT as 0).
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    def __post_init__(self) -> None:
+        given = self.targets()
+        if not given:
+            raise ValueError("SLO needs at least one target, e.g. SLO(ttft_s=0.5) or SLO(tpot_s=0.05, e2e_s=5)")
+        for k, v in given.items():
+            if not v > 0:
+                raise ValueError(f"SLO {k}={v} must be a positive number of seconds")
+
+    def targets(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s)) if v is not None}
+
+    def met(self, clocks: Mapping[str, float]) -> bool:
+        """Whether a completed request's clocks meet every target."""
+        for k, target in self.targets().items():
+            value = clocks[k]
+            if k == "tpot_s" and math.isnan(value):
+                continue
+            if not value <= target:
+                return False
+        return True
+
+
+def quantiles(values: Iterable[float], qs: Sequence[float] = DEFAULT_QS) -> dict[str, float]:
+    """`{"n", "mean", "p50", ...}` of `values`, ignoring NaN.
+
+    The sample size `n` always comes with the quantiles: a p99 of 20 values
+    is the second-largest value, not a tail. With n = 0 every statistic is
+    NaN. Quantiles use numpy's default (linear interpolation).
+    """
+    for q in qs:
+        if not 0 <= q <= 1:
+            raise ValueError(f"quantile {q} is outside [0, 1]; write p95 as 0.95")
+    x = np.asarray(list(values), dtype=float)
+    x = x[~np.isnan(x)]
+    out: dict[str, float] = {"n": int(x.size), "mean": float(x.mean()) if x.size else _NAN}
+    for q in qs:
+        out[f"p{q * 100:g}"] = float(np.quantile(x, q)) if x.size else _NAN
+    return out
+
+
+def requests_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """One row per request: ids, lengths, status, raw stamps and every clock.
+
+    Keys of `record.extra` (e.g. `profile`) become columns too.
+    """
+    rows = []
+    for r in records:
+        r.check()
+        row = {
+            "request_id": r.request_id,
+            "status": r.status,
+            "fail_reason": r.fail_reason,
+            "prompt_tokens": r.prompt_tokens,
+            "max_new_tokens": r.max_new_tokens,
+            "output_tokens": r.output_tokens,
+            "scheduled_s": r.scheduled_s,
+            "sent_s": r.sent_s,
+            "admitted_s": r.admitted_s,
+            "first_token_s": r.first_token_s,
+            "finished_s": r.finished_s,
+            **r.clocks(),
+        }
+        for k, v in r.extra.items():
+            row.setdefault(k, v)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Summary:
+    """The four clocks of a run, at the cut-off `until_s`.
+
+    Counts: sent = completed + failed + waiting + running. `latency` maps
+    each clock in CLOCKS to its `quantiles()` dict. Throughput is over
+    `duration_s` = first scheduled arrival -> `until_s`.
+    """
+
+    until_s: float
+    duration_s: float
+    sent: int
+    completed: int
+    failed: int
+    waiting: int
+    running: int
+    failed_by_reason: dict[str, int]
+    latency: dict[str, dict[str, float]]
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    streamed_tokens_per_s: float
+    slo: SLO | None = None
+    slo_met: int | None = None
+    goodput_rps: float = _NAN
+    slo_share: float = _NAN
+
+    def to_dict(self) -> dict:
+        """Flat dict: counts, `{clock}_n`, `{clock}_mean_s`, `{clock}_p50_s`, ..., rates, SLO."""
+        d = {k: getattr(self, k) for k in ("until_s", "duration_s", "sent", "completed", "failed", "waiting", "running")}
+        d.update({f"failed_{reason}": n for reason, n in sorted(self.failed_by_reason.items())})
+        for clock, stats in self.latency.items():
+            for stat, v in stats.items():
+                d[f"{clock}_n" if stat == "n" else f"{clock}_{stat}_s"] = v
+        d.update(output_tokens=self.output_tokens, output_tokens_per_s=self.output_tokens_per_s,
+                 requests_per_s=self.requests_per_s, streamed_tokens_per_s=self.streamed_tokens_per_s)
+        if self.slo is not None:
+            d.update({f"slo_{k}": v for k, v in self.slo.targets().items()})
+            d.update(slo_met=self.slo_met, goodput_rps=self.goodput_rps, slo_share=self.slo_share)
+        return d
+
+    def to_frame(self) -> pd.DataFrame:
+        """`to_dict()` as a one-row DataFrame (concatenate rows across load levels)."""
+        return pd.DataFrame([self.to_dict()])
+
+    def latency_frame(self) -> pd.DataFrame:
+        """One row per clock, columns n, mean, p50, p90, ... (seconds)."""
+        return pd.DataFrame.from_dict(self.latency, orient="index").rename_axis("clock")
+
+
+def _last_event(r: RequestRecord) -> float:
+    stamps = [r.scheduled_s, r.sent_s, r.admitted_s, r.first_token_s, r.finished_s, *r.token_s]
+    return max(t for t in stamps if t is not None)
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    window_s: float | None = None,
+    slo: SLO | None = None,
+    until_s: float | None = None,
+    qs: Sequence[float] = DEFAULT_QS,
+) -> Summary:
+    """Counts, latency quantiles, throughput and goodput at a cut-off.
+
+    The cut-off is `until_s` (absolute), or `window_s` after the first
+    scheduled arrival, or by default the last event of any record. At the
+    cut-off each sent request is completed, failed, running or waiting (see
+    `RequestRecord.state_at`). Latency samples come from requests completed
+    by the cut-off, as in vLLM (failed and unfinished requests have no
+    E2E); their count is `completed`, next to `waiting` and `running`.
+
+    - `output_tokens_per_s`: output tokens of completed requests / duration (vLLM).
+    - `streamed_tokens_per_s`: every token stamped by the cut-off, any status / duration.
+    - `requests_per_s`: completed requests / duration.
+    - `goodput_rps`: completed requests meeting every SLO target / duration;
+      `slo_share`: those / requests ended by the cut-off (a failure misses the SLO).
+    """
+    records = list(records)
+    if not records:
+        raise ValueError("summarize() needs at least one RequestRecord")
+    if window_s is not None and until_s is not None:
+        raise ValueError(f"give window_s ({window_s}) or until_s ({until_s}), not both")
+    start = min(r.scheduled_s for r in records)
+    if window_s is not None:
+        if not window_s > 0:
+            raise ValueError(f"window_s={window_s} must be > 0 seconds")
+        until_s = start + window_s
+    elif until_s is None:
+        until_s = max(_last_event(r) for r in records)
+    duration = until_s - start
+
+    counts = dict.fromkeys(STATUSES, 0)
+    by_reason: dict[str, int] = {}
+    done: list[RequestRecord] = []
+    streamed = 0
+    for r in records:
+        state = r.state_at(until_s)
+        if state is None:
+            continue
+        counts[state] += 1
+        streamed += sum(1 for t in r.token_s if t <= until_s)
+        if state == "failed":
+            reason = r.fail_reason or "unknown"
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        elif state == "completed":
+            done.append(r)
+
+    per_request = [r.clocks() for r in done]
+    samples = {c: [x[f"{c}_s"] for x in per_request] for c in ("ttft", "tpot", "e2e", "queue")}
+    samples["itl"] = [gap for r in done for gap in r.itl_s()]
+    latency = {c: quantiles(samples[c], qs) for c in CLOCKS}
+
+    def rate(count: float) -> float:
+        return count / duration if duration > 0 else _NAN
+
+    output_tokens = sum(r.output_tokens for r in done)
+    summary = Summary(
+        until_s=until_s,
+        duration_s=duration,
+        sent=sum(counts.values()),
+        completed=counts["completed"],
+        failed=counts["failed"],
+        waiting=counts["waiting"],
+        running=counts["running"],
+        failed_by_reason=by_reason,
+        latency=latency,
+        output_tokens=output_tokens,
+        output_tokens_per_s=rate(output_tokens),
+        requests_per_s=rate(len(done)),
+        streamed_tokens_per_s=rate(streamed),
+    )
+    if slo is not None:
+        met = sum(slo.met(x) for x in per_request)
+        ended = summary.completed + summary.failed
+        summary.slo, summary.slo_met = slo, met
+        summary.goodput_rps = rate(met)
+        summary.slo_share = met / ended if ended else _NAN
+    return summary
+
+
+def _jsonable(x):
+    """NaN -> None, numpy scalars -> Python, recursively (strict JSON has no NaN)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, SLO):
+        return x.targets()
+    return x
+
+
+def save_results(path: str | Path, results: pd.DataFrame | Summary, settings: Mapping) -> Path:
+    """Write `results` with kvlab version, `settings` and machine to `path`.
+
+    `.json`: `{"kvlab_version", "settings", "environment", "results"}`,
+    results as a list of row dicts (NaN written as null).
+    `.csv`: the table, preceded by `# key: <json>` metadata lines; read it
+    back with `load_results`.
+    """
+    from kvlab.env import environment  # lazy: collecting versions may import torch
+
+    path = Path(path)
+    frame = results.to_frame() if isinstance(results, Summary) else results
+    if not isinstance(frame, pd.DataFrame):
+        raise ValueError(f"save_results takes a DataFrame or a Summary, not {type(results).__name__}")
+    env = environment()
+    meta = {"kvlab_version": env["versions"]["kvlab"], "settings": dict(settings), "environment": env}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        doc = {**meta, "results": frame.to_dict(orient="records")}
+        path.write_text(json.dumps(_jsonable(doc), indent=2, default=str) + "\n")
+    elif path.suffix == ".csv":
+        with path.open("w", encoding="utf-8", newline="") as f:
+            for k, v in meta.items():
+                f.write(f"# {k}: {json.dumps(_jsonable(v), default=str)}\n")
+            frame.to_csv(f, index=False)
+    else:
+        raise ValueError(f"save_results writes .csv or .json, not {path.suffix!r} ({path}); change the extension")
+    return path
+
+
+def load_results(path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """Read what `save_results` wrote: (results frame, metadata dict)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        doc = json.loads(path.read_text())
+        frame = pd.DataFrame(doc.pop("results"))
+        return frame, doc
+    meta, skip = {}, 0
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith("# "):
+                break
+            key, value = line[2:].split(": ", 1)
+            meta[key] = json.loads(value)
+            skip += 1
+    return pd.read_csv(path, skiprows=skip), meta

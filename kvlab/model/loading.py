@@ -1,0 +1,199 @@
+"""Loading: transformers models and checkpoints into kvlab's Decoder, and back."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .decoder import Decoder
+from .tokenizer import ByteTokenizer, HFTokenizer
+
+# transformers model_type -> kvlab arch
+SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
+
+
+def _unsupported(what: str) -> ValueError:
+    return ValueError(f"{what} is not supported by kvlab; supported model types: "
+                      f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))} (Llama/Mistral/Qwen2 and GPT-2 families)")
+
+
+def config_from_transformers(hf_config) -> ModelConfig:
+    """A kvlab ModelConfig from a transformers PretrainedConfig; unsupported features are refused by name."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise _unsupported(f"architecture {model_type!r} ({', '.join(getattr(hf_config, 'architectures', None) or [])})")
+    arch = SUPPORTED_MODEL_TYPES[model_type]
+    if arch == "gpt2":
+        if hf_config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise _unsupported(f"GPT-2 activation {hf_config.activation_function!r}")
+        if hf_config.scale_attn_by_inverse_layer_idx or hf_config.reorder_and_upcast_attn:
+            raise _unsupported("GPT-2 with scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn")
+        return ModelConfig(arch="gpt2", vocab_size=hf_config.vocab_size, hidden_size=hf_config.n_embd,
+                           num_layers=hf_config.n_layer, num_heads=hf_config.n_head,
+                           intermediate_size=hf_config.n_inner or 4 * hf_config.n_embd,
+                           max_position_embeddings=hf_config.n_positions,
+                           norm_eps=hf_config.layer_norm_epsilon, tie_word_embeddings=True,
+                           bos_token_id=hf_config.bos_token_id, eos_token_id=hf_config.eos_token_id,
+                           name=getattr(hf_config, "name_or_path", "") or "gpt2")
+    if hf_config.hidden_act != "silu":
+        raise _unsupported(f"{model_type} with hidden_act {hf_config.hidden_act!r}")
+    if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
+        raise _unsupported(f"{model_type} with attention_bias / mlp_bias")
+    if getattr(hf_config, "sliding_window", None) and getattr(hf_config, "use_sliding_window", model_type == "mistral"):
+        raise _unsupported(f"{model_type} with sliding-window attention")
+    head_dim = getattr(hf_config, "head_dim", None)
+    if head_dim not in (None, hf_config.hidden_size // hf_config.num_attention_heads):
+        raise _unsupported(f"{model_type} with head_dim {head_dim} != hidden_size / num_heads")
+    eos = hf_config.eos_token_id
+    return ModelConfig(arch="llama", vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+                       num_layers=hf_config.num_hidden_layers, num_heads=hf_config.num_attention_heads,
+                       num_kv_heads=hf_config.num_key_value_heads or hf_config.num_attention_heads,
+                       intermediate_size=hf_config.intermediate_size,
+                       max_position_embeddings=hf_config.max_position_embeddings,
+                       rope_theta=float(getattr(hf_config, "rope_theta", None)
+                                        or (getattr(hf_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
+                       norm_eps=hf_config.rms_norm_eps, qkv_bias=model_type == "qwen2",
+                       tie_word_embeddings=bool(hf_config.tie_word_embeddings),
+                       bos_token_id=hf_config.bos_token_id,
+                       eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
+                       name=getattr(hf_config, "name_or_path", "") or model_type)
+
+
+def _llama_weights(hf, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    m, out = hf.model, {}
+    out["embed"] = m.embed_tokens.weight
+    for i, layer in enumerate(m.layers):
+        a, p = layer.self_attn, f"blocks.{i}."
+        # transformers stores [out, in]; kvlab stores [in, out] (see decoder.py)
+        out[p + "attn.w_qkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).T
+        if cfg.qkv_bias:
+            out[p + "attn.b_qkv"] = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        out[p + "attn.w_o"] = a.o_proj.weight.T
+        out[p + "mlp.w_gate_up"] = torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).T
+        out[p + "mlp.w_down"] = layer.mlp.down_proj.weight.T
+        out[p + "attn_norm.weight"] = layer.input_layernorm.weight
+        out[p + "mlp_norm.weight"] = layer.post_attention_layernorm.weight
+    out["final_norm.weight"] = m.norm.weight
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = hf.lm_head.weight.T
+    return out
+
+
+def _gpt2_weights(hf, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    t, out = hf.transformer, {}
+    out["embed"], out["pos_embed"] = t.wte.weight, t.wpe.weight
+    for i, h in enumerate(t.h):
+        p = f"blocks.{i}."
+        # GPT-2's Conv1D already stores [in, out]
+        out[p + "attn.w_qkv"], out[p + "attn.b_qkv"] = h.attn.c_attn.weight, h.attn.c_attn.bias
+        out[p + "attn.w_o"], out[p + "attn.b_o"] = h.attn.c_proj.weight, h.attn.c_proj.bias
+        out[p + "mlp.w_fc"], out[p + "mlp.b_fc"] = h.mlp.c_fc.weight, h.mlp.c_fc.bias
+        out[p + "mlp.w_proj"], out[p + "mlp.b_proj"] = h.mlp.c_proj.weight, h.mlp.c_proj.bias
+        out[p + "attn_norm.weight"], out[p + "attn_norm.bias"] = h.ln_1.weight, h.ln_1.bias
+        out[p + "mlp_norm.weight"], out[p + "mlp_norm.bias"] = h.ln_2.weight, h.ln_2.bias
+    out["final_norm.weight"], out["final_norm.bias"] = t.ln_f.weight, t.ln_f.bias
+    return out
+
+
+def from_transformers(hf_model, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = torch.float32, tokenizer=None) -> Decoder:
+    """Convert a transformers causal-LM object (Llama, Mistral, Qwen2, GPT-2) into a kvlab Decoder."""
+    from ..device import pick_device
+
+    cfg = config_from_transformers(hf_model.config)
+    weights = (_gpt2_weights if cfg.arch == "gpt2" else _llama_weights)(hf_model, cfg)
+    model = Decoder(cfg)
+    with torch.no_grad():
+        missing = set(dict(model.named_parameters())) - set(weights)
+        if missing:
+            raise RuntimeError(f"conversion left parameters unset: {sorted(missing)}")
+        for name, p in model.named_parameters():
+            p.copy_(weights[name].detach().to(torch.float32).contiguous())
+        if cfg.arch == "llama":
+            # transformers' own rotary frequencies, so scaled RoPE variants (e.g. Llama 3) carry over
+            rotary = getattr(hf_model.model, "rotary_emb", None)
+            if rotary is not None and getattr(rotary, "attention_scaling", 1.0) != 1.0:
+                raise _unsupported("RoPE scaling with attention_scaling != 1 (e.g. YaRN)")
+            if rotary is not None:
+                model.inv_freq.copy_(rotary.inv_freq.float())
+    model.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
+    return model.to(device=pick_device(device), dtype=dtype or torch.float32).eval()
+
+
+def to_transformers(model: Decoder):
+    """The same weights as a transformers model (LlamaForCausalLM or GPT2LMHeadModel), for parity checks and saving."""
+    import transformers
+
+    cfg = model.config
+    if cfg.arch == "gpt2":
+        hf_cfg = transformers.GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.hidden_size, n_layer=cfg.num_layers,
+                                         n_head=cfg.num_heads, n_inner=cfg.intermediate_size,
+                                         n_positions=cfg.max_position_embeddings, layer_norm_epsilon=cfg.norm_eps,
+                                         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
+        hf = transformers.GPT2LMHeadModel(hf_cfg)
+        names = _gpt2_weights
+    else:
+        kind = transformers.Qwen2Config if cfg.qkv_bias else transformers.LlamaConfig
+        hf_cfg = kind(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                      intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+                      rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
+                      tie_word_embeddings=cfg.tie_word_embeddings,
+                      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
+        hf = (transformers.Qwen2ForCausalLM if cfg.qkv_bias else transformers.LlamaForCausalLM)(hf_cfg)
+        names = _llama_weights
+    hf = hf.float().eval()
+    src = dict(model.named_parameters())
+    with torch.no_grad():
+        if cfg.arch == "gpt2":
+            for name, t in names(hf, cfg).items():  # kvlab name -> the transformers tensor it maps to
+                t.copy_(src[name])
+        else:
+            C, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
+            I = cfg.intermediate_size
+            for i, layer in enumerate(hf.model.layers):
+                p, a = f"blocks.{i}.", layer.self_attn
+                w = src[p + "attn.w_qkv"].T  # (q + 2 kv, C)
+                a.q_proj.weight.copy_(w[:C]); a.k_proj.weight.copy_(w[C:C + kv]); a.v_proj.weight.copy_(w[C + kv:])
+                if cfg.qkv_bias:
+                    b = src[p + "attn.b_qkv"]
+                    a.q_proj.bias.copy_(b[:C]); a.k_proj.bias.copy_(b[C:C + kv]); a.v_proj.bias.copy_(b[C + kv:])
+                a.o_proj.weight.copy_(src[p + "attn.w_o"].T)
+                gu = src[p + "mlp.w_gate_up"].T  # (2I, C)
+                layer.mlp.gate_proj.weight.copy_(gu[:I]); layer.mlp.up_proj.weight.copy_(gu[I:])
+                layer.mlp.down_proj.weight.copy_(src[p + "mlp.w_down"].T)
+                layer.input_layernorm.weight.copy_(src[p + "attn_norm.weight"])
+                layer.post_attention_layernorm.weight.copy_(src[p + "mlp_norm.weight"])
+            hf.model.embed_tokens.weight.copy_(src["embed"])
+            hf.model.norm.weight.copy_(src["final_norm.weight"])
+            if not cfg.tie_word_embeddings:
+                hf.lm_head.weight.copy_(src["lm_head"].T)
+    return hf
+
+
+def from_pretrained(name_or_path: str | Path, device: torch.device | str | None = None,
+                    dtype: torch.dtype = torch.float32) -> Decoder:
+    """Load a checkpoint directory offline (or a hub name where the hub is reachable) into kvlab.
+
+    The architecture is checked before any weights are read. The checkpoint's own tokenizer is
+    used when it has one; otherwise the built-in ByteTokenizer.
+    """
+    import transformers
+
+    path = Path(name_or_path)
+    local = path.is_dir()
+    if not local and (path.suffix or str(name_or_path).startswith((".", "/"))):
+        raise FileNotFoundError(f"no checkpoint directory at {name_or_path}; pass a directory holding "
+                                "config.json and weights, or a hub model name")
+    hf_config = transformers.AutoConfig.from_pretrained(str(name_or_path), local_files_only=local)
+    config_from_transformers(hf_config)  # refuse unsupported architectures before loading weights
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(name_or_path), local_files_only=local,
+                                                           dtype=torch.float32)
+    try:
+        tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=local))
+    except (OSError, ValueError, TypeError):
+        tok = ByteTokenizer()
+    model = from_transformers(hf, device=device, dtype=dtype, tokenizer=tok)
+    model.config.name = str(name_or_path)
+    return model

@@ -1,0 +1,69 @@
+"""Tokenizers: a built-in byte-level one for offline use, and a wrapper for a checkpoint's own."""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    """What kvlab needs of a tokenizer."""
+
+    eos_token_id: int | None
+    bos_token_id: int | None
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are tokens 0..255; 256 = BOS, 257 = EOS, 258 = PAD. Needs no file, works offline.
+
+    One token per byte makes lengths easy to reason about: a 100-character ASCII prompt is 100 tokens.
+    """
+
+    bos_token_id = 256
+    eos_token_id = 257
+    pad_token_id = 258
+    vocab_size = 259
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [self.bos_token_id, *ids] if add_bos else ids
+
+    def decode(self, ids: list[int]) -> str:
+        # Ids >= 256 are specials (or belong to a bigger vocabulary): shown as <id>.
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+                continue
+            if run:
+                out.append(run.decode("utf-8", errors="replace"))
+                run = bytearray()
+            out.append(f"<{i}>")
+        if run:
+            out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        return "ByteTokenizer(vocab_size=259)"
+
+
+class HFTokenizer:
+    """A transformers tokenizer behind the same small interface."""
+
+    def __init__(self, hf_tokenizer) -> None:
+        self.hf = hf_tokenizer
+        self.eos_token_id = hf_tokenizer.eos_token_id
+        self.bos_token_id = hf_tokenizer.bos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"

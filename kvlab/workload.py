@@ -1,0 +1,333 @@
+"""Workloads: which requests arrive, how long they are, and when.
+
+A workload is a list of `Request`s, each with a prompt length, an output
+budget (`max_new_tokens`) and an arrival time in seconds from the start.
+Lengths come from named *profiles*; arrival times from an *arrival process*
+(vLLM `bench serve`'s set: all at once, constant, Poisson, Gamma with a
+burstiness factor), or both from a replayed trace in the Azure LLM trace CSV
+format. Everything is seeded: the same arguments give the same workload.
+
+Default lengths are sized for a tiny CPU model with a 512-1024 token
+context; `scale` multiplies them, `max_context` clips them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "azure_conv_sample.csv"
+TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+@dataclass
+class Request:
+    """One request to send: lengths in tokens, arrival in seconds from the start.
+
+    `prompt` holds token ids when the workload was made with a vocabulary;
+    `prefix_id` names the shared system prompt its first tokens come from.
+    """
+
+    request_id: int
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival_s: float
+    profile: str
+    prompt: list[int] | None = None
+    prefix_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id}: prompt_tokens ({self.prompt_tokens}) and max_new_tokens ({self.max_new_tokens}) must be >= 1")
+        if self.prompt is not None and len(self.prompt) != self.prompt_tokens:
+            raise ValueError(f"request {self.request_id}: prompt has {len(self.prompt)} ids but prompt_tokens={self.prompt_tokens}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Uniform length ranges (inclusive, in tokens) for prompts and outputs."""
+
+    name: str
+    prompt_tokens: tuple[int, int]
+    max_new_tokens: tuple[int, int]
+    description: str
+
+
+PROFILES = {
+    p.name: p
+    for p in (
+        Profile("short_short", (16, 64), (8, 32), "chat turn: short question, short answer"),
+        Profile("long_short", (256, 512), (8, 32), "summarise / RAG: long document in, short answer out"),
+        Profile("long_gen", (16, 64), (128, 256), "writing / code: short instruction, long generation"),
+    )
+}
+# "mixture": each request draws its profile with these weights. Most traffic is
+# chat; long contexts are common (RAG); long generations are rarer but hold
+# batch slots longest.
+MIXTURE_WEIGHTS = {"short_short": 0.5, "long_short": 0.3, "long_gen": 0.2}
+PROFILE_NAMES = (*PROFILES, "mixture")
+ARRIVALS = ("all_at_once", "constant", "poisson", "gamma")
+
+
+# -- validation: bad input is refused before any work --------------------------
+def _check_n(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n={n!r} requests: need an integer >= 1")
+
+
+def _check_rate(rate) -> None:
+    if rate is None:
+        raise ValueError("rate is required for this arrival process: pass rate=<requests per second>, or arrival='all_at_once'")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.number)) or math.isnan(rate) or rate <= 0:
+        raise ValueError(f"rate={rate!r} requests/s: need a number > 0 (math.inf means all at once)")
+
+
+def _check_burstiness(burstiness) -> None:
+    if not isinstance(burstiness, (int, float, np.number)) or math.isnan(burstiness) or burstiness <= 0:
+        raise ValueError(f"burstiness={burstiness!r}: need a number > 0 (1 = Poisson, < 1 burstier, large = nearly constant)")
+
+
+def _check_positive(name: str, value) -> None:
+    if not isinstance(value, (int, float, np.number)) or math.isnan(value) or value <= 0:
+        raise ValueError(f"{name}={value!r}: need a number > 0")
+
+
+def _check_optional_int(name: str, value, minimum: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum):
+        raise ValueError(f"{name}={value!r}: need an integer >= {minimum} (or None)")
+
+
+def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+    return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+
+
+# -- arrival processes: n arrival times in seconds, the first at 0 -------------
+def all_at_once(n: int) -> np.ndarray:
+    """Every request arrives at t = 0 (vLLM's rate = inf; a throughput test)."""
+    _check_n(n)
+    return np.zeros(n)
+
+
+def constant(n: int, rate: float) -> np.ndarray:
+    """One request every 1/rate seconds."""
+    _check_n(n)
+    _check_rate(rate)
+    return np.arange(n) / rate
+
+
+def gamma(n: int, rate: float, burstiness: float = 1.0, rng: np.random.Generator | int | None = 0) -> np.ndarray:
+    """Gaps drawn from Gamma(shape=b, scale=1/(rate*b)), as in vLLM.
+
+    The mean gap is 1/rate whatever b; the coefficient of variation of the
+    gaps is 1/sqrt(b): b = 1 is Poisson, b < 1 burstier, b -> inf constant.
+    """
+    _check_n(n)
+    _check_rate(rate)
+    _check_burstiness(burstiness)
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = _rng(rng).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def poisson(n: int, rate: float, rng: np.random.Generator | int | None = 0) -> np.ndarray:
+    """Exponential gaps with mean 1/rate: independent arrivals (Gamma with b = 1)."""
+    _check_n(n)
+    _check_rate(rate)
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = _rng(rng).exponential(1.0 / rate, size=n - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def arrival_times(arrival: str, n: int, rate: float | None = None, burstiness: float = 1.0,
+                  rng: np.random.Generator | int | None = 0) -> np.ndarray:
+    """Dispatch to the arrival process named `arrival` (one of ARRIVALS)."""
+    _check_arrival(arrival, rate, burstiness)
+    if arrival == "all_at_once":
+        return all_at_once(n)
+    if arrival == "constant":
+        return constant(n, rate)
+    if arrival == "poisson":
+        return poisson(n, rate, rng)
+    return gamma(n, rate, burstiness, rng)
+
+
+def _check_arrival(arrival: str, rate, burstiness) -> None:
+    if arrival not in ARRIVALS:
+        raise ValueError(f"unknown arrival {arrival!r}; choose one of {', '.join(ARRIVALS)} (or replay_trace(path) for a trace)")
+    if arrival != "all_at_once":
+        _check_rate(rate)
+    if arrival == "gamma":
+        _check_burstiness(burstiness)
+
+
+# -- lengths ---------------------------------------------------------------------
+def _fit(prompt: int, out: int, max_context: int | None, min_prompt: int = 1) -> tuple[int, int]:
+    """Clip so prompt + out <= max_context: keep the output, cut the prompt.
+
+    Output lengths drive the decode clocks, so they are kept; an output that
+    alone would not fit is cut to leave `min_prompt` prompt tokens.
+    """
+    if max_context is None:
+        return prompt, out
+    out = min(out, max_context - min_prompt)
+    return prompt, out
+
+
+def make_workload(
+    profile: str,
+    n: int,
+    arrival: str = "poisson",
+    rate: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    max_context: int | None = None,
+    scale: float = 1.0,
+    shared_prefix_tokens: int = 0,
+) -> list[Request]:
+    """`n` seeded requests of `profile` arriving by `arrival` at `rate` requests/s.
+
+    - `profile`: one of PROFILE_NAMES. Lengths are uniform in the profile's
+      ranges times `scale`. In "mixture" each request draws its profile by
+      MIXTURE_WEIGHTS, and `Request.profile` names the one drawn.
+    - `arrival`: one of ARRIVALS; `rate` is needed unless "all_at_once";
+      `burstiness` is used by "gamma".
+    - `vocab_size`: if given, each request gets `prompt` token ids drawn
+      uniformly from [0, vocab_size). Lengths and arrivals do not depend on it.
+    - `shared_prefix_tokens`: if > 0, every prompt starts with the same
+      system prompt of that many tokens (`prefix_id="system"`), counted in
+      `prompt_tokens`.
+    - `max_context`: if given, prompt + max_new_tokens <= max_context; the
+      output length is kept and the prompt is cut (never below the prefix).
+    """
+    if profile not in PROFILE_NAMES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILE_NAMES)}")
+    _check_n(n)
+    _check_arrival(arrival, rate, burstiness)
+    _check_positive("scale", scale)
+    _check_optional_int("vocab_size", vocab_size, 1)
+    _check_optional_int("max_context", max_context, 2)
+    _check_optional_int("shared_prefix_tokens", shared_prefix_tokens, 0)
+    if max_context is not None and shared_prefix_tokens >= max_context:
+        raise ValueError(f"shared_prefix_tokens ({shared_prefix_tokens}) leaves no room in max_context ({max_context}); lower it below max_context")
+
+    # Separate streams, so e.g. adding a vocabulary does not change the arrivals.
+    arrival_rng, length_rng, token_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    arrivals = arrival_times(arrival, n, rate, burstiness, arrival_rng)
+    if profile == "mixture":
+        names = length_rng.choice(list(MIXTURE_WEIGHTS), size=n, p=list(MIXTURE_WEIGHTS.values())).tolist()
+    else:
+        names = [profile] * n
+
+    def ranges(attr: str) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.array([getattr(PROFILES[p], attr)[0] for p in names]) * scale
+        hi = np.array([getattr(PROFILES[p], attr)[1] for p in names]) * scale
+        return np.maximum(1, np.round(lo)).astype(int), np.maximum(1, np.round(hi)).astype(int)
+
+    prompt_lens = length_rng.integers(*ranges("prompt_tokens"), endpoint=True) + shared_prefix_tokens
+    output_lens = length_rng.integers(*ranges("max_new_tokens"), endpoint=True)
+    prefix = token_rng.integers(0, vocab_size, size=shared_prefix_tokens).tolist() if vocab_size else None
+
+    requests = []
+    for i in range(n):
+        p, o = _fit(int(prompt_lens[i]), int(output_lens[i]), max_context, max(1, shared_prefix_tokens))
+        ids = None
+        if vocab_size is not None:
+            ids = prefix + token_rng.integers(0, vocab_size, size=p - shared_prefix_tokens).tolist()
+        requests.append(Request(i, p, o, float(arrivals[i]), names[i], ids,
+                                "system" if shared_prefix_tokens else None))
+    return requests
+
+
+# -- trace replay ------------------------------------------------------------------
+def read_trace(path: str | Path) -> pd.DataFrame:
+    """Read an Azure LLM trace CSV into columns arrival_s, prompt_tokens, output_tokens.
+
+    `TIMESTAMP` is a date-time (sub-second precision) or plain seconds;
+    arrivals are made relative to the first (earliest) request, rows sorted by time.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, or use kvlab.workload.SAMPLE_TRACE")
+    try:
+        df = pd.read_csv(path, skipinitialspace=True, comment="#")
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"trace {path.name} is empty; it needs a header {','.join(TRACE_COLUMNS)} and one row per request") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"trace {path.name} lacks column(s) {missing}; the Azure format needs {list(TRACE_COLUMNS)}, found {list(df.columns)}")
+    if df.empty:
+        raise ValueError(f"trace {path.name} has a header but no requests")
+    stamps = df["TIMESTAMP"]
+    if pd.api.types.is_numeric_dtype(stamps):
+        seconds = stamps.astype(float)
+    else:
+        try:
+            t = pd.to_datetime(stamps, format="ISO8601")
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"trace {path.name}: TIMESTAMP values must be date-times like '2023-11-16 18:15:46.6805900' or seconds ({e})") from None
+        seconds = (t - t.min()).dt.total_seconds()
+    for c in ("ContextTokens", "GeneratedTokens"):
+        if not pd.api.types.is_numeric_dtype(df[c]) or df[c].isna().any() or (df[c] < 0).any():
+            raise ValueError(f"trace {path.name}: column {c} must hold token counts >= 0")
+    if seconds.isna().any():
+        raise ValueError(f"trace {path.name}: TIMESTAMP has empty values")
+    out = pd.DataFrame({
+        "arrival_s": seconds - seconds.min(),
+        "prompt_tokens": df["ContextTokens"].astype(int),
+        "output_tokens": df["GeneratedTokens"].astype(int),
+    })
+    return out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+
+
+def replay_trace(
+    path: str | Path = SAMPLE_TRACE,
+    time_scale: float = 1.0,
+    length_scale: float = 1.0,
+    max_requests: int | None = None,
+    vocab_size: int | None = None,
+    max_context: int | None = None,
+    seed: int = 0,
+) -> list[Request]:
+    """Requests from an Azure-format trace, scaled to fit a small model.
+
+    - `time_scale`: arrival gaps are *multiplied* by it (2.0 plays the trace
+      at half its request rate).
+    - `length_scale`: prompt and output lengths are *divided* by it (rounded,
+      at least 1 token). Quote both factors next to every result.
+    - `max_requests`: keep only the first requests (by arrival).
+    - `vocab_size`, `max_context`, `seed`: as in `make_workload`.
+    """
+    _check_positive("time_scale", time_scale)
+    _check_positive("length_scale", length_scale)
+    _check_optional_int("max_requests", max_requests, 1)
+    _check_optional_int("vocab_size", vocab_size, 1)
+    _check_optional_int("max_context", max_context, 2)
+    trace = read_trace(path)
+    if max_requests is not None:
+        trace = trace.head(max_requests)
+    token_rng = np.random.default_rng(seed)
+    requests = []
+    for i, row in enumerate(trace.itertuples(index=False)):
+        p = max(1, round(row.prompt_tokens / length_scale))
+        o = max(1, round(row.output_tokens / length_scale))
+        p, o = _fit(p, o, max_context)
+        ids = token_rng.integers(0, vocab_size, size=p).tolist() if vocab_size is not None else None
+        requests.append(Request(i, p, o, float(row.arrival_s) * time_scale, "trace", ids))
+    return requests
+
+
+def workload_frame(requests: list[Request]) -> pd.DataFrame:
+    """One row per request (token ids left out), for tables and plots."""
+    return pd.DataFrame([
+        {"request_id": r.request_id, "profile": r.profile, "arrival_s": r.arrival_s,
+         "prompt_tokens": r.prompt_tokens, "max_new_tokens": r.max_new_tokens, "prefix_id": r.prefix_id}
+        for r in requests
+    ])
