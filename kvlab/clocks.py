@@ -140,7 +140,8 @@ class RequestRecord:
         """Raise ValueError if the stamps contradict the status."""
         ended = self.status in ("completed", "failed")
         if ended and self.finished_s is None:
-            raise ValueError(f"request {self.request_id} is {self.status} but has no finished_s; use record.finish(t) or record.fail(t, reason)")
+            raise ValueError(f"request {self.request_id} is {self.status} but has no finished_s; "
+                             "use record.finish(t) or record.fail(t, reason)")
         if not ended and self.finished_s is not None:
             raise ValueError(f"request {self.request_id} has finished_s={self.finished_s} but status {self.status!r}")
 
@@ -187,7 +188,8 @@ class SLO:
                 raise ValueError(f"SLO {k}={v} must be a positive number of seconds")
 
     def targets(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s)) if v is not None}
+        given = (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s))
+        return {k: v for k, v in given if v is not None}
 
     def met(self, clocks: Mapping[str, float]) -> bool:
         """Whether a completed request's clocks meet every target."""
@@ -275,7 +277,8 @@ class Summary:
 
     def to_dict(self) -> dict:
         """Flat dict: counts, `{clock}_n`, `{clock}_mean_s`, `{clock}_p50_s`, ..., rates, SLO."""
-        d = {k: getattr(self, k) for k in ("until_s", "duration_s", "sent", "completed", "failed", "waiting", "running")}
+        counts = ("until_s", "duration_s", "sent", "completed", "failed", "waiting", "running")
+        d = {k: getattr(self, k) for k in counts}
         d.update({f"failed_{reason}": n for reason, n in sorted(self.failed_by_reason.items())})
         for clock, stats in self.latency.items():
             for stat, v in stats.items():

@@ -1,6 +1,7 @@
 """Timed generation for one sequence: prefill, then decode steps, with a timeline of every token."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -85,11 +86,15 @@ def encode_prompt(model: Decoder, prompt: str | Sequence[int] | torch.Tensor) ->
         ids = list(prompt)
     if not ids:
         raise ValueError("the prompt is empty: give at least one token (a non-empty string or id list)")
+    not_int = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    if not_int:
+        raise ValueError(f"token id {not_int[0]!r} is not an integer; pass text or a list of integer token ids")
+    ids = [int(i) for i in ids]  # numpy / torch integers -> int
     V = model.config.vocab_size
-    bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < V]
+    bad = [i for i in ids if not 0 <= i < V]
     if bad:
-        raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {V}); "
-                         f"{len(bad)} bad id(s) in the prompt")
+        raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {V}) ({len(bad)} bad id(s) in the "
+                         "prompt); encode the prompt with this model's tokenizer")
     return ids
 
 
@@ -136,6 +141,15 @@ def check_generation_args(model: Decoder, prompt_ids: list[int], cache: str | KV
             raise ValueError(f"{cache} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + max_new_tokens "
                              f"({max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
     else:
+        cfg = model.config
+        built = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.batch)
+        if built != (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 1):
+            raise ValueError(f"the cache passed in has (layers, kv_heads, head_dim, batch) = {built} but this model "
+                             f"needs {(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 1)}; build it with "
+                             "make_cache(name, model.config, batch=1)")
+        if cache.dtype != model.dtype:
+            raise ValueError(f"the cache passed in stores {cache.dtype} but the model computes in {model.dtype}; "
+                             "build it with make_cache(..., dtype=model.dtype)")
         if cache.seq_len:
             raise ValueError(f"the cache passed in already holds {cache.seq_len} tokens; call cache.reset() first")
         cap = getattr(cache, "max_len", None)
@@ -154,7 +168,6 @@ def decode_one_token(model: Decoder, token: torch.Tensor, cache: KVCache) -> tor
     return model(token, cache, last_only=True)[:, -1]
 
 
-@torch.inference_mode()
 def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: str | KVCache = "dynamic",
            max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, stop_tokens: Sequence[int] | None = None,
@@ -163,15 +176,25 @@ def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: st
 
     ``cache`` is a strategy name ("none", "dynamic", "static", "quantized", "offloaded") with its
     options as keyword arguments (e.g. bits=4, residual=32), or a cache object built beforehand.
-    The generator's return value (StopIteration.value) is the GenerationResult.
+    The generator's return value (StopIteration.value) is the GenerationResult. Bad arguments
+    raise here, when ``stream`` is called, before any token is computed.
     """
     prompt_ids = encode_prompt(model, prompt)
     check_generation_args(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, cache_options)
-    device = model.device
     if isinstance(cache, str):
         if cache in ("static", "offloaded"):
             cache_options.setdefault("max_len", len(prompt_ids) + max_new_tokens)
-        cache = make_cache(cache, model.config, batch=1, dtype=model.dtype, device=device, **cache_options)
+        cache = make_cache(cache, model.config, batch=1, dtype=model.dtype, device=model.device, **cache_options)
+    return _steps(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
+                  cache_options)
+
+
+@torch.inference_mode()
+def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens: int, temperature: float,
+           top_k: int | None, top_p: float | None, seed: int | None, stop_tokens: Sequence[int] | None,
+           cache_options: dict) -> Iterator[TokenEvent]:
+    """The generation loop behind ``stream``, on checked arguments: prefill, then one decode step per token."""
+    device = model.device
     stops = set(stop_tokens or ())
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     tok = model.tokenizer

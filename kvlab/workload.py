@@ -42,9 +42,11 @@ class Request:
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 1 or self.max_new_tokens < 1:
-            raise ValueError(f"request {self.request_id}: prompt_tokens ({self.prompt_tokens}) and max_new_tokens ({self.max_new_tokens}) must be >= 1")
+            raise ValueError(f"request {self.request_id}: prompt_tokens ({self.prompt_tokens}) and "
+                             f"max_new_tokens ({self.max_new_tokens}) must be >= 1")
         if self.prompt is not None and len(self.prompt) != self.prompt_tokens:
-            raise ValueError(f"request {self.request_id}: prompt has {len(self.prompt)} ids but prompt_tokens={self.prompt_tokens}")
+            raise ValueError(f"request {self.request_id}: prompt has {len(self.prompt)} ids "
+                             f"but prompt_tokens={self.prompt_tokens}")
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,16 @@ def _check_n(n) -> None:
 
 def _check_rate(rate) -> None:
     if rate is None:
-        raise ValueError("rate is required for this arrival process: pass rate=<requests per second>, or arrival='all_at_once'")
+        raise ValueError("rate is required for this arrival process: "
+                         "pass rate=<requests per second>, or arrival='all_at_once'")
     if isinstance(rate, bool) or not isinstance(rate, (int, float, np.number)) or math.isnan(rate) or rate <= 0:
         raise ValueError(f"rate={rate!r} requests/s: need a number > 0 (math.inf means all at once)")
 
 
 def _check_burstiness(burstiness) -> None:
     if not isinstance(burstiness, (int, float, np.number)) or math.isnan(burstiness) or burstiness <= 0:
-        raise ValueError(f"burstiness={burstiness!r}: need a number > 0 (1 = Poisson, < 1 burstier, large = nearly constant)")
+        raise ValueError(f"burstiness={burstiness!r}: need a number > 0 "
+                         "(1 = Poisson, < 1 burstier, large = nearly constant)")
 
 
 def _check_positive(name: str, value) -> None:
@@ -159,7 +163,8 @@ def arrival_times(arrival: str, n: int, rate: float | None = None, burstiness: f
 
 def _check_arrival(arrival: str, rate, burstiness) -> None:
     if arrival not in ARRIVALS:
-        raise ValueError(f"unknown arrival {arrival!r}; choose one of {', '.join(ARRIVALS)} (or replay_trace(path) for a trace)")
+        raise ValueError(f"unknown arrival {arrival!r}; choose one of {', '.join(ARRIVALS)} "
+                         "(or replay_trace(path) for a trace)")
     if arrival != "all_at_once":
         _check_rate(rate)
     if arrival == "gamma":
@@ -176,7 +181,7 @@ def _fit(prompt: int, out: int, max_context: int | None, min_prompt: int = 1) ->
     if max_context is None:
         return prompt, out
     out = min(out, max_context - min_prompt)
-    return prompt, out
+    return min(prompt, max_context - out), out
 
 
 def make_workload(
@@ -215,7 +220,8 @@ def make_workload(
     _check_optional_int("max_context", max_context, 2)
     _check_optional_int("shared_prefix_tokens", shared_prefix_tokens, 0)
     if max_context is not None and shared_prefix_tokens >= max_context:
-        raise ValueError(f"shared_prefix_tokens ({shared_prefix_tokens}) leaves no room in max_context ({max_context}); lower it below max_context")
+        raise ValueError(f"shared_prefix_tokens ({shared_prefix_tokens}) leaves no room in "
+                         f"max_context ({max_context}); lower it below max_context")
 
     # Separate streams, so e.g. adding a vocabulary does not change the arrivals.
     arrival_rng, length_rng, token_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
@@ -254,15 +260,18 @@ def read_trace(path: str | Path) -> pd.DataFrame:
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, or use kvlab.workload.SAMPLE_TRACE")
+        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, "
+                         "or use kvlab.workload.SAMPLE_TRACE")
     try:
         df = pd.read_csv(path, skipinitialspace=True, comment="#")
     except pd.errors.EmptyDataError:
-        raise ValueError(f"trace {path.name} is empty; it needs a header {','.join(TRACE_COLUMNS)} and one row per request") from None
+        raise ValueError(f"trace {path.name} is empty; it needs a header {','.join(TRACE_COLUMNS)} "
+                         "and one row per request") from None
     df.columns = [str(c).strip() for c in df.columns]
     missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"trace {path.name} lacks column(s) {missing}; the Azure format needs {list(TRACE_COLUMNS)}, found {list(df.columns)}")
+        raise ValueError(f"trace {path.name} lacks column(s) {missing}; the Azure format needs "
+                         f"{list(TRACE_COLUMNS)}, found {list(df.columns)}")
     if df.empty:
         raise ValueError(f"trace {path.name} has a header but no requests")
     stamps = df["TIMESTAMP"]
@@ -272,7 +281,8 @@ def read_trace(path: str | Path) -> pd.DataFrame:
         try:
             t = pd.to_datetime(stamps, format="ISO8601")
         except (ValueError, TypeError) as e:
-            raise ValueError(f"trace {path.name}: TIMESTAMP values must be date-times like '2023-11-16 18:15:46.6805900' or seconds ({e})") from None
+            raise ValueError(f"trace {path.name}: TIMESTAMP values must be date-times like "
+                             f"'2023-11-16 18:15:46.6805900' or seconds ({e})") from None
         seconds = (t - t.min()).dt.total_seconds()
     for c in ("ContextTokens", "GeneratedTokens"):
         if not pd.api.types.is_numeric_dtype(df[c]) or df[c].isna().any() or (df[c] < 0).any():

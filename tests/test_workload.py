@@ -145,6 +145,12 @@ def test_replay_scales_time_and_lengths(tmp_path):
     assert len(replay_trace(csv, max_requests=2)) == 2
 
 
+def test_replay_accepts_timestamps_in_seconds(tmp_path):
+    csv = tmp_path / "seconds.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n100.0,8,2\n100.25,8,2\n")
+    assert [r.arrival_s for r in replay_trace(csv)] == [0.0, 0.25]
+
+
 # -- bad input ---------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, message", [
     (dict(profile="chat", n=5, rate=1.0), "unknown profile 'chat'; choose one of short_short, long_short, long_gen, mixture"),

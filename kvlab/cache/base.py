@@ -44,10 +44,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     q: (B, nh, T, hs); k, v: (B, nkv, S, hs) with nh a multiple of nkv (grouped-query attention).
     The T queries sit at positions S-T .. S-1, so query i may see keys 0 .. S-T+i.
     """
-    T, S = q.size(2), k.size(2)
-    gqa = q.size(1) != k.size(1)
+    (B, nh, T, hs), (nkv, S) = q.shape, k.shape[1:3]
+    gqa = nh != nkv
     if T == 1:  # one new token sees everything stored: no mask needed
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)  # (B, nh, 1, hs)
+        if gqa:  # the nh/nkv query heads sharing a K/V head become rows of one query: each K/V head is read once
+            y = F.scaled_dot_product_attention(q.reshape(B, nkv, nh // nkv, hs), k, v)  # (B, nkv, nh/nkv, hs)
+            return y.reshape(B, nh, 1, hs)
+        return F.scaled_dot_product_attention(q, k, v)  # (B, nh, 1, hs)
     if T == S:  # prefill from an empty cache
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     keep = torch.arange(S, device=q.device)[None, :] <= (S - T + torch.arange(T, device=q.device))[:, None]

@@ -23,7 +23,9 @@ class DynamicCache(KVCache):
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.keys[layer_idx] is None:
-            self.keys[layer_idx], self.values[layer_idx] = k.contiguous(), v.contiguous()
+            # A copy, not .contiguous(): k/v may be views into the fused qkv output, which would stay alive.
+            self.keys[layer_idx] = k.clone(memory_format=torch.contiguous_format)  # (B, nkv, T, hs)
+            self.values[layer_idx] = v.clone(memory_format=torch.contiguous_format)
         else:
             self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)  # (B, nkv, S+T, hs)
             self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)

@@ -1,0 +1,171 @@
+"""PagedKVCache: one pool of fixed-size KV blocks per layer, shared by every sequence of a serving engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
+
+
+@dataclass
+class PagedAttentionMetadata:
+    """What one forward of the engine's packed batch needs to know (vLLM's attention metadata).
+
+    The batch packs S sequences' new tokens one after the other into (1, N): sequence i owns
+    tokens query_start_loc[i] : query_start_loc[i + 1]. Built once per step by the model runner
+    with ``build``; ``attend`` reads it in every layer.
+    """
+
+    slot_mapping: torch.Tensor  # (N,) pool slot (block_id * block_size + offset) of each new token
+    query_start_loc: list[int]  # (S + 1,) where each sequence's new tokens start in the packed batch
+    query_lens: list[int]  # (S,) new tokens per sequence (a prefill chunk, or 1 to decode)
+    context_lens: list[int]  # (S,) tokens in the cache for each sequence after this step's write
+    block_tables: list[list[int]]  # (S, *) physical blocks of each sequence, in token order
+    # Derived once per step, used by every layer:
+    decode_rows: list[int]  # sequences with a single query: attended together in one batched call
+    decode_token_idx: torch.Tensor | None  # (D,) their token index in the packed batch
+    decode_block_tables: torch.Tensor | None  # (D, Bmax) their blocks, padded with block 0
+    decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real
+    prefill_rows: list[int]  # sequences with several queries: attended one by one, causally
+    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each prefill sequence
+
+    @classmethod
+    def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
+              block_size: int, device: torch.device | str = "cpu") -> "PagedAttentionMetadata":
+        """Slot mapping, packed offsets and the batched-decode gather indices from per-sequence lengths."""
+        starts, slots = [0], []
+        for q, ctx, table in zip(query_lens, context_lens, block_tables):
+            starts.append(starts[-1] + q)
+            for pos in range(ctx - q, ctx):  # positions of the new tokens
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        decode_rows = [i for i, q in enumerate(query_lens) if q == 1]
+        prefill_rows = [i for i, q in enumerate(query_lens) if q > 1]
+        dec_idx = dec_tables = dec_mask = None
+        if decode_rows:
+            width = max(-(-context_lens[i] // block_size) for i in decode_rows)
+            padded = [block_tables[i][:width] + [0] * (width - len(block_tables[i][:width])) for i in decode_rows]
+            dec_tables = torch.tensor(padded, dtype=torch.long, device=device)  # (D, Bmax)
+            lens = torch.tensor([context_lens[i] for i in decode_rows], device=device)  # (D,)
+            keys = torch.arange(width * block_size, device=device)  # (L,)
+            dec_mask = (keys[None, :] < lens[:, None])[:, None, None, :]  # (D, 1, 1, L)
+            dec_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)  # (D,)
+        prefill_blocks = [torch.tensor(block_tables[i][:-(-context_lens[i] // block_size)], dtype=torch.long,
+                                       device=device) for i in prefill_rows]
+        return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
+                   query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,
+                   decode_rows=decode_rows, decode_token_idx=dec_idx, decode_block_tables=dec_tables,
+                   decode_mask=dec_mask, prefill_rows=prefill_rows, prefill_blocks=prefill_blocks)
+
+
+class PagedKVCache(KVCache):
+    """K/V of many sequences in fixed-size blocks, found through each sequence's block table.
+
+    Layout (vLLM's FlashAttention layout): per layer one key pool and one value pool, each
+    (num_blocks, block_size, num_kv_heads, head_dim); token slot s = block_id * block_size +
+    offset. Which sequence owns which blocks is decided outside (the engine's BlockManager); the
+    model runner sets ``metadata`` before every forward, and ``attend`` writes each new token's
+    k/v into its slot and attends every sequence over its own blocks only:
+    all single-query (decode) sequences in one batched call over a padded gather, each prefill
+    chunk on its own with the causal offset of the tokens already stored.
+    """
+
+    name = "paged"
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 num_blocks: int = 256, block_size: int = 16) -> None:
+        super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.
+        self.key_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.value_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.metadata: PagedAttentionMetadata | None = None
+        self.num_tokens_held = 0  # set by the runner from the block manager: tokens whose KV is stored
+        self.num_blocks_held = 0  # blocks in use by sequences
+
+    def set_usage(self, num_tokens: int, num_blocks: int) -> None:
+        """Mirror the block manager's accounting (the pool itself cannot tell a live slot from a stale one)."""
+        self.num_tokens_held, self.num_blocks_held = num_tokens, num_blocks
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the packed new k, v (1, nkv, N, hs) into their slots; returns the layer's pools.
+
+        A paged cache has no single (B, nkv, S, hs) history to return: use ``attend``.
+        """
+        md = self._require_metadata()
+        k_pool = self.key_cache[layer_idx].view(-1, self.num_kv_heads, self.head_dim)  # (slots, nkv, hs)
+        v_pool = self.value_cache[layer_idx].view(-1, self.num_kv_heads, self.head_dim)
+        k_pool.index_copy_(0, md.slot_mapping, k[0].transpose(0, 1))  # (N, nkv, hs) into their slots
+        v_pool.index_copy_(0, md.slot_mapping, v[0].transpose(0, 1))
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (1, nh, N, hs), k, v (1, nkv, N, hs) packed -> (1, nh, N, hs), each sequence over its own blocks."""
+        md = self._require_metadata()
+        k_pool, v_pool = self.update(layer_idx, k, v)  # (num_blocks, bs, nkv, hs) each
+        out = torch.empty_like(q)  # (1, nh, N, hs)
+        gqa = q.size(1) != self.num_kv_heads
+        if md.decode_rows:
+            D, width = md.decode_block_tables.shape
+            shape = (D, width * self.block_size, self.num_kv_heads, self.head_dim)
+            flat = md.decode_block_tables.flatten()  # (D * Bmax,): index_select copies faster than t[idx]
+            keys = k_pool.index_select(0, flat).view(shape).transpose(1, 2)  # (D, nkv, L, hs)
+            values = v_pool.index_select(0, flat).view(shape).transpose(1, 2)
+            q_dec = q[0, :, md.decode_token_idx].transpose(0, 1).unsqueeze(2)  # (D, nh, 1, hs)
+            y = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=md.decode_mask,
+                                               enable_gqa=gqa)  # (D, nh, 1, hs) over (D, nkv, L, hs)
+            out[0, :, md.decode_token_idx] = y.squeeze(2).transpose(0, 1)  # (nh, D, hs)
+        for row, blocks in zip(md.prefill_rows, md.prefill_blocks):
+            start, T, ctx = md.query_start_loc[row], md.query_lens[row], md.context_lens[row]
+            flat = (-1, self.num_kv_heads, self.head_dim)
+            keys = k_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
+            values = v_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]
+            # the T new queries sit at positions ctx-T .. ctx-1 of the ctx keys
+            out[:, :, start:start + T] = causal_attention(q[:, :, start:start + T], keys, values)
+        return out
+
+    def _require_metadata(self) -> PagedAttentionMetadata:
+        if self.metadata is None:
+            raise RuntimeError("PagedKVCache.metadata is not set: the model runner must call "
+                               "PagedAttentionMetadata.build(...) and assign it before the forward")
+        return self.metadata
+
+    @property
+    def seq_len(self) -> int:
+        raise TypeError("a PagedKVCache holds many sequences of different lengths; "
+                        "pass positions= to the model's forward (the engine's model runner does)")
+
+    def reset(self) -> None:
+        self.metadata = None
+        self.set_usage(0, 0)
+
+    def bytes_per_token(self) -> int:
+        elem = self.key_cache[0].element_size()
+        return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, 1, elem)
+
+    def memory(self) -> CacheMemory:
+        """allocated = the whole pool; used = tokens held x bytes per token; reserved = the rest."""
+        per_token = self.bytes_per_token()
+        allocated = self.num_blocks * self.block_size * per_token
+        used = self.num_tokens_held * per_token
+        return CacheMemory(allocated_bytes=allocated, used_bytes=used, reserved_bytes=allocated - used,
+                           device_bytes=allocated)
+
+    def usage(self) -> dict:
+        """Bytes by purpose: tokens, in-block waste (the unfilled tail of blocks in use), free blocks."""
+        per_token = self.bytes_per_token()
+        in_blocks = self.num_blocks_held * self.block_size * per_token
+        used = self.num_tokens_held * per_token
+        return {"blocks_used": self.num_blocks_held, "blocks_free": self.num_blocks - self.num_blocks_held,
+                "tokens": self.num_tokens_held, "used_bytes": used, "in_block_waste_bytes": in_blocks - used,
+                "free_bytes": self.memory().allocated_bytes - in_blocks}
+
+    def __repr__(self) -> str:
+        m = self.memory()
+        return (f"PagedKVCache({self.num_blocks} blocks x {self.block_size} tokens, tokens held="
+                f"{self.num_tokens_held}, allocated={m.allocated_bytes:,} B, used={m.used_bytes:,} B)")

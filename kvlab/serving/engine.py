@@ -1,0 +1,305 @@
+"""Engine: requests in, tokens out — the serving loop around the scheduler, block manager and executor."""
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..clocks import RequestRecord
+from ..model.config import ModelConfig
+from ..model.decoder import Decoder
+from ..workload import Request
+from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
+from .executor import Executor, ModelExecutor
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .sequence import SamplingParams, Sequence
+
+CLOCKS = ("wall", "virtual")
+TRACE_COLUMNS = (
+    "step", "start_s", "end_s", "duration_s", "num_tokens", "num_seqs", "num_prefill_tokens", "num_prefill_seqs",
+    "num_decode_seqs", "kv_tokens_read", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_free",
+    "kv_blocks_cached", "kv_tokens_held", "num_admitted", "num_preempted", "num_finished", "request_ids",
+    "num_new_tokens", "is_decode", "preempted_ids",
+)
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request (what a streaming server sends on)."""
+
+    request_id: int | str
+    token_id: int | None  # the new token, or None for a request that ended without one
+    num_output_tokens: int
+    finished: bool
+    finish_reason: str | None  # "length" | "stop" | "queue_full" | "prompt_too_long" | "cancelled"
+
+
+def derive_seed(seed: int, request_id) -> int:
+    """A per-request seed from the engine's seed: runs repeat exactly, requests differ."""
+    return int(np.random.SeedSequence([seed, zlib.crc32(str(request_id).encode())]).generate_state(1)[0])
+
+
+class Engine:
+    """Continuous (or static) batching of many requests over one model and one paged KV pool.
+
+    ``Engine(model)`` runs the real decoder (``ModelExecutor``); ``Engine(config,
+    executor=...)`` runs any other executor, e.g. a cost model, with no weights at all. The KV
+    pool holds ``kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it must
+    hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
+    them, so nothing is ever preempted).
+
+    Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the
+    run started: arrival (scheduled), hand-over to the engine (sent), first admission, every
+    token, and the end (completed, or failed with a reason). ``trace_frame()`` has one row
+    per step.
+    """
+
+    def __init__(self, model_or_config: Decoder | ModelConfig, *, block_size: int = 16,
+                 kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
+                 executor: Executor | None = None, enable_prefix_caching: bool = True,
+                 sampling: SamplingParams | None = None, seed: int = 0,
+                 kv_dtype: torch.dtype | None = None) -> None:
+        if isinstance(model_or_config, Decoder):
+            self.model, self.config = model_or_config, model_or_config.config
+            kv_dtype = kv_dtype or model_or_config.dtype
+        elif isinstance(model_or_config, ModelConfig):
+            self.model, self.config = None, model_or_config
+            kv_dtype = kv_dtype or torch.float32
+            if executor is None:
+                raise ValueError("a ModelConfig has no weights to run: pass a Decoder, or an executor= "
+                                 "(e.g. a cost model) that prices each step")
+        else:
+            raise TypeError(f"Engine takes a kvlab Decoder or a ModelConfig, got {type(model_or_config).__name__}")
+        self.scheduler_config = cfg = scheduler or SchedulerConfig()
+        if not isinstance(cfg, SchedulerConfig):
+            raise TypeError(f"scheduler= takes a SchedulerConfig, got {type(cfg).__name__}")
+        context = self.config.max_position_embeddings
+        self.max_model_len = cfg.max_model_len or context
+        if self.max_model_len > context:
+            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's context of {context} "
+                             f"positions; lower max_model_len to <= {context}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
+        per_block = bytes_per_block(self.config, block_size, kv_dtype)
+        blocks_per_request = -(-self.max_model_len // block_size)
+        if kv_budget_bytes is None:
+            kv_budget_bytes = cfg.max_seqs * blocks_per_request * per_block
+        num_blocks = num_blocks_for_budget(self.config, kv_budget_bytes, block_size, kv_dtype)
+        if num_blocks < blocks_per_request:
+            raise ValueError(
+                f"kv_budget_bytes={kv_budget_bytes:,} holds {num_blocks} blocks = {num_blocks * block_size} tokens, "
+                f"fewer than max_model_len={self.max_model_len}: a request that long could never run. Raise "
+                f"kv_budget_bytes to >= {blocks_per_request * per_block:,} or lower max_model_len to "
+                f"<= {num_blocks * block_size}")
+        cfg.check(block_size, self.max_model_len)
+        self.block_size, self.num_blocks, self.kv_budget_bytes = block_size, num_blocks, kv_budget_bytes
+        self.kv_dtype, self.enable_prefix_caching = kv_dtype, enable_prefix_caching
+        self.sampling = sampling or SamplingParams()
+        self.seed = seed
+        self.executor = executor or ModelExecutor(self.model)
+        self.clock = "wall"
+        self.reset()
+        self.executor.initialize_cache(num_blocks, block_size)
+
+    # -- state ------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every request, the prefix cache and the trace; restart the clock at 0."""
+        self.block_manager = BlockManager(self.num_blocks, self.block_size, self.enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
+        self.sequences: dict = {}  # request_id -> Sequence
+        self.records: dict = {}  # request_id -> RequestRecord
+        self._trace: list[tuple] = []
+        self._t0 = time.perf_counter()
+        self._virtual_now = 0.0
+
+    def now(self) -> float:
+        """Seconds since the run started, on the engine's clock (wall or virtual)."""
+        return self._virtual_now if self.clock == "virtual" else time.perf_counter() - self._t0
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- requests in --------------------------------------------------------------------------
+    def add_request(self, request: Request, sampling: SamplingParams | None = None,
+                    now: float | None = None) -> RequestRecord:
+        """Hand a request to the engine; it is queued, or fails at once with a reason.
+
+        ``request.arrival_s`` is its scheduled arrival on the engine's clock. Without
+        ``request.prompt`` token ids, a seeded random prompt of ``prompt_tokens`` ids is used.
+        """
+        if request.request_id in self.records:
+            raise ValueError(f"request id {request.request_id!r} was already added; request ids must be unique")
+        now = self.now() if now is None else now
+        sampling = sampling or self.sampling
+        record = RequestRecord.from_request(request, sent_s=now)
+        record.extra.update(cached_tokens=0, preemptions=0, finish_reason=None)
+        prompt = self._prompt_ids(request)
+        seq = Sequence(request.request_id, prompt, request.max_new_tokens, sampling, record, arrival_s=now)
+        if not sampling.greedy:
+            seed = sampling.seed if sampling.seed is not None else derive_seed(self.seed, request.request_id)
+            seq.generator = torch.Generator().manual_seed(seed)
+        self.sequences[request.request_id], self.records[request.request_id] = seq, record
+        reason = self.scheduler.add_sequence(seq)
+        if reason is not None:
+            record.fail(now, reason)
+            record.extra["finish_reason"] = reason
+        return record
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        vocab = self.config.vocab_size
+        if request.prompt is None:
+            rng = np.random.default_rng([self.seed, zlib.crc32(str(request.request_id).encode())])
+            return rng.integers(0, vocab, size=request.prompt_tokens).tolist()
+        bad = [t for t in request.prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise ValueError(f"request {request.request_id}: token id {bad[0]} is outside the vocabulary [0, {vocab}); "
+                             f"build the workload with vocab_size={vocab}")
+        return [int(t) for t in request.prompt]
+
+    def abort(self, request_id) -> bool:
+        """Cancel a waiting or running request, freeing its blocks (status failed, reason "cancelled")."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        seq.record.fail(self.now(), "cancelled")
+        seq.record.extra["finish_reason"] = "cancelled"
+        return True
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute and account one step; returns what each request got from it."""
+        return self._step()[0]
+
+    def _step(self) -> tuple[list[RequestOutput], SchedulerOutput]:
+        start = self.now()
+        out = self.scheduler.schedule(start)
+        for seq in out.admitted:
+            if seq.record.admitted_s is None:
+                seq.record.extra["cached_tokens"] = seq.num_cached_tokens
+            seq.record.admit(start)
+        for seq in out.preempted:  # back in the queue; to its client the request is still in progress
+            seq.record.extra["preemptions"] = seq.num_preemptions
+        if out.is_empty:
+            return [], out
+        result = self.executor.execute(out)
+        if self.clock == "virtual":
+            self._virtual_now = start + result.duration_s
+        end = self.now()
+        outputs = []
+        for seq in self.scheduler.postprocess(out, result.token_ids):
+            seq.record.token(end)
+            if seq.is_finished:
+                seq.record.finish(end)
+                seq.record.extra["finish_reason"] = seq.finish_reason
+            outputs.append(RequestOutput(seq.request_id, seq.token_ids[-1], seq.num_output_tokens,
+                                         seq.is_finished, seq.finish_reason if seq.is_finished else None))
+        self._record_step(out, start, end, sum(o.finished for o in outputs))
+        return outputs, out
+
+    def _record_step(self, out: SchedulerOutput, start: float, end: float, num_finished: int) -> None:
+        stats = self.block_manager.stats()
+        held = self.block_manager.num_tokens_held(self.scheduler.running)
+        self.executor.set_kv_usage(held, stats.used)
+        s = out.shape
+        self._trace.append((
+            out.step, start, end, end - start, s.num_tokens, s.num_seqs, s.num_prefill_tokens, s.num_prefill_seqs,
+            s.num_decode_seqs, s.kv_tokens_read, len(self.scheduler.running), len(self.scheduler.waiting),
+            stats.used, stats.free, stats.cached, held, len(out.admitted), len(out.preempted), num_finished,
+            [q.request_id for q in out.seqs], list(out.num_new_tokens),
+            [q.is_decoding and n == 1 for q, n in zip(out.seqs, out.num_new_tokens)],
+            [q.request_id for q in out.preempted],
+        ))
+
+    # -- a whole workload -------------------------------------------------------------------
+    def run(self, requests: Iterable[Request], clock: str = "wall", sampling: SamplingParams | None = None,
+            progress: Callable[[int, int], None] | None = None) -> list[RequestRecord]:
+        """Release each request at its ``arrival_s`` and serve until all have ended; one record per request.
+
+        ``clock="wall"``: real time (time.perf_counter), sleeping until the next arrival when
+        idle. ``clock="virtual"``: time advances only by the executor's step durations (and
+        jumps over idle gaps), so a cost-model executor simulates hours in seconds.
+        ``progress(done, total)`` is called whenever a request ends.
+        """
+        if clock not in CLOCKS:
+            raise ValueError(f"unknown clock {clock!r}; choose one of {', '.join(CLOCKS)}")
+        requests = list(requests)
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"request id {dup!r} appears more than once; request ids must be unique")
+        bad = [r for r in requests if not (isinstance(r.arrival_s, (int, float)) and math.isfinite(r.arrival_s))]
+        if bad:
+            raise ValueError(f"request {bad[0].request_id}: arrival_s={bad[0].arrival_s!r} must be a finite number")
+        self.clock = clock
+        self.reset()
+        pending = sorted(requests, key=lambda r: r.arrival_s)  # stable: ties keep the given order
+        total, done, i = len(pending), 0, 0
+        while i < total or self.scheduler.has_unfinished():
+            now = self.now()
+            while i < total and pending[i].arrival_s <= now:
+                if self.add_request(pending[i], sampling, now).status == "failed":
+                    done += 1
+                    if progress:
+                        progress(done, total)
+                i += 1
+            next_arrival = pending[i].arrival_s if i < total else None
+            if not self.scheduler.has_unfinished():
+                if next_arrival is not None:
+                    self._advance_to(next_arrival)
+                continue
+            outputs, out = self._step()
+            ended = sum(o.finished for o in outputs)
+            if ended:
+                done += ended
+                if progress:
+                    progress(done, total)
+            if out.is_empty:
+                wake = [t for t in (out.wake_at_s, next_arrival) if t is not None]
+                if not wake:
+                    raise RuntimeError(f"the scheduler cannot make progress: {len(self.scheduler.waiting)} waiting, "
+                                       f"{len(self.scheduler.running)} running, {self.block_manager}")
+                self._advance_to(min(wake))
+        return [self.records[r.request_id] for r in requests]
+
+    def _advance_to(self, t: float) -> None:
+        if self.clock == "virtual":
+            self._virtual_now = max(self._virtual_now, t)
+        else:
+            time.sleep(max(0.0, t - self.now()))
+
+    # -- what happened -------------------------------------------------------------------------
+    def trace_frame(self) -> pd.DataFrame:
+        """One row per executed step (columns: TRACE_COLUMNS; times in seconds on the run's clock)."""
+        return pd.DataFrame(self._trace, columns=list(TRACE_COLUMNS))
+
+    def step_requests_frame(self) -> pd.DataFrame:
+        """One row per (step, request) that ran: phase "prefill" or "decode", tokens, start/end — for Gantt charts."""
+        rows = [(step, rid, "decode" if dec else "prefill", n, start, end)
+                for step, start, end, rids, ns, decs in
+                ((r[0], r[1], r[2], r[19], r[20], r[21]) for r in self._trace)
+                for rid, n, dec in zip(rids, ns, decs)]
+        return pd.DataFrame(rows, columns=["step", "request_id", "phase", "num_tokens", "start_s", "end_s"])
+
+    def stats(self) -> dict:
+        """Totals of the run so far: steps, preemptions, prefix-cache hits, pool size."""
+        b = self.block_manager.stats()
+        return {"steps": self.scheduler.num_steps, "preemptions": self.scheduler.num_preemptions,
+                "num_blocks": self.num_blocks, "block_size": self.block_size, "kv_budget_bytes": self.kv_budget_bytes,
+                "max_model_len": self.max_model_len, "prefix_hit_tokens": b.prefix_hit_tokens,
+                "prefix_queries_tokens": b.prefix_queries_tokens, "prefix_hit_rate": b.prefix_hit_rate,
+                "kv_blocks_used": b.used, "kv_blocks_cached": b.cached}
+
+    def settings(self) -> dict:
+        """Everything that shapes a run, for saving next to results."""
+        return {"executor": self.executor.name, "model": self.config.name, "block_size": self.block_size,
+                "num_blocks": self.num_blocks, "kv_budget_bytes": self.kv_budget_bytes,
+                "kv_dtype": str(self.kv_dtype), "max_model_len": self.max_model_len,
+                "enable_prefix_caching": self.enable_prefix_caching, "seed": self.seed, "clock": self.clock,
+                **{k: getattr(self.scheduler_config, k) for k in self.scheduler_config.__dataclass_fields__},
+                "temperature": self.sampling.temperature}

@@ -1,0 +1,115 @@
+"""Executors: run one scheduled step and say which token each sequence got and how long it took.
+
+The scheduler decides *what* runs; an executor runs it. ``ModelExecutor`` runs the real kvlab
+decoder on the step's mixed batch over a paged KV cache. Another executor (a cost model) can
+price the same ``SchedulerOutput`` from its ``StepShape`` alone, with no model, behind the
+same interface.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+from ..cache.paged import PagedAttentionMetadata, PagedKVCache
+from ..device import now
+from ..generate import sample
+from ..model.decoder import Decoder
+from .scheduler import SchedulerOutput, StepShape
+
+
+class StepResult(NamedTuple):
+    """``token_ids[i]``: the token sampled for ``out.seqs[i]`` (None where ``out.do_sample[i]`` is False)."""
+
+    token_ids: list[int | None]
+    duration_s: float  # how long the step took (measured, or predicted by a cost model)
+
+
+class Executor(ABC):
+    """Runs a ``SchedulerOutput``; the engine's virtual clock advances by the returned duration."""
+
+    name: str = "executor"
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        """Called once by the engine with the block pool's geometry (an executor with real KV allocates it)."""
+
+    def set_kv_usage(self, num_tokens: int, num_blocks: int) -> None:
+        """Called by the engine after every step with the tokens and blocks the pool holds."""
+
+    @abstractmethod
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        """Compute ``out.num_new_tokens[i]`` tokens of each ``out.seqs[i]`` and sample where asked."""
+
+
+class ModelExecutor(Executor):
+    """The model runner: one packed forward of the real decoder per step.
+
+    All scheduled tokens — prompt chunks and single decode tokens of different sequences — go
+    into one (1, N) batch with their own positions (RoPE or learned positions need no padding);
+    the paged cache's metadata tells each layer which slots to write and which blocks each
+    sequence attends over. Logits of the last token of each sequence that is due a token are
+    sampled with that sequence's own settings (greedy rows together in one argmax).
+    """
+
+    name = "model"
+
+    def __init__(self, model: Decoder) -> None:
+        if not isinstance(model, Decoder):
+            raise TypeError(f"ModelExecutor runs a kvlab Decoder, got {type(model).__name__}; "
+                            "load one with kvlab.build_model or kvlab.from_pretrained")
+        self.model = model
+        self.cache: PagedKVCache | None = None
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        cfg = self.model.config
+        reuse = self.cache is not None and (self.cache.num_blocks, self.cache.block_size) == (num_blocks, block_size)
+        if not reuse:
+            self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
+                                      device=self.model.device, num_blocks=num_blocks, block_size=block_size)
+        self.cache.reset()
+
+    def set_kv_usage(self, num_tokens: int, num_blocks: int) -> None:
+        self.cache.set_usage(num_tokens, num_blocks)
+
+    def prepare_inputs(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
+        """Packed input ids and positions (1, N), and the attention metadata of the step."""
+        ids, positions, query_lens, context_lens = [], [], [], []
+        for seq, n in zip(out.seqs, out.num_new_tokens):
+            start = seq.num_computed_tokens
+            ids.extend(seq.token_ids[start:start + n])
+            positions.extend(range(start, start + n))
+            query_lens.append(n)
+            context_lens.append(start + n)
+        device = self.model.device
+        metadata = PagedAttentionMetadata.build(query_lens, context_lens, [s.block_table for s in out.seqs],
+                                                self.cache.block_size, device)
+        return (torch.tensor([ids], device=device), torch.tensor([positions], device=device),  # (1, N) each
+                metadata)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        if self.cache is None:
+            raise RuntimeError("call initialize_cache(num_blocks, block_size) first (the Engine does)")
+        device = self.model.device
+        start = now(device)
+        input_ids, positions, metadata = self.prepare_inputs(out)
+        self.cache.metadata = metadata
+        logits = self.model(input_ids, self.cache, positions=positions)  # (1, N, V)
+        rows = [i for i, s in enumerate(out.do_sample) if s]
+        last = logits[0, [metadata.query_start_loc[i + 1] - 1 for i in rows]]  # (S', V): each one's last token
+        tokens: list[int | None] = [None] * len(out.seqs)
+        greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy]
+        if greedy:
+            for j, t in zip(greedy, last[greedy].argmax(dim=-1).tolist()):
+                tokens[rows[j]] = t
+        for j, i in enumerate(rows):
+            sp = out.seqs[i].sampling
+            if not sp.greedy:
+                tokens[i] = int(sample(last[j:j + 1], sp.temperature, sp.top_k, sp.top_p,
+                                       out.seqs[i].generator).item())
+        self.cache.metadata = None
+        return StepResult(tokens, now(device) - start)
+
+
+__all__ = ["Executor", "ModelExecutor", "StepResult", "StepShape"]

@@ -1,0 +1,165 @@
+"""kvlab's decoder against transformers on the same weights: logits, cached decode steps, greedy tokens.
+
+transformers is the independent oracle here: tiny models are built from random configs offline
+(no download), converted with ``kvlab.from_transformers``, and both run side by side in fp32.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import kvlab
+
+ATOL = 1e-4  # max abs logit difference allowed in fp32
+DECODE_STEPS = 16
+VOCAB = 128
+
+
+def llama(tie: bool = False) -> transformers.PreTrainedModel:
+    """Llama with grouped-query attention (4 query heads share 2 K/V heads)."""
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   rope_theta=500000.0, tie_word_embeddings=tie, initializer_range=0.2)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def qwen2() -> transformers.PreTrainedModel:
+    """Qwen2: Llama's layout plus q/k/v biases, GQA and tied embeddings."""
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                                   tie_word_embeddings=True, initializer_range=0.2)
+    hf = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # transformers initialises biases to zero: make them matter
+        for layer in hf.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.5)
+    return hf
+
+
+def gpt2() -> transformers.PreTrainedModel:
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                  initializer_range=0.2)
+    hf = transformers.GPT2LMHeadModel(cfg)
+    with torch.no_grad():  # non-trivial norms and biases, so a mix-up of any of them shows
+        for name, p in hf.named_parameters():
+            if "ln_" in name or name.endswith("bias"):
+                p.normal_(1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") else 0.0, 0.2)
+    return hf
+
+
+MODELS = {"llama-gqa": llama, "llama-gqa-tied": lambda: llama(tie=True), "qwen2-bias": qwen2, "gpt2": gpt2}
+
+
+@pytest.fixture(params=list(MODELS), scope="module")
+def pair(request):
+    torch.manual_seed(0)
+    hf = MODELS[request.param]().float().eval()
+    return hf, kvlab.from_transformers(hf, device="cpu")
+
+
+def prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))  # (1, T)
+
+
+@torch.inference_mode()
+def test_prefill_logits_match_transformers(pair):
+    hf, model = pair
+    ids = prompt()
+    expected = hf(ids).logits  # (1, T, V)
+    got = model(ids, kvlab.make_cache("dynamic", model.config))
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= ATOL
+
+
+@torch.inference_mode()
+def test_cached_decode_steps_match_transformers_dynamic_cache(pair):
+    """Both models run the same tokens step by step, each with its own dynamic cache."""
+    hf, model = pair
+    ids = prompt()
+    hf_cache = transformers.DynamicCache(config=hf.config)
+    cache = kvlab.make_cache("dynamic", model.config)
+    expected = hf(ids, cache=hf_cache, use_cache=True).logits[:, -1]  # (1, V)
+    got = model(ids, cache)[:, -1]
+    assert (got - expected).abs().max().item() <= ATOL
+    for step in range(DECODE_STEPS):
+        token = got.argmax(-1, keepdim=True)  # (1, 1): the same token goes into both models
+        expected = hf(token, cache=hf_cache, use_cache=True).logits[:, -1]
+        got = model(token, cache)[:, -1]
+        diff = (got - expected).abs().max().item()
+        assert diff <= ATOL, f"decode step {step}: max abs logit difference {diff:.2e}"
+    assert cache.seq_len == hf_cache.get_seq_length() == ids.size(1) + DECODE_STEPS
+
+
+def test_greedy_continuation_equals_transformers_generate(pair):
+    hf, model = pair
+    ids = prompt()
+    with torch.inference_mode():
+        out = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                          pad_token_id=0)  # min_new_tokens: no early stop on a random EOS
+    result = kvlab.generate(model, ids[0].tolist(), cache="dynamic", max_new_tokens=24)
+    assert result.tokens == out[0, ids.size(1):].tolist()
+    assert len(set(result.tokens)) > 1, "a constant continuation would make this check weak"
+
+
+@torch.inference_mode()
+def test_to_transformers_round_trip_keeps_weights_and_logits(pair):
+    hf, model = pair
+    back = kvlab.to_transformers(model)
+    assert type(back) is type(hf)
+    ids = prompt(seed=1)
+    assert (back(ids).logits - hf(ids).logits).abs().max().item() <= ATOL
+    again = kvlab.from_transformers(back, device="cpu")
+    for (name, p), (_, q) in zip(model.named_parameters(), again.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tied_and_untied_embeddings_convert_as_such(tie):
+    torch.manual_seed(0)
+    hf = llama(tie=tie).eval()
+    model = kvlab.from_transformers(hf, device="cpu")
+    assert model.config.tie_word_embeddings is tie
+    assert (model.lm_head is None) is tie
+    n_hf = sum(p.numel() for p in hf.parameters())  # transformers counts a tied matrix once
+    assert model.num_parameters() == n_hf == model.config.num_parameters()
+    back = kvlab.to_transformers(model)
+    assert back.config.tie_word_embeddings is tie
+    assert (back.lm_head.weight.data_ptr() == back.model.embed_tokens.weight.data_ptr()) is tie
+
+
+@torch.inference_mode()
+def test_from_pretrained_loads_a_saved_checkpoint_offline(tmp_path):
+    torch.manual_seed(0)
+    hf = llama().eval()
+    hf.save_pretrained(tmp_path)
+    model = kvlab.from_pretrained(tmp_path, device="cpu")
+    assert isinstance(model.tokenizer, kvlab.ByteTokenizer)  # no tokenizer files saved
+    ids = prompt()
+    got = model(ids, kvlab.make_cache("dynamic", model.config))
+    assert (got - hf(ids).logits).abs().max().item() <= ATOL
+
+
+def _neox() -> transformers.PreTrainedModel:
+    return transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=96))
+
+
+UNSUPPORTED = r"'gpt_neox'.*not supported.*gpt2.*llama.*mistral.*qwen2"
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones():
+    with pytest.raises(ValueError, match=UNSUPPORTED):
+        kvlab.from_transformers(_neox())
+
+
+def test_unsupported_checkpoint_is_refused_before_loading_weights(tmp_path):
+    transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                               intermediate_size=96).save_pretrained(tmp_path)  # config only, no weights
+    with pytest.raises(ValueError, match=UNSUPPORTED):
+        kvlab.from_pretrained(tmp_path)
+
+
+def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
+        kvlab.from_pretrained(tmp_path / "nowhere")
