@@ -18,10 +18,13 @@ from . import __version__
 # words typed -> module with add_arguments(parser) and main(args) -> int. Only modules that exist.
 COMMANDS: dict[tuple[str, ...], str] = {
     ("bench", "decode"): "kvlab.benchmarks.decode",
-    ("loadtest",): "kvlab.http.loadgen",
+    ("loadtest",): "kvlab.http.loadtest",
     ("bench", "loadgen"): "kvlab.benchmarks.loadgen",
     ("serve",): "kvlab.http.server",
     ("bench", "http"): "kvlab.benchmarks.http_overhead",
+    ("calibrate",): "kvlab.serving.calibrate",
+    ("sweep",): "kvlab.experiments.load",
+    ("bench", "batching"): "kvlab.benchmarks.batching",
 }
 
 

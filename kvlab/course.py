@@ -6,6 +6,8 @@ cell must install kvlab on Colab before kvlab can be imported.
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from . import __version__
@@ -35,6 +37,15 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models", 20),
+    Lesson("04_four_clocks.ipynb", "The four clocks",
+           "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
+           "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n)", 20),
+    Lesson("05_batching.ipynb", "Batching",
+           "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
+           "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob", 20),
+    Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
+           "paged blocks vs max-length reservation (sequences that fit, waste of each); block size; max context "
+           "and max new tokens as levers; preemption; prefix caching; chunked prefill", 25),
 ]
 
 
@@ -63,24 +74,93 @@ def lesson(notebook: str) -> Lesson:
     raise ValueError(f"{notebook!r} is not in kvlab.course.NOTEBOOKS; add a Lesson for it there")
 
 
+def where() -> str:
+    """Where this kernel runs: "colab", "binder" or "local" (from the markers Colab and mybinder.org set)."""
+    if "google.colab" in sys.modules or os.environ.get("COLAB_RELEASE_TAG"):
+        return "colab"
+    if any(os.environ.get(k) for k in ("BINDER_LAUNCH_HOST", "BINDER_REQUEST", "BINDER_SERVICE_HOST")):
+        return "binder"
+    return "local"
+
+
+_NO_GPU = {
+    "colab": "This Colab runtime has no GPU, and that is fine: every notebook of this lab runs on CPU. "
+             "For a GPU: Runtime > Change runtime type > a GPU (e.g. T4), then run the notebook again from the top.",
+    "binder": "Binder machines have no GPU, and that is fine: every notebook of this lab runs on CPU (the "
+              "defaults are sized for 2 cores). For a GPU, open this notebook on Colab (badge at the top) and "
+              "choose Runtime > Change runtime type > a GPU.",
+    "local": "No GPU found, and that is fine: every notebook of this lab runs on CPU (the defaults are sized "
+             "for 2 cores). For a GPU: on a machine with an NVIDIA GPU install a CUDA build of torch, or open "
+             "this notebook on Colab (badge at the top) and choose Runtime > Change runtime type > a GPU.",
+}
+
+
 def setup_report() -> str:
-    """A few lines on where this notebook runs: versions, device, threads, and what to do without a GPU."""
+    """A few lines on where this notebook runs: place, versions, device, threads, and what to do without a GPU."""
     from .device import pick_device
     from .env import environment
 
     env = environment()
     device = pick_device()
     v = env["versions"]
+    place = where()
     lines = [
-        f"kvlab {v.get('kvlab')} · torch {v.get('torch')} · transformers {v.get('transformers')} · "
-        f"Python {env['python']}",
+        f"running {'on ' + place.capitalize() if place != 'local' else 'locally'} · kvlab {v.get('kvlab')} · "
+        f"torch {v.get('torch')} · transformers {v.get('transformers')} · Python {env['python']}",
         f"device: {device} ({env['device']}), {env.get('torch_threads')} torch threads on "
         f"{env['cpu_count']} CPU cores",
     ]
     if device.type == "cpu":
-        lines.append("No GPU here, and that is fine: every notebook of this lab runs on CPU (the defaults are "
-                     "sized for 2 cores). For a GPU on Colab: Runtime > Change runtime type > a GPU, then "
-                     "run this cell again.")
+        lines.append(_NO_GPU[place])
     else:
         lines.append("A GPU is in use; set KVLAB_DEVICE=cpu before starting Jupyter to run on CPU instead.")
     return "\n".join(lines)
+
+
+# --- the course map in the README ----------------------------------------------------------------
+
+COURSE_MAP_HEADING = "## Course map"
+
+
+def course_map(link_prefix: str = "notebooks/") -> str:
+    """The notebook sequence as a markdown table: number, title (a link), what it shows, minutes, and the total.
+
+    ``link_prefix`` is the path from the page that shows the table to notebooks/ ("" inside notebooks/).
+    """
+    rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {n.minutes} |" for n in NOTEBOOKS]
+    total = sum(n.minutes for n in NOTEBOOKS)
+    return ("| # | notebook | what it shows | minutes |\n|---|---|---|---|\n" + "\n".join(rows)
+            + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total}** |")
+
+
+def course_map_section() -> str:
+    """The README's whole "## Course map" section, generated from NOTEBOOKS (scripts/course_map.py writes it)."""
+    return (f"{COURSE_MAP_HEADING}\n\n"
+            "<!-- generated from kvlab.course.NOTEBOOKS by `python scripts/course_map.py`; edit NOTEBOOKS, "
+            "then run it -->\n"
+            "The notebooks, in order. Each runs in about a minute on 2 CPU cores; the minutes are reading "
+            "and trying time. Every notebook opens on Colab or Binder from the badges at its top; "
+            "a teacher's plan for a 90-minute or half-day workshop is in "
+            "[notebooks/TEACHING.md](notebooks/TEACHING.md).\n\n"
+            f"{course_map()}\n")
+
+
+def readme_course_map(readme: str) -> str | None:
+    """The "## Course map" section of ``readme`` (up to the next "## " heading), or None when absent."""
+    lines = readme.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == COURSE_MAP_HEADING]
+    if not starts:
+        return None
+    end = next((j for j in range(starts[0] + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+    return "".join(lines[starts[0]:end]).rstrip("\n") + "\n"
+
+
+def with_course_map(readme: str, before: str = "## The lab in ten lines") -> str:
+    """``readme`` with its course map section replaced by (or, when absent, inserted as) ``course_map_section()``."""
+    section = course_map_section()
+    current = readme_course_map(readme)
+    if current is not None:
+        return readme.replace(current, section, 1)
+    if before in readme:
+        return readme.replace(before, f"{section}\n{before}", 1)
+    return readme.rstrip("\n") + "\n\n" + section

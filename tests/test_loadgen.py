@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from kvlab.clocks import load_results, summarize
-from kvlab.http.loadgen import http_workload, main, request_body, run_loadtest
+from kvlab.http.loadgen import http_workload, request_body, run_loadtest
+from kvlab.http.loadtest import main
 from kvlab.http.local import ServerProcess, ServerThread, free_port
 from kvlab.http.testing import scripted_app
 from kvlab.workload import Request

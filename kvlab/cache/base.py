@@ -35,7 +35,7 @@ def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: in
 
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     """Bytes of the storage behind the given tensors (None counts 0)."""
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return sum(t.nbytes for t in tensors if t is not None)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

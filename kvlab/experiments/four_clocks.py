@@ -18,14 +18,14 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..clocks import quantiles
+from ..clocks import quantiles, summarize
 from ..model.decoder import Decoder
 from ..serving.executor import Executor
 from ..serving.scheduler import SchedulerConfig
 from ..workload import Request, make_workload
 from .progress import Progress, no_progress
-from .serving_run import (ServingRun, check_positive_int, check_threads, resolve_model, seeded_prompt, serve,
-                          warm_up)
+from .serving_run import (ServingRun, check_positive_int, check_threads, records_from_frame, resolve_model,
+                          seeded_prompt, serve, warm_up)
 
 CLOCK_ROWS = (  # (clock, from, to, how)
     ("queue wait", "arrival", "admission", "admitted_s - scheduled_s"),
@@ -73,23 +73,30 @@ def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 
     for _ in progress(range(1), total=1, desc="serving", unit="run"):
         run = serve(model.config if executor is not None else model, requests, label="journey", clock=clock,
                     executor=executor, scheduler=sched, threads=threads)
-    run.extra["watched"] = n_ahead
+    run.extra["watched"] = n_ahead  # also the request whose profile is "watched"
     return run
 
 
-def journey_clocks(run: ServingRun, request_id=None) -> pd.DataFrame:
-    """The clocks of one request (default: the watched one) as a table: clock, from, to, how, seconds.
+def journey_clocks(run: ServingRun | pd.DataFrame, request_id=None) -> pd.DataFrame:
+    """The clocks of one request (default: the watched one) as a table: clock, start, end, how, seconds.
 
-    The last row is the service's throughput over the whole run, a clock of the system, not of
-    the request.
+    ``run``: a ServingRun or its requests frame. The last row is the service's throughput over
+    the whole run: a clock of the system, not of the request.
     """
-    rid = run.extra.get("watched") if request_id is None else request_id
-    r = run.record(rid)
+    frame = run.requests if isinstance(run, ServingRun) else run
+    records = records_from_frame(frame)
+    if request_id is None:
+        watched = frame.index[frame["profile"] == "watched"] if "profile" in frame.columns else []
+        request_id = frame.loc[watched[0], "request_id"] if len(watched) else frame["request_id"].iloc[-1]
+    matches = [r for r in records if r.request_id == request_id]
+    if not matches:
+        raise ValueError(f"request {request_id!r} is not in this run; its ids are {list(frame['request_id'])[:20]}")
+    r = matches[0]
     c = r.clocks()
     gaps = r.itl_s()
     values = [c["queue_s"], c["ttft_s"], c["tpot_s"], max(gaps) if gaps else np.nan, c["e2e_s"]]
     rows = [dict(clock=name, start=a, end=b, how=how, seconds=v) for (name, a, b, how), v in zip(CLOCK_ROWS, values)]
-    s = run.summary()
+    s = summarize(records)
     rows.append(dict(clock="throughput (whole service)", start="first arrival", end="last token",
                      how=f"{s.output_tokens} output tokens / {s.duration_s:.3f} s = "
                          f"{s.output_tokens_per_s:,.0f} tokens/s", seconds=np.nan))
@@ -199,15 +206,20 @@ def startup_phases(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- why a mean hides the wait ---------------------------------------------------------------------------
-def run_mixed_load(model: Decoder | None = None, n: int = 40, rate: float = 10.0, scale: float = 0.5,
-                   max_seqs: int = 4, max_batch_tokens: int = 256, seed: int = 1, clock: str = "wall",
-                   executor: Executor | None = None, threads: int | None = 1,
+def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0, burstiness: float = 0.25,
+                   scale: float = 0.5, max_seqs: int = 4, max_batch_tokens: int = 256, seed: int = 1,
+                   clock: str = "wall", executor: Executor | None = None, threads: int | None = 1,
                    progress: Progress = no_progress) -> ServingRun:
-    """``n`` requests of the "mixture" profile (lengths x ``scale``) arriving as a Poisson process at ``rate``/s."""
+    """``n`` requests of the "mixture" profile (lengths x ``scale``) arriving in bursts at ``rate``/s on average.
+
+    Arrivals are Gamma-distributed with ``burstiness`` (1 = Poisson, below 1 burstier): most
+    requests find a free slot, those arriving in a burst queue behind each other. The rate is
+    low enough that a machine several times slower than 2 CPU cores is still not overloaded.
+    """
     model = resolve_model(model)
     check_positive_int("n", n, 2)
     check_threads(threads)
-    requests = make_workload("mixture", n, arrival="poisson", rate=rate, seed=seed,
+    requests = make_workload("mixture", n, arrival="gamma", rate=rate, burstiness=burstiness, seed=seed,
                              vocab_size=model.config.vocab_size, scale=scale,
                              max_context=model.config.max_position_embeddings)
     sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)

@@ -1,17 +1,28 @@
 """Over the wire: an OpenAI-compatible server for the kvlab engine and a load generator for any such server.
 
-- `loadgen`: `run_loadtest(url, http_workload(...))` -> records with the client-side four clocks.
-- `server`: `create_app(engine, name)` / `python -m kvlab serve` (imported on demand: it needs FastAPI).
+- `loadgen`: `run_loadtest(url, http_workload(...))` -> records with the client-side four clocks
+  (`loadtest`: its command line; `client`: one streamed request and the connections).
+- `server`: `create_app(engine, name)` / `python -m kvlab serve` (`protocol`: the OpenAI wire format;
+  `engine_loop`: the thread stepping the engine).
 - `compare`: client-side vs engine-side clocks of the same requests.
 - `local`: run a server on loopback in a thread or a subprocess; `testing`: a scripted server.
+
+Names are imported on first use, so `python -m kvlab.http.<module>` runs each module cleanly.
 """
 from __future__ import annotations
 
-from .compare import compare_clocks, fetch_engine_records, measure_http_overhead, overhead_summary
-from .loadgen import LoadTestResult, http_workload, loadtest, run_loadtest
-from .local import ServerProcess, ServerThread, free_port
-from .testing import Script, scripted_app
+import importlib
 
-__all__ = ["LoadTestResult", "Script", "ServerProcess", "ServerThread", "compare_clocks", "fetch_engine_records",
-           "free_port", "http_workload", "loadtest", "measure_http_overhead", "overhead_summary", "run_loadtest",
-           "scripted_app"]
+_EXPORTS = {
+    "LoadTestResult": "loadgen", "http_workload": "loadgen", "loadtest": "loadgen", "run_loadtest": "loadgen",
+    "compare_clocks": "compare", "fetch_engine_records": "compare", "measure_http_overhead": "compare",
+    "overhead_summary": "compare", "ServerProcess": "local", "ServerThread": "local", "free_port": "local",
+    "Script": "testing", "scripted_app": "testing", "create_app": "server",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kvlab.http' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

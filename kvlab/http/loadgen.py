@@ -26,13 +26,20 @@ How it measures (as vLLM's `bench serve`, see shared/reference/metrics.md):
   `deadline` (the run's overall deadline passed first; `extra["sent"]` is
   False if it was never dispatched). Nothing is retried: a retry would be a
   new request the workload did not ask for.
+- **Connections**: up to `max_connections` HTTP/1.1 keep-alive connections
+  (`kvlab.http.client.ConnectionLanes`); a request finding none free waits,
+  and that wait shows in `send_delay_s`. Each request is bounded by
+  `timeout_s` and the whole run by `deadline_s`.
+
+The command line is `python -m kvlab loadtest` (`kvlab.http.loadtest`).
 
 Prompts: the workload's token ids are sent as a `prompt` list of ints by
 default (`prompt_format="tokens"`; OpenAI's completions API accepts token
 arrays, and so do vLLM and SGLang), so the server sees exactly
-`prompt_tokens` tokens. `http_workload` draws those ids from printable ASCII
-(32..126), which every vocabulary holds and which `ByteTokenizer` decodes
-one byte per token. Chat can only send text: the same ids decoded as ASCII,
+`prompt_tokens` tokens. `http_workload` draws those ids from 32..126:
+printable ASCII for kvlab's `ByteTokenizer` (one byte per token), and valid
+ids (just other tokens) in any vocabulary of 127 or more. Chat can only send
+text: the same ids decoded as ASCII,
 which is `prompt_tokens` tokens on kvlab's byte-level models and some other
 count on a BPE model (the server's count is kept as
 `extra["prompt_tokens_reported"]`). Use `prompt_format="text"` for servers
@@ -41,12 +48,9 @@ that refuse token arrays.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +61,9 @@ import numpy as np
 import pandas as pd
 
 from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, save_results, summarize
+from kvlab.http.client import ConnectionLanes, stream_request
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.workload import ARRIVALS, PROFILE_NAMES, Request, make_workload, replay_trace
+from kvlab.workload import Request, make_workload, replay_trace
 
 PROMPT_FORMATS = ("tokens", "text")
 PRINTABLE_FIRST, PRINTABLE_COUNT = 32, 95  # ' ' .. '~'
@@ -174,157 +179,6 @@ class LoadTestResult:
         return save_results(path, data, settings)
 
 
-# -- one request -----------------------------------------------------------------------
-def _error_reason(status: int, raw: bytes) -> tuple[str, str]:
-    """(`http_<status>[:<code>]`, message) from an OpenAI-style error body, or the raw text."""
-    message, code = raw[:500].decode("utf-8", errors="replace"), None
-    try:
-        err = json.loads(raw)
-        err = err.get("error", err) if isinstance(err, dict) else {}
-        if isinstance(err, dict):
-            message = str(err.get("message", message))
-            code = err.get("code") or err.get("type")
-        elif isinstance(err, str):
-            message = err
-    except ValueError:
-        pass
-    return (f"http_{status}:{code}" if isinstance(code, str) and code else f"http_{status}"), message
-
-
-def _chunk_text(choice: dict, chat: bool) -> str | None:
-    if chat:
-        delta = choice.get("delta") or {}
-        return delta.get("content") or delta.get("reasoning_content")
-    return choice.get("text")
-
-
-async def _stream_one(client: httpx.AsyncClient, endpoint: str, payload: bytes, record: RequestRecord,
-                      chat: bool, clock) -> None:
-    """Send one streamed request and stamp its chunks into `record` (never raises for HTTP trouble)."""
-
-    async def trace(name: str, info: dict) -> None:
-        if name.endswith("send_request_headers.started") and "sent" not in record.extra:
-            record.sent_s = clock()
-            record.extra["sent"] = True
-
-    usage, finish_reason, done, chunks = None, None, False, 0
-    try:
-        async with client.stream("POST", endpoint, content=payload,
-                                 headers={"content-type": "application/json"},
-                                 extensions={"trace": trace}) as resp:
-            if resp.status_code != 200:
-                reason, message = _error_reason(resp.status_code, await resp.aread())
-                record.extra["error"] = message
-                if "retry-after" in resp.headers:
-                    record.extra["retry_after_s"] = resp.headers["retry-after"]
-                record.fail(clock(), reason)
-                return
-            async for line in resp.aiter_lines():
-                t = clock()
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments, `event:` lines
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True  # keep reading to the end of the body, so the connection is kept alive
-                    continue
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    record.extra["error"] = data[:200]
-                    record.fail(t, "bad_chunk")
-                    return
-                if "error" in chunk:
-                    record.extra["error"] = str(chunk["error"])[:500]
-                    record.fail(t, "stream_error")
-                    return
-                if chunks == 0 and "id" in chunk:
-                    record.extra["response_id"] = chunk["id"]  # joins this record to the server's own
-                usage = chunk.get("usage") or usage
-                choices = chunk.get("choices") or ()
-                if any(_chunk_text(c, chat) for c in choices):
-                    record.token(t)
-                    chunks += 1
-                for c in choices:
-                    finish_reason = c.get("finish_reason") or finish_reason
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "connect_error")
-        return
-    except httpx.TimeoutException as e:
-        record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "timeout")
-        return
-    except httpx.TransportError as e:
-        record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "transport_error")
-        return
-    end = clock()
-    record.extra.update(finish_reason=finish_reason, chunks=chunks)
-    if usage:
-        record.extra["prompt_tokens_reported"] = usage.get("prompt_tokens")
-    if not (done or finish_reason):
-        record.fail(end, "incomplete_stream")
-        return
-    reported = usage.get("completion_tokens") if usage else None
-    record.extra["output_tokens_from"] = "usage" if reported is not None else "chunks"
-    # E2E ends at the last token, as in vLLM; a request with no token ends at [DONE].
-    record.finish(record.token_s[-1] if record.token_s else end, output_tokens=reported)
-
-
-# -- the connections ------------------------------------------------------------------------
-class ConnectionLanes:
-    """Up to `size` keep-alive HTTP/1.1 connections, each held by its own one-connection httpx client.
-
-    One shared `httpx.AsyncClient` pool rescans every connection (and polls
-    each socket) whenever a request starts or ends, O(connections^2) per
-    request: at 64 connections it cost the client three times the CPU per
-    request of 1 connection, so the client became the bottleneck it should
-    measure. One-connection clients handed out from a LIFO queue cost O(1)
-    per request and reuse the warmest connection first. A request waiting for
-    a free lane is a client falling behind: it shows as `send_delay_s`.
-    """
-
-    def __init__(self, size: int, timeout_s: float, tls: bool = False) -> None:
-        self.size, self.timeout, self.tls = size, httpx.Timeout(timeout_s), tls
-        self.clients: list[httpx.AsyncClient] = []
-        self._idle: asyncio.LifoQueue | None = None
-        self._ssl = None
-
-    def _new_client(self) -> httpx.AsyncClient:
-        transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=httpx.Limits(max_connections=1,
-                                                                                    max_keepalive_connections=1))
-        client = httpx.AsyncClient(transport=transport, timeout=self.timeout, trust_env=False)
-        self.clients.append(client)
-        return client
-
-    @contextlib.asynccontextmanager
-    async def lane(self):
-        """A client with one connection, for one request at a time."""
-        client = await self._idle.get()
-        if client is None:
-            client = self._new_client()
-        try:
-            yield client
-        finally:
-            self._idle.put_nowait(client)
-
-    async def __aenter__(self) -> "ConnectionLanes":
-        import ssl
-
-        # One TLS context for all lanes, built before the run's clock starts: loading the CA
-        # store takes ~0.1 s (far more on a busy machine), which the first request would pay.
-        # Plain http never uses it, so it gets an empty one.
-        self._ssl = ssl.create_default_context() if self.tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        self._idle = asyncio.LifoQueue()
-        for _ in range(self.size - 1):
-            self._idle.put_nowait(None)  # a lane not opened yet
-        self._idle.put_nowait(self._new_client())  # the first lane, ready before the clock starts
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
-
-
 # -- the run ---------------------------------------------------------------------------------
 def _check_args(requests: Sequence[Request], prompt_format: str, chat: bool, timeout_s: float,
                 deadline_s: float | None, max_connections: int) -> None:
@@ -403,7 +257,7 @@ async def loadtest(
             try:
                 async with lanes.lane() as client:
                     record.sent_s = clock()  # refined by the trace hook when the headers go out
-                    await asyncio.wait_for(_stream_one(client, endpoint, payloads[i], record, chat, clock),
+                    await asyncio.wait_for(stream_request(client, endpoint, payloads[i], record, chat, clock),
                                            timeout_s)
             except asyncio.TimeoutError:
                 if record.status not in ENDED:
@@ -451,92 +305,3 @@ def run_loadtest(url: str, requests: Sequence[Request], model: str | None = None
         return asyncio.run(loadtest(url, requests, model, **kwargs))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a notebook's loop is already running here
         return pool.submit(asyncio.run, loadtest(url, requests, model, **kwargs)).result()
-
-
-# -- command line ----------------------------------------------------------------------------
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """The workload and arrival options shared by `loadtest` and other commands."""
-    g = parser.add_argument_group("workload")
-    g.add_argument("--profile", default="short_short", choices=PROFILE_NAMES)
-    g.add_argument("--num-requests", type=int, default=100)
-    g.add_argument("--arrival", default="poisson", choices=ARRIVALS)
-    g.add_argument("--rate", type=float, default=None, help="requests/s (needed unless --arrival all_at_once)")
-    g.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals: 1 Poisson, <1 burstier")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--scale", type=float, default=1.0, help="multiply the profile's lengths")
-    g.add_argument("--max-context", type=int, default=None, help="clip prompt + max_tokens to this")
-    g.add_argument("--shared-prefix-tokens", type=int, default=0, help="a common system prompt of this length")
-    g.add_argument("--trace", default=None, help="replay an Azure-format trace CSV instead of --profile")
-    g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival gaps")
-    g.add_argument("--length-scale", type=float, default=1.0, help="trace: divide prompt and output lengths")
-
-
-def workload_from_args(args: argparse.Namespace) -> tuple[list[Request], dict]:
-    """(requests, settings) from `add_workload_arguments` options."""
-    kw = dict(profile=args.profile, num_requests=args.num_requests, arrival=args.arrival, rate=args.rate,
-              burstiness=args.burstiness, seed=args.seed, trace=args.trace, time_scale=args.time_scale,
-              length_scale=args.length_scale, scale=args.scale, max_context=args.max_context,
-              shared_prefix_tokens=args.shared_prefix_tokens)
-    return http_workload(**kw), {"workload": {k: (str(v) if isinstance(v, Path) else v) for k, v in kw.items()}}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `python -m kvlab loadtest`."""
-    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--model", default=None, help="model name to request (default: first of GET /v1/models)")
-    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (text prompts)")
-    p.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=None,
-                   help="completions: token id list (default) or text")
-    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
-    p.add_argument("--deadline", type=float, default=None, help="whole-run deadline, seconds")
-    p.add_argument("--max-connections", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true (vLLM and kvlab honour it)")
-    p.add_argument("--slo-ttft", type=float, default=None, help="TTFT target (s) for goodput")
-    p.add_argument("--slo-tpot", type=float, default=None, help="TPOT target (s) for goodput")
-    p.add_argument("--json", default=None, help="write the summary here (.json)")
-    p.add_argument("--csv", default=None, help="write one row per request here (.csv)")
-    p.add_argument("--no-progress", action="store_true")
-    add_workload_arguments(p)
-
-
-def format_summary(result: LoadTestResult, summary: Summary) -> str:
-    """A few lines a person reads after a run."""
-    s = summary
-    lines = [f"{s.sent} sent, {s.completed} completed, {s.failed} failed "
-             f"{dict(sorted(s.failed_by_reason.items())) or ''} in {result.wall_s:.2f} s",
-             f"output tokens counted from: {result.output_tokens_from}; "
-             f"{s.output_tokens_per_s:.1f} output tok/s, {s.requests_per_s:.2f} req/s",
-             s.latency_frame().to_string(float_format=lambda x: f"{x:.4f}")]
-    delay = [r.clocks()["send_delay_s"] for r in result.records if r.extra.get("sent")]
-    if delay:
-        lines.append(f"send delay (client behind schedule): p50 {np.median(delay) * 1e3:.2f} ms, "
-                     f"max {max(delay) * 1e3:.2f} ms")
-    if s.slo is not None:
-        lines.append(f"goodput {s.goodput_rps:.2f} req/s ({s.slo_share:.0%} of ended requests met {s.slo.targets()})")
-    return "\n".join(lines)
-
-
-def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
-    """`python -m kvlab loadtest ...` (parsed options, or a list of words to parse)."""
-    if not isinstance(args, argparse.Namespace):
-        parser = argparse.ArgumentParser(prog="python -m kvlab loadtest", description=__doc__.splitlines()[0])
-        add_arguments(parser)
-        args = parser.parse_args(args)
-    requests, settings = workload_from_args(args)
-    slo_targets = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot)) if v is not None}
-    slo = SLO(**slo_targets) if slo_targets else None
-    result = run_loadtest(args.url, requests, args.model, chat=args.chat, prompt_format=args.prompt_format,
-                          timeout_s=args.timeout, deadline_s=args.deadline, max_connections=args.max_connections,
-                          temperature=args.temperature, extra_body={"ignore_eos": True} if args.ignore_eos else None,
-                          progress=False if args.no_progress else None, settings=settings)
-    summary = result.summary(slo)
-    print(format_summary(result, summary))
-    for path in (args.json, args.csv):
-        if path:
-            print(f"wrote {result.save(path, slo)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -124,7 +124,7 @@ def draw_gantt(ax: Axes, requests: pd.DataFrame | Iterable[RequestRecord], steps
     if not n:
         ax.text(0.5, 0.5, "no requests", transform=ax.transAxes, ha="center", va="center", color="#555")
     if legend and handles:
-        ax.legend(handles=handles, fontsize=7, loc="lower right", framealpha=0.9)
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1), framealpha=0.9)
     return ax
 
 
@@ -163,4 +163,8 @@ def plot_gantts(requests: pd.DataFrame, steps: pd.DataFrame, by: str = "run", ti
         draw_gantt(ax, requests[requests[by] == g], sub_steps, (titles or {}).get(g, str(g)), legend=i == 0)
         if i < len(groups) - 1:
             ax.set_xlabel("")
+    ends = [requests["finished_s"].max() if "finished_s" in requests.columns else np.nan,
+            steps["end_s"].max() if len(steps) else np.nan]
+    end = np.nanmax([e for e in ends if pd.notna(e)] or [1.0])
+    axes[0].set_xlim(0, end * 1.02 if end > 0 else 1.0)
     return fig

@@ -27,7 +27,7 @@ def plot_kv_blocks(trace: pd.DataFrame, by: str | None = None, block_size: int |
         raise ValueError(f"trace has no column {by!r}; columns: {list(trace.columns)}")
     groups = list(dict.fromkeys(trace[by])) if by is not None and len(trace) else [None]
     fig = Figure(figsize=(5.2 * len(groups) + 1.5, 3.8), layout="constrained")
-    axes = fig.subplots(1, len(groups), squeeze=False, sharey=True)[0]
+    axes = fig.subplots(1, len(groups), squeeze=False)[0]  # own y axis each: budgets may differ
     for ax, g in zip(axes, groups):
         t = trace if g is None else trace[trace[by] == g]
         if not len(t):

@@ -144,6 +144,11 @@ class ExperimentPanel:
         header = [widgets.HTML(f"<b>{html.escape(title)}</b>")] if title else []
         self.widget = widgets.VBox([*header, widgets.VBox(list(self.controls.values())),
                                     widgets.HBox([self.button, self.status]), self.progress_box, self.output])
+        # CSS classes a stylesheet or a browser test can find (tests/test_browser.py presses .kvlab-run)
+        self.widget.add_class("kvlab-panel")
+        self.button.add_class("kvlab-run")
+        self.status.add_class("kvlab-status")
+        self.output.add_class("kvlab-output")
         self.button.on_click(lambda _: self.run())
         self._quiet = False  # True while run() sets controls itself
         for w in self.controls.values():
@@ -238,6 +243,12 @@ class ExperimentPanel:
             if self.progress_bar is not None and self.progress_bar.n < (self.progress_bar.total or 0):
                 self.progress_bar.close()  # turns the bar red where it stopped
             return self._fail(exc)
+        except KeyboardInterrupt:  # Kernel > Interrupt: say so in the panel, then stop the caller as usual
+            if self.progress_bar is not None:
+                self.progress_bar.close()
+            self._fail(KeyboardInterrupt("stopped by Kernel > Interrupt before it finished; nothing was kept, "
+                                         "press Run to start again"))
+            raise
         finally:
             self.button.disabled = False
         notes = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
@@ -250,7 +261,7 @@ class ExperimentPanel:
         self._show(result)
         return result
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: BaseException) -> None:
         self.error, self.last_exception = error_message(exc), exc
         self.result = None
         self.output.outputs = (message_output(self.error, "error"),)

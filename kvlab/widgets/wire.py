@@ -1,0 +1,60 @@
+"""The panel of lesson 08: a service curve measured at the client of a running server, behind a Run button."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import ipywidgets as widgets
+import pandas as pd
+
+from ..experiments.wire import DEFAULT_RATES, check_rates, wire_service_curve
+from ..plots.wire import plot_wire_service_curve
+from ..workload import PROFILE_NAMES
+from .panel import ExperimentPanel
+
+RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+_STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
+
+
+def service_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`wire_service_curve`'s table with the columns a learner reads first, in milliseconds."""
+    ms = 1e3
+    return pd.DataFrame({
+        "offered req/s": table["offered_rps"],
+        "achieved req/s": table["requests_per_s"],
+        "completed": table["completed"],
+        "rejected (429)": table["rejected"],
+        "other failures": table["failed_other"],
+        "all accounted for": table["accounted_for"],
+        "TTFT p50 ms": table["ttft_p50_s"] * ms,
+        "TTFT p90 ms": table["ttft_p90_s"] * ms,
+        "TPOT p50 ms": table["tpot_p50_s"] * ms,
+        "E2E p50 ms": table["e2e_p50_s"] * ms,
+    })
+
+
+def wire_panel(url: str, rates: Sequence[float] = DEFAULT_RATES, profile: str = "short_short",
+               num_requests: int = 48, model: str | None = None) -> ExperimentPanel:
+    """Offered rates, a request profile and requests per rate; Run measures `url` at each rate.
+
+    `url` is any OpenAI-compatible server (kvlab's own, vLLM, ...). Each rate replays the same
+    seeded requests (`wire_service_curve`); the figure is `plot_wire_service_curve`.
+    """
+    rates = check_rates(rates)
+    missing = [r for r in rates if r not in RATE_CHOICES]
+    if missing:
+        raise ValueError(f"rates {missing} are not among the panel's choices {list(RATE_CHOICES)}; pick from those")
+    controls = {
+        "rates": widgets.SelectMultiple(options=RATE_CHOICES, value=rates, rows=5,
+                                        description="offered rates (req/s)", **_STYLE),
+        "profile": widgets.Dropdown(options=PROFILE_NAMES, value=profile, description="request profile", **_STYLE),
+        "num_requests": widgets.IntSlider(value=num_requests, min=8, max=256, step=8, continuous_update=False,
+                                          description="requests per rate", **_STYLE),
+    }
+
+    def run(progress, rates: tuple, profile: str, num_requests: int) -> pd.DataFrame:
+        return wire_service_curve(url, sorted(rates), num_requests=num_requests, profile=profile, model=model,
+                                  progress=progress)
+
+    return ExperimentPanel(controls, run, figure=lambda t, _p: plot_wire_service_curve(t),
+                           summary=lambda t, _p: service_table(t),
+                           title=f"The service curve of {url}, measured at the client")

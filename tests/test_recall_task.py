@@ -1,0 +1,110 @@
+"""The associative-recall task and the shipped checkpoint trained on it."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.tasks.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
+                                make_examples, score, training_batch)
+
+
+def facts(prompt: str) -> dict[str, str]:
+    """Parse the pairs back out of a prompt, independently of the generator."""
+    context, _ = prompt.split("?")
+    pairs = [p.split(":") for p in context.split(";") if p]
+    return {k: v for k, v in pairs}
+
+
+# -- the generator --------------------------------------------------------------------------
+def test_the_same_seed_gives_the_same_examples():
+    assert make_examples(20, 8, seed=3) == make_examples(20, 8, seed=3)
+    assert make_examples(20, 8, seed=3) != make_examples(20, 8, seed=4)
+
+
+def test_answers_are_the_queried_keys_values():
+    for ex in make_examples(100, 12, seed=0):
+        table = facts(ex.prompt)
+        assert len(table) == 12  # keys are distinct within a context
+        key = ex.prompt.rsplit("?", 1)[1].rstrip(":")
+        assert ex.answer == table[key] + "."
+        assert ex.prompt.endswith(f"?{key}:")
+        assert len(ex.prompt_ids) == 12 * PAIR_TOKENS + QUERY_TOKENS and len(ex.answer_ids) == ANSWER_TOKENS
+
+
+def test_distances_are_measured_from_the_fact_and_span_the_context():
+    examples = make_examples(400, 16, seed=1)
+    for ex in examples:
+        key = ex.prompt.rsplit("?", 1)[1].rstrip(":")
+        assert ex.distance == len(ex.prompt) - ex.prompt.index(key + ":")  # counted from the fact's first token
+    distances = {ex.distance for ex in examples}
+    assert min(distances) == PAIR_TOKENS + QUERY_TOKENS  # the last pair, right before the query
+    assert max(distances) == 16 * PAIR_TOKENS + QUERY_TOKENS  # the first pair, the whole context away
+    assert {ex.pair_index for ex in examples} == set(range(16))  # every position gets queried
+
+
+def test_training_batches_put_targets_on_answers_only():
+    ids, targets = training_batch(4, 6, 3, random.Random(0))
+    tok = kvlab.ByteTokenizer()
+    for row_ids, row_t in zip(ids.tolist(), targets.tolist()):
+        text = tok.decode(row_ids)
+        table = facts(text.split("?", 1)[0] + "?")
+        answers = [q.split(":")[1] for q in text.split("?")[1:]]  # "vxx." (the last one lacks its final token)
+        assert tok.decode([t for t in row_t if t >= 0]) == "".join(table[q.split(":")[0]] + "."
+                                                                  for q in text.split("?")[1:])
+        assert answers[0] == table[text.split("?")[1].split(":")[0]] + "."
+        assert row_t[:6 * PAIR_TOKENS + QUERY_TOKENS - 1] == [-100] * (6 * PAIR_TOKENS + QUERY_TOKENS - 1)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="num_pairs"):
+        make_examples(3, 0)
+    with pytest.raises(ValueError, match="num_pairs"):
+        make_examples(3, 300)
+    with pytest.raises(ValueError, match="positive"):
+        make_examples(0, 4)
+
+
+# -- the shipped checkpoint --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shipped():
+    return load_recall_model(device="cpu")
+
+
+def test_the_checkpoint_ships_as_small_safetensors_with_its_record():
+    weights = list(RECALL_MODEL_DIR.glob("*.safetensors"))
+    assert weights and sum(w.stat().st_size for w in weights) <= 10 * 2**20
+    record = json.loads((RECALL_MODEL_DIR / "training.json").read_text())
+    assert record["held_out"]["accuracy"] >= 0.95
+    assert (RECALL_MODEL_DIR / "README.md").is_file()
+
+
+def test_the_checkpoint_loads_offline_with_the_byte_tokenizer(shipped, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = kvlab.from_pretrained(RECALL_MODEL_DIR, device="cpu")  # the same loader as every model
+    assert isinstance(model.tokenizer, kvlab.ByteTokenizer)
+    record = json.loads((RECALL_MODEL_DIR / "training.json").read_text())
+    for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):
+        assert getattr(model.config, key) == record["model"][key]
+    for a, b in zip(model.parameters(), shipped.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_checkpoint_recalls_held_out_facts_with_the_exact_cache(shipped):
+    record = json.loads((RECALL_MODEL_DIR / "training.json").read_text())
+    num_pairs = record["held_out"]["num_pairs"]
+    seed = record["held_out"]["seed"] + 1  # a seed neither training nor the script's evaluation used
+    result = score(shipped, make_examples(150, num_pairs, seed=seed), cache="dynamic")
+    assert result.accuracy >= 0.95, result.by_distance
+    assert result.by_distance["examples"].sum() == 150
+    # the prompt reads as text and the answer comes back as text
+    ex = make_examples(1, num_pairs, seed=seed)[0]
+    assert kvlab.generate(shipped, ex.prompt, max_new_tokens=4).text == ex.answer
+
+
+def test_a_missing_checkpoint_names_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pip install -e"):
+        load_recall_model(tmp_path)
