@@ -46,6 +46,10 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each); block size; max context "
            "and max new tokens as levers; preemption; prefix caching; chunked prefill", 25),
+    Lesson("08_measure_a_real_server.ipynb", "Measure a real server",
+           "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
+           "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "
+           "curve over the wire with 429 backpressure; the same command against vLLM and other servers", 20),
 ]
 
 
@@ -72,6 +76,21 @@ def lesson(notebook: str) -> Lesson:
         if entry.file == notebook:
             return entry
     raise ValueError(f"{notebook!r} is not in kvlab.course.NOTEBOOKS; add a Lesson for it there")
+
+
+def setup_cell(ref: str = REPO_REF) -> str:
+    """The source of every notebook's first code cell: install kvlab where it is missing (Colab), then report.
+
+    Locally and on Binder kvlab is already installed, so the cell only reports where it runs.
+    """
+    return f'''# Setup: runs as is locally, on Binder and on Colab (where it first installs kvlab).
+import importlib, importlib.util, subprocess, sys
+if importlib.util.find_spec("kvlab") is None:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "{pip_spec(ref)}"])
+    importlib.invalidate_caches()
+import kvlab
+from kvlab.course import setup_report
+print(setup_report())'''
 
 
 def where() -> str:

@@ -114,7 +114,7 @@ class Exercise:
 
 
 EXERCISES: dict[str, Exercise] = {}
-NOT_ANSWERED = "no answer yet: replace `None` with your answer and run the cell again."
+NOT_ANSWERED = "replace `None` with your answer, then run the cell again."
 
 
 def _as_feedback(result: Any, printed: str) -> Feedback:
@@ -379,6 +379,19 @@ def check_sequences_that_fit(answer: Any) -> Feedback:
                 "not the weights, decides how many conversations one GPU can hold.")
 
 
+@exercise("02_kv_cache.ipynb", solution="b", wrong="a")
+def check_what_the_cache_keeps(answer: Any) -> Feedback:
+    """Multiple choice: two users send the same prompt one after the other; what does the first one's KV cache do?"""
+    return check_choice(answer, "b", {
+        "a": "a KV cache is not a cache of answers: it holds the keys and values of one ongoing generation "
+             "and is freed when that generation ends. Nothing returns a stored answer.",
+        "c": "the cache holds keys and values, not the sampled tokens; with sampling the second answer can "
+             "differ, and it is generated token by token either way.",
+    }, confirm="the KV cache is the working memory of one generation. A server with prefix caching "
+               "(notebook 07) can reuse the keys and values of a shared prompt prefix and skip part of the "
+               "prefill, but every token of the answer is still generated.")
+
+
 # --- 04 the four clocks ----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=4)
@@ -434,8 +447,13 @@ def _share_above_mean_wrong(values):
     return sum(x > v[len(v) // 2] for x in v) / len(v)
 
 
-@exercise("04_four_clocks.ipynb", solution=lambda values: sum(v > sum(values) / len(values) for v in values) / len(values),
-          wrong=_share_above_mean_wrong)
+def _share_above_mean(values):
+    """The solution, for the tests."""
+    mean = sum(values) / len(values)
+    return sum(v > mean for v in values) / len(values)
+
+
+@exercise("04_four_clocks.ipynb", solution=_share_above_mean, wrong=_share_above_mean_wrong)
 def check_share_above_mean(answer: Any) -> Feedback:
     """A function share_above_mean(values) -> the fraction of values strictly above their mean."""
     cases = [({"values": [10, 11, 12, 13, 400]}, 0.2), ({"values": [1, 2, 3, 4]}, 0.5),
@@ -444,7 +462,8 @@ def check_share_above_mean(answer: Any) -> Feedback:
     def explain(kwargs, got, expected):
         values = kwargs["values"]
         median_share = _share_above_mean_wrong(values)
-        if isinstance(got, (int, float)) and math.isclose(got, median_share) and not math.isclose(expected, median_share):
+        if (isinstance(got, (int, float)) and math.isclose(got, median_share)
+                and not math.isclose(expected, median_share)):
             return f"expected {expected}: that is the share above the median; compare with the mean."
         if isinstance(got, (int, float)) and 1 < got <= 100:
             return f"expected {expected}: give a fraction between 0 and 1, not a percentage or a count."
@@ -465,7 +484,7 @@ def _idle_slots(max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX
 
 @exercise("05_batching.ipynb", solution=_idle_slots()["idle"], wrong=_idle_slots()["used"])
 def check_idle_slots(answer: Any) -> Feedback:
-    """Decode slots left idle by static batching of EX05_OUTPUTS, EX05_MAX_SEQS at a time (one slot = one sequence, one step)."""
+    """Decode slots left idle by static batching of EX05_OUTPUTS, EX05_MAX_SEQS at a time (slot = sequence x step)."""
     s = _idle_slots()
     return check_number(
         answer, s["idle"], what="idle slots", rel=0,
@@ -530,7 +549,7 @@ def _fit_07_by_tokens() -> int:
 
 @exercise("07_memory_is_capacity.ipynb", solution=_fit_07(), wrong=(_fit_07_by_tokens(), _fit_07()[1]))
 def check_sequences_fit(answer: Any) -> Feedback:
-    """(paged, reserved): sequences of EX07_LENGTHS that fit in EX07_BLOCKS blocks of EX07_BLOCK_SIZE, or reserving EX07_RESERVE each."""
+    """(paged, reserved): sequences of EX07_LENGTHS that fit in EX07_BLOCKS blocks, or reserving EX07_RESERVE each."""
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and all(_is_number(a) for a in answer)):
         return wrong(f"answer with two whole numbers, (paged, reserved), got {answer!r}.")
     p, r = answer
@@ -564,7 +583,7 @@ def check_in_block_waste(answer: Any) -> Feedback:
 
 
 def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = 16) -> int:
-    """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt (BlockManager)."""
+    """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
     from .serving.block_manager import BlockManager
     from .serving.sequence import SamplingParams, Sequence as EngineSequence
 
@@ -581,7 +600,7 @@ def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_
 
 @exercise("07_memory_is_capacity.ipynb", solution=prefix_hit_tokens(), wrong=250)
 def check_prefix_hit(answer: Any) -> Feedback:
-    """Prompt tokens of a 300-token request (a 250-token system prompt + its own) served from the prefix cache, blocks of 16."""
+    """Prompt tokens of a 300-token request (250-token system prompt + its own) reused from the prefix cache."""
     system_tokens, block_size = 250, 16
     truth = prefix_hit_tokens(system_tokens, 300, block_size)
     return check_number(
@@ -721,10 +740,10 @@ def check_output_tokens_per_s(answer: Any) -> Feedback:
 
 @exercise("08_measure_a_real_server.ipynb", solution="b", wrong="a")
 def check_rejections_and_quantiles(answer: Any) -> Feedback:
-    """Multiple choice: under overload some requests got 429 and the TTFT p90 of the rest went down. What follows?"""
+    """Multiple choice: a good TTFT p90 is reported at a rate where many requests got 429. What follows?"""
     return check_choice(answer, "b", {
-        "a": "the server did the same work per token; it answered fewer people. The quantiles describe only "
-             "the requests that completed.",
+        "a": "the server answered only part of that load; the rest got 429 and no answer at all. The quantiles "
+             "describe only the requests that completed.",
         "c": "the load generator keeps a record of every request it was asked to send, rejected ones included "
              "(fail_reason http_429): that is how you could count them.",
     }, confirm="latency quantiles are computed over completed requests only. A rejected user got no answer at "

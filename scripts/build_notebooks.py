@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from kvlab.course import NOTEBOOKS, Lesson, binder_url, colab_url, lesson, pip_spec
+from kvlab.course import NOTEBOOKS, Lesson, binder_url, colab_url, course_map, lesson, setup_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -36,14 +36,7 @@ def header(entry: Lesson, number: str) -> str:
             f"*About {entry.minutes} minutes. {entry.shows[0].upper()}{entry.shows[1:]}.*")
 
 
-SETUP = f'''# Setup: runs as is locally, on Binder and on Colab (where it first installs kvlab).
-import importlib, importlib.util, subprocess, sys
-if importlib.util.find_spec("kvlab") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "{pip_spec()}"])
-    importlib.invalidate_caches()
-import kvlab
-from kvlab.course import setup_report
-print(setup_report())'''
+SETUP = setup_cell()  # the first code cell of every notebook (kvlab.course.setup_cell)
 
 
 def navigation(entry: Lesson) -> str:
@@ -54,9 +47,12 @@ def navigation(entry: Lesson) -> str:
     return f"---\n**Previous:** {prev} · **Next:** {nxt}"
 
 
-def course_map() -> str:
-    rows = [f"| {n.file[:2]} | [{n.title}]({n.file}) | {n.shows} | {n.minutes} |" for n in NOTEBOOKS]
-    return "| # | notebook | what it shows | minutes |\n|---|---|---|---|\n" + "\n".join(rows)
+def exercise_cells(title: str, question: str, checker: str, placeholder: str, solution: str) -> list:
+    """One exercise: the question, a cell calling its checker from kvlab.exercises, a folded solution."""
+    return [new_markdown_cell(f"### Exercise: {title}\n\n{question}"),
+            new_code_cell(f"from kvlab.exercises import {checker}\n\n"
+                          f"answer = None   # {placeholder}\n{checker}(answer)"),
+            new_markdown_cell(f"<details><summary>Solution</summary>\n\n{solution}\n\n</details>")]
 
 
 # --- 00 start here -----------------------------------------------------------------------------
@@ -93,10 +89,9 @@ pd.Series({"device": env["device"], "CPU cores": env["cpu_count"], "torch thread
 
 The notebooks are meant to be done in order; each one links to the next at the bottom.
 
-""" + course_map() + """
+""" + course_map(link_prefix="") + """
 
-More notebooks (batching, the four clocks of a request, a serving engine under load) follow the
-same pattern; the [course map](../README.md#course-map) in the README lists them all.
+The same table is the [course map](../README.md#course-map) of the README.
 
 Under the notebooks sits the `kvlab` package, in layers. Each layer uses only the ones below it,
 so when a figure surprises you, you can follow it down: the panel calls an experiment, the
@@ -142,6 +137,32 @@ result.show()'''),
   the wait for the first token and the pace of the following ones are different clocks.
 - Set *repeats* to 1 and run. A jagged line on the left means other programs were competing for
   the CPU during the run; taking the fastest of several runs filters most of that out."""),
+        *exercise_cells(
+            "prefill and decode",
+            """The panel above used a 32-token prompt and a KV cache. How many tokens did the model process in
+the step that wrote token 0, and in the step that wrote token 5? Reason it out, or read the
+`tokens_processed` column of `result.frame`. Answer with a pair, `(token 0, token 5)`.""",
+            "check_prefill_and_decode", "(tokens processed for token 0, for token 5)",
+            """```python
+answer = (32, 1)
+result.frame.query("token in (0, 5)")[["token", "phase", "tokens_processed"]]
+```
+Token 0 comes out of the **prefill**, which reads the whole prompt in one step. With a cache, every
+later step (**decode**) processes only the newest token and reads the stored keys and values."""),
+        *exercise_cells(
+            "comparing with a neighbour",
+            """Your neighbour runs the same panel with the same settings, and every step takes half as long as
+yours. Which is right?
+
+- **a** their model or their prompt must be different;
+- **b** times belong to a machine: compare the shapes of the curves, and quote the setup report with any number;
+- **c** one of you has a bug.""",
+            "check_comparing_machines", 'a letter: "a", "b" or "c"',
+            """```python
+answer = "b"
+```
+Same settings means the same model, prompt and tokens: the same work. How long that work takes
+depends on the device, the cores, the threads and whatever else runs on the machine."""),
         new_markdown_cell("""## 4. Running the lab elsewhere
 
 - **Locally**: the README's quick start is two commands; the first opens JupyterLab on this notebook.
@@ -253,13 +274,40 @@ measured here is the mild version.
   compare with 200 tokens? (The uncached total grows roughly with the square of the length.)
 - **Repeats:** set *repeats* to 1 and run again. How much noisier is the left panel? Everything
   else on this computer competes for the same cores.
-- **Predict before you run:** with prompt 256, what work ratio do you expect between tokens 20 and
-  194? Check with the table.
 
-## Summary
+## Exercises"""),
+        *exercise_cells(
+            "predict the work ratio",
+            """Before measuring: with a 256-token prompt and **no** cache, how many times more tokens does the
+step that writes token 194 process than the step that writes token 20? (You can then check your
+prediction against the `work_ratio` column of `slowdown_summary(panel.run(prompt_tokens=256).frame)`,
+about a minute of measuring.)""",
+            "check_work_ratio", "a number: late step's tokens / early step's tokens",
+            """```python
+answer = (256 + 194) / (256 + 20)   # about 1.63
+```
+The step that writes token *i* processes the prompt plus the *i* tokens before it. The measured ratio
+comes out a little lower, because part of every step's time does not grow with the text."""),
+        *exercise_cells(
+            "count the whole generation",
+            """Write a function `total_processed(cache, prompt_tokens, new_tokens)` that returns how many tokens
+the model processes, over all steps, to generate `new_tokens` tokens after a prompt of
+`prompt_tokens`, for `cache="none"` and `cache="dynamic"`. Pass the function itself as the answer.""",
+            "check_total_processed", "your function total_processed, not a call of it",
+            """```python
+def total_processed(cache, prompt_tokens, new_tokens):
+    if cache == "none":   # the step of token i processes the prompt and the i tokens before it
+        return sum(prompt_tokens + i for i in range(new_tokens))
+    return prompt_tokens + (new_tokens - 1)   # the prefill, then one token per step
+
+answer = total_processed
+```
+Without a cache the total is *n·T + n(n−1)/2*: it grows with the square of the answer's length.
+With a cache it is *T + n − 1*: linear."""),
+        new_markdown_cell("""## Summary
 
 - Without a cache, the step that writes token *i* reprocesses *T + i* tokens: step time grows with
-  position and the total grows faster than the length of the answer.
+  position and the total grows with the square of the length of the answer.
 - With a KV cache each step processes one token; step time stays nearly flat.
 - The measured slowdown is the work ratio diluted by fixed per-step costs; a line through the step
   times separates the two.
@@ -384,11 +432,51 @@ calculator'''),
 
 - Switch between **Llama-2-7B (MHA)** and **Llama-3-8B (GQA)** at the same context. Why is the
   second cache 4 times smaller, although the models are about the same size? (Count the kv_heads.)
-- With Llama-3-8B on an 80 GiB GPU, how many conversations of 32K tokens fit at fp16? At int4?
+- After exercise 2 below: how many conversations of 32K tokens fit at int4 instead of fp16?
 - Try **Llama-3-70B** on a 24 GiB GPU. What does "at most 0 sequences" mean for a service?
-- In the memory panel, generate fewer than 64 tokens in total: does `quantized` save anything yet?
+- In the memory panel, generate fewer than 64 tokens in total: does `quantized` save anything yet?"""),
+        *exercise_cells(
+            "the formula by hand",
+            """How many bytes of KV cache does **Llama-3-8B (GQA)** need for one conversation of 8,192 tokens
+with an fp16 cache? Use the formula above with the numbers in
+`kvlab.PUBLISHED_CONFIGS["Llama-3-8B (GQA)"]` (`num_layers`, `num_kv_heads`, `head_dim`), not
+`kv_cache_bytes` itself.""",
+            "check_kv_bytes", "a number of bytes",
+            """```python
+c = kvlab.PUBLISHED_CONFIGS["Llama-3-8B (GQA)"]
+answer = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 8192 * 1 * 2   # 1,073,741,824 bytes = 1 GiB
+```
+The 2 counts K and V; `num_kv_heads` is 8, not the 32 query heads, thanks to grouped-query attention;
+fp16 takes 2 bytes per element."""),
+        *exercise_cells(
+            "conversations per GPU",
+            """Weights and cache in fp16, one 80 GiB GPU: how many conversations of 32,768 tokens of
+Llama-3-8B fit at once? The weights take `num_parameters() * 2` bytes, and 1 GiB is 2**30 bytes.
+Ignore everything else a real server keeps in memory.""",
+            "check_sequences_that_fit", "a whole number of sequences",
+            """```python
+c = kvlab.PUBLISHED_CONFIGS["Llama-3-8B (GQA)"]
+per_sequence = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 32768 * 2
+answer = (80 * 2**30 - c.num_parameters() * 2) // per_sequence
+```
+Each conversation holds 4 GiB of cache, and the fp16 weights leave about 65 GiB of the 80.
+`kvlab.experiments.max_sequences("Llama-3-8B (GQA)", 32768, 80)` does the same count."""),
+        *exercise_cells(
+            "what the cache keeps",
+            """Two users send exactly the same prompt, one after the other, to a server that uses a KV cache.
+What does the first request's KV cache do for the second?
 
-## Summary
+- **a** the second user gets the stored answer back without the model running;
+- **b** nothing by itself: it held the keys and values of the first generation only, and was freed when that ended;
+- **c** it guarantees the second answer is identical, because it stores the sampled tokens.""",
+            "check_what_the_cache_keeps", 'a letter: "a", "b" or "c"',
+            """```python
+answer = "b"
+```
+A KV cache is the working memory of one generation, not a cache of responses. Servers with
+**prefix caching** (notebook 07) can keep the keys and values of a shared prompt prefix for later
+requests and skip part of their prefill; every token of every answer is still generated."""),
+        new_markdown_cell("""## Summary
 
 - Keys and values of past tokens never change, so they can be stored: that store, per layer, is
   the KV cache. It makes generation faster and leaves its output unchanged.

@@ -88,7 +88,7 @@ from kvlab.plots.policies import plot_policy_tradeoff
 
 equal = compare_policies(model, lengths=("equal",))
 table = pd.concat([batching_table(equal), result.frame.attrs["runs"]], ignore_index=True)
-display(table[["run", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_n", "steps", "mean_batch"]])
+display(table[["run", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_n", "steps", "mean_batch"]].round(3))
 plot_policy_tradeoff(table)'''),
         new_markdown_cell("""With equal lengths both policies run the same number of steps with full batches: any gap in
 their timings is the machine, not the policy (run it twice and watch the gap move). With mixed
@@ -156,7 +156,8 @@ from kvlab.plots.policies import plot_batch_wait
 
 waits = batch_wait_runs(model, waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6)
 wait_table = batching_table(waits)
-display(wait_table[["run", "batch_wait_s", "mean_batch", "tokens_per_busy_s", "ttft_p50_s", "ttft_p95_s", "ttft_n"]])
+display(wait_table[["run", "batch_wait_s", "mean_batch", "tokens_per_busy_s", "ttft_p50_s", "ttft_p95_s",
+                    "ttft_n"]].round(3))
 plot_batch_wait(wait_table)'''),
         new_markdown_cell("""**Reading the figure.** Right: the longer the server waits, the fuller its batches and the more
 output it gets from each second the model is busy (the batching gain). Left: the price, in time

@@ -165,7 +165,7 @@ from kvlab.experiments.capacity import preemption_runs, preemption_table
 from kvlab.plots.kv_blocks import plot_kv_blocks
 
 ample = preemption_runs(model, kv_blocks=(None,))
-display(pd.concat([preemption_table(ample), result.frame.attrs["preemption"]], ignore_index=True))
+display(pd.concat([preemption_table(ample), result.frame.attrs["preemption"]], ignore_index=True).round(3))
 plot_kv_blocks(pd.concat([ample[0].trace, result.frame.attrs["trace"]]), by="run", block_size=16)'''),
         new_markdown_cell("""The tight budget keeps the pool full the whole time (it is using its memory well) but pays twice:
 tokens computed again after each preemption, and fewer sequences per step. Recomputed tokens
@@ -190,7 +190,7 @@ from kvlab.experiments.serving_run import runs_frame
 from kvlab.plots.gantt import plot_gantts
 
 prefix = prefix_caching_runs(model)
-display(prefix_caching_table(prefix))
+display(prefix_caching_table(prefix).round(3))
 frame = runs_frame(prefix)
 plot_gantts(frame, frame.attrs["steps"])'''),
         new_markdown_cell("""`expected_hit_tokens` is the hand count: every request after the first reuses the 16 full
@@ -223,7 +223,7 @@ over several steps, each also carrying one token of every running answer."""),
 from kvlab.plots.token_gaps import plot_token_gaps
 
 chunked = chunked_prefill_runs(model)
-display(chunked_prefill_table(chunked))
+display(chunked_prefill_table(chunked).round(3))
 frame = runs_frame(chunked)
 plot_token_gaps(frame, exclude=[chunked[0].extra["long_id"]],
                 marks={"long prompt arrives": chunked[0].extra["long_arrival_s"]})'''),

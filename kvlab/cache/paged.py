@@ -8,6 +8,13 @@ import torch.nn.functional as F
 
 from .base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
 
+# Decodes are attended together (one padded gather + one masked call) only while the padded gather
+# stays this small; beyond it each decode is attended on its own, over exactly its own blocks. The
+# padded gather copies D x (longest context) slots per layer and the masked kernel reads them
+# again: on a mixed batch (contexts 50-640) that measured 2-9x slower than one call per sequence,
+# while for many short contexts one batched call is cheaper than D small ones.
+DECODE_BATCH_MAX_SLOTS = 2048
+
 
 @dataclass
 class PagedAttentionMetadata:
@@ -24,12 +31,12 @@ class PagedAttentionMetadata:
     context_lens: list[int]  # (S,) tokens in the cache for each sequence after this step's write
     block_tables: list[list[int]]  # (S, *) physical blocks of each sequence, in token order
     # Derived once per step, used by every layer:
-    decode_rows: list[int]  # sequences with a single query: attended together in one batched call
+    decode_rows: list[int]  # single-query sequences attended together in one batched call (may be empty)
     decode_token_idx: torch.Tensor | None  # (D,) their token index in the packed batch
     decode_block_tables: torch.Tensor | None  # (D, Bmax) their blocks, padded with block 0
     decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real
-    prefill_rows: list[int]  # sequences with several queries: attended one by one, causally
-    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each prefill sequence
+    prefill_rows: list[int]  # sequences attended one by one, causally: prompt chunks (and decodes, when
+    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each      a batched gather would be too big)
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
@@ -41,10 +48,13 @@ class PagedAttentionMetadata:
             for pos in range(ctx - q, ctx):  # positions of the new tokens
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
         decode_rows = [i for i, q in enumerate(query_lens) if q == 1]
-        prefill_rows = [i for i, q in enumerate(query_lens) if q > 1]
+        width = max((-(-context_lens[i] // block_size) for i in decode_rows), default=0)
+        if len(decode_rows) * width * block_size > DECODE_BATCH_MAX_SLOTS:
+            decode_rows = []  # each decode on its own (see DECODE_BATCH_MAX_SLOTS)
+        batched = set(decode_rows)
+        prefill_rows = [i for i in range(len(query_lens)) if i not in batched]
         dec_idx = dec_tables = dec_mask = None
         if decode_rows:
-            width = max(-(-context_lens[i] // block_size) for i in decode_rows)
             padded = [block_tables[i][:width] + [0] * (width - len(block_tables[i][:width])) for i in decode_rows]
             dec_tables = torch.tensor(padded, dtype=torch.long, device=device)  # (D, Bmax)
             lens = torch.tensor([context_lens[i] for i in decode_rows], device=device)  # (D,)
@@ -122,9 +132,12 @@ class PagedKVCache(KVCache):
             out[0, :, md.decode_token_idx] = y.squeeze(2).transpose(0, 1)  # (nh, D, hs)
         for row, blocks in zip(md.prefill_rows, md.prefill_blocks):
             start, T, ctx = md.query_start_loc[row], md.query_lens[row], md.context_lens[row]
-            flat = (-1, self.num_kv_heads, self.head_dim)
-            keys = k_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
-            values = v_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]
+            if T == ctx:  # a whole prompt from an empty cache: its keys are the new k, v; no gather
+                keys, values = k[:, :, start:start + T], v[:, :, start:start + T]  # (1, nkv, T, hs)
+            else:
+                flat = (-1, self.num_kv_heads, self.head_dim)
+                keys = k_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
+                values = v_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]
             # the T new queries sit at positions ctx-T .. ctx-1 of the ctx keys
             out[:, :, start:start + T] = causal_attention(q[:, :, start:start + T], keys, values)
         return out

@@ -76,7 +76,7 @@ def fit_in_order(costs: Sequence[int], capacity: int) -> int:
 
 
 def block_manager_fit(lengths: Sequence[int], num_blocks: int, block_size: int) -> int:
-    """The same count, asked of the engine's BlockManager: allocate sequences of ``lengths`` tokens until one does not fit."""
+    """The same count from the engine's BlockManager: allocate sequences of ``lengths`` tokens until one fails."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     for i, n in enumerate(lengths):
         seq = EngineSequence(i, [0] * int(n), 1, SamplingParams(), record=None, arrival_s=0.0)
@@ -117,7 +117,8 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
     rows = [
         dict(scheme="reserve max length", capacity_tokens=int(capacity), sequences_fit=k_res,
              formula_fit=int(capacity // C) if (reserve == C).all() else k_res, block_manager_fit=np.nan,
-             tokens_held=held_res, in_block_waste_tokens=0, reserved_unused_tokens=int(reserve[:k_res].sum()) - held_res,
+             tokens_held=held_res, in_block_waste_tokens=0,
+             reserved_unused_tokens=int(reserve[:k_res].sum()) - held_res,
              free_tokens=int(capacity - reserve[:k_res].sum())),
         dict(scheme="paged blocks", capacity_tokens=int(num_blocks * block_size), sequences_fit=k_pag,
              formula_fit=k_pag, block_manager_fit=block_manager_fit(peak, int(num_blocks), block_size),
@@ -135,7 +136,7 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
 def block_size_table(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
                      block_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), max_model_len: int | None = None,
                      dtype: torch.dtype = torch.float32) -> pd.DataFrame:
-    """Per block size: in-block waste over the whole workload (per sequence, vs the rule of thumb), and sequences that fit.
+    """Per block size: in-block waste over the workload (per sequence, vs the rule of thumb), and sequences that fit.
 
     ``waste_per_sequence`` is exact: the mean of (-n_i mod block_size); ``rule_of_thumb`` is
     (block_size - 1) / 2, what it averages to when lengths fall anywhere within a block.
@@ -295,7 +296,7 @@ def prefix_caching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 def chunked_prefill_workload(vocab_size: int, n_decoding: int = 4, decode_tokens: int = 120,
                              long_prompt_tokens: int = 768, long_arrival_s: float = 0.08,
                              seed: int = 0) -> list[Request]:
-    """``n_decoding`` short prompts with long outputs at t = 0, then one long prompt (id n_decoding) at ``long_arrival_s``."""
+    """``n_decoding`` short prompts with long outputs at t = 0, then a long prompt (id n_decoding) later."""
     check_positive_int("n_decoding", n_decoding)
     check_positive_int("long_prompt_tokens", long_prompt_tokens, 2)
     decoders = [Request(i, 16, decode_tokens, 0.0, "decoding", prompt=seeded_prompt(vocab_size, 16, (seed, i)))

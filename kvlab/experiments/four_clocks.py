@@ -200,7 +200,8 @@ def startup_phases(frame: pd.DataFrame) -> pd.DataFrame:
     """The one-time costs of a cold start, phase by phase (seconds), from ``cold_vs_warm``'s attrs."""
     a = frame.attrs
     phases = [("start the Python interpreter", a["python_start_s"]), ("import torch and kvlab", a["import_s"]),
-              ("build the model (weights)", a["build_model_s"]), ("create the engine (KV block pool)", a["engine_init_s"]),
+              ("build the model (weights)", a["build_model_s"]),
+              ("create the engine (KV block pool)", a["engine_init_s"]),
               ("first request: time to first token", float(frame["ttft_s"].iloc[0]))]
     return pd.DataFrame(phases, columns=["phase", "seconds"])
 

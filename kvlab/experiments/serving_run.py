@@ -201,9 +201,10 @@ def records_from_frame(requests: pd.DataFrame) -> list[RequestRecord]:
     """RequestRecords rebuilt from a requests frame with ``token_s`` (so a panel's frame can be summarized)."""
     def opt(v):
         return None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
-    return [RequestRecord(request_id=r.request_id, prompt_tokens=int(r.prompt_tokens), max_new_tokens=int(r.max_new_tokens),
-                          scheduled_s=float(r.scheduled_s), sent_s=opt(r.sent_s), admitted_s=opt(r.admitted_s),
-                          first_token_s=opt(r.first_token_s), token_s=list(r.token_s), finished_s=opt(r.finished_s),
+    return [RequestRecord(request_id=r.request_id, prompt_tokens=int(r.prompt_tokens),
+                          max_new_tokens=int(r.max_new_tokens), scheduled_s=float(r.scheduled_s),
+                          sent_s=opt(r.sent_s), admitted_s=opt(r.admitted_s), first_token_s=opt(r.first_token_s),
+                          token_s=list(r.token_s), finished_s=opt(r.finished_s),
                           status=r.status, fail_reason=r.fail_reason if isinstance(r.fail_reason, str) else None)
             for r in requests.itertuples(index=False)]
 

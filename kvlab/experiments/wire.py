@@ -12,8 +12,10 @@ The lesson of notebook 08. Everything here goes through a real socket:
   that the tokens the client counted match what the workload asked for.
 - `client_vs_engine` puts client and engine clocks of the same requests side
   by side (`kvlab.http.compare`); `overhead_table` reads them in milliseconds.
-- `wire_service_curve` replays the same requests at several offered rates:
-  one row per rate, the service curve measured at the client.
+- `server_metrics` reads kvlab's server's own counters (Prometheus `/metrics`),
+  so the client's count of each outcome can be checked against the server's.
+- `wire_service_curve` loads the server at several offered rates, each for
+  the same length of time: one row per rate, the service curve at the client.
 
 The same functions measure any OpenAI-compatible server (vLLM, SGLang, TGI,
 llama.cpp's server) given its URL, except `client_vs_engine`, which needs the
@@ -22,20 +24,23 @@ engine-side records only kvlab's server publishes.
 from __future__ import annotations
 
 import atexit
+import re
+import time
 from typing import Sequence
 
+import httpx
 import numpy as np
 import pandas as pd
 
 from ..clocks import RequestRecord
 from ..http.compare import measure_http_overhead
-from ..http.loadgen import LoadTestResult, http_workload, run_loadtest
+from ..http.loadgen import LoadTestResult, base_url, http_workload, run_loadtest
 from ..http.local import LOOPBACK, ServerProcess
 from ..workload import ARRIVALS, PROFILE_NAMES
 from .progress import Progress, no_progress
 
 REJECTED = "http_429"  # fail_reason prefix of a request the server's bounded queue turned away
-DEFAULT_RATES = (8.0, 32.0, 128.0, 512.0)
+DEFAULT_RATES = (8.0, 32.0, 128.0)
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -66,6 +71,46 @@ def start_server(model: str | None = None, max_waiting: int = 32, max_seqs: int 
     server = ServerProcess(serve_args(model, max_waiting, max_seqs, extra), host=LOOPBACK, log_path=log_path)
     atexit.register(server.stop)
     return server.start(timeout_s=timeout_s)
+
+
+_METRIC = re.compile(r'^kvlab_(\w+?)(?:\{outcome="(\w+)"\})? ([0-9.eE+-]+)$')
+
+
+def server_metrics(url: str, timeout_s: float = 10.0) -> dict:
+    """kvlab's server's gauges and counters from `GET /metrics`: {name: value}, and `requests_total` by outcome."""
+    resp = httpx.get(base_url(url) + "/metrics", timeout=timeout_s, trust_env=False)
+    if resp.status_code == 404:
+        resp = None
+    else:
+        resp.raise_for_status()
+    out: dict = {"requests_total": {}}
+    for line in (resp.text.splitlines() if resp is not None else ()):
+        m = _METRIC.match(line)
+        if m is None:
+            continue
+        name, outcome, value = m[1], m[2], float(m[3])
+        value = int(value) if value.is_integer() else value
+        if outcome is not None:
+            out["requests_total"][outcome] = value
+        else:
+            out[name] = value
+    if not out["requests_total"]:
+        raise ValueError(f"{base_url(url)}/metrics has no kvlab_requests_total; only kvlab's own server "
+                         "(python -m kvlab serve) publishes these counters")
+    return out
+
+
+def wait_until_idle(url: str, timeout_s: float = 10.0) -> dict:
+    """Poll `server_metrics` until nothing waits or runs; return the metrics then (raise after `timeout_s`)."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        metrics = server_metrics(url)
+        if metrics["num_requests_waiting"] == 0 and metrics["num_requests_running"] == 0:
+            return metrics
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{url} still has {metrics['num_requests_waiting']} waiting and "
+                               f"{metrics['num_requests_running']} running requests after {timeout_s} s")
+        time.sleep(0.05)
 
 
 # -- one measurement at the client ----------------------------------------------------------
@@ -177,25 +222,44 @@ def service_row(rate: float, result: LoadTestResult) -> dict:
     return row
 
 
-def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_requests: int = 48,
-                       profile: str = "short_short", arrival: str = "poisson", seed: int = 0,
-                       model: str | None = None, timeout_s: float = 30.0,
-                       progress: Progress = no_progress) -> pd.DataFrame:
-    """The same seeded requests at each offered rate, measured at the client; one row per rate.
+def requests_per_rate(rate: float, num_requests: int | None = None, duration_s: float | None = None,
+                      min_requests: int = 8) -> int:
+    """How many requests one rate of a service curve sends: `num_requests`, or `rate` × `duration_s` (at least `min_requests`).
 
-    Every rate replays the same prompts and lengths, only closer together in time, so the rows
-    differ by load alone. Columns: `offered_rps`, `accounting`'s counts, the `Summary` of the
-    run (`requests_per_s` achieved, `ttft_p50_s`, `ttft_p90_s`, `tpot_p50_s`, `e2e_p50_s`, ...),
+    A fixed count stretches low rates and squeezes high ones into a short burst; a fixed duration
+    exposes every rate to the same length of load, which is what a steady-state curve needs.
+    """
+    if (num_requests is None) == (duration_s is None):
+        raise ValueError(f"give num_requests ({num_requests}) or duration_s ({duration_s}), exactly one")
+    if duration_s is not None:
+        if not (isinstance(duration_s, (int, float)) and duration_s > 0):
+            raise ValueError(f"duration_s={duration_s!r} must be a positive number of seconds")
+        return max(int(min_requests), int(round(rate * duration_s)))
+    return num_requests
+
+
+def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_requests: int | None = None,
+                       duration_s: float | None = 2.0, profile: str = "short_short", arrival: str = "poisson",
+                       seed: int = 0, model: str | None = None, timeout_s: float = 30.0,
+                       progress: Progress = no_progress) -> pd.DataFrame:
+    """Seeded requests at each offered rate, measured at the client; one row per rate.
+
+    Each rate sends `num_requests` requests, or (the default) `rate` × `duration_s` of them, at
+    least 8 (`requests_per_rate`); give `num_requests` and `duration_s=None` for a fixed count.
+    Same profile and seed at every rate, so the rows differ by load alone. Columns:
+    `offered_rps`, `num_requests`, `accounting`'s counts, the `Summary` of the run
+    (`requests_per_s` achieved, `ttft_p50_s`, `ttft_p90_s`, `tpot_p50_s`, `e2e_p50_s`, ...),
     `wall_s` and `send_delay_max_s` (how far the client itself fell behind its schedule).
     """
     rates = check_rates(rates)
-    for rate in rates:
-        _check_workload(profile, num_requests, rate, arrival)
+    counts = [requests_per_rate(rate, num_requests, duration_s) for rate in rates]
+    for rate, n in zip(rates, counts):
+        _check_workload(profile, n, rate, arrival)
     rows = []
-    for rate in progress(rates, total=len(rates), desc="offered rates", unit="rate"):
-        result = measure_at_client(url, num_requests, rate, profile, arrival, seed, model, timeout_s)
-        rows.append(service_row(rate, result))
+    for rate, n in progress(list(zip(rates, counts)), total=len(rates), desc="offered rates", unit="rate"):
+        result = measure_at_client(url, n, rate, profile, arrival, seed, model, timeout_s)
+        rows.append({"num_requests": n, **service_row(rate, result)})
     table = pd.DataFrame(rows)
-    table.attrs["settings"] = {"url": url, "num_requests": num_requests, "profile": profile, "arrival": arrival,
-                               "seed": seed}
+    table.attrs["settings"] = {"url": url, "num_requests": num_requests, "duration_s": duration_s,
+                               "profile": profile, "arrival": arrival, "seed": seed}
     return table

@@ -45,7 +45,8 @@ def plot_batch_composition(trace: pd.DataFrame, by: str | None = None, x: str = 
         ax_tok.bar(pos, prefill, width=width, align=align, bottom=decode, color=SEGMENT_COLORS["prefill"],
                    linewidth=0, label="prompt tokens (prefill / recompute)")
         if max_batch_tokens:
-            ax_tok.axhline(max_batch_tokens, color="black", ls="--", lw=1, label=f"max_batch_tokens = {max_batch_tokens}")
+            ax_tok.axhline(max_batch_tokens, color="black", ls="--", lw=1,
+                           label=f"max_batch_tokens = {max_batch_tokens}")
         ax_tok.set_title(str(g) if g is not None else "Tokens computed per step", fontsize=10)
         ax_seq.bar(pos, decode, width=width, align=align, color=SEGMENT_COLORS["decode"], linewidth=0,
                    label="decoding sequences")

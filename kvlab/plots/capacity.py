@@ -47,7 +47,9 @@ def plot_paged_vs_reserved(table: pd.DataFrame) -> Figure:
 
 
 def plot_block_size(table: pd.DataFrame) -> Figure:
-    """Left: in-block waste per sequence vs block size, measured and the (block_size - 1) / 2 rule. Right: sequences that fit.
+    """Left: in-block waste per sequence vs block size, measured and the (block_size - 1) / 2 rule.
+
+    Right: sequences that fit the budget.
 
     ``table`` comes from ``kvlab.experiments.capacity.block_size_table``.
     """

@@ -122,6 +122,8 @@ def load_sweep(engine: Engine, rates: Sequence[float], profile: str = "mixture",
         rows.append({"level": level, "profile": profile, "arrival": arrival, "clock": clock,
                      **level_row(engine, records, reqs, rate, slo), "run_wall_s": wall})
     frame = pd.DataFrame(rows)
+    reasons = [c for c in frame if c.startswith("failed_")]
+    frame[reasons] = frame[reasons].fillna(0).astype(int)  # a reason absent at a level counted 0 there
     s = engine.scheduler_config
     frame.insert(2, "policy", s.policy if s.policy == "static" else f"{s.policy}/{s.priority}")
     frame.insert(3, "executor", engine.executor.name)

@@ -90,30 +90,37 @@ def make_examples(n: int, num_pairs: int, seed: int = 0) -> list[RecallExample]:
 
 
 def training_batch(batch: int, num_pairs: int, num_queries: int, rng: random.Random,
-                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                   device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch of multi-query sequences for training: context, then ``num_queries`` answered queries.
 
     ``k3f:v9a;k1b:v2c;?k1b:v2c.?k3f:v9a.`` -- the first query has exactly the layout of a
     ``make_examples`` prompt; the later ones give more answers to learn from per context.
-    Returns ids (B, T) and targets (B, T): the next token where it is an answer token, else -100
-    (ignored by cross_entropy), so the loss falls on answers only.
+    Returns ids (B, T), targets (B, T) and is_answer (B, T). targets hold the next token where it
+    is part of a query (its key's two digits, then the answer "v..") and -100 elsewhere (ignored by
+    cross_entropy): the context itself is random and teaches nothing. Predicting a key's second
+    digit from its first is the same look-back-and-copy the answer needs, so it gives the model
+    more of that signal. is_answer marks the answer tokens (4 per query) for measuring accuracy.
     """
     _check_pairs(num_pairs)
-    ids, targets = [], []
+    ids, targets, answer = [], [], []
     for _ in range(batch):
         keys, values, context = _context(rng, num_pairs)
         asked = rng.sample(range(num_pairs), min(num_queries, num_pairs))
         asked += [rng.randrange(num_pairs) for _ in range(num_queries - len(asked))]
         seq = _TOKENIZER.encode(context)
-        tgt = [-100] * len(seq)
+        tgt, ans = [-100] * len(seq), [False] * len(seq)
         for i in asked:
-            query = _TOKENIZER.encode(QUERY.format(key=f"{keys[i]:02x}"))
-            answer = _TOKENIZER.encode(f"v{values[i]:02x}{TERMINATOR}")
-            seq += query + answer
-            tgt += [-100] * (len(query) - 1) + answer + [-100]  # the last query token predicts "v"
+            query = _TOKENIZER.encode(QUERY.format(key=f"{keys[i]:02x}"))  # "?kxx:"
+            value = _TOKENIZER.encode(f"v{values[i]:02x}{TERMINATOR}")  # "vyy."
+            seq += query + value
+            # position t predicts seq[t + 1]: "?" -> k, "k" -> x, x -> x, x -> ":", ":" -> v, v -> y, y -> y, y -> "."
+            tgt += [-100, query[2], query[3], -100] + value + [-100]
+            ans += [False] * 4 + [True] * 4 + [False]
         ids.append(seq[:-1])
-        targets.append(tgt[:-1])  # targets[t] is seq[t + 1] on answer tokens
-    return torch.tensor(ids, device=device), torch.tensor(targets, device=device)  # (B, T) each
+        targets.append(tgt[:-1])
+        answer.append(ans[:-1])
+    return (torch.tensor(ids, device=device), torch.tensor(targets, device=device),  # (B, T) each
+            torch.tensor(answer, device=device))
 
 
 def distance_buckets(distances: pd.Series, num_pairs: int, buckets: int = 4) -> pd.Series:

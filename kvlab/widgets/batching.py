@@ -28,7 +28,8 @@ def batching_panel(model: Decoder | None = None, lengths: str = "mixed", n: int 
     """Pick equal or mixed lengths, the number of requests and the batch slots; Run serves them under both policies."""
     controls = {
         "lengths": widgets.Dropdown(options=list(LENGTHS), value=lengths, description="request lengths", **_WIDE),
-        "n": widgets.IntSlider(value=n, min=4, max=24, step=2, continuous_update=False, description="requests", **_WIDE),
+        "n": widgets.IntSlider(value=n, min=4, max=24, step=2, continuous_update=False, description="requests",
+                               **_WIDE),
         "max_seqs": widgets.IntSlider(value=max_seqs, min=1, max=8, continuous_update=False,
                                       description="batch slots (max_seqs)", **_WIDE),
     }

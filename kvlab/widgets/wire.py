@@ -11,7 +11,7 @@ from ..plots.wire import plot_wire_service_curve
 from ..workload import PROFILE_NAMES
 from .panel import ExperimentPanel
 
-RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
 _STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 
 
@@ -20,6 +20,7 @@ def service_table(table: pd.DataFrame) -> pd.DataFrame:
     ms = 1e3
     return pd.DataFrame({
         "offered req/s": table["offered_rps"],
+        "requests sent": table["sent"],
         "achieved req/s": table["requests_per_s"],
         "completed": table["completed"],
         "rejected (429)": table["rejected"],
@@ -29,15 +30,17 @@ def service_table(table: pd.DataFrame) -> pd.DataFrame:
         "TTFT p90 ms": table["ttft_p90_s"] * ms,
         "TPOT p50 ms": table["tpot_p50_s"] * ms,
         "E2E p50 ms": table["e2e_p50_s"] * ms,
+        "client late, max ms": table["send_delay_max_s"] * ms,
     })
 
 
 def wire_panel(url: str, rates: Sequence[float] = DEFAULT_RATES, profile: str = "short_short",
-               num_requests: int = 48, model: str | None = None) -> ExperimentPanel:
-    """Offered rates, a request profile and requests per rate; Run measures `url` at each rate.
+               duration_s: float = 2.0, model: str | None = None) -> ExperimentPanel:
+    """Offered rates, a request profile and seconds per rate; Run measures `url` at each rate.
 
-    `url` is any OpenAI-compatible server (kvlab's own, vLLM, ...). Each rate replays the same
-    seeded requests (`wire_service_curve`); the figure is `plot_wire_service_curve`.
+    `url` is any OpenAI-compatible server (kvlab's own, vLLM, ...). Each rate sends
+    rate × `duration_s` seeded requests (`wire_service_curve`); the figure is
+    `plot_wire_service_curve`, the summary `service_table`.
     """
     rates = check_rates(rates)
     missing = [r for r in rates if r not in RATE_CHOICES]
@@ -47,12 +50,12 @@ def wire_panel(url: str, rates: Sequence[float] = DEFAULT_RATES, profile: str = 
         "rates": widgets.SelectMultiple(options=RATE_CHOICES, value=rates, rows=5,
                                         description="offered rates (req/s)", **_STYLE),
         "profile": widgets.Dropdown(options=PROFILE_NAMES, value=profile, description="request profile", **_STYLE),
-        "num_requests": widgets.IntSlider(value=num_requests, min=8, max=256, step=8, continuous_update=False,
-                                          description="requests per rate", **_STYLE),
+        "duration_s": widgets.FloatSlider(value=duration_s, min=1.0, max=10.0, step=0.5, continuous_update=False,
+                                          description="seconds per rate", **_STYLE),
     }
 
-    def run(progress, rates: tuple, profile: str, num_requests: int) -> pd.DataFrame:
-        return wire_service_curve(url, sorted(rates), num_requests=num_requests, profile=profile, model=model,
+    def run(progress, rates: tuple, profile: str, duration_s: float) -> pd.DataFrame:
+        return wire_service_curve(url, sorted(rates), duration_s=duration_s, profile=profile, model=model,
                                   progress=progress)
 
     return ExperimentPanel(controls, run, figure=lambda t, _p: plot_wire_service_curve(t),

@@ -1,0 +1,382 @@
+"""Batching benchmark: static vs continuous batching in kvlab, and transformers' generate_batch, on the same weights.
+
+``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8]
+[--threads N] [--no-spread] [--no-transformers]``
+
+One fixed, seeded, mixed workload: ``--requests`` requests (prompts 32-512 tokens, outputs
+16-128), all arriving at once, greedy, every request running to its own output length (no stop
+token). It is served by:
+
+- kvlab, ``policy="static"``: batches of ``--max-seqs`` formed from the queue, each run until its
+  longest member finishes;
+- kvlab, ``policy="continuous"``: the batch rebuilt every step, same ``--max-seqs``;
+- transformers' continuous batching on the same weights (``kvlab.to_transformers``), same
+  ``max_requests_per_batch``, token budget and block size. ``generate_batch`` takes one
+  ``max_new_tokens`` for all requests, so it runs the same prompts with *fixed* outputs of the
+  longest length (128), next to kvlab continuous on those same fixed outputs; the mixed
+  workload goes through transformers' manager API (``add_request(..., max_new_tokens=n)``),
+  which ``generate_batch`` itself wraps.
+
+Every run is timed at the client side on one clock: all requests are handed over at t = 0,
+tokens stamped as they are produced (kvlab: the engine's wall clock; transformers: its
+``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
+warm-up of each implementation runs first and is not counted.
+
+Two extra measurements:
+
+- **spread**: continuous / static throughput when output lengths are all equal, then spread
+  wider around the same mean (``SPREADS``): static batching waits for the longest member.
+- **paged vs reservation**: the mixed workload in one KV budget (``--kv-budget-tokens``, default
+  4 x max_model_len) with paged blocks and with max-length reservation
+  (``kvlab.serving.reservation``): concurrent sequences (peak and time-weighted mean) and
+  the waste of each (KV slots allocated but holding no token, time-weighted over steps). The
+  block accounting does not depend on which executor prices a step, so this part runs in
+  virtual time on the shipped cost model, with ``max_seqs`` high enough that memory is the limit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..clocks import RequestRecord, summarize
+from ..model.config import llama_30m, tiny_llama
+from ..model.decoder import Decoder, build_model
+from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from ..serving.engine import Engine
+from ..serving.reservation import ReservationEngine
+from ..serving.scheduler import SchedulerConfig
+from ..workload import Request
+
+CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
+SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths, uniform in [lo, hi]: the same mean, wider spread
+ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
+              "e2e_p95_s", "completed", "failed")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What every run of the benchmark shares."""
+
+    config: str = "llama-30m"
+    requests: int = 32
+    prompt_tokens: tuple[int, int] = (32, 512)
+    output_tokens: tuple[int, int] = (16, 128)
+    max_seqs: int = 8
+    max_batch_tokens: int = 512
+    block_size: int = 16
+    max_model_len: int = 1024
+    seed: int = 0
+    threads: int | None = None
+
+    def check(self) -> None:
+        (p0, p1), (o0, o1) = self.prompt_tokens, self.output_tokens
+        if self.config not in CONFIGS:
+            raise ValueError(f"unknown config {self.config!r}; choose one of {', '.join(CONFIGS)}")
+        if not (1 <= p0 <= p1 and 1 <= o0 <= o1):
+            raise ValueError(f"need 1 <= low <= high for prompt_tokens {self.prompt_tokens} and "
+                             f"output_tokens {self.output_tokens}")
+        if p1 + max(o1, max(hi for _, hi in SPREADS)) > self.max_model_len:
+            raise ValueError(f"prompts up to {p1} + outputs up to {o1} exceed max_model_len={self.max_model_len}")
+        if self.requests < 1 or self.max_seqs < 1:
+            raise ValueError(f"need requests >= 1 and max_seqs >= 1, got {self.requests}, {self.max_seqs}")
+
+
+def make_requests(s: BenchSettings, output_tokens: tuple[int, int] | None = None, vocab: int = 4096) -> list[Request]:
+    """The benchmark's requests: seeded prompts (token ids) and output lengths, all arriving at t = 0.
+
+    Prompts are the same whatever ``output_tokens`` is, so runs with other output lengths
+    differ only in those.
+    """
+    rng = np.random.default_rng(s.seed)
+    lens = rng.integers(s.prompt_tokens[0], s.prompt_tokens[1] + 1, size=s.requests)
+    prompts = [rng.integers(0, vocab, size=int(n)).tolist() for n in lens]
+    lo, hi = output_tokens or s.output_tokens
+    outs = np.random.default_rng([s.seed, lo, hi]).integers(lo, hi + 1, size=s.requests)
+    return [Request(i, len(p), int(o), 0.0, "bench", p) for i, (p, o) in enumerate(zip(prompts, outs))]
+
+
+@contextlib.contextmanager
+def _threads(threads: int | None) -> Iterator[int]:
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def entry(impl: str, policy: str, outputs: str, records: list[RequestRecord], wall_s: float, **extra) -> dict:
+    """One JSON row: the keys every entry carries (ENTRY_KEYS), then anything else."""
+    s = summarize(records)
+    d = s.to_dict()
+    return {"impl": impl, "policy": policy, "outputs": outputs, "output_tokens_per_s": s.output_tokens_per_s,
+            "ttft_p50_s": d["ttft_p50_s"], "ttft_p95_s": d["ttft_p95_s"], "tpot_p50_s": d["tpot_p50_s"],
+            "e2e_p95_s": d["e2e_p95_s"], "completed": s.completed, "failed": s.failed,
+            "output_tokens": s.output_tokens, "ttft_n": d["ttft_n"], "tpot_n": d["tpot_n"],
+            "duration_s": s.duration_s, "wall_s": wall_s, **extra}
+
+
+# -- the runs --------------------------------------------------------------------------------------------
+def run_kvlab(model: Decoder, requests: list[Request], policy: str, s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
+    sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
+                            max_model_len=s.max_model_len)
+    engine = Engine(model, block_size=s.block_size, scheduler=sched)
+    t0 = time.perf_counter()
+    records = engine.run(requests, clock="wall")
+    return records, time.perf_counter() - t0, engine
+
+
+def _cb_config(s: BenchSettings, requests: list[Request]):
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    blocks = sum(-(-(r.prompt_tokens + r.max_new_tokens) // s.block_size) for r in requests) + 8
+    return ContinuousBatchingConfig(max_requests_per_batch=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
+                                    block_size=s.block_size, num_blocks=blocks)
+
+
+def _records_from_transformers(outputs: dict, ids: list[str], requests: list[Request], t0: float) -> list[RequestRecord]:
+    records = []
+    for rid, req in zip(ids, requests):
+        rec = RequestRecord(req.request_id, req.prompt_tokens, req.max_new_tokens, scheduled_s=0.0)
+        out = outputs.get(rid) if rid is not None else None
+        if out is None or out.error is not None or not out.timestamps:
+            rec.fail(time.perf_counter() - t0, "transformers_error" if out is not None else "missing")
+        else:
+            rec.admit(out.lifespan[0] - t0)
+            for t in out.timestamps:
+                rec.token(t - t0)
+            rec.finish(out.timestamps[-1] - t0, output_tokens=len(out.generated_tokens))
+        records.append(rec)
+    return records
+
+
+def run_transformers_generate_batch(hf, requests: list[Request], max_new_tokens: int,
+                                    s: BenchSettings) -> tuple[list[RequestRecord], float]:
+    """``generate_batch`` as a user calls it: one max_new_tokens for every prompt."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    fixed = [Request(r.request_id, r.prompt_tokens, max_new_tokens, 0.0, r.profile, r.prompt) for r in requests]
+    t0 = time.perf_counter()
+    out = hf.generate_batch([r.prompt for r in requests], generation_config=gen,
+                            continuous_batching_config=_cb_config(s, fixed), record_timestamps=True)
+    wall = time.perf_counter() - t0
+    ids = list(out)  # generate_batch returns its results in input order
+    return _records_from_transformers(out, ids if len(ids) == len(fixed) else [None] * len(fixed), fixed, t0), wall
+
+
+def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> tuple[list[RequestRecord], float]:
+    """transformers' continuous batching with each request's own max_new_tokens (the API generate_batch wraps)."""
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=False,
+                           eos_token_id=-1, pad_token_id=0)
+    results: dict = {}
+    with hf.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=_cb_config(s, requests),
+                                                block=True, timeout=5) as manager:
+        t0 = time.perf_counter()
+        ids = [manager.add_request(r.prompt, request_id=f"bench_{r.request_id}", max_new_tokens=r.max_new_tokens,
+                                   record_timestamps=True, eos_token_id=-1) for r in requests]
+        while len(results) < len(requests):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                results[result.request_id] = result
+            elif result is None and not manager.is_running():
+                break
+        wall = time.perf_counter() - t0
+    return _records_from_transformers(results, ids, requests, t0), wall
+
+
+# -- paged blocks vs max-length reservation ------------------------------------------------------------
+def kv_usage(engine: Engine) -> dict:
+    """Concurrency and waste over a finished run, from the engine's per-step trace (time-weighted by step)."""
+    t = engine.trace_frame()
+    w = t["duration_s"].to_numpy()
+    allocated = t["kv_blocks_used"].to_numpy() * engine.block_size
+    held = t["kv_tokens_held"].to_numpy()
+    return {"peak_running": int(t["num_running"].max()), "mean_running": float(np.average(t["num_running"], weights=w)),
+            "waste_fraction": float(1 - np.sum(held * w) / np.sum(allocated * w)),
+            "peak_blocks_used": int(t["kv_blocks_used"].max()), "num_blocks": engine.num_blocks,
+            "preemptions": engine.scheduler.num_preemptions, "steps": len(t), "makespan_s": float(t["end_s"].max())}
+
+
+def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: BenchSettings,
+                         kv_budget_tokens: int | None = None) -> dict:
+    """The same requests in the same KV budget: paged blocks vs reserving max_model_len (and prompt+max_new)."""
+    from ..model.config import ModelConfig
+    from ..serving.block_manager import bytes_per_block
+
+    config = ModelConfig(**cost_model.config)
+    tokens = kv_budget_tokens or 4 * s.max_model_len
+    budget = tokens // s.block_size * bytes_per_block(config, s.block_size)
+    sched = SchedulerConfig(max_seqs=len(requests), max_batch_tokens=max(s.max_batch_tokens, len(requests)),
+                            max_model_len=s.max_model_len)
+    rows = {}
+    for name, make in (("paged", lambda: Engine(config, block_size=s.block_size, kv_budget_bytes=budget,
+                                               scheduler=sched, executor=CostModelExecutor(cost_model),
+                                               enable_prefix_caching=False)),
+                       ("reserve_max_model_len", lambda: ReservationEngine(
+                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
+                           executor=CostModelExecutor(cost_model), reserve="max_model_len")),
+                       ("reserve_request", lambda: ReservationEngine(
+                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
+                           executor=CostModelExecutor(cost_model), reserve="request"))):
+        engine = make()
+        records = engine.run(requests, clock="virtual")
+        rows[name] = {**kv_usage(engine), "completed": sum(r.status == "completed" for r in records),
+                      "simulated_output_tokens_per_s": summarize(records).output_tokens_per_s}
+    p, r = rows["paged"], rows["reserve_max_model_len"]
+    return {"kv_budget_tokens": tokens, "kv_budget_bytes": budget, "max_model_len": s.max_model_len,
+            "accounting": "BlockManager (paged) vs ReservingBlockManager (kvlab.serving.reservation), "
+                          "same scheduler, virtual time on the cost model",
+            "runs": rows, "ratio_mean_running": p["mean_running"] / r["mean_running"],
+            "ratio_peak_running": p["peak_running"] / r["peak_running"]}
+
+
+# -- the whole benchmark ---------------------------------------------------------------------------------
+def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, transformers: bool = True,
+                  cost_model: CostModel | None = None, log=print) -> dict:
+    """Every run of the benchmark; returns the report (what --json writes)."""
+    from ..env import environment
+
+    s.check()
+    config = CONFIGS[s.config]()
+    model = build_model(config, seed=s.seed)
+    vocab = config.vocab_size
+    mixed = make_requests(s, vocab=vocab)
+    fixed_len = s.output_tokens[1]
+    fixed = make_requests(s, (fixed_len, fixed_len), vocab=vocab)
+    results = []
+    label = f"mixed {s.output_tokens[0]}-{s.output_tokens[1]}"
+    with _threads(s.threads) as threads:
+        hf = None
+        if transformers:
+            import transformers as tr
+
+            tr.logging.set_verbosity_error()
+            hf = model_to_transformers(model)
+        warm = make_requests(BenchSettings(**{**s.__dict__, "requests": 2, "prompt_tokens": (16, 32),
+                                              "output_tokens": (4, 4)}), vocab=vocab)
+        run_kvlab(model, warm, "continuous", s)  # warm-ups: not counted
+        if hf is not None:
+            run_transformers_manager(hf, warm, s)
+        plan = [("kvlab", "static", label, lambda: run_kvlab(model, mixed, "static", s)[:2]),
+                ("kvlab", "continuous", label, lambda: run_kvlab(model, mixed, "continuous", s)[:2])]
+        if hf is not None:
+            plan += [("transformers", "continuous (manager, per-request max_new_tokens)", label,
+                      lambda: run_transformers_manager(hf, mixed, s)),
+                     ("transformers", "generate_batch", f"fixed {fixed_len}",
+                      lambda: run_transformers_generate_batch(hf, mixed, fixed_len, s)),
+                     ("kvlab", "continuous", f"fixed {fixed_len}",
+                      lambda: run_kvlab(model, fixed, "continuous", s)[:2])]
+        for impl, policy, outputs, fn in plan:
+            log(f"  {impl:<13}{policy:<50}{outputs}")
+            records, wall = fn()
+            results.append(entry(impl, policy, outputs, records, wall))
+        spreads = []
+        if spread:
+            for lo, hi in SPREADS:
+                reqs = make_requests(s, (lo, hi), vocab=vocab)
+                row = {"outputs": f"{lo}-{hi}", "mean_output": float(np.mean([r.max_new_tokens for r in reqs]))}
+                for policy in ("static", "continuous"):
+                    log(f"  spread {lo}-{hi}: kvlab {policy}")
+                    records, wall = run_kvlab(model, reqs, policy, s)[:2]
+                    e = entry("kvlab", policy, f"{lo}-{hi}", records, wall)
+                    row[f"{policy}_output_tokens_per_s"] = e["output_tokens_per_s"]
+                    row[f"{policy}_ttft_p95_s"] = e["ttft_p95_s"]
+                row["ratio_continuous_static"] = row["continuous_output_tokens_per_s"] / row["static_output_tokens_per_s"]
+                spreads.append(row)
+    by = {(r["impl"], r["policy"], r["outputs"]): r["output_tokens_per_s"] for r in results}
+    summary = {"ratio_continuous_static": by[("kvlab", "continuous", label)] / by[("kvlab", "static", label)]}
+    if hf is not None:
+        summary["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] = (
+            by[("kvlab", "continuous", f"fixed {fixed_len}")] / by[("transformers", "generate_batch", f"fixed {fixed_len}")])
+        summary["ratio_kvlab_continuous_vs_transformers_continuous_mixed"] = (
+            by[("kvlab", "continuous", label)]
+            / by[("transformers", "continuous (manager, per-request max_new_tokens)", label)])
+    cost_model = cost_model or load_calibration(config.name)
+    paging = paged_vs_reservation(mixed, cost_model, s)
+    env = environment()
+    env.update(threads=threads, device_used="cpu")
+    return {"benchmark": "batching",
+            "settings": {**s.__dict__, "threads": threads, "arrival": "all at once", "sampling": "greedy, no stop token",
+                         "transformers_note": (f"generate_batch takes one max_new_tokens for all requests: it runs "
+                                               f"fixed outputs of {fixed_len}, compared with kvlab continuous on the "
+                                               "same fixed outputs; the mixed outputs go through transformers' "
+                                               "manager API with per-request max_new_tokens") if hf is not None else
+                         "transformers not run", "spreads": [list(x) for x in SPREADS] if spread else []},
+            "env": env, "results": results, "summary": summary, "spread": spreads, "paged_vs_reservation": paging,
+            "created_unix_s": time.time()}
+
+
+def model_to_transformers(model: Decoder):
+    from ..model.loading import to_transformers
+
+    return to_transformers(model).eval()
+
+
+def print_report(report: dict) -> None:
+    cols = ["impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
+            "e2e_p95_s", "completed", "failed"]
+    with pd.option_context("display.width", 220, "display.max_colwidth", 50):
+        print(pd.DataFrame(report["results"])[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    for k, v in report["summary"].items():
+        print(f"{k}: {v:.2f}x")
+    if report["spread"]:
+        print(pd.DataFrame(report["spread"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    p = report["paged_vs_reservation"]
+    print(f"KV budget {p['kv_budget_tokens']} tokens (max_model_len {p['max_model_len']}):")
+    for name, r in p["runs"].items():
+        print(f"  {name:<22} peak {r['peak_running']:>3} sequences, mean {r['mean_running']:.1f}, "
+              f"waste {r['waste_fraction']:.1%}, preemptions {r['preemptions']}")
+    print(f"  paged / reserve max_model_len: {p['ratio_mean_running']:.2f}x mean concurrent sequences, "
+          f"{p['ratio_peak_running']:.2f}x peak")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the report (results, summary, env) as JSON")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m", help="model config (default llama-30m)")
+    parser.add_argument("--requests", type=int, default=32, help="requests (default 32)")
+    parser.add_argument("--max-seqs", type=int, default=8, help="max batch size, the same for every run (default 8)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-spread", action="store_true", help="skip the sweep over output-length spreads")
+    parser.add_argument("--no-transformers", action="store_true", help="skip transformers' runs")
+    parser.add_argument("--kv-budget-tokens", type=int, help="KV budget of the paged-vs-reservation part "
+                                                             "(default 4 x max_model_len)")
+
+
+def main(args: argparse.Namespace) -> int:
+    s = BenchSettings(config=args.config, requests=args.requests, max_seqs=args.max_seqs, threads=args.threads,
+                      seed=args.seed)
+    try:
+        s.check()
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    load = os.getloadavg()[0]
+    print(f"kvlab bench batching: {s.config}, {s.requests} requests (prompts {s.prompt_tokens[0]}-"
+          f"{s.prompt_tokens[1]}, outputs {s.output_tokens[0]}-{s.output_tokens[1]}, all at once), max batch "
+          f"{s.max_seqs}; machine load average {load:.1f}", file=sys.stderr)
+    report = run_benchmark(s, spread=not args.no_spread, transformers=not args.no_transformers,
+                           log=lambda m: print(m, file=sys.stderr, flush=True))
+    report["settings"]["load_average_1m"] = [load, os.getloadavg()[0]]  # before, after: others share the machine
+    print_report(report)
+    if args.json:
+        from ..serving.cost_model import _jsonable
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(_jsonable(report), indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

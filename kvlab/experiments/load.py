@@ -1,0 +1,289 @@
+"""Under load: service curves per workload profile, the A/B trade-off with two real policies, simulator vs reality.
+
+``python -m kvlab sweep [--simulate] [--profile P ...] [--rates R,R,...] [--requests N] [--json PATH]``
+
+With ``--simulate`` every level runs in virtual time on the cost model calibrated for the
+config (data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds.
+Without it the real decoder (a small config, ``tiny`` by default) serves every level in real
+time, so keep ``--requests`` small. Rates default to ten levels from 0.1 to 1.5 times the
+capacity the cost model estimates for the profile. The knee is marked as defined in
+``kvlab.serving.sweep``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from ..clocks import SLO, summarize
+from ..model.config import ModelConfig, llama_30m, tiny_llama
+from ..model.decoder import build_model
+from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from ..serving.engine import Engine
+from ..serving.scheduler import SchedulerConfig
+from ..serving.sweep import auto_rates, estimate_capacity_rps, load_sweep, mark_knee
+from ..workload import PROFILE_NAMES, Request, make_workload
+from .progress import Progress, no_progress
+from .threads import torch_threads
+
+CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
+DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
+MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
+
+
+def _config(config: str | ModelConfig) -> ModelConfig:
+    if isinstance(config, ModelConfig):
+        return config
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r}; choose one of {', '.join(CONFIGS)}")
+    return CONFIGS[config]()
+
+
+def scheduler_config(policy: str = "continuous", priority: str = "decode_first", max_seqs: int = 16,
+                     max_batch_tokens: int = 512, max_waiting: int | None = 64, batch_wait_s: float = 0.0,
+                     max_model_len: int = MAX_MODEL_LEN) -> SchedulerConfig:
+    """The lesson's scheduler settings (a bounded queue by default, so overload shows up as failures)."""
+    return SchedulerConfig(policy=policy, priority=priority, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
+                           max_waiting=max_waiting, batch_wait_s=batch_wait_s, max_model_len=max_model_len)
+
+
+def simulator(cost_model: CostModel | None = None, scheduler: SchedulerConfig | None = None,
+              block_size: int | None = None, kv_budget_bytes: int | None = None) -> Engine:
+    """An Engine with no weights whose steps are priced by ``cost_model`` (default: the shipped llama-30m one)."""
+    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    config = ModelConfig(**cost_model.config)
+    return Engine(config, block_size=block_size or cost_model.block_size, kv_budget_bytes=kv_budget_bytes,
+                  scheduler=scheduler or scheduler_config(), executor=CostModelExecutor(cost_model))
+
+
+def _workload(profile: str, requests: int, seed: int, max_context: int, arrival: str = "all_at_once",
+              rate: float | None = None, output_tokens: int | None = None) -> list[Request]:
+    reqs = make_workload(profile, requests, arrival=arrival, rate=rate, seed=seed, max_context=max_context)
+    if output_tokens is not None:  # equal output lengths: the A/B example compares like with like
+        reqs = [Request(r.request_id, min(r.prompt_tokens, max_context - output_tokens), output_tokens,
+                        r.arrival_s, r.profile) for r in reqs]
+    return reqs
+
+
+def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None, requests: int = 500,
+                  scheduler: SchedulerConfig | None = None, slo: SLO | None = DEFAULT_SLO,
+                  cost_model: CostModel | None = None, levels: int = 10, seed: int = 0,
+                  min_throughput_ratio: float = 0.9, progress: Progress = no_progress) -> pd.DataFrame:
+    """A simulated service curve of one profile: one row per offered load, knee marked.
+
+    ``rates=None`` places ``levels`` loads from 0.1 to 1.5 x the capacity the cost model
+    estimates for this profile and scheduler (``estimate_capacity_rps``).
+    """
+    engine = simulator(cost_model, scheduler)
+    if rates is None:
+        sample = make_workload(profile, requests, arrival="all_at_once", seed=seed, max_context=engine.max_model_len)
+        capacity = estimate_capacity_rps(engine.executor.cost_model, sample, engine.scheduler_config.max_seqs)
+        rates = auto_rates(capacity, levels)
+    frame = load_sweep(engine, rates, profile, requests, seed=seed, slo=slo, clock="virtual",
+                       progress=lambda it: progress(it, total=len(rates), desc=profile, unit="level"))
+    return mark_knee(frame, min_throughput_ratio)
+
+
+def service_curves(profiles: Sequence[str] = PROFILE_NAMES, **kwargs) -> pd.DataFrame:
+    """``service_curve`` for each profile (default: the three profiles and the mixture), in one frame."""
+    unknown = [p for p in profiles if p not in PROFILE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown profile(s) {unknown}; choose from {', '.join(PROFILE_NAMES)}")
+    frames = [service_curve(p, **kwargs) for p in profiles]
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs.update(frames[0].attrs)
+    return out
+
+
+def end_of_window_counts(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per level: sent, completed, failed, waiting, running when the sending window closed (sent = the sum)."""
+    cols = ["profile", "policy", "offered_rps"] + [f"window_{k}" for k in
+                                                   ("sent", "completed", "failed", "waiting", "running")]
+    out = frame[[c for c in cols if c in frame]].copy()
+    out.columns = [c.removeprefix("window_") for c in out.columns]
+    return out
+
+
+# -- the A/B example: higher throughput, later first token ---------------------------------------------
+def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, SchedulerConfig]:
+    """A: prefill-first (vLLM's original rule: a waiting prompt always runs next, decodes pause).
+    B: decode-first with a small token budget per step (stall-free batching, as in Sarathi-Serve:
+    every running sequence decodes each step; prompts get only the budget left over)."""
+    common = dict(policy="continuous", max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
+                  max_model_len=MAX_MODEL_LEN)
+    return {"A": SchedulerConfig(priority="prefill_first", **common),
+            "B": SchedulerConfig(priority="decode_first", **common)}
+
+
+def ab_example(cost_model: CostModel | None = None, rate: float | None = None, window_s: float = 60.0,
+               profile: str = "short_short", output_tokens: int = 32, load: float = 0.9, seed: int = 0,
+               policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
+    """The same requests, at the same load, through two real scheduling policies, in virtual time.
+
+    Requests of ``profile`` with equal outputs (``output_tokens``) arrive as a Poisson process
+    for ``window_s`` seconds at ``rate`` requests/s (default: ``load`` x the capacity the cost
+    model estimates for B). One row per policy, counted when the window closes: sent,
+    completed, failed, waiting, running, output tokens/s and requests/s over the window, and
+    the clocks of the requests completed by then, each with its n. Deterministic: same
+    arguments, same numbers.
+    """
+    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    policies = ab_policies() if policies is None else policies
+    if not window_s > 0:
+        raise ValueError(f"window_s={window_s} must be > 0 seconds")
+    if rate is None:
+        sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
+        rate = load * estimate_capacity_rps(cost_model, sample, policies["B"].max_seqs)
+    n = max(2, int(rate * window_s))
+    reqs = _workload(profile, n, seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
+    rows = []
+    for name, sched in policies.items():
+        engine = simulator(cost_model, sched)
+        records = engine.run(reqs, clock="virtual")
+        s = summarize(records, window_s=window_s)
+        d = s.to_dict()
+        rows.append({"policy": name, "rule": sched.priority if sched.policy == "continuous" else "static",
+                     "offered_rps": rate, "window_s": window_s,
+                     **{k: d[k] for k in ("sent", "completed", "failed", "waiting", "running")},
+                     "output_tokens_per_s": s.output_tokens_per_s, "requests_per_s": s.requests_per_s,
+                     **{f"{c}_{q}": d[f"{c}_{q}"] for c in ("ttft", "tpot", "e2e")
+                        for q in ("n", "p50_s", "p95_s")},
+                     "max_seqs": sched.max_seqs, "max_batch_tokens": sched.max_batch_tokens})
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(profile=profile, output_tokens=output_tokens, requests=n, seed=seed,
+                       cost_model=cost_model.config_name)
+    return frame
+
+
+def ab_holds(frame: pd.DataFrame) -> dict:
+    """Whether one policy has both higher throughput and a worse p95 TTFT than the other, and the ratios."""
+    a, b = frame.iloc[0], frame.iloc[1]
+    hi, lo = (b, a) if b["output_tokens_per_s"] >= a["output_tokens_per_s"] else (a, b)
+    return {"higher_throughput": hi["policy"], "throughput_ratio": hi["output_tokens_per_s"] / lo["output_tokens_per_s"],
+            "ttft_p95_ratio": hi["ttft_p95_s"] / lo["ttft_p95_s"],
+            "holds": bool(hi["output_tokens_per_s"] > lo["output_tokens_per_s"] and hi["ttft_p95_s"] > lo["ttft_p95_s"])}
+
+
+# -- the simulator against the real model -----------------------------------------------------------
+def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requests: int = 30,
+                      config: str | ModelConfig = "tiny", cost_model: CostModel | None = None,
+                      scheduler: SchedulerConfig | None = None, seed: int = 0, threads: int | None = 1,
+                      progress: Progress = no_progress) -> pd.DataFrame:
+    """The same load levels served by the real decoder (wall clock) and by the cost model (virtual clock).
+
+    ``cost_model`` should be calibrated on this machine for ``config`` (``calibrate(config)``;
+    default: the shipped calibration, made on another machine). Rows carry ``source`` "real" or
+    "simulated". Real levels run in real time: keep ``requests`` / rate small.
+    """
+    config = _config(config)
+    cost_model = load_calibration(config.name) if cost_model is None else cost_model
+    if cost_model.config_name != config.name:
+        raise ValueError(f"the cost model was calibrated on {cost_model.config_name!r}, not {config.name!r}; "
+                         f"calibrate {config.name} first")
+    scheduler = scheduler or scheduler_config()
+    model = build_model(config, seed=seed)
+    frames = []
+    with torch_threads(threads):
+        real = Engine(model, scheduler=scheduler, block_size=cost_model.block_size)
+        real.run(_workload(profile, 4, seed + 1, real.max_model_len))  # warm up outside the measurement
+        steps = [("real", real, "wall"), ("simulated", simulator(cost_model, scheduler), "virtual")]
+        for source, engine, clock in progress(steps, total=2, desc="real, then simulated", unit="run"):
+            f = load_sweep(engine, rates, profile, requests, seed=seed, clock=clock)
+            f.insert(0, "source", source)
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True)
+
+
+# -- the command line --------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--simulate", action="store_true",
+                        help="virtual time on the calibrated cost model (default: the real model, in real time)")
+    parser.add_argument("--profile", nargs="+", default=None, choices=PROFILE_NAMES,
+                        help="workload profile(s) (default: all four with --simulate, short_short without)")
+    parser.add_argument("--rates", help="offered loads in requests/s, comma-separated and rising "
+                                        "(default: 10 levels from 0.1 to 1.5 x the estimated capacity)")
+    parser.add_argument("--levels", type=int, default=10, help="levels when --rates is not given (default 10)")
+    parser.add_argument("--requests", type=int, help="requests per level (default 500 simulated, 30 real)")
+    parser.add_argument("--config", choices=sorted(CONFIGS),
+                        help="model config (default llama-30m simulated, tiny real)")
+    parser.add_argument("--calibration", type=Path, metavar="PATH",
+                        help="cost model JSON (default data/calibration/<config>.json)")
+    parser.add_argument("--policy", choices=("continuous", "static"), default="continuous")
+    parser.add_argument("--priority", choices=("decode_first", "prefill_first"), default="decode_first")
+    parser.add_argument("--max-seqs", type=int, default=16)
+    parser.add_argument("--max-waiting", type=int, default=64, help="queue bound; 0 = unbounded (default 64)")
+    parser.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO.ttft_s, help="TTFT target, s")
+    parser.add_argument("--slo-tpot", type=float, default=DEFAULT_SLO.tpot_s, help="TPOT target, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the real model (default 1)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write the table, settings and machine as JSON")
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--rates {text!r}: give numbers separated by commas, e.g. 0.5,1,2,4") from None
+    return rates
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..clocks import save_results
+
+    config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
+    profiles = args.profile or (list(PROFILE_NAMES) if args.simulate else ["short_short"])
+    requests = args.requests or (500 if args.simulate else 30)
+    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
+    scheduler = scheduler_config(args.policy, args.priority, args.max_seqs, max(512, args.max_seqs),
+                                 args.max_waiting or None)
+    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    try:
+        fixed = parse_rates(args.rates) if args.rates else None
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    frames, t0, cpu0 = [], time.perf_counter(), time.process_time()
+    for profile in profiles:
+        if args.simulate:
+            engine = simulator(cost_model, scheduler)
+        else:
+            engine = Engine(build_model(config, seed=args.seed), scheduler=scheduler, block_size=cost_model.block_size)
+        rates = fixed
+        if rates is None:
+            sample = make_workload(profile, requests, arrival="all_at_once", seed=args.seed,
+                                   max_context=engine.max_model_len)
+            rates = auto_rates(estimate_capacity_rps(cost_model, sample, args.max_seqs), args.levels)
+        print(f"{profile}: {len(rates)} levels x {requests} requests, "
+              f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
+        with torch_threads(args.threads):
+            f = load_sweep(engine, rates, profile, requests, seed=args.seed, slo=slo,
+                           clock="virtual" if args.simulate else "wall")
+        frames.append(mark_knee(f))
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    frame = pd.concat(frames, ignore_index=True)
+    cols = ["profile", "offered_rps", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
+            "tpot_p50_s", "e2e_p95_s", "failure_rate", "peak_kv_blocks", "goodput_rps", "keeps_up", "is_knee"]
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    levels = len(frame)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{levels} levels x {requests} requests in {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU "
+          f"({'virtual time, cost model' if args.simulate else 'real time, ' + config.name}; "
+          f"machine load average {load:.1f})")
+    if args.json:
+        settings = {"simulate": args.simulate, "config": config.name, "profiles": profiles, "requests": requests,
+                    "rates": args.rates or "auto", "engine": frames[0].attrs.get("settings"), "slo": slo.targets(),
+                    "knee_rule": frame.attrs.get("knee_rule") or {"min_throughput_ratio": 0.9},
+                    "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds, "load_average_1m": load,
+                    "cost_model_environment": cost_model.environment}
+        save_results(args.json, frame, settings)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["DEFAULT_SLO", "ab_example", "ab_holds", "ab_policies", "end_of_window_counts", "scheduler_config",
+           "service_curve", "service_curves", "simulated_vs_real", "simulator"]

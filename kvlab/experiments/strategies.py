@@ -1,0 +1,200 @@
+"""Cache strategies side by side: memory held, latency paid and quality kept, at several context lengths.
+
+``run_strategies()`` runs every cache setting on the shipped recall model (kvlab.tasks.recall) at
+a few context lengths and returns one tidy DataFrame, one row per (setting, context):
+
+- memory after prompt + new tokens: allocated = used (holding tokens) + reserved (empty), the
+  part on the compute device and the part offloaded, and the ratio to dynamic's allocation beside
+  the ideal ratio of the quantized format (bits / element bits + scale and zero-point per group);
+- latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's
+  ``update`` (quantizing, dequantizing, copying between tiers; CPU only), bytes moved per step;
+- quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the
+  answer tokens, top-1 and greedy agreement.
+
+Timed runs go round-robin over the settings (a slow moment on a shared machine hits all alike).
+Static and offloaded caches are sized for the longest context of the sweep, as a server sizes them
+for the longest request it accepts: shorter contexts show the bytes they reserve and leave empty.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..cache import KVCache, check_cache_options, make_cache
+from ..generate import generate
+from ..model.decoder import Decoder
+from ..quality import EXACT, compare_to_exact, describe_cache
+from .progress import Progress, no_progress
+from .threads import torch_threads
+
+DEFAULT_PAIRS: tuple[int, ...] = (4, 8, 16)  # 37, 69 and 133 prompt tokens
+DEFAULT_SETTINGS: tuple[dict, ...] = (
+    {"cache": "dynamic"},
+    {"cache": "static"},
+    {"cache": "quantized", "bits": 8, "residual": 0},
+    {"cache": "quantized", "bits": 4, "residual": 0},
+    {"cache": "quantized", "bits": 4, "residual": 0, "group_size": 8},
+    {"cache": "quantized", "bits": 2, "residual": 0},
+    {"cache": "quantized", "bits": 2, "residual": 0, "group_size": 8},
+    {"cache": "quantized", "bits": 2, "residual": 32},
+    {"cache": "offloaded"},
+)
+
+
+def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes: int = 4) -> float:
+    """Bytes a quantized cache needs per stored value over full precision's (1.0 for the exact caches).
+
+    Codes take bits / 8 bytes, each group of ``group_size`` values adds a scale and a zero-point in
+    the model dtype, and the newest ``residual`` tokens stay at full precision.
+    """
+    if setting["cache"] != "quantized":
+        return 1.0
+    group = setting.get("group_size") or math.gcd(head_dim, 32)  # the cache's own default
+    packed = setting.get("bits", 4) / (8 * element_bytes) + 2 / group
+    window = min(setting.get("residual", 64), tokens)
+    return ((tokens - window) * packed + window) / tokens
+
+
+def _timed_updates(cache: KVCache) -> list[float]:
+    """Wrap the cache's ``update`` so each call's seconds are recorded (attend() calls self.update)."""
+    spent: list[float] = []
+    inner = cache.update
+
+    @functools.wraps(inner)
+    def update(layer_idx, k, v):
+        t0 = time.perf_counter()
+        out = inner(layer_idx, k, v)
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    cache.update = update  # an instance attribute shadows the class's method
+    return spent
+
+
+def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int, max_len: int) -> dict:
+    opts = {k: v for k, v in setting.items() if k != "cache"}
+    if setting["cache"] in ("static", "offloaded"):
+        opts.setdefault("max_len", max_len)
+    cache = make_cache(setting["cache"], model.config, batch=1, dtype=model.dtype, device=model.device, **opts)
+    on_cpu = model.device.type == "cpu"  # on CUDA, timing inside update would need a sync per layer
+    spent = _timed_updates(cache) if on_cpu else []
+    try:
+        layers = model.config.num_layers
+        result = generate(model, prompt, cache=cache, max_new_tokens=new_tokens)
+        steps = result.timeline.step_s
+        per_step_update = [sum(spent[i:i + layers]) for i in range(0, len(spent), layers)] if on_cpu else []
+        mem = cache.memory()
+        extra = cache.memory_breakdown() if hasattr(cache, "memory_breakdown") else {}
+        return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=per_step_update[1:],
+                    moved=result.timeline.bytes_moved[1:], memory=mem, breakdown=extra)
+    finally:
+        if hasattr(cache, "close"):
+            cache.close()  # the offloaded cache's file
+
+
+def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFAULT_SETTINGS,
+                   pairs: Sequence[int] = DEFAULT_PAIRS, new_tokens: int = 32, repeats: int = 3,
+                   examples: int = 100, quality_prompts: int = 20, seed: int = 0, threads: int | None = 1,
+                   progress: Progress = no_progress) -> pd.DataFrame:
+    """Every cache setting at every context size: memory, latency and quality vs exact, one row each.
+
+    ``settings`` are dicts like ``{"cache": "quantized", "bits": 2, "residual": 32}``; ``pairs`` the
+    recall contexts (``8 * pairs + 5`` prompt tokens). ``repeats`` timed generations of
+    ``new_tokens`` per row; ``examples`` recall questions per context for accuracy (0: skip the
+    quality columns); ``quality_prompts`` of them also compared token by token with the exact cache.
+    """
+    from ..tasks.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
+
+    settings = [dict(s) for s in settings]
+    for s in settings:  # every check before any work
+        if "cache" not in s:
+            raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
+        check_cache_options(s["cache"], {k: v for k, v in s.items() if k != "cache"})
+    if not pairs or any(not isinstance(p, int) or p < 1 for p in pairs):
+        raise ValueError(f"pairs must be positive integers (pairs per recall context), got {pairs!r}")
+    if new_tokens < 2 or repeats < 1 or examples < 0 or quality_prompts < 0:
+        raise ValueError(f"need new_tokens >= 2, repeats >= 1, examples >= 0, quality_prompts >= 0; got "
+                         f"{new_tokens}, {repeats}, {examples}, {quality_prompts}")
+    model = model if model is not None else load_recall_model()
+    cfg = model.config
+    questions = {p: make_examples(max(examples, quality_prompts, repeats), p, seed=seed) for p in pairs}
+    longest = max(len(q[0].prompt_ids) for q in questions.values()) + new_tokens
+    if longest > cfg.max_position_embeddings:
+        raise ValueError(f"{max(pairs)} pairs + {new_tokens} new tokens = {longest} tokens exceed the model's "
+                         f"context of {cfg.max_position_embeddings}; use fewer pairs or new tokens")
+    for s in settings:
+        if s["cache"] == "quantized":  # the cache checks bits / group size / residual on construction
+            make_cache("quantized", cfg, batch=1, dtype=model.dtype, device=model.device,
+                       **{k: v for k, v in s.items() if k != "cache"})
+    element_bytes = torch.empty(0, dtype=model.dtype).element_size()
+
+    runs: dict[tuple[int, int], list[dict]] = {}
+    jobs = [(rep, p) for rep in range(repeats + 1) for p in pairs]  # rep 0: a cold run, not kept
+    with torch_threads(threads) as used_threads, torch.inference_mode():
+        for rep, p in progress(jobs, total=len(jobs), desc="timing"):
+            prompt = questions[p][rep % len(questions[p])].prompt_ids
+            for i, s in enumerate(settings):
+                run = _timed_run(model, prompt, s, new_tokens, longest)
+                if rep:
+                    runs.setdefault((i, p), []).append(run)
+        quality: dict[tuple[int, int], dict] = {}
+        if examples:
+            stop = [model.tokenizer.encode(".")[0]]
+            for (i, s), p in progress([(x, p) for x in enumerate(settings) for p in pairs],
+                                      total=len(settings) * len(pairs), desc="quality"):
+                opts = {k: v for k, v in s.items() if k != "cache"}
+                if s["cache"] in ("static", "offloaded"):
+                    opts.setdefault("max_len", longest)
+                acc = score(model, questions[p][:examples], s["cache"], **opts).accuracy
+                q = dict(accuracy=acc)
+                if quality_prompts:
+                    prompts = [e.prompt_ids for e in questions[p][:quality_prompts]]
+                    q.update(compare_to_exact(model, prompts, s["cache"], max_new_tokens=ANSWER_TOKENS,
+                                              stop_tokens=stop, **opts).to_dict())
+                quality[(i, p)] = q
+
+    rows = []
+    for (i, p), rs in runs.items():
+        s = settings[i]
+        tokens = len(questions[p][0].prompt_ids) + new_tokens
+        decode_ms = 1e3 * np.concatenate([r["decode_s"] for r in rs])
+        m, b = rs[-1]["memory"], rs[-1]["breakdown"]
+        row = dict(setting=describe_cache(s["cache"], {k: v for k, v in s.items() if k != "cache"}),
+                   strategy=s["cache"], bits=s.get("bits", 8 * element_bytes) if s["cache"] == "quantized"
+                   else 8 * element_bytes,
+                   group_size=s.get("group_size", math.gcd(cfg.head_dim, 32)) if s["cache"] == "quantized" else None,
+                   residual=s.get("residual", 64) if s["cache"] == "quantized" else None,
+                   pairs=p, context_tokens=len(questions[p][0].prompt_ids), stored_tokens=tokens,
+                   allocated_bytes=m.allocated_bytes, used_bytes=m.used_bytes, reserved_bytes=m.reserved_bytes,
+                   device_bytes=m.device_bytes, offloaded_bytes=m.offloaded_bytes,
+                   payload_bytes=b.get("payload_bytes"), scale_bytes=b.get("scale_bytes"),
+                   residual_bytes=b.get("residual_bytes"),
+                   ideal_memory_ratio=ideal_memory_ratio(s, cfg.head_dim, tokens, element_bytes),
+                   prefill_ms=1e3 * float(np.median([r["prefill_s"] for r in rs])),
+                   token_ms_p50=float(np.percentile(decode_ms, 50)), token_ms_p95=float(np.percentile(decode_ms, 95)),
+                   cache_ms_per_step=(1e3 * float(np.mean(np.concatenate([r["update_s"] for r in rs])))
+                                      if rs[0]["update_s"] else float("nan")),
+                   bytes_moved_per_step=float(np.mean(np.concatenate([r["moved"] for r in rs]))),
+                   device=str(model.device), threads=used_threads)
+        q = quality.get((i, p), {})
+        row.update(accuracy=q.get("accuracy", float("nan")), kl_mean=q.get("kl_mean", float("nan")),
+                   kl_max=q.get("kl_max", float("nan")), top1_agreement=q.get("top1_agreement", float("nan")),
+                   greedy_agreement=q.get("greedy_agreement", float("nan")))
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    # Ratios to the exact dynamic cache at the same context (NaN when dynamic was not run).
+    base = frame[frame["setting"] == EXACT].set_index("pairs")
+    for col, ratio in (("allocated_bytes", "memory_ratio"), ("token_ms_p50", "latency_ratio")):
+        ref = frame["pairs"].map(base[col]) if len(base) else np.nan
+        frame[ratio] = frame[col] / ref
+    frame["exact_accuracy"] = frame["pairs"].map(base["accuracy"]) if len(base) else np.nan
+    return frame
+
+
+__all__ = ["DEFAULT_PAIRS", "DEFAULT_SETTINGS", "ideal_memory_ratio", "run_strategies"]
