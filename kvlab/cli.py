@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("calibrate",): "kvlab.serving.calibrate",
     ("sweep",): "kvlab.experiments.load",
     ("bench", "batching"): "kvlab.benchmarks.batching",
+    ("bench", "strategies"): "kvlab.benchmarks.strategies",
 }
 
 

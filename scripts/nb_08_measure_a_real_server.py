@@ -323,7 +323,7 @@ print("server process ended:", srv.process.poll() is not None)'''),
   sent: open loop, so a slow client or a full queue cannot hide any of it.
 - First count, then time: every request sent is completed, rejected (429) or failed for a stated
   reason, and the tokens asked for, reported and received agree. The server's own counters agree too.
-- On loopback, HTTP and streaming add about a millisecond to the first token; under load, the
+- On loopback, HTTP and streaming add a millisecond or two to the first token; under load, the
   queue dominates. Over a real network, the parts only the client sees grow.
 - The service curve over the wire: throughput follows the offered load up to capacity, then
   flattens while the wait climbs, and a bounded queue answers the excess with 429 at once.

@@ -35,8 +35,8 @@ class PagedAttentionMetadata:
     decode_token_idx: torch.Tensor | None  # (D,) their token index in the packed batch
     decode_block_tables: torch.Tensor | None  # (D, Bmax) their blocks, padded with block 0
     decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real
-    prefill_rows: list[int]  # sequences attended one by one, causally: prompt chunks (and decodes, when
-    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each      a batched gather would be too big)
+    prefill_rows: list[int]  # sequences attended one by one, causally: prompt chunks, and decodes not batched
+    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each of those sequences
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
@@ -77,8 +77,10 @@ class PagedKVCache(KVCache):
     offset. Which sequence owns which blocks is decided outside (the engine's BlockManager); the
     model runner sets ``metadata`` before every forward, and ``attend`` writes each new token's
     k/v into its slot and attends every sequence over its own blocks only:
-    all single-query (decode) sequences in one batched call over a padded gather, each prefill
-    chunk on its own with the causal offset of the tokens already stored.
+    single-query (decode) sequences in one batched call over a padded gather while that gather is
+    small (DECODE_BATCH_MAX_SLOTS), every other sequence on its own over exactly its blocks (a
+    prompt chunk with the causal offset of the tokens already stored; a whole new prompt straight
+    from its new k, v).
     """
 
     name = "paged"

@@ -47,6 +47,16 @@ DEFAULT_SETTINGS: tuple[dict, ...] = (
 )
 
 
+
+def default_settings(device: torch.device | str = "cpu") -> list[dict]:
+    """DEFAULT_SETTINGS, plus offloaded without prefetch on CUDA (where prefetching on a side stream
+    can hide part of the copy; on CPU the copies are synchronous and prefetch changes nothing)."""
+    out = [dict(s) for s in DEFAULT_SETTINGS]
+    if torch.device(device).type == "cuda":
+        out.append({"cache": "offloaded", "prefetch": False})
+    return out
+
+
 def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes: int = 4) -> float:
     """Bytes a quantized cache needs per stored value over full precision's (1.0 for the exact caches).
 
@@ -162,7 +172,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
     rows = []
     for (i, p), rs in runs.items():
         s = settings[i]
-        tokens = len(questions[p][0].prompt_ids) + new_tokens
+        tokens = len(questions[p][0].prompt_ids) + new_tokens - 1  # the last new token is never fed back
         decode_ms = 1e3 * np.concatenate([r["decode_s"] for r in rs])
         m, b = rs[-1]["memory"], rs[-1]["breakdown"]
         row = dict(setting=describe_cache(s["cache"], {k: v for k, v in s.items() if k != "cache"}),
@@ -197,4 +207,4 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
     return frame
 
 
-__all__ = ["DEFAULT_PAIRS", "DEFAULT_SETTINGS", "ideal_memory_ratio", "run_strategies"]
+__all__ = ["DEFAULT_PAIRS", "DEFAULT_SETTINGS", "default_settings", "ideal_memory_ratio", "run_strategies"]

@@ -4,9 +4,10 @@ A step of the real model executor costs, roughly,
 
     t = c_step                                  per step: streaming every weight once, launching every op
       + c_prefill_token  x prompt tokens         rows of every matrix product
-      + c_prefill_seq    x prefill sequences     one attention call per prompt chunk and layer
-      + c_decode_seq     x decoding sequences    rows of every matrix product, gather and sampling per sequence
-      + c_decode_kv      x KV slots read by decodes: decodes x the longest context, in whole blocks
+      + c_attn_call      x attention calls       per layer: one per prompt chunk, one per decode attended
+                                                 alone, one for the decodes attended together
+      + c_decode_seq     x decoding sequences    rows of every matrix product, sampling per sequence
+      + c_decode_kv      x KV slots read by decodes
       + c_prefill_attn   x prompt query-key pairs  (the quadratic part of attending over a prompt)
 
 ``kvlab.serving.calibrate`` measures ``ModelExecutor`` on designed batch shapes and fits the six
@@ -25,11 +26,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..cache.paged import DECODE_BATCH_MAX_SLOTS
 from .executor import Executor, StepResult
 from .scheduler import SchedulerOutput
 
-FEATURES = ("step", "prefill_tokens", "prefill_seqs", "decode_seqs", "decode_kv_slots", "prefill_attention")
-FEATURE_UNITS = {"step": "step", "prefill_tokens": "token", "prefill_seqs": "sequence", "decode_seqs": "sequence",
+FEATURES = ("step", "prefill_tokens", "attention_calls", "decode_seqs", "decode_kv_slots", "prefill_attention")
+FEATURE_UNITS = {"step": "step", "prefill_tokens": "token", "attention_calls": "call", "decode_seqs": "sequence",
                  "decode_kv_slots": "KV slot", "prefill_attention": "query-key pair"}
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "calibration"
 Row = tuple[int, int, bool]  # (new tokens, context after the step, is a decode)
@@ -40,23 +42,30 @@ def rows_of(out: SchedulerOutput) -> list[Row]:
     return [(n, s.num_computed_tokens + n, s.is_decoding and n == 1) for s, n in zip(out.seqs, out.num_new_tokens)]
 
 
-def features(rows: Iterable[Row], block_size: int = 16) -> np.ndarray:
-    """The feature vector (in FEATURES order) of a step made of ``rows``.
+def decode_attention(num_decodes: int, longest: int, sum_blocks: int, block_size: int) -> tuple[int, int]:
+    """(attention calls, KV slots read) of a step's decodes, as ``PagedKVCache.attend`` runs them.
 
-    Decodes are attended together over one padded gather (see ``PagedKVCache.attend``), so the
-    KV they read is decodes x the longest decode context rounded up to whole blocks, not the
-    sum of their contexts: one long conversation in a batch of short ones makes every row read
-    as much as the longest.
+    While the padded gather is at most DECODE_BATCH_MAX_SLOTS, the decodes are attended together:
+    one call reading decodes x the longest context (in whole blocks). Beyond it, one call per
+    decode, each reading its own blocks.
     """
-    pt = ps = ds = longest = pairs = 0
+    padded = num_decodes * -(-longest // block_size) * block_size
+    if num_decodes and padded <= DECODE_BATCH_MAX_SLOTS:
+        return 1, padded
+    return num_decodes, sum_blocks * block_size
+
+
+def features(rows: Iterable[Row], block_size: int = 16) -> np.ndarray:
+    """The feature vector (in FEATURES order) of a step made of ``rows``."""
+    pt = ps = ds = longest = blocks = pairs = 0
     for n, ctx, is_decode in rows:
         if is_decode:
-            ds, longest = ds + 1, max(longest, ctx)
+            ds, longest, blocks = ds + 1, max(longest, ctx), blocks - (-ctx // block_size)
         else:
             # n queries at positions ctx-n .. ctx-1, each over the keys up to itself: n*ctx - n(n-1)/2 pairs
             pt, ps, pairs = pt + n, ps + 1, pairs + n * ctx - n * (n - 1) // 2
-    slots = ds * -(-longest // block_size) * block_size
-    return np.array([1.0, pt, ps, ds, slots, pairs], dtype=float)
+    calls, slots = decode_attention(ds, longest, blocks, block_size)
+    return np.array([1.0, pt, ps + calls, ds, slots, pairs], dtype=float)
 
 
 def fit_coefficients(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -217,20 +226,21 @@ class CostModelExecutor(Executor):
         # prompts' query-key pairs need a pass over the sequences (one loop, no arrays: this runs
         # tens of thousands of times per simulated load level).
         shape, vocab, bs = out.shape, self.vocab_size, self.cost_model.block_size
-        longest = pairs = 0
+        longest = blocks = pairs = 0
         tokens: list[int | None] = [None] * len(out.seqs)
         for i, (seq, n, sample) in enumerate(zip(out.seqs, out.num_new_tokens, out.do_sample)):
             ctx = seq.num_computed_tokens + n
             if n == 1 and seq.num_tokens - seq.num_prompt_tokens > 0 and seq.num_tokens - ctx == 0:  # a decode
                 longest = ctx if ctx > longest else longest
+                blocks -= -ctx // bs
             else:
                 pairs += n * ctx - n * (n - 1) // 2
             if sample:
                 tokens[i] = zlib.crc32(f"{seq.request_id}:{seq.num_tokens}".encode()) % vocab
+        calls, slots = decode_attention(shape.num_decode_seqs, longest, blocks, bs)
         c = self._c
-        duration = (c[0] + c[1] * shape.num_prefill_tokens + c[2] * shape.num_prefill_seqs
-                    + c[3] * shape.num_decode_seqs + c[4] * shape.num_decode_seqs * -(-longest // bs) * bs
-                    + c[5] * pairs)
+        duration = (c[0] + c[1] * shape.num_prefill_tokens + c[2] * (shape.num_prefill_seqs + calls)
+                    + c[3] * shape.num_decode_seqs + c[4] * slots + c[5] * pairs)
         self.num_steps += 1
         self.busy_s += duration
         return StepResult(tokens, duration)
@@ -254,5 +264,5 @@ def _jsonable(x):
     return x
 
 
-__all__ = ["CALIBRATION_DIR", "FEATURES", "CostModel", "CostModelExecutor", "calibration_path", "features",
-           "fit_coefficients", "load_calibration", "median_ape", "rows_of"]
+__all__ = ["CALIBRATION_DIR", "FEATURES", "CostModel", "CostModelExecutor", "calibration_path", "decode_attention",
+           "features", "fit_coefficients", "load_calibration", "median_ape", "rows_of"]

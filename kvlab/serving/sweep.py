@@ -190,7 +190,7 @@ def estimate_capacity_rps(cost_model: CostModel, requests: Sequence[Request], ma
     batch = max(1, int(max_seqs))
     longest = float(np.quantile(prompt + out, 0.9))  # the batch's longest context sets the decode gather
     step = cost_model.decode_step_s(batch, int(longest))
-    prefill = c["prefill_tokens"] * prompt + c["prefill_seqs"] + c["prefill_attention"] * prompt ** 2 / 2
+    prefill = c["prefill_tokens"] * prompt + c["attention_calls"] + c["prefill_attention"] * prompt ** 2 / 2
     per_request = float(np.mean(prefill + out * step / batch))
     return 1.0 / per_request
 

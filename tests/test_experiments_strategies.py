@@ -1,0 +1,74 @@
+"""The strategies experiment: one tidy table whose memory, latency and quality columns are consistent."""
+from __future__ import annotations
+
+import pytest
+
+import kvlab
+from kvlab.cache import kv_cache_bytes
+from kvlab.experiments.strategies import ideal_memory_ratio, run_strategies
+
+SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "bits": 4, "residual": 0},
+            {"cache": "quantized", "bits": 2, "residual": 8, "group_size": 8}, {"cache": "offloaded"}]
+
+
+@pytest.fixture(scope="module")
+def table():
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+    return model, run_strategies(model, SETTINGS, pairs=(2, 4), new_tokens=6, repeats=1, examples=6,
+                                 quality_prompts=3)
+
+
+def test_one_row_per_setting_and_context(table):
+    _, frame = table
+    assert len(frame) == len(SETTINGS) * 2
+    assert set(frame["pairs"]) == {2, 4} and set(frame["context_tokens"]) == {21, 37}
+    assert frame.groupby("pairs")["setting"].apply(list).iloc[0][0] == "dynamic"
+
+
+def test_memory_columns_add_up_and_match_the_formula(table):
+    model, frame = table
+    c = model.config
+    assert (frame["allocated_bytes"] == frame["used_bytes"] + frame["reserved_bytes"]).all()
+    dyn = frame[frame["setting"] == "dynamic"]
+    formula = [kv_cache_bytes(c.num_layers, c.num_kv_heads, c.head_dim, t) for t in dyn["stored_tokens"]]
+    assert dyn["allocated_bytes"].tolist() == formula
+    static = frame[frame["strategy"] == "static"].set_index("pairs")
+    # sized for the longest context of the sweep: the shorter one reserves what it does not use
+    assert static.loc[2, "reserved_bytes"] > 0 and static.loc[2, "allocated_bytes"] == static.loc[4, "allocated_bytes"]
+    off = frame[frame["strategy"] == "offloaded"]
+    assert (off["offloaded_bytes"] > 0).all() and (off["bytes_moved_per_step"] > 0).all()
+    assert (frame.loc[frame["strategy"] != "offloaded", "bytes_moved_per_step"] == 0).all()
+
+
+def test_quantized_memory_is_the_ideal_format(table):
+    model, frame = table
+    q4 = frame[frame["setting"] == "quantized(bits=4, residual=0)"]
+    # 4-bit codes + an fp32 scale and zero-point per group of head_dim (16): 1/8 + 2/16 of fp32
+    assert q4["ideal_memory_ratio"].tolist() == [pytest.approx(0.25)] * 2
+    assert q4["memory_ratio"].tolist() == pytest.approx(q4["ideal_memory_ratio"].tolist())
+    q2 = frame[frame["strategy"] == "quantized"].iloc[-1]
+    tokens = q2["stored_tokens"]
+    assert q2["ideal_memory_ratio"] == pytest.approx(((tokens - 8) * (2 / 32 + 2 / 8) + 8) / tokens)
+    assert ideal_memory_ratio({"cache": "dynamic"}, 16, 10) == 1.0
+
+
+def test_exact_strategies_match_the_exact_cache(table):
+    _, frame = table
+    exact = frame[frame["strategy"].isin(["dynamic", "static", "offloaded"])]
+    assert (exact["kl_max"] == 0).all() and (exact["greedy_agreement"] == 1).all()
+    assert (exact["accuracy"] == exact["exact_accuracy"]).all()
+    assert (frame.loc[frame["strategy"] == "quantized", "kl_mean"] > 0).all()
+    assert (frame["token_ms_p95"] >= frame["token_ms_p50"]).all()
+    assert (frame["cache_ms_per_step"] > 0).all()
+
+
+def test_bad_settings_are_refused_before_any_work():
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+    with pytest.raises(ValueError, match="bits"):
+        run_strategies(model, [{"cache": "quantized", "bits": 3}], pairs=(2,), examples=0)
+    with pytest.raises(ValueError, match="group_size"):
+        run_strategies(model, [{"cache": "quantized", "bits": 4, "group_size": 5}], pairs=(2,), examples=0)
+    with pytest.raises(ValueError, match="names no cache"):
+        run_strategies(model, [{"bits": 4}], pairs=(2,))
+    with pytest.raises(ValueError, match="exceed"):
+        run_strategies(model, [{"cache": "dynamic"}], pairs=(200,), examples=0)
