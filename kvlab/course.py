@@ -43,6 +43,10 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("05_batching.ipynb", "Batching",
            "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
            "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob", 20),
+    Lesson("06_under_load.ipynb", "Under load",
+           "the service curve (the four clocks, achieved vs offered throughput, failures) for each profile and the "
+           "mixture, its knee; a simulator calibrated on your machine checked against the real model; two real "
+           "policies where the one with more throughput starts answers later; sent/completed/failed/waiting counts", 25),
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each); block size; max context "
            "and max new tokens as levers; preemption; prefix caching; chunked prefill", 25),

@@ -749,3 +749,61 @@ def check_rejections_and_quantiles(answer: Any) -> Feedback:
     }, confirm="latency quantiles are computed over completed requests only. A rejected user got no answer at "
                "all, so the counts (completed, rejected, failed) belong next to every quantile, and goodput "
                "(requests/s that met a target) is the number to compare across loads.")
+
+
+# --- 06 under load ---------------------------------------------------------------------------------
+EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves
+    dict(offered=[1, 2, 3, 4, 5], throughput_ratio=[1.0, 0.99, 0.97, 0.8, 0.6], ttft_p95=[0.1, 0.2, 0.9, 5, 9],
+         slo_ttft_s=2.0),
+    dict(offered=[1, 2, 3, 4, 5], throughput_ratio=[1.0, 0.99, 0.97, 0.8, 0.6], ttft_p95=[0.1, 0.2, 0.9, 5, 9],
+         slo_ttft_s=0.5),
+    dict(offered=[0.5, 1, 2], throughput_ratio=[0.95, 0.94, 0.93], ttft_p95=[3.0, 4.0, 5.0], slo_ttft_s=1.0),
+    dict(offered=[0.5, 1, 2], throughput_ratio=[1.0, 1.0, 0.99], ttft_p95=[0.1, 0.1, 0.2], slo_ttft_s=1.0),
+    dict(offered=[1, 2, 3, 4], throughput_ratio=[1.0, 0.85, 0.95, 0.95], ttft_p95=[0.1, 0.2, 0.2, 0.2],
+         slo_ttft_s=1.0),
+)
+
+
+def _knee_06(offered, throughput_ratio, ttft_p95, slo_ttft_s):
+    from .serving.sweep import find_knee
+
+    keeps = [r >= 0.9 and t <= slo_ttft_s for r, t in zip(throughput_ratio, ttft_p95)]
+    i = find_knee(offered, keeps)
+    return None if i is None else offered[i]
+
+
+def _knee_06_last_ok(offered, throughput_ratio, ttft_p95, slo_ttft_s):  # a wrong answer: the last level that keeps up
+    ok = [x for x, r, t in zip(offered, throughput_ratio, ttft_p95) if r >= 0.9 and t <= slo_ttft_s]
+    return ok[-1] if ok else None
+
+
+@exercise("06_under_load.ipynb", solution=_knee_06, wrong=_knee_06_last_ok)
+def check_knee(answer: Any) -> Feedback:
+    """A function knee(offered, throughput_ratio, ttft_p95, slo_ttft_s) -> the knee's offered load, or None."""
+    cases = [(c, _knee_06(**c)) for c in EX06_CURVES]
+
+    def explain(kwargs: dict, got: Any, expected: Any) -> str:
+        if expected is None and got is not None:
+            return ("expected None: either the lowest load already fails (no load is safe) or no level fails "
+                    "(the knee lies beyond the loads tried).")
+        if got == _knee_06_last_ok(**kwargs):
+            return ("that is the last level that keeps up, but the curve broke earlier: the knee is the level "
+                    f"just before the FIRST one that fails ({expected}).")
+        return (f"expected {expected}: walk up the loads; a level keeps up when achieved/offered >= 0.9 and p95 "
+                "TTFT <= the SLO; the knee is the level just before the first that does not.")
+
+    return check_function(answer, cases, what="knee", explain=explain)
+
+
+@exercise("06_under_load.ipynb", solution="b", wrong="a")
+def check_ab_reading(answer: Any) -> Feedback:
+    """Multiple choice: what the A/B example (B completes more, but its p95 TTFT is higher) says."""
+    return check_choice(answer, "b", {
+        "a": "completing more requests in the window is higher throughput, a property of the service; the person "
+             "waiting for the first word of an answer sees the TTFT, and B's p95 is the worse one.",
+        "c": "A's first tokens come sooner, yet it completes fewer: its prompt-only steps pause every running answer, "
+             "so answers finish later. Early first tokens do not imply more completions.",
+        "d": "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
+             "(a test checks it). The difference comes from the two scheduling rules.",
+    }, confirm="throughput and time to first token are different clocks. B finishes more answers per minute; A "
+               "starts each answer sooner. Which is better depends on the target (the SLO) you set for each.")

@@ -14,7 +14,7 @@ Everything is seeded: the same settings, torch version and thread count give the
 the end the script measures exact-match accuracy on held-out examples through kvlab.generate with
 the exact (dynamic) cache and saves the model in transformers format (safetensors) with
 training.json (settings, seed, steps, times, versions, accuracy) beside it. On one thread of the
-2-core machine it was trained on, it needs about 12 CPU-minutes (see training.json for the figures).
+2-core machine it was trained on, it took 11 CPU-minutes (see training.json for the figures).
 """
 from __future__ import annotations
 

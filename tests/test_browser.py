@@ -111,7 +111,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab(tools, tmp_path_factory) -> Lab:
     """One JupyterLab server for the whole session, on 127.0.0.1 with a free port and a token."""
     home = tmp_path_factory.mktemp("jupyter")
@@ -156,7 +156,7 @@ def lab(tools, tmp_path_factory) -> Lab:
         proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(tools):
     from playwright.sync_api import sync_playwright
 

@@ -142,7 +142,7 @@ HAS_QUANTIZED = importlib.util.find_spec("kvlab.cache.quantized") is not None
 def recall():
     from kvlab.tasks.recall import load_recall_model, make_examples
 
-    return load_recall_model(device="cpu"), make_examples(120, 16, seed=77)
+    return load_recall_model(device="cpu"), make_examples(80, 16, seed=77)
 
 
 def test_recall_accuracy_is_broken_down_by_distance(recall):
@@ -162,3 +162,21 @@ def test_two_bit_cache_answers_measurably_worse_than_eight_bit(recall):
     two = score(model, examples, "quantized", bits=2, residual=0).accuracy
     assert eight >= 0.9  # 8-bit keeps the exact cache's answers
     assert two <= eight - 0.2, f"2-bit accuracy {two:.2f} is not clearly below 8-bit {eight:.2f}"
+
+
+@pytest.mark.skipif(not HAS_QUANTIZED, reason="kvlab/cache/quantized.py does not exist yet")
+def test_perplexity_of_recall_text_rises_when_the_cache_loses_precision(recall):
+    import random
+
+    from kvlab.tasks.recall import training_batch
+
+    model, _ = recall
+    ids, _, _ = training_batch(1, 12, 12, random.Random(5))  # a context, then every key asked and answered
+    text = model.tokenizer.decode(ids[0].tolist())
+    exact = perplexity(model, text)
+    eight = perplexity(model, text, "quantized", bits=8, residual=0)
+    two = perplexity(model, text, "quantized", bits=2, residual=0)
+    assert eight.nll == pytest.approx(exact.nll, rel=0.01)
+    # the model was trained on the queries only, so most of the text's NLL is the random context's,
+    # the same for every cache: the 2-bit cache's loss shows up as a clear but small excess
+    assert two.nll > eight.nll + 0.1

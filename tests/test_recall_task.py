@@ -46,17 +46,22 @@ def test_distances_are_measured_from_the_fact_and_span_the_context():
     assert {ex.pair_index for ex in examples} == set(range(16))  # every position gets queried
 
 
-def test_training_batches_put_targets_on_answers_only():
-    ids, targets = training_batch(4, 6, 3, random.Random(0))
+def test_training_batches_put_targets_on_queries_only():
+    ids, targets, is_answer = training_batch(4, 6, 3, random.Random(0))
     tok = kvlab.ByteTokenizer()
-    for row_ids, row_t in zip(ids.tolist(), targets.tolist()):
-        text = tok.decode(row_ids)
+    context_tokens = 6 * PAIR_TOKENS
+    for row_ids, row_t, row_a in zip(ids.tolist(), targets.tolist(), is_answer.tolist()):
+        full = row_ids + tok.encode(".")  # the final "." is only a target, never an input
+        text = tok.decode(full)
         table = facts(text.split("?", 1)[0] + "?")
-        answers = [q.split(":")[1] for q in text.split("?")[1:]]  # "vxx." (the last one lacks its final token)
-        assert tok.decode([t for t in row_t if t >= 0]) == "".join(table[q.split(":")[0]] + "."
-                                                                  for q in text.split("?")[1:])
-        assert answers[0] == table[text.split("?")[1].split(":")[0]] + "."
-        assert row_t[:6 * PAIR_TOKENS + QUERY_TOKENS - 1] == [-100] * (6 * PAIR_TOKENS + QUERY_TOKENS - 1)
+        queries = [q.split(":") for q in text.split("?")[1:]]  # [["kxx", "vyy."], ...]
+        assert len(queries) == 3 and all(table[k] + "." == v for k, v in queries)  # answers are correct
+        assert all(t == -100 or t == full[i + 1] for i, t in enumerate(row_t))  # targets are next tokens
+        assert row_t[:context_tokens] == [-100] * context_tokens  # the random context teaches nothing
+        answers = tok.decode([t for t, a in zip(row_t, row_a) if a])
+        assert answers == "".join(v for _, v in queries)  # 4 answer tokens per query: "vyy."
+        digits = tok.decode([t for t, a in zip(row_t, row_a) if t >= 0 and not a])
+        assert digits == "".join(k[1:] for k, _ in queries)  # plus the queried key's two digits
 
 
 def test_bad_sizes_are_refused():

@@ -1,7 +1,7 @@
 """Batching benchmark: static vs continuous batching in kvlab, and transformers' generate_batch, on the same weights.
 
 ``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8]
-[--threads N] [--no-spread] [--no-transformers]``
+[--threads 1] [--repeats N] [--no-spread] [--no-transformers]``
 
 One fixed, seeded, mixed workload: ``--requests`` requests (prompts 32-512 tokens, outputs
 16-128), all arriving at once, greedy, every request running to its own output length (no stop
@@ -20,12 +20,17 @@ token). It is served by:
 Every run is timed at the client side on one clock: all requests are handed over at t = 0,
 tokens stamped as they are produced (kvlab: the engine's wall clock; transformers: its
 ``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
-warm-up of each implementation runs first and is not counted.
+warm-up of each implementation runs first and is not counted. With ``--repeats N`` every cell
+runs N times, round-robin over the cells, and the run with the median throughput is reported
+(all N are kept). Threads default to 1 for every implementation: on a shared 2-core machine a
+step split over both cores waits for the slower one (see kvlab/experiments/threads.py).
 
 Two extra measurements:
 
 - **spread**: continuous / static throughput when output lengths are all equal, then spread
-  wider around the same mean (``SPREADS``): static batching waits for the longest member.
+  wider around the same mean (``SPREADS``): static batching waits for the longest member. Next
+  to each measured ratio, the ratio the cost model predicts for the same requests in virtual
+  time (``expected_ratio_cost_model``): what step costs alone imply, without the machine's noise.
 - **paged vs reservation**: the mixed workload in one KV budget (``--kv-budget-tokens``, default
   4 x max_model_len) with paged blocks and with max-length reservation
   (``kvlab.serving.reservation``): concurrent sequences (peak and time-weighted mean) and
@@ -41,7 +46,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -59,7 +64,7 @@ from ..serving.scheduler import SchedulerConfig
 from ..workload import Request
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
-SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths, uniform in [lo, hi]: the same mean, wider spread
+SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths spread evenly over [lo, hi]: one mean (72), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
               "e2e_p95_s", "completed", "failed")
 
@@ -77,7 +82,9 @@ class BenchSettings:
     block_size: int = 16
     max_model_len: int = 1024
     seed: int = 0
-    threads: int | None = None
+    repeats: int = 1  # runs of every cell, round-robin; the median one is reported
+    threads: int | None = 1  # the lab's default on a shared machine (kvlab/experiments/threads.py)
+    spreads: tuple[tuple[int, int], ...] = SPREADS
 
     def check(self) -> None:
         (p0, p1), (o0, o1) = self.prompt_tokens, self.output_tokens
@@ -86,23 +93,25 @@ class BenchSettings:
         if not (1 <= p0 <= p1 and 1 <= o0 <= o1):
             raise ValueError(f"need 1 <= low <= high for prompt_tokens {self.prompt_tokens} and "
                              f"output_tokens {self.output_tokens}")
-        if p1 + max(o1, max(hi for _, hi in SPREADS)) > self.max_model_len:
+        if p1 + max([o1] + [hi for _, hi in self.spreads]) > self.max_model_len:
             raise ValueError(f"prompts up to {p1} + outputs up to {o1} exceed max_model_len={self.max_model_len}")
-        if self.requests < 1 or self.max_seqs < 1:
-            raise ValueError(f"need requests >= 1 and max_seqs >= 1, got {self.requests}, {self.max_seqs}")
+        if self.requests < 1 or self.max_seqs < 1 or self.repeats < 1:
+            raise ValueError(f"need requests, max_seqs and repeats >= 1, got {self.requests}, {self.max_seqs}, "
+                             f"{self.repeats}")
 
 
 def make_requests(s: BenchSettings, output_tokens: tuple[int, int] | None = None, vocab: int = 4096) -> list[Request]:
     """The benchmark's requests: seeded prompts (token ids) and output lengths, all arriving at t = 0.
 
-    Prompts are the same whatever ``output_tokens`` is, so runs with other output lengths
-    differ only in those.
+    Prompt lengths are uniform in ``s.prompt_tokens``; output lengths are spread evenly over
+    ``output_tokens`` (default ``s.output_tokens``) in a seeded order, so every spread of the
+    same centre has exactly the same mean. Prompts are the same whatever the output lengths.
     """
     rng = np.random.default_rng(s.seed)
     lens = rng.integers(s.prompt_tokens[0], s.prompt_tokens[1] + 1, size=s.requests)
     prompts = [rng.integers(0, vocab, size=int(n)).tolist() for n in lens]
     lo, hi = output_tokens or s.output_tokens
-    outs = np.random.default_rng([s.seed, lo, hi]).integers(lo, hi + 1, size=s.requests)
+    outs = np.random.default_rng([s.seed, 1]).permutation(np.round(np.linspace(lo, hi, s.requests)).astype(int))
     return [Request(i, len(p), int(o), 0.0, "bench", p) for i, (p, o) in enumerate(zip(prompts, outs))]
 
 
@@ -199,6 +208,21 @@ def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> t
     return _records_from_transformers(results, ids, requests, t0), wall
 
 
+def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSettings) -> float:
+    """Continuous / static output tokens/s of ``requests`` in virtual time on ``cost_model``: the
+    expectation from step costs alone, free of the machine's noise, to read a measured ratio against."""
+    from ..model.config import ModelConfig
+
+    tps = {}
+    for policy in ("static", "continuous"):
+        sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
+                                max_model_len=s.max_model_len)
+        engine = Engine(ModelConfig(**cost_model.config), block_size=s.block_size, scheduler=sched,
+                        executor=CostModelExecutor(cost_model))
+        tps[policy] = summarize(engine.run(requests, clock="virtual")).output_tokens_per_s
+    return tps["continuous"] / tps["static"]
+
+
 # -- paged blocks vs max-length reservation ------------------------------------------------------------
 def kv_usage(engine: Engine) -> dict:
     """Concurrency and waste over a finished run, from the engine's per-step trace (time-weighted by step)."""
@@ -247,7 +271,7 @@ def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: Benc
 
 # -- the whole benchmark ---------------------------------------------------------------------------------
 def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, transformers: bool = True,
-                  cost_model: CostModel | None = None, log=print) -> dict:
+                  cost_model: CostModel | None = None, kv_budget_tokens: int | None = None, log=print) -> dict:
     """Every run of the benchmark; returns the report (what --json writes)."""
     from ..env import environment
 
@@ -258,8 +282,9 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
     mixed = make_requests(s, vocab=vocab)
     fixed_len = s.output_tokens[1]
     fixed = make_requests(s, (fixed_len, fixed_len), vocab=vocab)
-    results = []
     label = f"mixed {s.output_tokens[0]}-{s.output_tokens[1]}"
+    spread_sets = {(lo, hi): make_requests(s, (lo, hi), vocab=vocab) for lo, hi in (s.spreads if spread else ())
+                   if (lo, hi) != tuple(s.output_tokens)}  # the main mixed workload is measured anyway
     with _threads(s.threads) as threads:
         hf = None
         if transformers:
@@ -267,47 +292,58 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
 
             tr.logging.set_verbosity_error()
             hf = model_to_transformers(model)
-        warm = make_requests(BenchSettings(**{**s.__dict__, "requests": 2, "prompt_tokens": (16, 32),
-                                              "output_tokens": (4, 4)}), vocab=vocab)
+        warm = make_requests(replace(s, requests=2, prompt_tokens=(16, 32), output_tokens=(4, 4)), vocab=vocab)
         run_kvlab(model, warm, "continuous", s)  # warm-ups: not counted
         if hf is not None:
             run_transformers_manager(hf, warm, s)
-        plan = [("kvlab", "static", label, lambda: run_kvlab(model, mixed, "static", s)[:2]),
-                ("kvlab", "continuous", label, lambda: run_kvlab(model, mixed, "continuous", s)[:2])]
+
+        def kvlab_run(reqs, policy):
+            return lambda: run_kvlab(model, reqs, policy, s)[:2]
+
+        plan = [("kvlab", "static", label, kvlab_run(mixed, "static")),
+                ("kvlab", "continuous", label, kvlab_run(mixed, "continuous"))]
         if hf is not None:
             plan += [("transformers", "continuous (manager, per-request max_new_tokens)", label,
                       lambda: run_transformers_manager(hf, mixed, s)),
                      ("transformers", "generate_batch", f"fixed {fixed_len}",
                       lambda: run_transformers_generate_batch(hf, mixed, fixed_len, s)),
-                     ("kvlab", "continuous", f"fixed {fixed_len}",
-                      lambda: run_kvlab(model, fixed, "continuous", s)[:2])]
-        for impl, policy, outputs, fn in plan:
-            log(f"  {impl:<13}{policy:<50}{outputs}")
-            records, wall = fn()
-            results.append(entry(impl, policy, outputs, records, wall))
-        spreads = []
-        if spread:
-            for lo, hi in SPREADS:
-                reqs = make_requests(s, (lo, hi), vocab=vocab)
-                row = {"outputs": f"{lo}-{hi}", "mean_output": float(np.mean([r.max_new_tokens for r in reqs]))}
-                for policy in ("static", "continuous"):
-                    log(f"  spread {lo}-{hi}: kvlab {policy}")
-                    records, wall = run_kvlab(model, reqs, policy, s)[:2]
-                    e = entry("kvlab", policy, f"{lo}-{hi}", records, wall)
-                    row[f"{policy}_output_tokens_per_s"] = e["output_tokens_per_s"]
-                    row[f"{policy}_ttft_p95_s"] = e["ttft_p95_s"]
-                row["ratio_continuous_static"] = row["continuous_output_tokens_per_s"] / row["static_output_tokens_per_s"]
-                spreads.append(row)
+                     ("kvlab", "continuous", f"fixed {fixed_len}", kvlab_run(fixed, "continuous"))]
+        plan += [("kvlab", policy, f"{lo}-{hi}", kvlab_run(reqs, policy))
+                 for (lo, hi), reqs in spread_sets.items() for policy in ("static", "continuous")]
+        runs: dict[tuple, list[dict]] = {p[:3]: [] for p in plan}
+        for rep in range(s.repeats):  # round-robin: a busy moment on a shared machine hits every run alike
+            for impl, policy, outputs, fn in plan:
+                log(f"  [{rep + 1}/{s.repeats}] {impl:<13}{policy:<50}{outputs}")
+                records, wall = fn()
+                runs[(impl, policy, outputs)].append(entry(impl, policy, outputs, records, wall))
+    results = []
+    for key, rs in runs.items():  # the run with the median throughput stands for its cell; all are kept
+        ordered = sorted(rs, key=lambda r: r["output_tokens_per_s"])
+        results.append({**ordered[(len(ordered) - 1) // 2], "repeats": len(rs),
+                        "runs_output_tokens_per_s": [r["output_tokens_per_s"] for r in rs]})
+    cell = {(r["impl"], r["policy"], r["outputs"]): r for r in results}
+    cost_model = cost_model or load_calibration(config.name)
+    spreads = []
+    for lo, hi in (s.spreads if spread else ()):
+        reqs = spread_sets.get((lo, hi), mixed)
+        name = label if (lo, hi) == tuple(s.output_tokens) else f"{lo}-{hi}"
+        row = {"outputs": f"{lo}-{hi}", "mean_output": float(np.mean([r.max_new_tokens for r in reqs]))}
+        for policy in ("static", "continuous"):
+            row[f"{policy}_output_tokens_per_s"] = cell[("kvlab", policy, name)]["output_tokens_per_s"]
+            row[f"{policy}_ttft_p95_s"] = cell[("kvlab", policy, name)]["ttft_p95_s"]
+        row["ratio_continuous_static"] = row["continuous_output_tokens_per_s"] / row["static_output_tokens_per_s"]
+        row["expected_ratio_cost_model"] = simulated_ratio(reqs, cost_model, s)
+        spreads.append(row)
     by = {(r["impl"], r["policy"], r["outputs"]): r["output_tokens_per_s"] for r in results}
-    summary = {"ratio_continuous_static": by[("kvlab", "continuous", label)] / by[("kvlab", "static", label)]}
+    summary = {"ratio_continuous_static": by[("kvlab", "continuous", label)] / by[("kvlab", "static", label)],
+               "expected_ratio_continuous_static_cost_model": simulated_ratio(mixed, cost_model, s)}
     if hf is not None:
         summary["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] = (
             by[("kvlab", "continuous", f"fixed {fixed_len}")] / by[("transformers", "generate_batch", f"fixed {fixed_len}")])
         summary["ratio_kvlab_continuous_vs_transformers_continuous_mixed"] = (
             by[("kvlab", "continuous", label)]
             / by[("transformers", "continuous (manager, per-request max_new_tokens)", label)])
-    cost_model = cost_model or load_calibration(config.name)
-    paging = paged_vs_reservation(mixed, cost_model, s)
+    paging = paged_vs_reservation(mixed, cost_model, s, kv_budget_tokens)
     env = environment()
     env.update(threads=threads, device_used="cpu")
     return {"benchmark": "batching",
@@ -316,7 +352,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
                                                f"fixed outputs of {fixed_len}, compared with kvlab continuous on the "
                                                "same fixed outputs; the mixed outputs go through transformers' "
                                                "manager API with per-request max_new_tokens") if hf is not None else
-                         "transformers not run", "spreads": [list(x) for x in SPREADS] if spread else []},
+                         "transformers not run", "spreads": [list(x) for x in s.spreads] if spread else []},
             "env": env, "results": results, "summary": summary, "spread": spreads, "paged_vs_reservation": paging,
             "created_unix_s": time.time()}
 
@@ -350,8 +386,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m", help="model config (default llama-30m)")
     parser.add_argument("--requests", type=int, default=32, help="requests (default 32)")
     parser.add_argument("--max-seqs", type=int, default=8, help="max batch size, the same for every run (default 8)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every implementation (default 1: on a shared machine a step split "
+                             "over both cores waits for the slower one; 0 = torch's own choice)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every cell, round-robin; the median is reported (default 1)")
     parser.add_argument("--no-spread", action="store_true", help="skip the sweep over output-length spreads")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' runs")
     parser.add_argument("--kv-budget-tokens", type=int, help="KV budget of the paged-vs-reservation part "
@@ -359,8 +399,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    s = BenchSettings(config=args.config, requests=args.requests, max_seqs=args.max_seqs, threads=args.threads,
-                      seed=args.seed)
+    s = BenchSettings(config=args.config, requests=args.requests, max_seqs=args.max_seqs,
+                      threads=args.threads or None, seed=args.seed, repeats=args.repeats)
     try:
         s.check()
     except ValueError as e:
@@ -370,7 +410,7 @@ def main(args: argparse.Namespace) -> int:
           f"{s.prompt_tokens[1]}, outputs {s.output_tokens[0]}-{s.output_tokens[1]}, all at once), max batch "
           f"{s.max_seqs}; machine load average {load:.1f}", file=sys.stderr)
     report = run_benchmark(s, spread=not args.no_spread, transformers=not args.no_transformers,
-                           log=lambda m: print(m, file=sys.stderr, flush=True))
+                           kv_budget_tokens=args.kv_budget_tokens, log=lambda m: print(m, file=sys.stderr, flush=True))
     report["settings"]["load_average_1m"] = [load, os.getloadavg()[0]]  # before, after: others share the machine
     print_report(report)
     if args.json:

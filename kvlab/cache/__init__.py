@@ -8,6 +8,8 @@ import torch
 from .base import CacheMemory, KVCache, causal_attention, kv_cache_bytes, tensor_bytes
 from .dynamic import DynamicCache
 from .none import NoCache
+from .offloaded import OffloadedCache
+from .quantized import QuantizedCache
 from .static import StaticCache
 
 # name -> (module, class, options the class accepts beyond the shape)
@@ -48,6 +50,6 @@ def make_cache(name: str, config, batch: int = 1, dtype: torch.dtype = torch.flo
                device=device, **options)
 
 
-__all__ = ["CACHE_NAMES", "CacheMemory", "DynamicCache", "KVCache", "NoCache", "StaticCache",
+__all__ = ["CACHE_NAMES", "OffloadedCache", "QuantizedCache", "CacheMemory", "DynamicCache", "KVCache", "NoCache", "StaticCache",
            "cache_class", "causal_attention", "check_cache_options", "kv_cache_bytes", "make_cache",
            "tensor_bytes"]

@@ -121,16 +121,21 @@ def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, Sch
 
 
 def ab_example(cost_model: CostModel | None = None, rate: float | None = None, window_s: float = 60.0,
-               profile: str = "short_short", output_tokens: int = 32, load: float = 0.9, seed: int = 0,
+               profile: str = "long_short", output_tokens: int = 32, load: float = 0.8, seed: int = 0,
                policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
     """The same requests, at the same load, through two real scheduling policies, in virtual time.
 
-    Requests of ``profile`` with equal outputs (``output_tokens``) arrive as a Poisson process
-    for ``window_s`` seconds at ``rate`` requests/s (default: ``load`` x the capacity the cost
-    model estimates for B). One row per policy, counted when the window closes: sent,
-    completed, failed, waiting, running, output tokens/s and requests/s over the window, and
-    the clocks of the requests completed by then, each with its n. Deterministic: same
-    arguments, same numbers.
+    Requests of ``profile`` (default: long documents in, short answers out) with equal outputs
+    (``output_tokens``) arrive as a Poisson process for ``window_s`` seconds at ``rate``
+    requests/s (default: ``load`` x the capacity the cost model estimates for B). One row per
+    policy (``ab_policies``), counted when the window closes: sent, completed, failed, waiting,
+    running, output tokens/s and requests/s over the window, and the clocks of the requests
+    completed by then, each with its n. Deterministic: same arguments, same numbers.
+
+    Why they differ: A runs a waiting prompt at once, so first tokens come early, but its
+    prompt-only steps pause every running answer and each pays the whole per-step cost alone;
+    B keeps every answer moving and slips prompts into the budget left over, so it finishes
+    more answers per minute while a new prompt waits longer for its first token.
     """
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
     policies = ab_policies() if policies is None else policies

@@ -155,8 +155,9 @@ class Decoder(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache, positions: torch.Tensor | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, T, V), or (B, 1, V) with last_only.
+                last_only: bool = False, logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, V), or (B, 1, V) with last_only, or (B, K, V) for the K
+        positions in ``logits_index`` (a packed serving batch needs one row per sequence, not per token).
 
         positions (B, T) default to cache.seq_len + 0..T-1: the new tokens follow what is stored.
         """
@@ -173,6 +174,8 @@ class Decoder(nn.Module):
             x = block(x, i, cache, rope)  # (B, T, C)
         if last_only:
             x = x[:, -1:]  # (B, 1, C): prefill only needs the last position's logits
+        elif logits_index is not None:
+            x = x[:, logits_index]  # (B, K, C)
         x = self.final_norm(x)
         if self.lm_head is None:
             return F.linear(x, self.embed)  # (B, T, V), tied to the embeddings

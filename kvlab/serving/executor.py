@@ -95,9 +95,10 @@ class ModelExecutor(Executor):
         start = now(device)
         input_ids, positions, metadata = self.prepare_inputs(out)
         self.cache.metadata = metadata
-        logits = self.model(input_ids, self.cache, positions=positions)  # (1, N, V)
         rows = [i for i, s in enumerate(out.do_sample) if s]
-        last = logits[0, [metadata.query_start_loc[i + 1] - 1 for i in rows]]  # (S', V): each one's last token
+        index = torch.tensor([metadata.query_start_loc[i + 1] - 1 for i in rows], dtype=torch.long, device=device)
+        # logits only where a token is sampled: each such sequence's last token (a prompt's other rows need none)
+        last = self.model(input_ids, self.cache, positions=positions, logits_index=index)[0]  # (S', V)
         tokens: list[int | None] = [None] * len(out.seqs)
         greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy]
         if greedy:

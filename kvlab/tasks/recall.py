@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from ..cache.base import KVCache
 from ..model.tokenizer import ByteTokenizer
 
 PAIR = "k{key}:v{value};"  # one fact: 8 tokens
@@ -140,7 +141,7 @@ class RecallScore:
     settings: dict
 
 
-def score(model, examples: list[RecallExample], cache="dynamic", buckets: int = 4,
+def score(model, examples: list[RecallExample], cache: str | KVCache = "dynamic", buckets: int = 4,
           **cache_options) -> RecallScore:
     """Greedy exact-match accuracy of ``model`` on ``examples`` with the given cache setting.
 
@@ -151,16 +152,15 @@ def score(model, examples: list[RecallExample], cache="dynamic", buckets: int = 
 
     if not examples:
         raise ValueError("score needs at least one example; make some with make_examples(n, num_pairs, seed)")
-    if getattr(model.config, "vocab_size", 0) < _TOKENIZER.vocab_size - 3:
+    if model.config.vocab_size < 256:  # every byte must be a token
         raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) cannot hold byte tokens; "
                          "use a model trained on ByteTokenizer text, e.g. load_recall_model()")
     stop = _TOKENIZER.encode(TERMINATOR)
     rows = []
     for ex in examples:
-        c = cache
         if not isinstance(cache, str):
-            cache.reset()
-        out = generate(model, ex.prompt_ids, cache=c, max_new_tokens=ANSWER_TOKENS, stop_tokens=stop,
+            cache.reset()  # a cache object is reused: empty it for each question
+        out = generate(model, ex.prompt_ids, cache=cache, max_new_tokens=ANSWER_TOKENS, stop_tokens=stop,
                        **cache_options)
         rows.append(dict(pair_index=ex.pair_index, num_pairs=ex.num_pairs, distance=ex.distance,
                          answer=ex.answer, output=_TOKENIZER.decode(out.tokens),
