@@ -102,7 +102,7 @@ class QualityReport:
     greedy_prefix_agreement: float  # free-running: fraction of tokens generated before the first divergence
     greedy_agreement: float  # free-running: fraction of positions with equal tokens
     first_divergence: int | None  # index of the first differing token (None: none differ)
-    per_position: pd.DataFrame = field(repr=False, default=None)
+    per_position: pd.DataFrame | None = field(repr=False, default=None)  # one row per compared position
 
     def to_dict(self) -> dict:
         d = asdict(self)

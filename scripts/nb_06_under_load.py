@@ -72,26 +72,30 @@ print(f"measured on: {env['cpu']}, {env['cpu_count']} cores, {shipped.settings['
         new_markdown_cell("""### Is the simulator honest? Check it against the real model
 
 A cost model predicts the machine it was measured on. So first calibrate one **here**, for the
-tiny model (it takes a few seconds), then serve the same requests at three loads twice: once with
-the real model on the wall clock, once in the simulator."""),
+small model of the serving lessons (3M parameters; a few seconds), then serve the same requests at
+three loads twice: once with the real model on the wall clock, once in the simulator."""),
         new_code_cell('''from kvlab.experiments.load import simulated_vs_real
+from kvlab.experiments.slowdown import slowdown_config
 from kvlab.plots.load import plot_service_curve
 from kvlab.serving.calibrate import calibrate
 from kvlab.serving.sweep import estimate_capacity_rps
 from kvlab.workload import make_workload
 
-tiny_cost = calibrate("tiny", budget_s=3)   # times the real tiny model on this machine, fits the terms
-capacity = estimate_capacity_rps(tiny_cost, make_workload("short_short", 40, arrival="all_at_once"), max_seqs=16)
+small = slowdown_config()
+my_cost = calibrate(small, budget_s=3)   # times the real model on this machine's batch shapes, fits the terms
+print(my_cost.describe())
+capacity = estimate_capacity_rps(my_cost, make_workload("short_short", 30, arrival="all_at_once"), max_seqs=16)
 rates = [round(f * capacity, 1) for f in (0.3, 0.7, 1.2)]
-check = simulated_vs_real(rates, profile="short_short", requests=40, config="tiny", cost_model=tiny_cost)
+check = simulated_vs_real(rates, profile="short_short", requests=30, config=small, cost_model=my_cost)
 display(check[["source", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n", "tpot_p50_s",
                "e2e_p95_s"]].round(4))
-plot_service_curve(check, title="Real tiny model (solid) vs the simulator calibrated a moment ago (dashed)")'''),
-        new_markdown_cell("""Solid lines are measured, dashed ones simulated. Below the knee they should lie close. Where
-they part, the simulator leaves something out: the engine's own bookkeeping between steps (a
-larger share of a step for a tiny model), other programs taking the CPU, and the queue's
-sensitivity to small errors near capacity. Trust the simulator for the **shape** of the curve
-and the position of its knee on your machine, not for the third digit.
+plot_service_curve(check, title=f"Real {small.name} (solid) vs the simulator calibrated a moment ago (dashed)")'''),
+        new_markdown_cell("""Solid lines are measured, dashed ones simulated. They should agree on throughput and lie within
+tens of percent on the latencies. Where they part, the simulator leaves something out: other
+programs taking the CPU in the middle of a step, steps of shapes it never timed, and how a
+slightly slower step changes who gets batched with whom (the real run forms different batches).
+Trust the simulator for the **shape** of the curve and where its knee lies on your machine, not
+for the third digit.
 
 ## The service curve of each kind of traffic
 
@@ -147,7 +151,7 @@ numbers of requests/s separated by commas) and the TTFT target. **Run** simulate
 
 panel = service_curve_panel()
 panel'''),
-        new_code_cell('''result = panel.run(profile="mixture", requests=300)   # the same as pressing Run
+        new_code_cell('''result = panel.run(profile="mixture", requests=200)   # the same as pressing Run
 result.show()'''),
         new_markdown_cell("""## More throughput, later first token
 

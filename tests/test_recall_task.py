@@ -8,8 +8,16 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.experiments.threads import torch_threads
 from kvlab.tasks.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
                                 make_examples, score, training_batch)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, above all on a busy shared machine."""
+    with torch_threads(1):
+        yield
 
 
 def facts(prompt: str) -> dict[str, str]:

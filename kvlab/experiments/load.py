@@ -29,6 +29,7 @@ from ..serving.scheduler import SchedulerConfig
 from ..serving.sweep import auto_rates, estimate_capacity_rps, load_sweep, mark_knee
 from ..workload import PROFILE_NAMES, Request, make_workload
 from .progress import Progress, no_progress
+from .slowdown import slowdown_config
 from .threads import torch_threads
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
@@ -176,16 +177,19 @@ def ab_holds(frame: pd.DataFrame) -> dict:
 
 # -- the simulator against the real model -----------------------------------------------------------
 def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requests: int = 30,
-                      config: str | ModelConfig = "tiny", cost_model: CostModel | None = None,
+                      config: str | ModelConfig | None = None, cost_model: CostModel | None = None,
                       scheduler: SchedulerConfig | None = None, seed: int = 0, threads: int | None = 1,
                       progress: Progress = no_progress) -> pd.DataFrame:
     """The same load levels served by the real decoder (wall clock) and by the cost model (virtual clock).
 
-    ``cost_model`` should be calibrated on this machine for ``config`` (``calibrate(config)``;
-    default: the shipped calibration, made on another machine). Rows carry ``source`` "real" or
-    "simulated". Real levels run in real time: keep ``requests`` / rate small.
+    ``config`` defaults to the serving lessons' ~3M-parameter Llama (``slowdown_config()``): its
+    steps take milliseconds, long enough that a busy machine's jitter does not drown them, short
+    enough that a real level lasts seconds. ``cost_model`` should be calibrated on this machine
+    for ``config`` (``calibrate(config)``; default: the shipped calibration of that config, if
+    any). Rows carry ``source`` "real" or "simulated". Real levels run in real time: keep
+    ``requests`` / rate small.
     """
-    config = _config(config)
+    config = slowdown_config() if config is None else _config(config)
     cost_model = load_calibration(config.name) if cost_model is None else cost_model
     if cost_model.config_name != config.name:
         raise ValueError(f"the cost model was calibrated on {cost_model.config_name!r}, not {config.name!r}; "

@@ -12,8 +12,9 @@ compressed) and returns one tidy row per level:
   ``summarize`` names them: ``ttft_p50_s``, ``ttft_p95_s``, ..., ``tpot_*``, ``itl_*``,
   ``e2e_*``, ``queue_*``, each with its sample size ``ttft_n``, ...;
 - failures: ``failed``, ``failure_rate`` and ``failed_<reason>`` (a full queue, a prompt too long);
-- counts at the end of the sending window (``window_completed``, ``window_waiting``, ...): the
-  backlog a load level leaves behind;
+- counts at the end of the sending window, when the last request has been handed to the engine
+  (``window_sent`` = all of them, ``window_completed``, ``window_waiting``, ...): the backlog a
+  load level leaves behind;
 - resources: peak KV blocks and bytes in use, peak running sequences, preemptions, steps;
 - goodput under an SLO (requests meeting every target per second, and their share).
 
@@ -60,7 +61,7 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
     arrivals = [r.arrival_s for r in requests]
     window = max(arrivals) - min(arrivals)
     drained = summarize(records, slo=slo)
-    at_window = summarize(records, until_s=max(arrivals))
+    at_window = summarize(records, until_s=max(r.sent_s for r in records))  # when the last one was handed over
     finished = [r.finished_s for r in records if r.status == "completed"]
     makespan = (max(finished) - min(arrivals)) if finished else float("nan")
     mean_out = float(np.mean([r.max_new_tokens for r in requests]))

@@ -1,0 +1,192 @@
+"""What a static cache's fixed shapes allow: one decode step compiled once by torch.compile, reused for every token.
+
+``StaticCache.update`` hands back the filled prefix, so the keys attended over grow by one token
+each step and a compiler sees a new shape every step. ``FixedShapeStaticCache`` writes the new
+token into its slot with ``index_copy_`` at a position held in a tensor and attends over all
+``max_len`` slots, masking the empty ones: token 1 and token 500 run with identical shapes, which
+is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it (gpt-fast's trick).
+
+Compiling can take from seconds to minutes (inductor writes and builds C++ on CPU), so the
+notebook calls ``try_compiled_decode(budget_s=...)``: the measurement runs in a child process that
+is stopped when the budget runs out, and the answer is always a dict with a one-line ``message``,
+never a traceback. ``python -m kvlab.experiments.static_compile`` runs the measurement and prints
+the JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..cache.static import StaticCache
+from ..generate import encode_prompt, generate, prefill
+from ..model.decoder import Decoder
+
+
+class FixedShapeStaticCache(StaticCache):
+    """A StaticCache whose decode steps all have the same shapes (prefill takes the ordinary path).
+
+    ``position`` (a 1-element tensor) is the slot the next decode step writes; it lives on the
+    device so a compiled step reads it as data, not as a Python constant baked into the program.
+    Call ``advance()`` after each decode step (outside the compiled function).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 max_len: int = 1024) -> None:
+        super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device, max_len)
+        self.slots = torch.arange(max_len, device=self.device)  # (max_len,)
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # (1,)
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.size(2) != 1:  # prefill: its length varies anyway; fill the prefix as StaticCache does
+            return super().attend(layer_idx, q, k, v)
+        K, V = self.keys[layer_idx], self.values[layer_idx]  # (B, nkv, max_len, hs)
+        K.index_copy_(2, self.position, k)  # k: (B, nkv, 1, hs) into its slot
+        V.index_copy_(2, self.position, v)
+        visible = (self.slots <= self.position)[None, :]  # (1, max_len): filled slots, the new token included
+        B, nh, _, hs = q.shape
+        nkv = K.size(1)
+        # grouped-query attention: the nh / nkv query heads of one K/V head become rows of one query
+        y = F.scaled_dot_product_attention(q.reshape(B, nkv, nh // nkv, hs), K, V, attn_mask=visible)
+        return y.reshape(B, nh, 1, hs)  # (B, nh, 1, hs)
+
+    def sync(self) -> None:
+        """Point ``position`` at the first empty slot (after a prefill)."""
+        self.position.fill_(self.seq_len)
+
+    def advance(self) -> None:
+        """Count the token the last decode step stored (in every layer) and move to the next slot."""
+        self.check_fits(self.seq_len + 1)
+        self._len = [n + 1 for n in self._len]
+        self.position.add_(1)
+
+    def reset(self) -> None:
+        super().reset()
+        self.position.zero_()
+
+
+def _decode_greedy(model: Decoder, prompt_ids: list[int], new_tokens: int, cache: FixedShapeStaticCache,
+                   step) -> tuple[list[int], list[float]]:
+    """Greedy tokens through ``step(token (1, 1), positions (1, 1)) -> logits (1, 1, V)``; seconds per decode step."""
+    cache.reset()
+    logits = prefill(model, torch.tensor([prompt_ids], device=model.device), cache)  # (1, V)
+    cache.sync()
+    tokens, seconds = [int(logits.argmax(-1))], []
+    for _ in range(new_tokens - 1):
+        token = torch.tensor([[tokens[-1]]], device=model.device)  # (1, 1)
+        t0 = time.perf_counter()
+        logits = step(token, cache.position.view(1, 1))  # (1, 1, V)
+        nxt = int(logits[0, -1].argmax())  # reading the token waits for the step to finish
+        seconds.append(time.perf_counter() - t0)
+        cache.advance()
+        tokens.append(nxt)
+    return tokens, seconds
+
+
+@torch.inference_mode()
+def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 32, mode: str | None = None) -> dict:
+    """Greedy decoding three ways on the same prompt: dynamic cache (the reference), the fixed-shape
+    static step run eagerly, and the same step compiled once by ``torch.compile``.
+
+    Returns the tokens' agreement, the median ms per decode step of each, and the seconds the first
+    compiled call took (tracing + code generation + building). Raises whatever torch.compile raises.
+    """
+    prompt_ids = encode_prompt(model, prompt)
+    if new_tokens < 3:
+        raise ValueError(f"new_tokens must be >= 3 to time decode steps after the compiling one, got {new_tokens}")
+    cfg = model.config
+    max_len = len(prompt_ids) + new_tokens
+    if max_len > cfg.max_position_embeddings:
+        raise ValueError(f"prompt ({len(prompt_ids)}) + new_tokens ({new_tokens}) exceed the model's context of "
+                         f"{cfg.max_position_embeddings}; use a shorter prompt or fewer new tokens")
+    reference = generate(model, prompt_ids, cache="dynamic", max_new_tokens=new_tokens)
+    cache = FixedShapeStaticCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=model.dtype,
+                                  device=model.device, max_len=max_len)
+
+    def step(token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return model(token, cache, positions=positions, last_only=True)  # (1, 1, V)
+
+    eager_tokens, eager_s = _decode_greedy(model, prompt_ids, new_tokens, cache, step)
+    compiled = torch.compile(step, mode=mode, dynamic=False, fullgraph=False)
+    t0 = time.perf_counter()
+    _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles
+    compile_s = time.perf_counter() - t0
+    compiled_tokens, compiled_s = _decode_greedy(model, prompt_ids, new_tokens, cache, compiled)
+    eager_ms, compiled_ms = 1e3 * float(np.median(eager_s)), 1e3 * float(np.median(compiled_s))
+    return dict(status="compiled", new_tokens=new_tokens, prompt_tokens=len(prompt_ids), max_len=max_len,
+                dynamic_tokens=reference.tokens, eager_tokens=eager_tokens, compiled_tokens=compiled_tokens,
+                same_tokens=reference.tokens == eager_tokens == compiled_tokens,
+                dynamic_ms=1e3 * float(np.median(reference.timeline.step_s[1:])),
+                eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=eager_ms / compiled_ms,
+                compile_s=compile_s, torch=torch.__version__, device=str(model.device),
+                threads=torch.get_num_threads(),
+                message=f"compiled in {compile_s:.1f} s; one decode step: {eager_ms:.2f} ms eager, "
+                        f"{compiled_ms:.2f} ms compiled ({eager_ms / compiled_ms:.2f}x)")
+
+
+def try_compiled_decode(budget_s: float = 30.0, pairs: int = 8, new_tokens: int = 32, threads: int = 1) -> dict:
+    """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``.
+
+    Never raises: a compiler that is missing, fails or is too slow here comes back as
+    ``{"status": "timeout" | "failed", "message": ...}``. ``threads`` torch threads in the child.
+    """
+    if budget_s <= 0:
+        raise ValueError(f"budget_s must be positive (seconds the compile may take), got {budget_s!r}")
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",  # no pool of compile workers left behind
+               OMP_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "kvlab.experiments.static_compile", "--pairs", str(pairs),
+           "--new", str(new_tokens), "--threads", str(threads)]
+    start = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)  # its own process group: stopped as one on timeout
+    try:
+        out, err = child.communicate(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        return dict(status="timeout", seconds=time.perf_counter() - start,
+                    message=f"torch.compile did not finish within the {budget_s:.0f} s budget on this machine "
+                            "(on CPU, inductor generates and builds C++ code, which takes long on a few busy "
+                            "cores); skipped. Raise budget_s, or try it on a GPU machine.")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "no message")
+        return dict(status="failed", seconds=time.perf_counter() - start,
+                    message=f"torch.compile does not work here ({last.strip()[:300]}); skipped. The eager "
+                            "static cache works the same, only without the compiled step.")
+    result = json.loads(lines[-1])
+    result["seconds"] = time.perf_counter() - start
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ..tasks.recall import load_recall_model, make_examples
+
+    parser = argparse.ArgumentParser(description="Compile a fixed-shape static-cache decode step; print JSON.")
+    parser.add_argument("--pairs", type=int, default=8, help="recall pairs in the prompt (8 x pairs + 5 tokens)")
+    parser.add_argument("--new", type=int, default=32, help="tokens to generate")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--mode", default=None, help="torch.compile mode (default: its default)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_recall_model()
+    prompt = make_examples(1, args.pairs, seed=0)[0].prompt_ids
+    print(json.dumps(compiled_decode(model, prompt, new_tokens=args.new, mode=args.mode)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["FixedShapeStaticCache", "compiled_decode", "try_compiled_decode"]
