@@ -37,6 +37,10 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models", 20),
+    Lesson("03_cache_strategies.ipynb", "Cache strategies",
+           "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
+           "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
+           "(torch.compile); which constraint dominates for your workload", 25),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n)", 20),

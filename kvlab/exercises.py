@@ -392,6 +392,65 @@ def check_what_the_cache_keeps(answer: Any) -> Feedback:
                "prefill, but every token of the answer is still generated.")
 
 
+# --- 03 cache strategies --------------------------------------------------------------------------
+
+@exercise("03_cache_strategies.ipynb", solution=4 / 32 + 2 / 32, wrong=4 / 32)
+def check_quantized_memory_ratio(answer: Any) -> Feedback:
+    """4-bit codes, groups of 32 values, fp32 scale and zero-point, residual 0: bytes as a fraction of fp32's."""
+    from .experiments.strategies import ideal_memory_ratio
+
+    setting = {"cache": "quantized", "bits": 4, "group_size": 32, "residual": 0}
+    expected = ideal_memory_ratio(setting, head_dim=32, tokens=1000, element_bytes=4)
+    return check_number(
+        answer, expected, what="the 4-bit cache's size as a fraction of the fp32 cache's", rel=1e-3,
+        mistakes=[(4 / 32, "that counts only the 4-bit codes. Each group of 32 values also stores a scale and a "
+                           "zero-point in fp32 (4 bytes each) to turn the codes back into numbers."),
+                  (4 / 32 + 1 / 32, "you counted the scale but not the zero-point: asymmetric quantization stores "
+                                    "both for every group."),
+                  (100 * expected, "that is a percentage; answer with a fraction (0.5 means half)."),
+                  (1 / expected, "that is how many times smaller it is; the question asks for the fraction.")],
+        hint="per value: bits / 32 for the code, plus (2 × 32 bits) / (group_size × 32 bits) for the scale and "
+             "zero-point shared by its group.",
+        confirm=f"4/32 + 2/32 = {expected:g}: the scales and zero-points cost half as much as the codes "
+                "themselves. Compare with the ideal and measured ratios in the panel's table.")
+
+
+@exercise("03_cache_strategies.ipynb", solution=(133 + 1) * 2 * 4 * 2 * 32 * 4, wrong=133 * 2 * 4 * 2 * 32 * 4)
+def check_offloaded_bytes(answer: Any) -> Feedback:
+    """Recall model (4 layers, 2 kv heads, head_dim 32, fp32): bytes an offloaded cache moves in a decode step with 133 tokens stored."""
+    per_token = kv_cache_bytes(4, 2, 32, 1, 1, 4)
+    stored = 133
+    expected = (stored + 1) * per_token
+    return check_number(
+        answer, expected, what="bytes moved in one decode step", rel=0,
+        mistakes=[(stored * per_token, "that counts only the history read back in. The step also writes the new "
+                                       "token's K and V out to the slower tier."),
+                  (per_token, "that is one token (both directions would be more): every step reads the whole "
+                              "stored history of every layer back in."),
+                  (expected / 4, "that is one layer; the cache moves every layer's history each step."),
+                  (expected / 2, "half: did you count the keys and the values (the factor 2)?")],
+        hint="Every decode step reads each layer's stored tokens in and writes the new token out; one token "
+             "of all layers, K and V, is 2 × 4 × 2 × 32 × 4 bytes.",
+        confirm=f"(133 read + 1 written) × {per_token:,} bytes = {expected:,} bytes, and the count grows with "
+                "every token: offloading turns context length into traffic on every step.")
+
+
+@exercise("03_cache_strategies.ipynb", solution="b", wrong="a")
+def check_dominant_constraint(answer: Any) -> Feedback:
+    """Multiple choice: long contracts, memory full, compute idle, exact quotes, steady streaming: what first?"""
+    return check_choice(answer, "b", {
+        "a": "2 bits saves the most memory, but on the recall task it lost most answers (look at the accuracy "
+             "by bits). Quoting clause numbers is exactly this kind of recall: check before trading it away.",
+        "c": "a static cache reserves the full maximum length for every conversation: it adds reserved bytes, it "
+             "does not remove any. What fixed shapes buy (compiled steps) helps compute, and compute is idle.",
+        "d": "offloading frees GPU memory, but every decode step then moves each layer's whole history over the "
+             "host link: time between tokens grows with the 30,000-token context, and steady streaming is a "
+             "requirement here.",
+    }, confirm="memory is the constraint, so shrink the bytes per token, but quality is a requirement too: "
+               "start with 8 or 4 bits and a residual window, and measure task accuracy at the real context length "
+               "against the exact cache before adopting it.")
+
+
 # --- 04 the four clocks ----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=4)

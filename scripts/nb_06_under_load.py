@@ -163,8 +163,9 @@ Same requests, same load, two real scheduling rules of the engine (only `priorit
   Sarathi-Serve): every running answer gets its next token each step; prompts use what is left of
   the budget.
 
-The traffic is long documents in, short answers out (32 tokens each), for one minute, at 80% of
-the estimated capacity; counted when the minute ends."""),
+The traffic is long documents in, short answers out (32 tokens each), for one minute, counted
+when the minute ends. The load is the lowest at which A alone no longer keeps up (a sweep of A
+finds it; the choice looks at A's throughput only, not at any first-token time, nor at B)."""),
         new_code_cell('''from kvlab.experiments.load import ab_example
 from kvlab.plots.load import plot_ab_example
 
@@ -196,7 +197,7 @@ print(f"{verdict['higher_throughput']} has {verdict['throughput_ratio']:.2f}x th
 - Set the **queue limit** to *unbounded* and rerun the mixture. The failures vanish; what happens
   to TTFT p95 past the knee instead?
 - Tighten the **SLO** to 0.5 s. For which traffic does the knee move, and why the long prompts first?
-- Run `ab_example(load=0.2)`. Is there still a trade-off when nobody has to wait?
+- Run `ab_example(rate=0.3)`. Is there still a trade-off when nobody has to wait?
 - Recalibrate for your machine: `python -m kvlab calibrate --validate` (about two minutes), then
   `python -m kvlab sweep --simulate --json my_curve.json`.
 

@@ -2,7 +2,8 @@
 
 Virtual time on a cost model, so the numbers are deterministic: the same arguments give the same
 frame. Checked with the calibration shipped in data/calibration/ and with a round-number cost
-model, so the result does not hang on one machine's coefficients.
+model, so the result does not hang on one machine's coefficients. The load is chosen from policy
+A's throughput alone (``ab_load``); the first-token times and B's throughput are then measured.
 """
 from __future__ import annotations
 
@@ -10,22 +11,26 @@ import pandas as pd
 import pytest
 
 import kvlab
-from kvlab.experiments.load import ab_example, ab_holds, ab_policies
+from kvlab.experiments.load import ab_example, ab_holds, ab_load, ab_policies
 from kvlab.serving.cost_model import CostModel, load_calibration
 
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)
 
 
-@pytest.fixture(params=["shipped", "round"])
+@pytest.fixture(scope="module", params=["shipped", "round"])
 def cost_model(request) -> CostModel:
     if request.param == "shipped":
         return load_calibration("llama-30m")
     return CostModel(coefficients=ROUND, config=kvlab.llama_30m().to_dict(), settings={"block_size": 16})
 
 
-def test_b_completes_more_in_the_window_but_its_p95_first_token_comes_later(cost_model):
-    frame = ab_example(cost_model)
+@pytest.fixture(scope="module")
+def frame(cost_model) -> pd.DataFrame:
+    return ab_example(cost_model)  # at the default load, ab_load(cost_model)
+
+
+def test_b_completes_more_in_the_window_but_its_p95_first_token_comes_later(frame):
     a, b = frame.set_index("policy").loc["A"], frame.set_index("policy").loc["B"]
     assert a["rule"] == "prefill_first" and b["rule"] == "decode_first"
     assert a["offered_rps"] == b["offered_rps"] and a["sent"] == b["sent"]  # the same load, the same requests
@@ -36,20 +41,22 @@ def test_b_completes_more_in_the_window_but_its_p95_first_token_comes_later(cost
     assert ab_holds(frame) == {**ab_holds(frame), "higher_throughput": "B", "holds": True}
 
 
-def test_every_request_sent_is_counted_at_the_end_of_the_window(cost_model):
-    frame = ab_example(cost_model)
+def test_every_request_sent_is_counted_at_the_end_of_the_window(frame):
+    assert (frame["sent"] == frame.attrs["requests"]).all()
     assert (frame["sent"] == frame["completed"] + frame["failed"] + frame["waiting"] + frame["running"]).all()
     assert (frame["ttft_n"] == frame["completed"]).all()  # quantiles come with their sample size
 
 
-def test_the_example_is_deterministic(cost_model):
-    pd.testing.assert_frame_equal(ab_example(cost_model), ab_example(cost_model))
+def test_the_example_is_deterministic(cost_model, frame):
+    pd.testing.assert_frame_equal(ab_example(cost_model, rate=frame["offered_rps"].iloc[0]), frame)
 
 
-def test_with_no_load_to_compete_for_the_two_policies_do_the_same_work():
-    """The trade-off is a property of load: at a tenth of capacity both keep up and complete the same."""
-    frame = ab_example(load_calibration("llama-30m"), load=0.1)
-    assert frame["completed"].nunique() == 1 and not ab_holds(frame)["holds"]
+def test_the_load_is_where_a_alone_falls_behind_and_below_it_both_do_the_same_work(cost_model, frame):
+    """The trade-off is a property of load: with little of it both keep up and complete the same."""
+    rate = frame["offered_rps"].iloc[0]
+    assert rate == ab_load(cost_model)
+    light = ab_example(cost_model, rate=rate / 10)
+    assert light["completed"].nunique() == 1 and not ab_holds(light)["holds"]
 
 
 def test_the_policies_differ_only_in_priority():

@@ -121,17 +121,34 @@ def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, Sch
             "B": SchedulerConfig(priority="decode_first", **common)}
 
 
+def ab_load(cost_model: CostModel, policies: dict[str, SchedulerConfig] | None = None, profile: str = "long_short",
+            output_tokens: int = 32, window_s: float = 60.0, seed: int = 0, levels: int = 14) -> float:
+    """The load of the A/B example: the first level of a sweep of policy A alone that A no longer keeps up with.
+
+    A's levels run from 0.2 to 1.5 x the estimated capacity; a level keeps up as in ``mark_knee``
+    (>= 90% of the load served, no TTFT target). The load is chosen from A's throughput alone,
+    so what B does there, and every first-token time, is measured, not selected for.
+    """
+    policies = ab_policies() if policies is None else policies
+    sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
+    rates = auto_rates(estimate_capacity_rps(cost_model, sample, policies["B"].max_seqs), levels, low=0.2, high=1.5)
+    sweep = mark_knee(load_sweep(simulator(cost_model, policies["A"]), rates, profile, workload=lambda r: _workload(
+        profile, max(2, int(r * window_s)), seed, MAX_MODEL_LEN, "poisson", r, output_tokens)))
+    behind = sweep.loc[~sweep["keeps_up"], "offered_rps"]
+    return float(behind.iloc[0]) if len(behind) else float(rates[-1])
+
+
 def ab_example(cost_model: CostModel | None = None, rate: float | None = None, window_s: float = 60.0,
-               profile: str = "long_short", output_tokens: int = 32, load: float = 0.8, seed: int = 0,
+               profile: str = "long_short", output_tokens: int = 32, seed: int = 0,
                policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
     """The same requests, at the same load, through two real scheduling policies, in virtual time.
 
     Requests of ``profile`` (default: long documents in, short answers out) with equal outputs
     (``output_tokens``) arrive as a Poisson process for ``window_s`` seconds at ``rate``
-    requests/s (default: ``load`` x the capacity the cost model estimates for B). One row per
-    policy (``ab_policies``), counted when the window closes: sent, completed, failed, waiting,
-    running, output tokens/s and requests/s over the window, and the clocks of the requests
-    completed by then, each with its n. Deterministic: same arguments, same numbers.
+    requests/s (default ``ab_load``: the lowest load policy A no longer keeps up with). One row
+    per policy (``ab_policies``), counted when the window closes: sent, completed, failed,
+    waiting, running, output tokens/s and requests/s over the window, and the clocks of the
+    requests completed by then, each with its n. Deterministic: same arguments, same numbers.
 
     Why they differ: A runs a waiting prompt at once, so first tokens come early, but its
     prompt-only steps pause every running answer and each pays the whole per-step cost alone;
@@ -143,18 +160,19 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     if not window_s > 0:
         raise ValueError(f"window_s={window_s} must be > 0 seconds")
     if rate is None:
-        sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
-        rate = load * estimate_capacity_rps(cost_model, sample, policies["B"].max_seqs)
+        rate = ab_load(cost_model, policies, profile, output_tokens, window_s, seed)
     n = max(2, int(rate * window_s))
     reqs = _workload(profile, n, seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
+    runs = {name: simulator(cost_model, sched).run(reqs, clock="virtual") for name, sched in policies.items()}
+    # The window closes at window_s, or later if a request was still being handed over: both runs are counted at
+    # the same moment, with every request sent.
+    until = max([window_s] + [r.sent_s for records in runs.values() for r in records])
     rows = []
     for name, sched in policies.items():
-        engine = simulator(cost_model, sched)
-        records = engine.run(reqs, clock="virtual")
-        s = summarize(records, window_s=window_s)
+        s = summarize(runs[name], until_s=until)
         d = s.to_dict()
         rows.append({"policy": name, "rule": sched.priority if sched.policy == "continuous" else "static",
-                     "offered_rps": rate, "window_s": window_s,
+                     "offered_rps": rate, "window_s": until,
                      **{k: d[k] for k in ("sent", "completed", "failed", "waiting", "running")},
                      "output_tokens_per_s": s.output_tokens_per_s, "requests_per_s": s.requests_per_s,
                      **{f"{c}_{q}": d[f"{c}_{q}"] for c in ("ttft", "tpot", "e2e")
@@ -294,5 +312,5 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_SLO", "ab_example", "ab_holds", "ab_policies", "end_of_window_counts", "scheduler_config",
+__all__ = ["DEFAULT_SLO", "ab_example", "ab_holds", "ab_load", "ab_policies", "end_of_window_counts", "scheduler_config",
            "service_curve", "service_curves", "simulated_vs_real", "simulator"]

@@ -5,9 +5,9 @@
 Each designed shape (prompt chunks of several sizes, decode batches of several sizes over short
 and long contexts, and mixes of both) is built as real ``Sequence``s with block tables in a paged
 pool and run through ``ModelExecutor.execute``, exactly as the engine runs a step. Shapes are
-timed round-robin (one warm-up pass, then ``repeats`` passes: by default as many as fit in
-``--budget`` seconds; median per shape), so a moment
-of contention on a shared machine hits every shape alike. The fit (``cost_model.fit_coefficients``)
+timed in passes (one warm-up pass, then ``repeats`` passes: by default as many as fit in
+``--budget`` seconds; median per shape), each pass in a new random order, so a moment of
+contention on a shared machine lands on random shapes rather than always on the same ones. The fit (``cost_model.fit_coefficients``)
 is saved as JSON with the config, settings, machine and per-shape residuals.
 
 ``--validate`` also times a second set of shapes, none used for the fit (other batch sizes,
@@ -178,9 +178,9 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
             repeats = int(min(MAX_REPEATS, max(MIN_REPEATS, budget_s // max(time.perf_counter() - t0, 1e-9))))
         passes = range(repeats)
         passes = progress(passes, total=repeats, desc="timing shapes", unit="pass") if progress else passes
-        for _ in passes:
-            for i, out in enumerate(outs):
-                times[i].append(executor.execute(out).duration_s)
+        for _ in passes:  # each pass in a fresh seeded order: a busy spell on the machine lands on random shapes
+            for i in rng.permutation(len(outs)):
+                times[i].append(executor.execute(outs[i]).duration_s)
     rows = []
     for shape, ts in zip(shapes, times):
         rows.append({"shape": shape.label, **dict(zip(FEATURES, features(shape.rows(), block_size))),
