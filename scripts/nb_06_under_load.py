@@ -90,8 +90,8 @@ check = simulated_vs_real(rates, profile="short_short", requests=30, config=smal
 display(check[["source", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n", "tpot_p50_s",
                "e2e_p95_s"]].round(4))
 plot_service_curve(check, title=f"Real {small.name} (solid) vs the simulator calibrated a moment ago (dashed)")'''),
-        new_markdown_cell("""Solid lines are measured, dashed ones simulated. They should agree on throughput and lie within
-tens of percent on the latencies. Where they part, the simulator leaves something out: other
+        new_markdown_cell("""Solid lines are measured, dashed ones simulated. They should agree on throughput and lie
+within tens of percent on the latencies. Where they part, the simulator leaves something out: other
 programs taking the CPU in the middle of a step, steps of shapes it never timed, and how a
 slightly slower step changes who gets batched with whom (the real run forms different batches).
 Trust the simulator for the **shape** of the curve and where its knee lies on your machine, not
@@ -138,9 +138,10 @@ for row in end_of_window_counts(exact).itertuples():
     total = row.completed + row.failed + row.waiting + row.running
     print(f"{row.offered_rps:3.0f} req/s: sent {row.sent:3d} = completed {row.completed:3d} + failed {row.failed:2d} "
           f"+ waiting {row.waiting:2d} + running {row.running:2d} ({total == row.sent})")
-print("TTFT p95 of the completed requests:", exact["ttft_p95_s"].round(3).tolist(), "n =", exact["ttft_n"].tolist())'''),
-        new_markdown_cell("""At 6 requests/s the quantile is computed over fewer requests than were sent: some were refused,
-and at the end of the window many were still queued. A p95 without those counts would flatter
+print("TTFT p95 of the completed requests:", exact["ttft_p95_s"].round(3).tolist())
+print("n behind each p95:", exact["ttft_n"].tolist())'''),
+        new_markdown_cell("""At 6 requests/s the quantile is computed over fewer requests than were sent: some were
+refused, and at the end of the window many were still queued. A p95 without those counts would flatter
 the service.
 
 ## Explore: your own service curve

@@ -10,7 +10,7 @@ import torch
 import kvlab
 from kvlab.benchmarks import batching
 from kvlab.benchmarks.batching import ENTRY_KEYS, BenchSettings, make_requests, paged_vs_reservation, run_benchmark
-from kvlab.serving import Engine, SchedulerConfig
+from kvlab.serving import SchedulerConfig
 from kvlab.serving.cost_model import _jsonable, load_calibration
 from kvlab.serving.reservation import ReservationEngine, ReservingBlockManager
 from kvlab.workload import Request

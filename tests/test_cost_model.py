@@ -1,4 +1,4 @@
-"""The cost model: its fit recovers known costs, its executor prices what the scheduler schedules, it predicts the machine."""
+"""The cost model: its fit recovers known costs, its executor prices what is scheduled, it predicts the machine."""
 from __future__ import annotations
 
 import numpy as np

@@ -138,7 +138,8 @@ def entry(impl: str, policy: str, outputs: str, records: list[RequestRecord], wa
 
 
 # -- the runs --------------------------------------------------------------------------------------------
-def run_kvlab(model: Decoder, requests: list[Request], policy: str, s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
+def run_kvlab(model: Decoder, requests: list[Request], policy: str,
+              s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
     sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
                             max_model_len=s.max_model_len)
     engine = Engine(model, block_size=s.block_size, scheduler=sched)
@@ -155,7 +156,8 @@ def _cb_config(s: BenchSettings, requests: list[Request]):
                                     block_size=s.block_size, num_blocks=blocks)
 
 
-def _records_from_transformers(outputs: dict, ids: list[str], requests: list[Request], t0: float) -> list[RequestRecord]:
+def _records_from_transformers(outputs: dict, ids: list[str | None], requests: list[Request],
+                               t0: float) -> list[RequestRecord]:
     records = []
     for rid, req in zip(ids, requests):
         rec = RequestRecord(req.request_id, req.prompt_tokens, req.max_new_tokens, scheduled_s=0.0)
@@ -193,8 +195,8 @@ def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> t
     gen = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=False,
                            eos_token_id=-1, pad_token_id=0)
     results: dict = {}
-    with hf.continuous_batching_context_manager(generation_config=gen, continuous_batching_config=_cb_config(s, requests),
-                                                block=True, timeout=5) as manager:
+    with hf.continuous_batching_context_manager(generation_config=gen, block=True, timeout=5,
+                                                continuous_batching_config=_cb_config(s, requests)) as manager:
         t0 = time.perf_counter()
         ids = [manager.add_request(r.prompt, request_id=f"bench_{r.request_id}", max_new_tokens=r.max_new_tokens,
                                    record_timestamps=True, eos_token_id=-1) for r in requests]
@@ -323,6 +325,12 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
                         "runs_output_tokens_per_s": [r["output_tokens_per_s"] for r in rs]})
     cell = {(r["impl"], r["policy"], r["outputs"]): r for r in results}
     cost_model = cost_model or load_calibration(config.name)
+
+    def ratio(a: tuple, b: tuple) -> float:
+        """Median over repeats of a/b, each pair from the same round (a slow spell hits both alike)."""
+        return float(np.median([x / y for x, y in zip(cell[a]["runs_output_tokens_per_s"],
+                                                      cell[b]["runs_output_tokens_per_s"])]))
+
     spreads = []
     for lo, hi in (s.spreads if spread else ()):
         reqs = spread_sets.get((lo, hi), mixed)
@@ -331,23 +339,24 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
         for policy in ("static", "continuous"):
             row[f"{policy}_output_tokens_per_s"] = cell[("kvlab", policy, name)]["output_tokens_per_s"]
             row[f"{policy}_ttft_p95_s"] = cell[("kvlab", policy, name)]["ttft_p95_s"]
-        row["ratio_continuous_static"] = row["continuous_output_tokens_per_s"] / row["static_output_tokens_per_s"]
+        row["ratio_continuous_static"] = ratio(("kvlab", "continuous", name), ("kvlab", "static", name))
         row["expected_ratio_cost_model"] = simulated_ratio(reqs, cost_model, s)
         spreads.append(row)
-    by = {(r["impl"], r["policy"], r["outputs"]): r["output_tokens_per_s"] for r in results}
-    summary = {"ratio_continuous_static": by[("kvlab", "continuous", label)] / by[("kvlab", "static", label)],
+    static, continuous = ("kvlab", "static", label), ("kvlab", "continuous", label)
+    summary = {"ratio_continuous_static": ratio(continuous, static),
                "expected_ratio_continuous_static_cost_model": simulated_ratio(mixed, cost_model, s)}
     if hf is not None:
-        summary["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] = (
-            by[("kvlab", "continuous", f"fixed {fixed_len}")] / by[("transformers", "generate_batch", f"fixed {fixed_len}")])
-        summary["ratio_kvlab_continuous_vs_transformers_continuous_mixed"] = (
-            by[("kvlab", "continuous", label)]
-            / by[("transformers", "continuous (manager, per-request max_new_tokens)", label)])
+        summary["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] = ratio(
+            ("kvlab", "continuous", f"fixed {fixed_len}"), ("transformers", "generate_batch", f"fixed {fixed_len}"))
+        summary["ratio_kvlab_continuous_vs_transformers_continuous_mixed"] = ratio(
+            continuous, ("transformers", "continuous (manager, per-request max_new_tokens)", label))
+    summary["ratio_method"] = "median over repeats of the ratio within each round (paired)"
     paging = paged_vs_reservation(mixed, cost_model, s, kv_budget_tokens)
     env = environment()
     env.update(threads=threads, device_used="cpu")
     return {"benchmark": "batching",
-            "settings": {**s.__dict__, "threads": threads, "arrival": "all at once", "sampling": "greedy, no stop token",
+            "settings": {**s.__dict__, "threads": threads, "arrival": "all at once",
+                         "sampling": "greedy, no stop token",
                          "transformers_note": (f"generate_batch takes one max_new_tokens for all requests: it runs "
                                                f"fixed outputs of {fixed_len}, compared with kvlab continuous on the "
                                                "same fixed outputs; the mixed outputs go through transformers' "
@@ -369,7 +378,7 @@ def print_report(report: dict) -> None:
     with pd.option_context("display.width", 220, "display.max_colwidth", 50):
         print(pd.DataFrame(report["results"])[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     for k, v in report["summary"].items():
-        print(f"{k}: {v:.2f}x")
+        print(f"{k}: {v:.2f}x" if isinstance(v, float) else f"({k}: {v})")
     if report["spread"]:
         print(pd.DataFrame(report["spread"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     p = report["paged_vs_reservation"]
@@ -383,7 +392,8 @@ def print_report(report: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the report (results, summary, env) as JSON")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m", help="model config (default llama-30m)")
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
+                        help="model config (default llama-30m)")
     parser.add_argument("--requests", type=int, default=32, help="requests (default 32)")
     parser.add_argument("--max-seqs", type=int, default=8, help="max batch size, the same for every run (default 8)")
     parser.add_argument("--threads", type=int, default=1,

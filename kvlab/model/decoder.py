@@ -50,12 +50,11 @@ class Attention(nn.Module):
         qkv = x @ self.w_qkv  # (B, T, (nh + 2 nkv) hs)
         if self.b_qkv is not None:
             qkv = qkv + self.b_qkv
-        q, k, v = qkv.split([self.nh * self.hs, self.nkv * self.hs, self.nkv * self.hs], dim=-1)
-        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        heads = qkv.view(B, T, self.nh + 2 * self.nkv, self.hs).transpose(1, 2)  # (B, nh + 2 nkv, T, hs)
+        qk, v = heads.split([self.nh + self.nkv, self.nkv], dim=1)  # (B, nh + nkv, T, hs), (B, nkv, T, hs)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            qk = apply_rope(qk, *rope)  # queries and keys rotate alike: one rotation for both
+        q, k = qk.split([self.nh, self.nkv], dim=1)  # (B, nh, T, hs), (B, nkv, T, hs)
         y = cache.attend(layer_idx, q, k, v)  # (B, nh, T, hs): stores k, v, attends over all stored
         y = y.transpose(1, 2).reshape(B, T, self.nh * self.hs) @ self.w_o  # (B, T, C)
         return y if self.b_o is None else y + self.b_o

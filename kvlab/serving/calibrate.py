@@ -7,8 +7,9 @@ and long contexts, and mixes of both) is built as real ``Sequence``s with block 
 pool and run through ``ModelExecutor.execute``, exactly as the engine runs a step. Shapes are
 timed in passes (one warm-up pass, then ``repeats`` passes: by default as many as fit in
 ``--budget`` seconds; median per shape), each pass in a new random order, so a moment of
-contention on a shared machine lands on random shapes rather than always on the same ones. The fit (``cost_model.fit_coefficients``)
-is saved as JSON with the config, settings, machine and per-shape residuals.
+contention on a shared machine lands on random shapes rather than always on the same ones. The
+fit (``cost_model.fit_coefficients``) is saved as JSON with the config, settings, machine and
+per-shape residuals.
 
 ``--validate`` also times a second set of shapes, none used for the fit (other batch sizes,
 context lengths, chunk sizes, uneven contexts), in the same passes, and reports the median
@@ -98,7 +99,8 @@ def design_shapes(max_context: int = 1024) -> list[BatchShape]:
 def validation_shapes(max_context: int = 1024) -> list[BatchShape]:
     """Shapes none of which is in ``design_shapes``: other sizes, other contexts, uneven mixes."""
     L = max_context
-    shapes = [BatchShape(decode=(ctx,) * b) for b in (3, 6, 12, 24) for ctx in (L // 8, L * 5 // 8) if b * ctx <= 16 * L]
+    shapes = [BatchShape(decode=(ctx,) * b) for b in (3, 6, 12, 24) for ctx in (L // 8, L * 5 // 8)
+              if b * ctx <= 16 * L]
     shapes += [BatchShape(prefill=((96, 96),)), BatchShape(prefill=((384, 384),)),
                BatchShape(prefill=((200, L * 3 // 4),)), BatchShape(prefill=((100, 100),) * 3)]
     shapes += [BatchShape(prefill=((192, 192),), decode=(L * 3 // 8,) * 6),
