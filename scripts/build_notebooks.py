@@ -495,13 +495,29 @@ BUILDERS = {"00_start_here.ipynb": start_here, "01_the_slowdown.ipynb": the_slow
             "02_kv_cache.ipynb": kv_cache}
 
 
-def build(file: str) -> nbformat.NotebookNode:
-    nb = new_notebook(cells=BUILDERS[file](), metadata={"kernelspec": KERNELSPEC,
-                                                       "language_info": {"name": "python"}})
-    stem = file.removesuffix(".ipynb")
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives a clean diff
-        cell["id"] = f"{stem[:2]}-{i:02d}"
+def assemble(file: str, cells: list) -> nbformat.NotebookNode:
+    """A notebook from its cells, with stable ids ("NN-ii") so that regenerating gives a clean diff."""
+    nb = new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{file[:2]}-{i:02d}"
     return nb
+
+
+def build(file: str) -> nbformat.NotebookNode:
+    return assemble(file, BUILDERS[file]())
+
+
+def write_notebook(file: str, cells, description: str | None = None) -> None:
+    """The command line of one notebook's generator (scripts/nb_*.py): build, optionally --execute, write."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--execute", action="store_true", help="run the notebook and store its outputs")
+    args = parser.parse_args()
+    NOTEBOOK_DIR.mkdir(exist_ok=True)
+    nb = assemble(file, cells())
+    note = f" (executed in {execute(nb):.1f} s)" if args.execute else ""
+    nbformat.validate(nb)
+    nbformat.write(nb, NOTEBOOK_DIR / file)
+    print(f"wrote notebooks/{file}{note}")
 
 
 def machine_paths() -> list[str]:

@@ -5,15 +5,13 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 sys.path.insert(0, str(Path(__file__).parent))
-from build_notebooks import KERNELSPEC, NOTEBOOK_DIR, SETUP, execute, header, navigation  # noqa: E402
+from build_notebooks import write_notebook, SETUP, header, navigation  # noqa: E402
 
 from kvlab.course import lesson  # noqa: E402
 
@@ -232,23 +230,8 @@ well below one half: the mean describes neither the typical request nor the unlu
     ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=cells(), metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives a clean diff
-        cell["id"] = f"04-{i:02d}"
-    return nb
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--execute", action="store_true", help="run the notebook and store its outputs")
-    args = parser.parse_args()
-    NOTEBOOK_DIR.mkdir(exist_ok=True)
-    nb = build()
-    note = f" (executed in {execute(nb):.1f} s)" if args.execute else ""
-    nbformat.validate(nb)
-    nbformat.write(nb, NOTEBOOK_DIR / FILE)
-    print(f"wrote notebooks/{FILE}{note}")
+    write_notebook(FILE, cells, __doc__)
 
 
 if __name__ == "__main__":

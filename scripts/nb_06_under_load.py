@@ -5,15 +5,13 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 sys.path.insert(0, str(Path(__file__).parent))
-from build_notebooks import KERNELSPEC, NOTEBOOK_DIR, SETUP, execute, header, navigation  # noqa: E402
+from build_notebooks import write_notebook, SETUP, header, navigation  # noqa: E402
 
 from kvlab.course import lesson  # noqa: E402
 
@@ -99,17 +97,19 @@ for the third digit.
 
 ## The service curve of each kind of traffic
 
-Four workloads, each swept over ten loads from a tenth of the estimated capacity to one and a half
-times it (simulated on the shipped calibration of the 30M model, 16 sequences per batch, at most 64
-requests waiting; a request arriving to a full queue is refused)."""),
-        new_code_cell('''from kvlab.experiments.load import service_curves
+Four workloads, each swept over eight loads from a tenth of the estimated capacity to one and a
+half times it (simulated on the shipped calibration of the 30M model, 16 sequences per batch, at
+most 16 requests waiting: a request arriving to a full queue is refused)."""),
+        new_code_cell('''from kvlab.experiments.load import scheduler_config, service_curves
 
-curves = service_curves(requests=200, levels=8)
+curves = service_curves(requests=200, levels=8, scheduler=scheduler_config(max_seqs=16, max_waiting=16))
 plot_service_curve(curves)'''),
         new_markdown_cell("""**Reading the curves.** Top left: TTFT stays flat while the service keeps up, then shoots
 up: requests queue. Top right: time per output token rises more gently, as batches fill.
 Bottom left: achieved throughput follows the offered load (the dashed diagonal) up to a point,
-then flattens: that is capacity. Bottom right: once the queue is full, requests are refused.
+then flattens: that is capacity. Bottom right: once the queue is full, requests are refused, and
+that is also why TTFT stops growing at the highest loads: the queue cannot get longer, so the
+requests that *are* served wait a bounded time while the others get no answer at all.
 
 The **knee** (dotted line) is the highest load that still *keeps up*: at least 90% of the offered
 load is served and p95 TTFT is within the SLO (2 s here). Past it, waiting, not work, decides
@@ -126,7 +126,7 @@ window closes. The cell below uses a fixed, round-number cost model (no calibrat
 so its output is the same on every machine: its counts are checked."""),
         new_code_cell('''# NBVAL_CHECK_OUTPUT
 import kvlab
-from kvlab.experiments.load import end_of_window_counts, scheduler_config, service_curve
+from kvlab.experiments.load import end_of_window_counts, service_curve
 from kvlab.serving.cost_model import CostModel
 
 round_model = CostModel(coefficients=dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3,
@@ -278,23 +278,8 @@ in virtual time on a cost model: the same numbers every time.
     ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=cells(), metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
-    for i, cell in enumerate(nb.cells):  # stable ids: regenerating gives a clean diff
-        cell["id"] = f"06-{i:02d}"
-    return nb
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--execute", action="store_true", help="run the notebook and store its outputs")
-    args = parser.parse_args()
-    NOTEBOOK_DIR.mkdir(exist_ok=True)
-    nb = build()
-    note = f" (executed in {execute(nb):.1f} s)" if args.execute else ""
-    nbformat.validate(nb)
-    nbformat.write(nb, NOTEBOOK_DIR / FILE)
-    print(f"wrote notebooks/{FILE}{note}")
+    write_notebook(FILE, cells, __doc__)
 
 
 if __name__ == "__main__":
