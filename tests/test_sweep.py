@@ -109,3 +109,15 @@ def test_sweep_cli_writes_json_with_settings_environment_and_one_row_per_level(t
                     "window_waiting", "keeps_up", "is_knee"):
             assert key in row, key
     assert "levels x 30 requests" in capsys.readouterr().out
+
+
+def test_the_panel_runs_a_curve_and_turns_bad_rates_into_one_clear_line(cost_model):
+    from kvlab.widgets.load import parse_rates, service_curve_panel
+
+    assert parse_rates("auto") is None and parse_rates(" 0.5, 1;2 ") == [0.5, 1.0, 2.0]
+    panel = service_curve_panel(cost_model, profile="short_short", requests=50)
+    result = panel.run(rates="1, 3, 6")
+    assert result is not None and result.frame["offered_rps"].tolist() == [1.0, 3.0, 6.0]
+    assert result.figure is not None and list(result.summary["n"]) == list(result.frame["ttft_n"])
+    assert panel.run(rates="fast") is None and "write 'auto' or rising numbers" in panel.error
+    assert panel.run(rates="3, 1") is None and "rise strictly" in panel.error
