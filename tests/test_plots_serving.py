@@ -40,7 +40,7 @@ def model():
 
 def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:
     g = np.random.default_rng(0)
-    out = [Request(i, int(p), int(o), 0.002 * i, "x", prompt=g.integers(0, 320, int(p)).tolist())
+    out = [Request(i, int(p), int(o), 0.0, "x", prompt=g.integers(0, 320, int(p)).tolist())
            for i, (p, o) in enumerate(zip(g.integers(12, 30, n_ok), g.integers(6, 20, n_ok)))]
     if too_long:  # longer than max_model_len: fails at once with its reason
         out.append(Request(n_ok, 90, 20, 0.0, "x", prompt=g.integers(0, 320, 90).tolist()))
