@@ -1,7 +1,7 @@
 """Train the tiny associative-recall model shipped in data/recall-tiny (run by hand, not by CI).
 
     python scripts/train_recall.py                                    # the shipped checkpoint
-    python scripts/train_recall.py --steps 300 --out /tmp/recall-try  # a quick try (will not learn yet)
+    python scripts/train_recall.py --steps 300 --out results/recall-try  # a quick try (will not learn yet)
 
 A small Llama-family kvlab Decoder learns kvlab.tasks.recall: a context of key->value pairs, then
 queries, each answered with its key's value. Training runs kvlab's own forward with a NoCache (the
