@@ -1,39 +1,48 @@
 """The command line: ``python -m kvlab <command> [<subcommand>] [options]``.
 
-Each command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``;
-``COMMANDS`` maps the words typed to that module. Adding a command is one line here. Only the
-module of the command being run is imported, so ``--help`` stays fast.
+``COMMANDS`` below is the whole command line in one table: the words typed, the module that runs
+them (it exposes ``add_arguments(parser)`` and ``main(args) -> int``) and one line of help. The
+parser is built from it; adding a command is one row. Only the module of the command being run is
+imported, so ``--help`` stays fast.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
-import importlib.util
-from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from . import __version__
 
-# words typed -> module with add_arguments(parser) and main(args) -> int. Only modules that exist.
-COMMANDS: dict[tuple[str, ...], str] = {
-    ("bench", "decode"): "kvlab.benchmarks.decode",
-    ("loadtest",): "kvlab.http.loadtest",
-    ("bench", "loadgen"): "kvlab.benchmarks.loadgen",
-    ("serve",): "kvlab.http.server",
-    ("bench", "http"): "kvlab.benchmarks.http_overhead",
-    ("calibrate",): "kvlab.serving.calibrate",
-    ("sweep",): "kvlab.experiments.load",
-    ("bench", "batching"): "kvlab.benchmarks.batching",
-    ("bench", "strategies"): "kvlab.benchmarks.strategies",
+
+class Command(NamedTuple):
+    """One row of the command line: the module holding ``add_arguments`` and ``main``, and its help."""
+
+    module: str
+    help: str
+
+
+# words typed -> where the command lives and what it does. Two words: a group ("bench") and its subcommand.
+COMMANDS: dict[tuple[str, ...], Command] = {
+    ("serve",): Command("kvlab.http.server", "an OpenAI-compatible streaming server over the kvlab engine"),
+    ("loadtest",): Command("kvlab.http.loadtest",
+                           "the four clocks of any OpenAI-compatible server, measured at the client"),
+    ("sweep",): Command("kvlab.experiments.load",
+                        "service curves under load, real or simulated on the calibrated cost model"),
+    ("calibrate",): Command("kvlab.serving.calibrate",
+                            "fit the cost model to this machine's step times (and validate it)"),
+    ("notebooks",): Command("kvlab.authoring", "rebuild the notebooks from their sources, notebooks/NN_*.py"),
+    ("bench", "decode"): Command("kvlab.benchmarks.decode",
+                                 "one prompt through every kvlab cache and transformers' generate"),
+    ("bench", "strategies"): Command("kvlab.benchmarks.strategies",
+                                     "every KV cache's memory, latency and quality on the recall model"),
+    ("bench", "batching"): Command("kvlab.benchmarks.batching",
+                                   "static vs continuous batching in kvlab and in transformers"),
+    ("bench", "loadgen"): Command("kvlab.benchmarks.loadgen",
+                                  "how many streamed requests per second the load generator alone drives"),
+    ("bench", "http"): Command("kvlab.benchmarks.http_overhead",
+                               "what HTTP and streaming add to TTFT, client vs engine clocks"),
 }
-
-
-def summary(module: str) -> str:
-    """First line of a module's docstring, read from its source without importing it."""
-    spec = importlib.util.find_spec(module)
-    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text(encoding="utf-8"))) if spec else None
-    return doc.splitlines()[0] if doc else ""
+GROUPS = {"bench": "benchmarks, each writing JSON with its settings and machine"}
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
@@ -42,19 +51,30 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvlab {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
-    for words, module in COMMANDS.items():
+    for words, command in COMMANDS.items():
         where = commands
         if len(words) == 2:  # a group such as "bench" holding subcommands such as "decode"
             if words[0] not in groups:
-                group = commands.add_parser(words[0], help=f"{words[0]} commands")
+                about = GROUPS.get(words[0], f"{words[0]} commands")
+                group = commands.add_parser(words[0], help=about, description=about)
                 groups[words[0]] = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
             where = groups[words[0]]
-        about = summary(module)
-        leaf = where.add_parser(words[-1], help=about, description=about)
-        leaf.set_defaults(module=module)
+        leaf = where.add_parser(words[-1], help=command.help, description=command.help)
+        leaf.set_defaults(module=command.module)
         if tuple(argv[:len(words)]) == words:
-            importlib.import_module(module).add_arguments(leaf)
+            importlib.import_module(command.module).add_arguments(leaf)
     return parser
+
+
+def parse_command(words: tuple[str, ...], args: argparse.Namespace | Sequence[str] | None = None) -> argparse.Namespace:
+    """``args`` for command ``words``: a Namespace as it is, else a list (default: sys.argv[1:]) parsed as
+    ``python -m kvlab <words> <args>`` would parse it (for a command module run on its own, or from a test)."""
+    import sys
+
+    if isinstance(args, argparse.Namespace):
+        return args
+    argv = [*words, *(sys.argv[1:] if args is None else args)]
+    return build_parser(argv).parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

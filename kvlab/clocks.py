@@ -2,7 +2,7 @@
 
 An engine (or the HTTP load generator) stamps one `RequestRecord` per request
 at the *client side*; this module turns records into latencies, counts and
-rates. Names follow vLLM's `bench serve` (see shared/reference/metrics.md):
+rates. Names and definitions follow vLLM's `bench serve` (its metrics documentation):
 
 | kvlab name | vLLM   | definition (per request unless said)                       |
 |------------|--------|------------------------------------------------------------|
@@ -22,10 +22,8 @@ actual send, so a client that falls behind under load cannot hide the wait
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -387,66 +385,3 @@ def summarize(
         summary.goodput_rps = rate(met)
         summary.slo_share = met / ended if ended else _NAN
     return summary
-
-
-def _jsonable(x):
-    """NaN -> None, numpy scalars -> Python, recursively (strict JSON has no NaN)."""
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, SLO):
-        return x.targets()
-    return x
-
-
-def save_results(path: str | Path, results: pd.DataFrame | Summary, settings: Mapping) -> Path:
-    """Write `results` with kvlab version, `settings` and machine to `path`.
-
-    `.json`: `{"kvlab_version", "settings", "environment", "results"}`,
-    results as a list of row dicts (NaN written as null).
-    `.csv`: the table, preceded by `# key: <json>` metadata lines; read it
-    back with `load_results`.
-    """
-    from kvlab.env import environment  # lazy: collecting versions may import torch
-
-    path = Path(path)
-    frame = results.to_frame() if isinstance(results, Summary) else results
-    if not isinstance(frame, pd.DataFrame):
-        raise ValueError(f"save_results takes a DataFrame or a Summary, not {type(results).__name__}")
-    env = environment()
-    meta = {"kvlab_version": env["versions"]["kvlab"], "settings": dict(settings), "environment": env}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".json":
-        doc = {**meta, "results": frame.to_dict(orient="records")}
-        path.write_text(json.dumps(_jsonable(doc), indent=2, default=str) + "\n")
-    elif path.suffix == ".csv":
-        with path.open("w", encoding="utf-8", newline="") as f:
-            for k, v in meta.items():
-                f.write(f"# {k}: {json.dumps(_jsonable(v), default=str)}\n")
-            frame.to_csv(f, index=False)
-    else:
-        raise ValueError(f"save_results writes .csv or .json, not {path.suffix!r} ({path}); change the extension")
-    return path
-
-
-def load_results(path: str | Path) -> tuple[pd.DataFrame, dict]:
-    """Read what `save_results` wrote: (results frame, metadata dict)."""
-    path = Path(path)
-    if path.suffix == ".json":
-        doc = json.loads(path.read_text())
-        frame = pd.DataFrame(doc.pop("results"))
-        return frame, doc
-    meta, skip = {}, 0
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.startswith("# "):
-                break
-            key, value = line[2:].split(": ", 1)
-            meta[key] = json.loads(value)
-            skip += 1
-    return pd.read_csv(path, skiprows=skip), meta

@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SAMPLE_TRACE = Path(__file__).resolve().parent.parent / "data" / "traces" / "azure_conv_sample.csv"
+from .data import SAMPLE_TRACE as SAMPLE_TRACE_FILE, data_path, missing_message
+
+SAMPLE_TRACE = data_path(SAMPLE_TRACE_FILE)  # kvlab/data/traces/azure_conv_sample.csv, shipped inside the package
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
@@ -259,6 +261,8 @@ def read_trace(path: str | Path) -> pd.DataFrame:
     arrivals are made relative to the first (earliest) request, rows sorted by time.
     """
     path = Path(path)
+    if path == SAMPLE_TRACE and not path.is_file():
+        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
     if not path.is_file():
         raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, "
                          "or use kvlab.workload.SAMPLE_TRACE")

@@ -1,4 +1,4 @@
-"""Train the tiny associative-recall model shipped in data/recall-tiny (run by hand, not by CI).
+"""Train the tiny associative-recall model shipped in kvlab/data/recall-tiny (run by hand, not by CI).
 
     python scripts/train_recall.py                                    # the shipped checkpoint
     python scripts/train_recall.py --steps 300 --out results/recall-try  # a quick try (will not learn yet)
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=REPO / "data" / "recall-tiny")
+    p.add_argument("--out", type=Path, default=REPO / "kvlab" / "data" / "recall-tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on a busy 2-core machine a 2-thread step waits for its slower thread)")

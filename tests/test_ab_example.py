@@ -1,7 +1,7 @@
 """The A/B example, measured: at the same load, one real policy completes more yet starts answers later.
 
 Virtual time on a cost model, so the numbers are deterministic: the same arguments give the same
-frame. Checked with the calibration shipped in data/calibration/ and with a round-number cost
+frame. Checked with the calibration shipped in kvlab/data/calibration/ and with a round-number cost
 model, so the result does not hang on one machine's coefficients. The load is chosen from policy
 A's throughput alone (``ab_load``); the first-token times and B's throughput are then measured.
 """
@@ -63,3 +63,28 @@ def test_the_policies_differ_only_in_priority():
     p = ab_policies()
     a, b = p["A"].__dict__, p["B"].__dict__
     assert {k for k in a if a[k] != b[k]} == {"priority"}
+
+
+def test_below_capacity_both_rules_keep_up_overloaded_one_trades_first_tokens_for_throughput(cost_model):
+    from kvlab.experiments.load import ab_at_two_loads
+
+    frame = ab_at_two_loads(cost_model)
+    low, high = (frame[frame["load"] == k].set_index("policy") for k in ("below capacity", "overloaded"))
+    assert low["offered_rps"].iloc[0] == pytest.approx(high["offered_rps"].iloc[0] / 2, rel=1e-3)
+    assert low["keeps_up"].all() and low["completed"].nunique() == 1  # the same work below capacity
+    assert not high.loc["A", "keeps_up"]  # the overloaded level is where A falls behind, by construction
+    a, b = high.loc["A"], high.loc["B"]
+    assert b["output_tokens_per_s"] > 1.2 * a["output_tokens_per_s"] and b["ttft_p95_s"] > 1.3 * a["ttft_p95_s"]
+    assert a["tpot_p50_s"] > b["tpot_p50_s"]  # A's prompt-only steps pause the running answers
+    assert (frame["tpot_n"] <= frame["completed"]).all()
+    with pytest.raises(ValueError, match="low_fraction"):
+        ab_at_two_loads(cost_model, low_fraction=1.5)
+
+
+def test_the_ab_figure_draws_one_load_or_two(frame):
+    from kvlab.plots.load import plot_ab_example
+
+    one = plot_ab_example(frame)
+    two = plot_ab_example(pd.concat([frame.assign(load="low"), frame.assign(load="high")], ignore_index=True))
+    assert len(one.axes) == len(two.axes) == 3
+    assert [t.get_text() for t in two.axes[0].get_xticklabels()][0].startswith("low")

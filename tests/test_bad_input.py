@@ -16,11 +16,6 @@ import kvlab
 CFG = kvlab.tiny_llama()  # vocab 320, context 1024, head_dim 16
 
 
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(CFG, seed=0, device="cpu")
-
-
 @pytest.fixture
 def forward_calls(model):
     """A list that grows by one each time the model's forward runs."""

@@ -11,7 +11,8 @@ import kvlab
 from kvlab.benchmarks import batching
 from kvlab.benchmarks.batching import ENTRY_KEYS, BenchSettings, make_requests, paged_vs_reservation, run_benchmark
 from kvlab.serving import SchedulerConfig
-from kvlab.serving.cost_model import _jsonable, load_calibration
+from kvlab.results_io import to_json
+from kvlab.serving.cost_model import load_calibration
 from kvlab.serving.reservation import ReservationEngine, ReservingBlockManager
 from kvlab.workload import Request
 
@@ -45,7 +46,7 @@ def test_report_has_ratios_spreads_paging_and_the_environment(report):
     assert report["spread"][0]["mean_output"] == report["spread"][1]["mean_output"] == 6  # only the spread differs
     assert "generate_batch takes one max_new_tokens" in report["settings"]["transformers_note"]
     assert {"versions", "cpu", "threads"} <= set(report["env"]) and report["env"]["threads"] == 1
-    json.dumps(_jsonable(report), allow_nan=False)  # what --json writes: strict JSON
+    json.loads(to_json(report))  # what --json writes: strict JSON
 
 
 def test_paging_fits_more_sequences_than_max_length_reservation_and_wastes_less():
@@ -58,9 +59,8 @@ def test_paging_fits_more_sequences_than_max_length_reservation_and_wastes_less(
     assert paged["completed"] == reserved["completed"] == 12
 
 
-def test_a_reservation_takes_every_block_at_admission_and_never_another():
+def test_a_reservation_takes_every_block_at_admission_and_never_another(model):
     bm = ReservingBlockManager(num_blocks=20, block_size=4, max_model_len=32)
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
     engine = ReservationEngine(model, block_size=4, kv_budget_bytes=20 * 4 * model.config.kv_bytes_per_token(),
                                scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=32))
     assert isinstance(engine.block_manager, ReservingBlockManager) and bm.num_free_blocks == 20

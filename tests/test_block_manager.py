@@ -9,13 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab.clocks import RequestRecord
-from kvlab.serving import BlockManager, SamplingParams, Sequence, bytes_per_block, num_blocks_for_budget
-
-
-def seq(tokens, rid=0, max_new_tokens=8) -> Sequence:
-    record = RequestRecord(rid, prompt_tokens=len(tokens), max_new_tokens=max_new_tokens, scheduled_s=0.0)
-    return Sequence(rid, list(tokens), max_new_tokens, SamplingParams(), record, arrival_s=0.0)
+from kvlab.serving import BlockManager, Sequence, bytes_per_block, num_blocks_for_budget
 
 
 def compute_all(bm: BlockManager, s: Sequence) -> None:
@@ -65,9 +59,9 @@ def test_a_budget_smaller_than_one_block_is_a_clear_error():
         BlockManager(4, 0)
 
 
-def test_allocate_append_and_free_give_every_block_back():
+def test_allocate_append_and_free_give_every_block_back(make_sequence):
     bm = BlockManager(8, block_size=4)
-    a = seq(range(10))
+    a = make_sequence(0, range(10))
     assert bm.can_allocate(a)
     bm.allocate(a)
     assert len(a.block_table) == 3 and a.num_computed_tokens == 0  # ceil(10 / 4)
@@ -87,22 +81,22 @@ def test_allocate_append_and_free_give_every_block_back():
     check_invariants(bm, [])
 
 
-def test_allocation_refuses_when_the_pool_is_short():
+def test_allocation_refuses_when_the_pool_is_short(make_sequence):
     bm = BlockManager(3, block_size=4, enable_prefix_caching=False)
-    a, b = seq(range(8), 0), seq(range(100, 108), 1)
+    a, b = make_sequence(0, range(8)), make_sequence(1, range(100, 108))
     bm.allocate(a)
     assert bm.stats().free == 1 and not bm.can_allocate(b)
     with pytest.raises(RuntimeError, match="can_allocate"):
         bm.allocate(b)
 
 
-def test_a_shared_prefix_is_computed_once_and_shared_by_reference():
+def test_a_shared_prefix_is_computed_once_and_shared_by_reference(make_sequence):
     bm = BlockManager(16, block_size=4)
     system = list(range(50, 58))  # two full blocks of shared system prompt
-    a = seq(system + [1, 2, 3], 0)
+    a = make_sequence(0, system + [1, 2, 3])
     bm.allocate(a)
     compute_all(bm, a)  # registers blocks 0 and 1 (block 2 is not full)
-    b = seq(system + [7, 8, 9, 10, 11], 1)
+    b = make_sequence(1, system + [7, 8, 9, 10, 11])
     assert bm.match_prefix(b) == a.block_table[:2]
     bm.allocate(b)
     assert b.num_cached_tokens == b.num_computed_tokens == 8
@@ -115,27 +109,27 @@ def test_a_shared_prefix_is_computed_once_and_shared_by_reference():
     assert bm.stats().prefix_hit_tokens == 8 and bm.stats().prefix_queries_tokens == 11 + 13
 
 
-def test_a_prefix_hit_always_leaves_a_token_to_compute():
+def test_a_prefix_hit_always_leaves_a_token_to_compute(make_sequence):
     bm = BlockManager(8, block_size=4)
-    a = seq(range(8), 0)
+    a = make_sequence(0, range(8))
     bm.allocate(a)
     compute_all(bm, a)
-    same = seq(range(8), 1)  # identical 8-token prompt: only the first block may be reused
+    same = make_sequence(1, range(8))  # identical 8-token prompt: only the first block may be reused
     assert len(bm.match_prefix(same)) == 1
 
 
-def test_hashes_chain_so_equal_blocks_after_different_prefixes_do_not_match():
+def test_hashes_chain_so_equal_blocks_after_different_prefixes_do_not_match(make_sequence):
     bm = BlockManager(8, block_size=4)
-    a = seq([1, 2, 3, 4, 5, 6, 7, 8, 0], 0)
+    a = make_sequence(0, [1, 2, 3, 4, 5, 6, 7, 8, 0])
     bm.allocate(a)
     compute_all(bm, a)
-    b = seq([9, 9, 9, 9, 5, 6, 7, 8, 0], 1)  # second block equal to a's, first one not
+    b = make_sequence(1, [9, 9, 9, 9, 5, 6, 7, 8, 0])  # second block equal to a's, first one not
     assert bm.match_prefix(b) == []
 
 
-def test_freed_prefix_blocks_stay_cached_until_evicted_least_recently_used_first():
+def test_freed_prefix_blocks_stay_cached_until_evicted_least_recently_used_first(make_sequence):
     bm = BlockManager(4, block_size=2)
-    a, b = seq([1, 2, 3], 0), seq([5, 6, 7], 1)
+    a, b = make_sequence(0, [1, 2, 3]), make_sequence(1, [5, 6, 7])
     for s in (a, b):
         bm.allocate(s)
         compute_all(bm, s)
@@ -143,37 +137,39 @@ def test_freed_prefix_blocks_stay_cached_until_evicted_least_recently_used_first
     bm.free(a)
     bm.free(b)  # both prefixes cached; a's freed earlier, so evicted first
     assert bm.stats().cached == 2 and bm.stats().free == 4
-    assert bm.match_prefix(seq([1, 2, 0], 2)) == [a_first]
-    c = seq([9, 9, 9, 9, 9, 9, 9], 3)  # needs all 4 blocks: 2 uncached, then a's, then b's
+    assert bm.match_prefix(make_sequence(2, [1, 2, 0])) == [a_first]
+    c = make_sequence(3, [9, 9, 9, 9, 9, 9, 9])  # needs all 4 blocks: 2 uncached, then a's, then b's
     bm.allocate(c)
     assert bm.stats().cached == 0
-    assert bm.match_prefix(seq([1, 2, 0], 4)) == [] and bm.match_prefix(seq([5, 6, 0], 5)) == []
+    assert bm.match_prefix(make_sequence(4, [1, 2, 0])) == []
+    assert bm.match_prefix(make_sequence(5, [5, 6, 0])) == []
     bm.free(c)
-    d = seq([9, 9, 9], 6)
+    d = make_sequence(6, [9, 9, 9])
     bm.allocate(d)  # takes an uncached block: a and b are gone, but the pool is consistent
     check_invariants(bm, [d])
 
     # Eviction order, in a pool with room to spare: uncached blocks go first, then a's prefix (freed earlier).
     bm2 = BlockManager(5, block_size=2)
-    a, b = seq([1, 2, 3], 0), seq([5, 6, 7], 1)
+    a, b = make_sequence(0, [1, 2, 3]), make_sequence(1, [5, 6, 7])
     for s in (a, b):
         bm2.allocate(s)
         compute_all(bm2, s)
     b_first = b.block_table[0]
     bm2.free(a)
     bm2.free(b)
-    e = seq([8, 8, 8, 8, 8, 8, 8], 2)  # 4 blocks: the unused one, the two uncached tails, then a's prefix
+    e = make_sequence(2, [8] * 7)  # 4 blocks: the unused one, the two uncached tails, then a's prefix
     bm2.allocate(e)
-    assert bm2.match_prefix(seq([1, 2, 0], 3)) == [] and bm2.match_prefix(seq([5, 6, 0], 4)) == [b_first]
+    assert bm2.match_prefix(make_sequence(3, [1, 2, 0])) == []
+    assert bm2.match_prefix(make_sequence(4, [5, 6, 0])) == [b_first]
     check_invariants(bm2, [e])
 
 
-def test_prefix_caching_off_never_shares():
+def test_prefix_caching_off_never_shares(make_sequence):
     bm = BlockManager(8, block_size=2, enable_prefix_caching=False)
-    a = seq([1, 2, 3, 4, 5], 0)
+    a = make_sequence(0, [1, 2, 3, 4, 5])
     bm.allocate(a)
     compute_all(bm, a)
-    assert bm.match_prefix(seq([1, 2, 3, 4, 9], 1)) == [] and not bm.hash_to_block
+    assert bm.match_prefix(make_sequence(1, [1, 2, 3, 4, 9])) == [] and not bm.hash_to_block
 
 
 # -- properties: random operation sequences keep the books consistent ----------------------------------
@@ -183,14 +179,15 @@ ops = st.lists(st.tuples(st.sampled_from(["admit", "compute", "grow", "free"]),
 
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, num_blocks=st.integers(4, 16), block_size=st.integers(1, 4), caching=st.booleans())
-def test_random_operations_keep_ref_counts_tables_and_free_list_consistent(ops, num_blocks, block_size, caching):
+def test_random_operations_keep_ref_counts_tables_and_free_list_consistent(ops, num_blocks, block_size, caching,
+                                                                            make_sequence):
     bm = BlockManager(num_blocks, block_size, caching)
     live: dict[int, Sequence] = {}
     prefixes = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9], [7, 7, 7, 7, 7, 7]]  # shared starts provoke hits
     next_id = 0
     for op, pick, length, prefix in ops:
         if op == "admit":
-            s = seq(prefixes[prefix][:length] + list(range(100, 100 + max(0, length - 6))), next_id)
+            s = make_sequence(next_id, prefixes[prefix][:length] + list(range(100, 100 + max(0, length - 6))))
             next_id += 1
             if bm.can_allocate(s):
                 bm.allocate(s)

@@ -22,49 +22,33 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                        "by scripts/gpu_check.py")
 
 
-@pytest.fixture(scope="module", params=["tiny_llama", "tiny_gpt2"])
-def model(request):
-    return kvlab.build_model(getattr(kvlab, request.param)(), seed=0)
-
-
-def teacher_forced_logits(model, cache, prompt_len=40, steps=16):
-    """Logits of a prefill and ``steps`` decode steps on fixed random tokens: (prompt_len + steps, V)."""
-    gen = torch.Generator().manual_seed(0)
-    V = model.config.vocab_size
-    ids = torch.randint(0, V, (1, prompt_len), generator=gen).to(model.device)
-    nxt = torch.randint(0, V, (1, steps), generator=gen).to(model.device)
-    with torch.inference_mode():
-        out = [model(ids, cache)[0]]
-        out += [model(nxt[:, t:t + 1], cache)[0] for t in range(steps)]
-    return torch.cat(out).cpu()
-
-
 def row_bytes(cfg, batch=1, elem=4):
     """Bytes of one token's K and V in one layer."""
     return 2 * batch * cfg.num_kv_heads * cfg.head_dim * elem
 
 
-def test_offloaded_and_dynamic_generate_the_same_tokens(model):
+def test_offloaded_and_dynamic_generate_the_same_tokens(each_model):
     prompt = list(range(3, 43))
-    exact = kvlab.generate(model, prompt, cache="dynamic", max_new_tokens=24)
-    off = kvlab.generate(model, prompt, cache="offloaded", max_new_tokens=24)
+    exact = kvlab.generate(each_model, prompt, cache="dynamic", max_new_tokens=24)
+    off = kvlab.generate(each_model, prompt, cache="offloaded", max_new_tokens=24)
     assert off.tokens == exact.tokens
     off.cache.close()
 
 
-def test_offloaded_logits_equal_dynamic_logits(model):
-    ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device=model.device))
-    cache = make_cache("offloaded", model.config, device=model.device, max_len=56)
-    got = teacher_forced_logits(model, cache)
+def test_offloaded_logits_equal_dynamic_logits(each_model, teacher_forced_logits):
+    exact = make_cache("dynamic", each_model.config, device=each_model.device)
+    ref = teacher_forced_logits(each_model, exact, prompt_len=40, steps=16)
+    cache = make_cache("offloaded", each_model.config, device=each_model.device, max_len=56)  # 40 + 16 tokens
+    got = teacher_forced_logits(each_model, cache, prompt_len=40, steps=16)
     assert torch.allclose(got, ref, atol=1e-6, rtol=0), (got - ref).abs().max()
-    if model.device.type == "cpu":  # measured: bit for bit on CPU (same values, same kernels)
+    if each_model.device.type == "cpu":  # measured: bit for bit on CPU (same values, same kernels)
         assert torch.equal(got, ref)
     cache.close()
 
 
-def test_bytes_moved_per_step_follow_the_formula(model):
-    cfg, P, N = model.config, 30, 12
-    result = kvlab.generate(model, list(range(1, P + 1)), cache="offloaded", max_new_tokens=N)
+def test_bytes_moved_per_step_follow_the_formula(each_model):
+    cfg, P, N = each_model.config, 30, 12
+    result = kvlab.generate(each_model, list(range(1, P + 1)), cache="offloaded", max_new_tokens=N)
     L, row = cfg.num_layers, row_bytes(cfg)
     # step 0 (prefill): nothing stored to read, P tokens written per layer;
     # step i: the P + i - 1 stored tokens read back per layer, one new token written per layer
@@ -74,10 +58,10 @@ def test_bytes_moved_per_step_follow_the_formula(model):
     result.cache.close()
 
 
-def test_every_step_copies_out_of_and_into_the_tier(model):
+def test_every_step_copies_out_of_and_into_the_tier(each_model, teacher_forced_logits):
     """Wrap the one copy function: reads go tier -> working buffer, writes the other way, all counted."""
-    cfg = model.config
-    cache = make_cache("offloaded", cfg, device=model.device, max_len=30)
+    cfg = each_model.config
+    cache = make_cache("offloaded", cfg, device=each_model.device, max_len=30)
     calls = []
     real_copy = cache._copy
 
@@ -86,7 +70,7 @@ def test_every_step_copies_out_of_and_into_the_tier(model):
         real_copy(dst, src)
 
     cache._copy = spy
-    teacher_forced_logits(model, cache, prompt_len=20, steps=3)
+    teacher_forced_logits(each_model, cache, prompt_len=20, steps=3)
 
     def inside(t, owner):
         lo = owner.untyped_storage().data_ptr()
@@ -102,9 +86,9 @@ def test_every_step_copies_out_of_and_into_the_tier(model):
     cache.close()
 
 
-def test_returned_keys_live_in_working_buffers_not_in_the_tier(model):
-    cache = make_cache("offloaded", model.config, device=model.device, max_len=8)
-    k = torch.randn(1, model.config.num_kv_heads, 5, model.config.head_dim, device=model.device)
+def test_returned_keys_live_in_working_buffers_not_in_the_tier(each_model):
+    cache = make_cache("offloaded", each_model.config, device=each_model.device, max_len=8)
+    k = torch.randn(1, each_model.config.num_kv_heads, 5, each_model.config.head_dim, device=each_model.device)
     K, V = cache.update(0, k, k + 1)
     assert torch.equal(K, k) and torch.equal(V, k + 1)
     tier = cache.tier.untyped_storage()
@@ -115,12 +99,12 @@ def test_returned_keys_live_in_working_buffers_not_in_the_tier(model):
 
 
 @on_cpu
-def test_the_mapped_file_holds_the_keys_and_values(model):
-    cfg, P, N = model.config, 12, 4
+def test_the_mapped_file_holds_the_keys_and_values(each_model, teacher_forced_logits):
+    cfg, P, N = each_model.config, 12, 4
     exact = make_cache("dynamic", cfg)
     cache = make_cache("offloaded", cfg, max_len=P + N)
-    teacher_forced_logits(model, exact, prompt_len=P, steps=N)
-    teacher_forced_logits(model, cache, prompt_len=P, steps=N)
+    teacher_forced_logits(each_model, exact, prompt_len=P, steps=N)
+    teacher_forced_logits(each_model, cache, prompt_len=P, steps=N)
     # read the file with numpy, independently of torch's mapping
     shape = (cfg.num_layers, P + N, 2, 1, cfg.num_kv_heads, cfg.head_dim)
     on_disk = torch.from_numpy(np.fromfile(cache.storage_path, dtype=np.float32).reshape(shape))
@@ -131,26 +115,26 @@ def test_the_mapped_file_holds_the_keys_and_values(model):
 
 
 @on_cpu
-def test_each_step_reads_the_history_back_from_the_file(model):
+def test_each_step_reads_the_history_back_from_the_file(each_model):
     """Overwrite the file behind the cache's back: the next step sees it, so it really reads the tier."""
-    cfg = model.config
+    cfg = each_model.config
     ids = torch.arange(1, 21)[None]
     ref = make_cache("dynamic", cfg)
     cache = make_cache("offloaded", cfg, max_len=24)
     with torch.inference_mode():
-        model(ids, ref), model(ids, cache)
-        assert torch.allclose(model(ids[:, :1], cache), model(ids[:, :1], ref), atol=1e-6)
+        each_model(ids, ref), each_model(ids, cache)
+        assert torch.allclose(each_model(ids[:, :1], cache), each_model(ids[:, :1], ref), atol=1e-6)
         with open(cache.storage_path, "r+b") as f:  # zero layer 0's stored tokens on disk
             f.write(bytes(21 * row_bytes(cfg)))
-        ref_next, got_next = model(ids[:, 1:2], ref), model(ids[:, 1:2], cache)
+        ref_next, got_next = each_model(ids[:, 1:2], ref), each_model(ids[:, 1:2], cache)
     assert not torch.allclose(got_next, ref_next, atol=1e-3)
     cache.close()
 
 
-def test_memory_accounting_splits_tier_and_working_buffers(model):
-    cfg = model.config
-    cache = make_cache("offloaded", cfg, device=model.device, max_len=50)
-    teacher_forced_logits(model, cache, prompt_len=20, steps=5)
+def test_memory_accounting_splits_tier_and_working_buffers(each_model, teacher_forced_logits):
+    cfg = each_model.config
+    cache = make_cache("offloaded", cfg, device=each_model.device, max_len=50)
+    teacher_forced_logits(each_model, cache, prompt_len=20, steps=5)
     row, L = row_bytes(cfg), cfg.num_layers
     m = cache.memory()
     slots = 2 if cache.prefetch else 1
@@ -162,13 +146,13 @@ def test_memory_accounting_splits_tier_and_working_buffers(model):
     cache.close()
 
 
-def test_reset_forgets_tokens_and_the_cache_can_be_reused(model):
+def test_reset_forgets_tokens_and_the_cache_can_be_reused(each_model):
     prompt = list(range(7, 27))
-    cache = make_cache("offloaded", model.config, device=model.device, max_len=30)
-    first = kvlab.generate(model, prompt, cache=cache, max_new_tokens=8).tokens
+    cache = make_cache("offloaded", each_model.config, device=each_model.device, max_len=30)
+    first = kvlab.generate(each_model, prompt, cache=cache, max_new_tokens=8).tokens
     cache.reset()
     assert cache.seq_len == 0 and cache.memory().used_bytes == 0
-    assert kvlab.generate(model, prompt, cache=cache, max_new_tokens=8).tokens == first
+    assert kvlab.generate(each_model, prompt, cache=cache, max_new_tokens=8).tokens == first
     cache.close()
 
 
@@ -238,8 +222,9 @@ def test_cuda_tier_is_pinned_and_tokens_match_dynamic(prefetch):
 
 
 @needs_cuda
-def test_cuda_prefetch_logits_equal_dynamic():
+def test_cuda_prefetch_logits_equal_dynamic(teacher_forced_logits):
     model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
-    ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device="cuda"))
-    got = teacher_forced_logits(model, make_cache("offloaded", model.config, device="cuda", max_len=56))
+    ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device="cuda"), prompt_len=40, steps=16)
+    cache = make_cache("offloaded", model.config, device="cuda", max_len=56)  # 40 + 16 tokens
+    got = teacher_forced_logits(model, cache, prompt_len=40, steps=16)
     assert torch.allclose(got, ref, atol=1e-6, rtol=0), (got - ref).abs().max()

@@ -80,28 +80,11 @@ def test_scales_can_be_stored_in_half_precision():
 # --- the cache ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0)
-
-
-def teacher_forced_logits(model, cache, prompt_len=48, steps=24, seed=0):
-    """Logits of a prefill and then ``steps`` decode steps on fixed random tokens: (prompt_len + steps, V)."""
-    gen = torch.Generator().manual_seed(seed)
-    V = model.config.vocab_size
-    ids = torch.randint(0, V, (1, prompt_len), generator=gen).to(model.device)
-    nxt = torch.randint(0, V, (1, steps), generator=gen).to(model.device)
-    with torch.inference_mode():
-        out = [model(ids, cache)[0]]
-        out += [model(nxt[:, t:t + 1], cache)[0] for t in range(steps)]
-    return torch.cat(out).float().cpu()
-
-
 def qcache(model, **options):
     return make_cache("quantized", model.config, dtype=model.dtype, device=model.device, **options)
 
 
-def test_the_store_really_holds_packed_uint8_codes(model):
+def test_the_store_really_holds_packed_uint8_codes(model, teacher_forced_logits):
     cfg = model.config
     cache = qcache(model, bits=4, group_size=8, residual=4)
     teacher_forced_logits(model, cache, prompt_len=10, steps=3)
@@ -135,14 +118,14 @@ def test_with_residual_zero_even_the_current_token_is_quantized():
     assert cache.memory_breakdown()["residual_bytes"] == 0
 
 
-def test_a_window_as_long_as_the_sequence_is_exact(model):
+def test_a_window_as_long_as_the_sequence_is_exact(model, teacher_forced_logits):
     ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device=model.device))
     got = teacher_forced_logits(model, qcache(model, bits=2, residual=100))
     assert torch.allclose(got, ref, atol=1e-6)
 
 
 @pytest.mark.parametrize("bits,group,residual", [(8, 16, 0), (4, 8, 16), (2, 4, 5), (4, 16, 100)])
-def test_allocated_bytes_equal_payload_plus_scales_plus_window(model, bits, group, residual):
+def test_allocated_bytes_equal_payload_plus_scales_plus_window(model, bits, group, residual, teacher_forced_logits):
     cfg = model.config
     L, nkv, hs, B, S = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 1, 48 + 24
     cache = qcache(model, bits=bits, group_size=group, residual=residual)
@@ -157,7 +140,7 @@ def test_allocated_bytes_equal_payload_plus_scales_plus_window(model, bits, grou
     assert m.reserved_bytes == 0 and m.offloaded_bytes == 0
 
 
-def test_int8_logits_stay_close_to_the_exact_cache(model):
+def test_int8_logits_stay_close_to_the_exact_cache(model, teacher_forced_logits):
     ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device=model.device))
     got = teacher_forced_logits(model, qcache(model, bits=8, group_size=16, residual=0))
     err = (got - ref).abs().max().item()
@@ -173,7 +156,7 @@ def test_int8_greedy_tokens_agree_with_dynamic(model):
     assert agreement >= 0.9, f"int8 greedy agreement {agreement:.2f} (measured 1.0 on seeds 0-2)"
 
 
-def test_error_grows_as_bits_fall(model):
+def test_error_grows_as_bits_fall(model, teacher_forced_logits):
     ref = teacher_forced_logits(model, make_cache("dynamic", model.config, device=model.device), seed=1)
     err = {b: (teacher_forced_logits(model, qcache(model, bits=b, group_size=16, residual=0), seed=1) - ref)
            .abs().max().item() for b in (8, 4, 2)}
@@ -205,7 +188,7 @@ def test_generate_with_bad_bits_fails_before_any_work(model):
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="CUDA not available: the quantized cache's CUDA run is checked by scripts/gpu_check.py")
-def test_quantized_cache_runs_on_cuda():
+def test_quantized_cache_runs_on_cuda(teacher_forced_logits):
     m = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
     cache = make_cache("quantized", m.config, device="cuda", bits=4, residual=8)
     teacher_forced_logits(m, cache, prompt_len=20, steps=4)

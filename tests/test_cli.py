@@ -1,10 +1,11 @@
-"""``python -m kvlab``: commands come from a small registry of importable modules."""
+"""``python -m kvlab``: every command comes from one table (words -> module, help) in kvlab/cli.py."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +23,20 @@ def test_help_lists_the_commands_and_version_prints():
 
 @pytest.mark.parametrize("words", list(COMMANDS), ids=[" ".join(w) for w in COMMANDS])
 def test_every_registered_command_is_a_real_module(words):
-    module = importlib.import_module(COMMANDS[words])
+    module = importlib.import_module(COMMANDS[words].module)
     assert callable(module.add_arguments) and callable(module.main)
-    assert module.__doc__  # its first line is the command's help
+    assert module.__doc__ and COMMANDS[words].help  # the module says what it holds; the table, what it does
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)  # its options build without clashing
     assert build_parser(list(words)).format_help()
+
+
+def test_the_readme_says_where_every_command_lives():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## How the package is laid out"):]
+    for words, command in COMMANDS.items():
+        assert f"`{' '.join(words)}`" in layout, f"README's package layout does not list `{' '.join(words)}`"
+        assert f"{command.module.rsplit('.', 1)[-1]}.py" in layout, f"README does not say {command.module} runs it"
 
 
 def test_bench_decode_dispatches_to_its_module():

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.clocks import SLO, RequestRecord, load_results, quantiles, requests_frame, save_results, summarize
+from kvlab.clocks import SLO, RequestRecord, quantiles, requests_frame, summarize
+from kvlab.results_io import load_results, save_results
 from kvlab.env import environment
 
 

@@ -6,6 +6,8 @@ notebook or exercise is covered without editing this file.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -59,6 +61,15 @@ def test_the_course_lists_exactly_the_notebooks_on_disk_in_order():
     assert all(n.minutes > 0 and n.title and n.shows for n in NOTEBOOKS)
 
 
+@pytest.mark.parametrize("entry", NOTEBOOKS, ids=lambda e: e.file[:2])
+def test_each_lesson_names_the_modules_behind_it_and_they_import(entry):
+    assert entry.modules, f"{entry.file}: declare the kvlab modules it runs in its Lesson (modules=...)"
+    for name in entry.modules:
+        assert importlib.util.find_spec(name) is not None, \
+            f"{entry.file} declares {name}, which does not exist; fix its Lesson in kvlab.course.NOTEBOOKS"
+        importlib.import_module(name)
+
+
 # --- every notebook -------------------------------------------------------------------------------
 
 @pytest.fixture(params=ON_DISK)
@@ -79,7 +90,7 @@ def test_the_first_code_cell_is_the_setup_cell(notebook):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and code[0] is nb.cells[1], f"{name}: the setup cell must come right after the title"
     assert code[0].source == setup_cell(), (f"{name}: the first code cell differs from kvlab.course.setup_cell(); "
-                                            "use SETUP from scripts/build_notebooks.py")
+                                            "write the cell `# kvlab:setup` in its source")
     outputs = "".join(o.get("text", "") for o in code[0].get("outputs", []))
     assert "device:" in outputs, f"{name}: the saved setup cell should show the device report"
 
@@ -114,7 +125,7 @@ def test_notebook_ends_with_links_to_the_previous_and_next_notebooks(notebook):
     i = files.index(name)
     last = nb.cells[-1]
     assert last.cell_type == "markdown" and "**Previous:**" in last.source and "**Next:**" in last.source, \
-        f"{name}: the last cell is the navigation (navigation(entry) from scripts/build_notebooks.py)"
+        f"{name}: the last cell is the navigation (`<!-- kvlab:navigation -->` in its source)"
     if i > 0:
         assert f"]({files[i - 1]})" in last.source, f"{name}: no link back to {files[i - 1]}; regenerate it"
     if i + 1 < len(files):

@@ -11,20 +11,6 @@ from kvlab.serving import (Engine, PagedAttentionMetadata, PagedKVCache, Samplin
 from kvlab.workload import Request, make_workload
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and a shared 2-core machine does not thrash."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module", params=["tiny_llama", "tiny_gpt2"])
-def model(request):
-    return kvlab.build_model(getattr(kvlab, request.param)(), seed=0)
-
-
 def reference_tokens(model, request: Request) -> list[int]:
     return kvlab.generate(model, request.prompt, cache="dynamic", max_new_tokens=request.max_new_tokens).tokens
 
@@ -76,9 +62,10 @@ def test_paged_cache_memory_counts_tokens_and_in_block_waste():
 
 
 # -- exact tokens, batched ---------------------------------------------------------------------------------
-def test_chunked_prefill_mixed_batches_give_the_greedy_tokens_of_generate(model):
+def test_chunked_prefill_mixed_batches_give_the_greedy_tokens_of_generate(each_model):
     requests = make_workload("short_short", 6, arrival="poisson", rate=400.0, vocab_size=320, seed=3)
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=24, max_model_len=128))
+    engine = Engine(each_model, block_size=8,
+                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=24, max_model_len=128))
     records = engine.run(requests, clock="virtual")
     assert all(r.status == "completed" for r in records)
     trace = engine.trace_frame()
@@ -87,46 +74,46 @@ def test_chunked_prefill_mixed_batches_give_the_greedy_tokens_of_generate(model)
                   for rid, n, dec in zip(rids, ns, decs) if not dec)
     assert chunked, "no prompt was split: the test does not exercise chunked prefill"
     assert ((trace.num_prefill_seqs > 0) & (trace.num_decode_seqs > 0)).any(), "no mixed prefill + decode step"
-    assert_same_tokens_as_generate(model, engine, requests)
+    assert_same_tokens_as_generate(each_model, engine, requests)
 
 
-def test_preemption_by_recompute_gives_the_greedy_tokens_of_generate(model):
+def test_preemption_by_recompute_gives_the_greedy_tokens_of_generate(each_model):
     g = torch.Generator().manual_seed(4)
     requests = [Request(i, 20, 20, 0.0, "x", prompt=torch.randint(0, 320, (20,), generator=g).tolist())
                 for i in range(4)]
     # 16 blocks of 4 = 64 tokens: three 20-token prompts fit (5 blocks each), then their decodes need more.
-    engine = Engine(model, block_size=4, kv_budget_bytes=blocks(model, 16, 4), enable_prefix_caching=False,
+    engine = Engine(each_model, block_size=4, kv_budget_bytes=blocks(each_model, 16, 4), enable_prefix_caching=False,
                     scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=48))
     records = engine.run(requests, clock="virtual")
     assert engine.stats()["preemptions"] > 0, "the budget did not force a preemption"
     assert sum(r.extra["preemptions"] for r in records) == engine.stats()["preemptions"]
     assert all(r.status == "completed" for r in records)
-    assert_same_tokens_as_generate(model, engine, requests)
+    assert_same_tokens_as_generate(each_model, engine, requests)
 
 
-def test_prefix_cache_hits_on_a_shared_system_prompt_give_the_greedy_tokens_of_generate(model):
+def test_prefix_cache_hits_on_a_shared_system_prompt_give_the_greedy_tokens_of_generate(each_model):
     requests = make_workload("short_short", 6, arrival="all_at_once", vocab_size=320, seed=5,
                              shared_prefix_tokens=40)
     for r in requests[1:]:  # the first computes the system prompt; the others arrive later, together
         r.arrival_s = 10.0  # (virtual seconds: the clock jumps over the idle gap)
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64, max_model_len=160))
+    engine = Engine(each_model, block_size=8,
+                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64, max_model_len=160))
     records = engine.run(requests, clock="virtual")
     assert engine.stats()["prefix_hit_tokens"] == 5 * 40  # 40 tokens = 5 full blocks reused by each later request
     assert [r.extra["cached_tokens"] for r in records] == [0] + [40] * 5
-    assert_same_tokens_as_generate(model, engine, requests)
+    assert_same_tokens_as_generate(each_model, engine, requests)
 
 
-def test_static_batching_and_prefill_first_give_the_same_tokens_too(model):
+def test_static_batching_and_prefill_first_give_the_same_tokens_too(each_model):
     requests = make_workload("short_short", 5, arrival="all_at_once", vocab_size=320, seed=6)
     for sched in (SchedulerConfig(policy="static", max_seqs=3, max_batch_tokens=64, max_model_len=128),
                   SchedulerConfig(priority="prefill_first", max_seqs=3, max_batch_tokens=32, max_model_len=128)):
-        engine = Engine(model, block_size=16, scheduler=sched)
+        engine = Engine(each_model, block_size=16, scheduler=sched)
         engine.run(requests, clock="virtual")
-        assert_same_tokens_as_generate(model, engine, requests)
+        assert_same_tokens_as_generate(each_model, engine, requests)
 
 
-def test_seeded_sampling_matches_generate_and_repeats():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
+def test_seeded_sampling_matches_generate_and_repeats(model):
     requests = make_workload("short_short", 3, arrival="all_at_once", vocab_size=320, seed=7)
     sampling = SamplingParams(temperature=0.8, seed=11)
     runs = []
@@ -141,8 +128,7 @@ def test_seeded_sampling_matches_generate_and_repeats():
 
 
 # -- bad input ------------------------------------------------------------------------------------------------
-def test_a_prompt_longer_than_the_context_fails_alone_with_its_reason():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
+def test_a_prompt_longer_than_the_context_fails_alone_with_its_reason(model):
     requests = [Request(0, 10, 5, 0.0, "ok"), Request(1, 60, 8, 0.0, "too long"), Request(2, 12, 4, 0.0, "ok")]
     engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=64))
     records = engine.run(requests, clock="virtual")
@@ -151,8 +137,8 @@ def test_a_prompt_longer_than_the_context_fails_alone_with_its_reason():
     assert [len(r.token_s) for r in (records[0], records[2])] == [5, 4]
 
 
-def test_budgets_and_options_that_cannot_work_are_clear_errors_at_construction():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)  # 512 B of K/V per token
+def test_budgets_and_options_that_cannot_work_are_clear_errors_at_construction(model):
+    # the tiny Llama holds 512 B of K/V per token
     with pytest.raises(ValueError, match="holds no block"):
         Engine(model, block_size=16, kv_budget_bytes=1000)
     with pytest.raises(ValueError, match=r"fewer than max_model_len=1024.*kv_budget_bytes to >= 524,288"):
@@ -173,8 +159,7 @@ def test_budgets_and_options_that_cannot_work_are_clear_errors_at_construction()
 
 
 # -- the loop: clocks, abort, trace ------------------------------------------------------------------------
-def test_wall_clock_run_stamps_every_request_in_order():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
+def test_wall_clock_run_stamps_every_request_in_order(model):
     requests = [Request(0, 8, 4, 0.0, "a"), Request(1, 8, 3, 0.03, "b")]  # the second arrives while idle
     engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_model_len=64))
     records = engine.run(requests, clock="wall")
@@ -186,8 +171,7 @@ def test_wall_clock_run_stamps_every_request_in_order():
     assert records[1].sent_s >= 0.03  # released at its arrival, not before
 
 
-def test_abort_frees_the_blocks_of_a_running_request():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
+def test_abort_frees_the_blocks_of_a_running_request(model):
     engine = Engine(model, block_size=4, scheduler=SchedulerConfig(max_model_len=64), enable_prefix_caching=False)
     engine.add_request(Request(0, 10, 20, 0.0, "x"))
     engine.add_request(Request(1, 10, 20, 0.0, "x"))
@@ -202,8 +186,7 @@ def test_abort_frees_the_blocks_of_a_running_request():
     assert engine.records[1].status == "completed" and engine.block_manager.stats().used == 0
 
 
-def test_the_trace_has_one_row_per_step_and_the_pool_drains():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
+def test_the_trace_has_one_row_per_step_and_the_pool_drains(model):
     requests = make_workload("short_short", 5, arrival="all_at_once", seed=8)  # no vocab: seeded random prompts
     engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=128))
     done = []

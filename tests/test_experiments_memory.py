@@ -15,11 +15,10 @@ def by_hand(cfg: kvlab.ModelConfig, tokens: int, batch: int = 1, elem: float = 4
     return int(2 * cfg.num_layers * cfg.num_kv_heads * (cfg.hidden_size // cfg.num_heads) * tokens * batch * elem)
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
-def measured(request):
-    cfg = kvlab.tiny_llama() if request.param == "llama" else kvlab.tiny_gpt2()
-    model = kvlab.build_model(cfg, seed=0, device="cpu")
-    return cfg, measure_cache_memory(model, prompt_tokens=5, max_new_tokens=20, caches=("dynamic", "static"))
+@pytest.fixture(scope="module")
+def measured(each_model):
+    frame = measure_cache_memory(each_model, prompt_tokens=5, max_new_tokens=20, caches=("dynamic", "static"))
+    return each_model.config, frame
 
 
 def test_dynamic_cache_allocates_exactly_the_formula_at_every_step(measured):
@@ -42,18 +41,16 @@ def test_static_cache_holds_the_formula_and_reserves_the_rest_of_its_capacity(me
         assert row["reserved_bytes"] == capacity - row["used_bytes"]
 
 
-def test_every_strategy_that_stores_something_is_measured_by_default():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def test_every_strategy_that_stores_something_is_measured_by_default(model):
     frame = measure_cache_memory(model, prompt_tokens=4, max_new_tokens=4)
     assert list(dict.fromkeys(frame["cache"])) == [c for c in kvlab.CACHE_NAMES if c != "none"]
     measured = frame.dropna(subset=["tokens"])
     assert (measured["allocated_bytes"] == measured["used_bytes"] + measured["reserved_bytes"]).all()
 
 
-def test_a_strategy_that_cannot_be_built_gets_a_row_saying_why(monkeypatch):
-    monkeypatch.setitem(kvlab.cache._STRATEGIES, "quantized",
+def test_a_strategy_that_cannot_be_built_gets_a_row_saying_why(monkeypatch, model):
+    monkeypatch.setitem(kvlab.cache.STRATEGIES, "quantized",
                         ("kvlab.cache.not_written_yet", "QuantizedCache", ("bits", "group_size", "residual")))
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
     frame = measure_cache_memory(model, prompt_tokens=4, max_new_tokens=3, caches=("dynamic", "quantized"))
     missing = frame[frame["cache"] == "quantized"]
     assert len(missing) == 1
@@ -68,8 +65,7 @@ def test_a_strategy_that_cannot_be_built_gets_a_row_saying_why(monkeypatch):
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(prompt_tokens=1000, max_new_tokens=100), "exceeds the model's context"),
 ])
-def test_bad_measurement_settings_are_refused(kwargs, fragment):
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def test_bad_measurement_settings_are_refused(kwargs, fragment, model):
     with pytest.raises(ValueError, match=fragment):
         measure_cache_memory(model, **kwargs)
 
@@ -117,3 +113,11 @@ def test_calculator_refuses_bad_input(kwargs, fragment):
     args = dict(config="GPT-2 small (124M)", contexts=[1024], batches=[1]) | kwargs
     with pytest.raises(ValueError, match=fragment):
         kv_memory_table(**args)
+
+
+def test_the_options_each_cache_was_built_with_are_recorded():
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+    frame = measure_cache_memory(model, prompt_tokens=4, max_new_tokens=4, caches=("dynamic", "static", "quantized"))
+    options = frame.attrs["options"]
+    assert options["dynamic"] == {} and options["static"] == {"max_len": 8}
+    assert options["quantized"]["residual"] == 64 and options["quantized"]["bits"] == 4

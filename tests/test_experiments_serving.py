@@ -1,4 +1,5 @@
-"""Lessons 04, 05 and 07: the experiments behind the four clocks, batching and memory as capacity, with oracles."""
+"""Lessons 04, 05, 07 and 08: the experiments behind the four clocks, batching, memory as capacity, preemption,
+prefix caching and chunked prefill, with oracles."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,19 +26,6 @@ from kvlab.serving import SchedulerConfig
 from kvlab.workload import Request
 
 STEP = 0.010
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0)
 
 
 def fixed(step_s: float = STEP, token_s: float = 0.0) -> FixedStepCostExecutor:
@@ -252,6 +239,27 @@ def test_a_tight_budget_preempts_and_its_recomputed_tokens_are_counted(model):
         preemption_runs(model, kv_blocks=(4,))
 
 
+def test_one_preemption_recomputes_prompt_plus_written_minus_one_as_exercise_08_says():
+    from kvlab.exercises.ex08_prefix_and_chunks import check_recomputed_tokens, tokens_recomputed_after_preemption
+    from kvlab.experiments.serving_run import seeded_prompt
+    from kvlab.experiments.slowdown import slowdown_config
+    from kvlab.serving.block_manager import bytes_per_block
+
+    cfg = slowdown_config()
+    # two requests of 40 + 40 tokens in 8 blocks of 16: both grow until the newer one must give its blocks back
+    requests = [Request(i, 40, 40, 0.0, "grows", prompt=seeded_prompt(cfg.vocab_size, 40, (0, i))) for i in range(2)]
+    run = serve(cfg, requests, clock="virtual", executor=fixed(), block_size=16,
+                kv_budget_bytes=8 * bytes_per_block(cfg, 16), enable_prefix_caching=False,
+                scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_model_len=96))
+    assert run.stats["preemptions"] == 1 and all(r.status == "completed" for r in run.records)
+    prefills = run.steps[(run.steps["request_id"] == 1) & (run.steps["phase"] == "prefill")]["num_tokens"].tolist()
+    prompt, resumed = prefills  # its first prefill, then the one that readmits it: prompt + what it had written
+    written = resumed - prompt
+    assert recomputed_tokens(run) == tokens_recomputed_after_preemption(prompt, written) == prompt + written - 1
+    if (prompt, written) == (40, 25):  # the numbers of the exercise
+        assert check_recomputed_tokens(recomputed_tokens(run))
+
+
 def test_a_tight_budget_on_the_real_model_still_completes_every_request(model):
     (run,) = preemption_runs(model, kv_blocks=(16,), n=4, max_seqs=4)
     assert run.stats["preemptions"] > 0 and all(r.status == "completed" for r in run.records)
@@ -301,7 +309,8 @@ def test_the_lesson_panels_run_and_refuse_bad_values(model):
 def test_every_exercise_of_these_lessons_confirms_its_solution_and_rejects_the_slip():
     from kvlab.exercises import exercises_for
 
-    for notebook in ("04_four_clocks.ipynb", "05_batching.ipynb", "07_memory_is_capacity.ipynb"):
+    for notebook in ("04_four_clocks.ipynb", "05_batching.ipynb", "07_memory_is_capacity.ipynb",
+                     "08_prefix_and_chunks.ipynb"):
         found = exercises_for(notebook)
         assert len(found) >= 2, notebook
         for ex in found:

@@ -6,14 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-import kvlab
 from kvlab.experiments import (run_slowdown, slowdown_config, slowdown_fit, slowdown_summary, step_curves,
                                tokens_processed, torch_threads)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+from kvlab.experiments.slowdown import per_token_costs
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +108,27 @@ def test_summary_ratios_match_hand_computed_values():
     assert s.at["dynamic", "work_ratio"] == 1.0
 
 
+def test_cost_per_token_processed_explains_the_gap_between_measured_and_work_ratio():
+    s = slowdown_summary(synthetic(), early=10, late=40, window=3).set_index("cache")
+    # none: step = 2 + 0.5 w over w = 20 and 50 tokens processed: the fixed 2 ms is shared by more tokens
+    assert s.at["none", "early_ms_per_token_processed"] == pytest.approx((2 + 0.5 * 20) / 20)
+    assert s.at["none", "late_ms_per_token_processed"] == pytest.approx((2 + 0.5 * 50) / 50)
+    assert s.at["dynamic", "early_ms_per_token_processed"] == pytest.approx(2.5)  # one token per pass
+    # measured ratio = work ratio x (late cost per token / early cost per token), exactly
+    for cache in ("none", "dynamic"):
+        r = s.loc[cache]
+        assert r.measured_ratio == pytest.approx(
+            r.work_ratio * r.late_ms_per_token_processed / r.early_ms_per_token_processed)
+
+
+def test_per_token_costs_has_one_row_per_cache_and_token_of_the_summary():
+    costs = per_token_costs(synthetic(), early=10, late=40, window=3)
+    assert list(zip(costs["cache"], costs["token"])) == [("none", 10), ("none", 40), ("dynamic", 10), ("dynamic", 40)]
+    assert list(costs["tokens_processed"]) == [20, 50, 1, 1]
+    assert list(costs.columns) == ["cache", "token", "tokens_processed", "step_ms", "ms_per_token_processed"]
+    assert costs["ms_per_token_processed"].tolist() == pytest.approx([12 / 20, 27 / 50, 2.5, 2.5])
+
+
 def test_summary_defaults_keep_both_windows_inside_the_run():
     s = slowdown_summary(synthetic(n=200))
     assert list(s["early_token"]) == [20, 20] and list(s["late_token"]) == [194, 194]
@@ -140,9 +156,9 @@ def test_fit_recovers_a_known_line_despite_spikes():
 
 
 def test_torch_threads_is_restored_after_the_run():
-    before = torch.get_num_threads()
-    with torch_threads(1) as used:
-        assert used == 1 == torch.get_num_threads()
+    before = torch.get_num_threads()  # 1: conftest runs every test on one thread
+    with torch_threads(before + 1) as used:
+        assert used == before + 1 == torch.get_num_threads()
     assert torch.get_num_threads() == before
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-import kvlab
 from kvlab.cache import kv_cache_bytes
 from kvlab.experiments.strategies import ideal_memory_ratio, run_strategies
 
@@ -12,8 +11,7 @@ SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "b
 
 
 @pytest.fixture(scope="module")
-def table():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def table(model):
     return model, run_strategies(model, SETTINGS, pairs=(2, 4), new_tokens=6, repeats=1, examples=6,
                                  quality_prompts=3)
 
@@ -62,8 +60,7 @@ def test_exact_strategies_match_the_exact_cache(table):
     assert (frame["cache_ms_per_step"] > 0).all()
 
 
-def test_bad_settings_are_refused_before_any_work():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def test_bad_settings_are_refused_before_any_work(model):
     with pytest.raises(ValueError, match="bits"):
         run_strategies(model, [{"cache": "quantized", "bits": 3}], pairs=(2,), examples=0)
     with pytest.raises(ValueError, match="group_size"):

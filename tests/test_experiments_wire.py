@@ -1,4 +1,4 @@
-"""Lesson 08 over a real socket: accounting, the service curve, client vs engine clocks, the panel, the exercises.
+"""Lesson 09 over a real socket: accounting, the service curve, client vs engine clocks, the panel, the exercises.
 
 The load-shaped tests run against kvlab's scripted server (kvlab.http.testing) in a thread on
 127.0.0.1 and a free port, whose answers are known: `max_tokens` tokens, one per chunk, and a
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.exercises import (_output_tokens_per_s, _overhead_ms, check_http_overhead, check_output_tokens_per_s,
-                             check_rejections_and_quantiles)
+from kvlab.exercises.ex09_measure_a_real_server import (_output_tokens_per_s, _overhead_ms, check_http_overhead,
+                                                        check_output_tokens_per_s, check_rejections_and_quantiles)
 from kvlab.experiments.wire import (accounting, check_rates, client_vs_engine, measure_at_client, overhead_table,
                                     requests_per_rate, serve_args, server_metrics, start_server, wait_until_idle,
                                     wire_service_curve)
@@ -79,6 +79,26 @@ def test_the_service_curve_replays_the_same_requests_once_per_rate(scripted):
     learner = service_table(table)
     assert list(learner["completed"]) == [8, 8]
     assert isinstance(plot_wire_service_curve(table), Figure)
+
+
+def test_the_achieved_rate_is_completed_over_a_window_that_outlasts_the_schedule(scripted):
+    from kvlab.experiments.wire import sent_schedule
+    from kvlab.http.loadgen import http_workload
+
+    table = wire_service_curve(scripted.url, rates=(32,), duration_s=0.5)
+    row = table.iloc[0]
+    arrivals = [r.arrival_s for r in http_workload("short_short", int(row.sent), rate=32.0, seed=0)]
+    # the rate actually sent is the seeded schedule's, the same on every machine
+    assert row.scheduled_span_s == pytest.approx(max(arrivals) - min(arrivals), abs=1e-12)
+    assert row.sent_rps == pytest.approx(row.sent / row.scheduled_span_s)
+    # the window runs on past the last arrival until the last answer ends; achieved divides by it
+    assert row.window_s == pytest.approx(row.duration_s) and row.drain_s > 0
+    assert row.window_s == pytest.approx(row.scheduled_span_s + row.drain_s)
+    assert row.requests_per_s == pytest.approx(row.completed / row.window_s)
+    assert row.requests_per_s < row.sent_rps  # nothing rejected, yet below what was sent: the drain
+    learner = service_table(table)
+    assert {"sent req/s", "window s", "n", "TPOT n"} <= set(learner.columns)
+    assert sent_schedule([]) == {"scheduled_span_s": 0.0, "sent_rps": pytest.approx(float("nan"), nan_ok=True)}
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -161,7 +181,8 @@ def test_the_panel_runs_programmatically_and_reports_errors_in_one_line(scripted
 
 
 def test_exercise_checkers_confirm_the_reference_on_a_real_run_and_name_each_slip(scripted):
-    from kvlab.exercises import _overhead_cases, _overhead_slips, _throughput_cases, _throughput_slips
+    from kvlab.exercises.ex09_measure_a_real_server import (_overhead_cases, _overhead_slips, _throughput_cases,
+                                                            _throughput_slips)
 
     result = measure_at_client(scripted.url, num_requests=8, rate=80.0)
     frame = result.frame()
@@ -180,4 +201,5 @@ def test_exercise_checkers_confirm_the_reference_on_a_real_run_and_name_each_sli
     slip = check_output_tokens_per_s(lambda f: f.loc[f.status == "completed", "output_tokens"].sum() / f.finished_s.max())
     assert not slip and "first scheduled arrival" in slip.message
     assert not check_http_overhead(None) and not check_http_overhead(3.0)
-    assert check_rejections_and_quantiles("b") and not check_rejections_and_quantiles("c")
+    assert check_rejections_and_quantiles("c") and not check_rejections_and_quantiles("b")
+    assert "no TTFT at all" in check_rejections_and_quantiles("d").message

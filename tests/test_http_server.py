@@ -28,11 +28,6 @@ MAX_WAITING, MAX_SEQS = 4, 2
 
 
 @pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0)
-
-
-@pytest.fixture(scope="module")
 def server(model):
     engine = Engine(model, scheduler=SchedulerConfig(max_seqs=MAX_SEQS, max_batch_tokens=128, max_waiting=MAX_WAITING))
     app = create_app(engine, MODEL)

@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 
-from kvlab.clocks import load_results, summarize
+from kvlab.clocks import summarize
+from kvlab.results_io import load_results
 from kvlab.http.loadgen import http_workload, request_body, run_loadtest
 from kvlab.http.loadtest import main
 from kvlab.http.local import ServerProcess, ServerThread, free_port

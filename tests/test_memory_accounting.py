@@ -25,11 +25,6 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(CFG, seed=0, device="cpu")
-
-
 def test_formula_by_hand():
     # Llama-3-8B: 32 layers, 8 kv heads, head_dim 128, fp16 -> 128 KiB per token.
     llama3 = kvlab.PUBLISHED_CONFIGS["Llama-3-8B (GQA)"]

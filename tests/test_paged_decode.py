@@ -11,14 +11,6 @@ from kvlab.serving import Engine, PagedAttentionMetadata, PagedKVCache, Schedule
 from kvlab.workload import make_workload
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def attend_decodes(threshold: int, monkeypatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
     """Three decodes of uneven contexts and one fresh prompt, against dense attention per sequence."""
     monkeypatch.setattr(paged, "DECODE_BATCH_MAX_SLOTS", threshold)
@@ -48,9 +40,8 @@ def test_batched_and_one_by_one_decodes_equal_dense_attention(threshold, batched
 
 
 @pytest.mark.parametrize("threshold", [0, 10**6])
-def test_the_engine_gives_the_greedy_tokens_of_generate_either_way(threshold, monkeypatch):
+def test_the_engine_gives_the_greedy_tokens_of_generate_either_way(threshold, monkeypatch, model):
     monkeypatch.setattr(paged, "DECODE_BATCH_MAX_SLOTS", threshold)
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)
     requests = make_workload("mixture", 6, arrival="poisson", rate=200.0, vocab_size=320, seed=8, scale=0.25)
     engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=48,
                                                                     max_model_len=256))

@@ -163,3 +163,19 @@ def test_unsupported_checkpoint_is_refused_before_loading_weights(tmp_path):
 def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint directory"):
         kvlab.from_pretrained(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_split_products_equal_the_plain_product(threads):
+    """The decoder's narrow products split their inner dimension across threads: same result up to rounding."""
+    from kvlab.model.decoder import narrow_matmul
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(threads)
+        w = torch.randn(1376, 512, generator=gen)  # llama-30m's w_down: K = 1376
+        for x in (torch.randn(1, 1, 1376, generator=gen), torch.randn(3, 7, 1376, generator=gen)):
+            torch.testing.assert_close(narrow_matmul(x, w), x @ w, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
@@ -23,19 +22,6 @@ from kvlab.plots.startup import plot_cold_warm
 from kvlab.plots.token_gaps import plot_token_gaps
 from kvlab.serving import SchedulerConfig, bytes_per_block
 from kvlab.workload import Request
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0)
 
 
 def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:

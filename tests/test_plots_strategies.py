@@ -12,22 +12,15 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
 from kvlab.cache import kv_cache_bytes
-from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary
-from kvlab.experiments.threads import torch_threads
+from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary, accuracy_table
 from kvlab.plots.strategies import (expected_bytes_moved, plot_accuracy_by_distance, plot_accuracy_vs_bits,
                                     plot_bytes_moved, plot_cache_time, plot_latency_vs_context,
-                                    plot_memory_vs_context, plot_strategies)
+                                    plot_memory_vs_context, plot_offload_cost, plot_strategies)
 from kvlab.quality import recall_accuracy
 from kvlab.tasks.recall import load_recall_model, make_examples
 from kvlab.widgets.strategies import learner_table, run_strategy_comparison, strategies_panel, strategy_settings
 
 PAIRS = (2, 4)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    with torch_threads(1):
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +30,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def frame(model):
-    with torch_threads(1):
-        return run_strategy_comparison(model, ("dynamic", "static", "quantized", "offloaded"), bits=(8, 2),
-                                       residual=0, group_size=32, pairs=PAIRS, new_tokens=6, repeats=1,
-                                       examples=12, quality_prompts=2)
+    return run_strategy_comparison(model, ("dynamic", "static", "quantized", "offloaded"), bits=(8, 2),
+                                   residual=0, group_size=32, pairs=PAIRS, new_tokens=6, repeats=1,
+                                   examples=12, quality_prompts=2)
 
 
 def _bpt(model) -> int:
@@ -55,7 +47,7 @@ def _lines(ax, label_part: str):
 def test_the_run_has_every_setting_and_the_accuracy_frame(frame, model):
     assert list(dict.fromkeys(frame["setting"])) == [
         "dynamic", "static", "quantized(bits=8, residual=0, group_size=32)",
-        "quantized(bits=2, residual=0, group_size=32)", "offloaded"]
+        "quantized(bits=2, residual=0, group_size=32)", "offloaded", "offloaded(link_gbps=1.0)"]
     assert sorted(frame["pairs"].unique()) == list(PAIRS)
     assert frame.attrs["bytes_per_token"] == _bpt(model)
     acc = frame.attrs["accuracy"]
@@ -66,7 +58,9 @@ def test_the_run_has_every_setting_and_the_accuracy_frame(frame, model):
     assert longest.loc["dynamic", "accuracy"] == summary.loc["dynamic", "accuracy"]
     assert np.isnan(longest.loc["static", "accuracy"]) and np.isnan(frame.loc[frame["pairs"] == 2, "accuracy"]).all()
     table = learner_table(frame)
-    assert list(table["recall accuracy"])[1] == "= exact" and len(table) == 5
+    assert list(table["recall accuracy"])[1] == "= exact" and len(table) == 6
+    n = frame.attrs["accuracy"].groupby("setting")["examples"].sum()["dynamic"]
+    assert all(a.endswith(f"/{n})") for a in table["recall accuracy"] if a[:1].isdigit())  # every % shows its n
 
 
 def test_memory_plot_draws_each_setting_over_the_formula(frame, model):
@@ -107,19 +101,56 @@ def test_cache_time_plot_has_a_line_per_setting_and_the_dynamic_step_for_scale(f
 def test_bytes_moved_bars_match_the_hand_count(frame, model):
     fig = plot_bytes_moved(frame)
     ax = fig.axes[0]
-    (bars,) = [c for c in ax.containers if isinstance(c, BarContainer)]
-    off = frame[frame["strategy"] == "offloaded"].sort_values("context_tokens")
-    heights = [b.get_height() for b in bars]
-    assert np.allclose(heights, off["bytes_moved_per_step"] / 1024)
-    # each of the new_tokens - 1 decode steps reads the stored tokens and writes one: count them by hand
-    for r, h in zip(off.itertuples(), heights):
-        steps = range(r.context_tokens, r.stored_tokens)  # tokens stored when each decode step starts
-        by_hand = np.mean([(s + 1) * _bpt(model) for s in steps])
-        assert h * 1024 == pytest.approx(by_hand) == expected_bytes_moved(r.context_tokens, r.stored_tokens,
-                                                                         _bpt(model))
-    assert len(ax.texts) == len(off) and all(t.get_text().endswith(" ms") for t in ax.texts)
+    containers = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert len(containers) == 2  # the tier at its own speed and behind the slow link: the same bytes
+    for bars, (_, off) in zip(containers, frame[frame["strategy"] == "offloaded"].groupby("setting", sort=False)):
+        off = off.sort_values("context_tokens")
+        heights = [b.get_height() for b in bars]
+        assert np.allclose(heights, off["bytes_moved_per_step"] / 1024)
+        # each of the new_tokens - 1 decode steps reads the stored tokens and writes one: count them by hand
+        for r, h in zip(off.itertuples(), heights):
+            steps = range(r.context_tokens, r.stored_tokens)  # tokens stored when each decode step starts
+            by_hand = np.mean([(s + 1) * _bpt(model) for s in steps])
+            assert h * 1024 == pytest.approx(by_hand) == expected_bytes_moved(r.context_tokens, r.stored_tokens,
+                                                                             _bpt(model))
+    n_off = (frame["strategy"] == "offloaded").sum()
+    assert len(ax.texts) == n_off and all(t.get_text().endswith(" ms") for t in ax.texts)
     empty = plot_bytes_moved(frame[frame["strategy"] != "offloaded"]).axes[0]
     assert "no offloaded" in empty.texts[0].get_text()
+
+
+def test_offload_cost_plots_step_time_against_bytes_with_the_links_floor(frame):
+    ax = plot_offload_cost(frame).axes[0]
+    dyn = frame[frame["setting"] == "dynamic"].set_index("context_tokens")["token_ms_p50"]
+    for setting, rows in frame[frame["strategy"] == "offloaded"].groupby("setting", sort=False):
+        rows = rows.sort_values("context_tokens")
+        (line,) = _lines(ax, setting + ":")  # labelled with the copies' bytes per second
+        assert "GB/s" in line.get_label()
+        assert np.allclose(line.get_xdata(), rows["bytes_moved_per_step"] / 1024)
+        assert np.allclose(line.get_ydata(), rows["token_ms_p50"])
+    slow = frame[frame["setting"] == "offloaded(link_gbps=1.0)"].sort_values("context_tokens")
+    (floor,) = _lines(ax, "dynamic + bytes / 1 GB/s")
+    link_ms = slow["bytes_moved_per_step"] / 1e9 * 1e3  # the link's own time, computed here from the bytes
+    assert np.allclose(floor.get_ydata(), slow["context_tokens"].map(dyn) + link_ms)
+    assert len(_lines(ax, "dynamic at the same contexts")) == 1
+    empty = plot_offload_cost(frame[frame["strategy"] != "offloaded"]).axes[0]
+    assert "no offloaded" in empty.texts[0].get_text()
+
+
+def test_the_accuracy_table_counts_right_answers_and_names_each_buckets_n(frame):
+    acc = frame.attrs["accuracy"]
+    table = accuracy_table(acc)
+    assert list(table.index) == list(dict.fromkeys(acc["setting"]))
+    buckets = acc[acc["setting"] == "dynamic"]
+    for col, n in zip(table.columns, buckets["examples"]):
+        assert col.endswith(f"(n={n})")
+    for setting, g in acc.groupby("setting", sort=False):
+        cells = [f"{c}/{n}" for c, n in zip(g["correct"], g["examples"])]
+        assert list(table.loc[setting])[:-1] == cells
+        assert table.loc[setting, "all"] == f"{g['correct'].sum()}/{g['examples'].sum()}"
+    summary = accuracy_summary(acc).set_index("setting")
+    assert (summary["nearest_n"] == buckets["examples"].iloc[0]).all()
+    assert (summary["correct"] == acc.groupby("setting")["correct"].sum().reindex(summary.index)).all()
 
 
 def test_accuracy_vs_bits_has_the_quantized_line_and_the_exact_level(frame):

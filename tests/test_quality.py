@@ -9,19 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import kvlab
-from kvlab.experiments.threads import torch_threads
 from kvlab.cache import DynamicCache, NoCache
 from kvlab.quality import (compare_distributions, compare_to_exact, perplexity, quality_frame, recall_accuracy,
                            teacher_forced_logits)
 
 PROMPT = "The cache keeps keys and values"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a busy shared machine."""
-    with torch_threads(1):
-        yield
 
 
 class NoisyKeysCache(DynamicCache):

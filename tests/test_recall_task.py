@@ -8,16 +8,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.experiments.threads import torch_threads
 from kvlab.tasks.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
                                 make_examples, score, training_batch)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a busy shared machine."""
-    with torch_threads(1):
-        yield
 
 
 def facts(prompt: str) -> dict[str, str]:
@@ -119,5 +111,5 @@ def test_the_checkpoint_recalls_held_out_facts_with_the_exact_cache(shipped):
 
 
 def test_a_missing_checkpoint_names_the_fix(tmp_path):
-    with pytest.raises(FileNotFoundError, match="pip install -e"):
+    with pytest.raises(FileNotFoundError, match="train_recall.py"):
         load_recall_model(tmp_path)

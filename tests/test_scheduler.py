@@ -8,18 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab.clocks import RequestRecord, summarize
-from kvlab.serving import (BlockManager, Engine, Executor, SamplingParams, Scheduler, SchedulerConfig,
-                           SchedulerOutput, Sequence, SequenceStatus, StepResult)
+from kvlab.clocks import summarize
+from kvlab.serving import (BlockManager, Engine, Executor, Scheduler, SchedulerConfig, SchedulerOutput, Sequence,
+                           SequenceStatus, StepResult)
 from kvlab.workload import Request
 
-VOCAB = 50
-
-
-def make_seq(rid, prompt, max_new_tokens, arrival_s=0.0, stop=()) -> Sequence:
-    prompt = list(prompt) if not isinstance(prompt, int) else [(rid * 7 + i) % VOCAB for i in range(prompt)]
-    record = RequestRecord(rid, len(prompt), max_new_tokens, scheduled_s=arrival_s)
-    return Sequence(rid, prompt, max_new_tokens, SamplingParams(stop_token_ids=tuple(stop)), record, arrival_s)
+VOCAB = 50  # as conftest's make_sequence: prompts given as a length use token ids below 50
 
 
 def next_token(seq: Sequence) -> int:
@@ -80,37 +74,37 @@ def test_options_that_need_the_block_size_or_context_are_checked_at_construction
 
 
 # -- rejection -------------------------------------------------------------------------------------
-def test_requests_too_long_or_beyond_a_full_queue_fail_with_their_reason():
+def test_requests_too_long_or_beyond_a_full_queue_fail_with_their_reason(make_sequence):
     sched = Scheduler(SchedulerConfig(max_waiting=2, max_model_len=32), BlockManager(16, 4), max_model_len=32)
-    assert sched.add_sequence(make_seq(0, 30, 3)) == "prompt_too_long"  # 30 + 3 > 32
-    assert sched.add_sequence(make_seq(1, 4, 4)) is None
-    assert sched.add_sequence(make_seq(2, 4, 4)) is None
-    third = make_seq(3, 4, 4)
+    assert sched.add_sequence(make_sequence(0, 30, 3)) == "prompt_too_long"  # 30 + 3 > 32
+    assert sched.add_sequence(make_sequence(1, 4, 4)) is None
+    assert sched.add_sequence(make_sequence(2, 4, 4)) is None
+    third = make_sequence(3, 4, 4)
     assert sched.add_sequence(third) == "queue_full"
     assert third.status is SequenceStatus.FAILED and third.finish_reason == "queue_full"
     assert len(sched.waiting) == 2
 
 
 # -- chunked prefill and budgets ---------------------------------------------------------------------
-def test_chunked_prefill_splits_a_long_prompt_across_steps():
+def test_chunked_prefill_splits_a_long_prompt_across_steps(make_sequence):
     sched = Scheduler(SchedulerConfig(max_seqs=2, max_batch_tokens=16), BlockManager(32, 4), max_model_len=64)
-    sched.add_sequence(make_seq(0, 40, 2))
+    sched.add_sequence(make_sequence(0, 40, 2))
     chunks = [run_step(sched).num_new_tokens for _ in range(3)]
     assert chunks == [[16], [16], [8]]
     s = sched.running[0]
     assert s.num_output_tokens == 1  # sampled only when the last chunk ran
 
 
-def test_decode_first_and_prefill_first_favour_who_they_say():
+def test_decode_first_and_prefill_first_favour_who_they_say(make_sequence):
     """A decodes; B's 32-token prompt arrives. prefill_first: B's first token sooner, A stalls meanwhile."""
     first_token_step, a_token_steps = {}, {}
     for priority in ("decode_first", "prefill_first"):
         sched = Scheduler(SchedulerConfig(max_seqs=2, max_batch_tokens=16, priority=priority),
                           BlockManager(32, 4), max_model_len=64)
-        a = make_seq(0, 4, 12)
+        a = make_sequence(0, 4, 12)
         sched.add_sequence(a)
         run_step(sched)  # A's prompt: first token
-        b = make_seq(1, 32, 4)
+        b = make_sequence(1, 32, 4)
         sched.add_sequence(b)
         steps_a = []
         for step in range(1, 12):
@@ -128,11 +122,11 @@ def test_decode_first_and_prefill_first_favour_who_they_say():
 
 
 # -- static batching -----------------------------------------------------------------------------------
-def admitted_and_finished(policy: str) -> tuple[dict, dict]:
+def admitted_and_finished(policy: str, make_sequence) -> tuple[dict, dict]:
     sched = Scheduler(SchedulerConfig(policy=policy, max_seqs=2, max_batch_tokens=32), BlockManager(32, 4),
                       max_model_len=64)
     for rid, max_new in enumerate([2, 8, 2]):  # A short, B long, C waits for a slot
-        sched.add_sequence(make_seq(rid, 5, max_new))
+        sched.add_sequence(make_sequence(rid, 5, max_new))
     admitted, finished, step = {}, {}, 0
     while sched.has_unfinished():
         out = run_step(sched, now=float(step))
@@ -145,34 +139,34 @@ def admitted_and_finished(policy: str) -> tuple[dict, dict]:
     return admitted, finished
 
 
-def test_static_batching_waits_for_its_longest_member():
-    admitted, finished = admitted_and_finished("static")
+def test_static_batching_waits_for_its_longest_member(make_sequence):
+    admitted, finished = admitted_and_finished("static", make_sequence)
     assert admitted[2] > finished[1]  # C only after B, the longest of the first batch, is done
-    admitted, finished = admitted_and_finished("continuous")
+    admitted, finished = admitted_and_finished("continuous", make_sequence)
     assert finished[0] < admitted[2] < finished[1]  # C takes A's slot while B still runs
 
 
-def test_static_batch_waits_up_to_batch_wait_s_to_fill():
+def test_static_batch_waits_up_to_batch_wait_s_to_fill(make_sequence):
     cfg = SchedulerConfig(policy="static", max_seqs=3, max_batch_tokens=32, batch_wait_s=1.0)
     sched = Scheduler(cfg, BlockManager(32, 4), max_model_len=64)
-    sched.add_sequence(make_seq(0, 5, 2, arrival_s=0.0))
+    sched.add_sequence(make_sequence(0, 5, 2, arrival_s=0.0))
     out = sched.schedule(0.0)
     assert out.is_empty and out.wake_at_s == 1.0
-    sched.add_sequence(make_seq(1, 5, 2, arrival_s=0.5))
+    sched.add_sequence(make_sequence(1, 5, 2, arrival_s=0.5))
     assert sched.schedule(0.5).is_empty
     out = sched.schedule(1.0)  # the timeout: go with what came
     assert [s.request_id for s in out.admitted] == [0, 1]
     full = Scheduler(cfg, BlockManager(32, 4), max_model_len=64)
     for rid in range(3):
-        full.add_sequence(make_seq(rid, 5, 2))
+        full.add_sequence(make_sequence(rid, 5, 2))
     assert len(full.schedule(0.0).admitted) == 3  # a full batch does not wait
 
 
 # -- preemption ------------------------------------------------------------------------------------------
-def test_preemption_frees_the_most_recently_admitted_and_requeues_it_first():
+def test_preemption_frees_the_most_recently_admitted_and_requeues_it_first(make_sequence):
     # 4 blocks of 4 tokens; two 8-token prompts take 2 blocks each, and each next token needs a third.
     sched = Scheduler(SchedulerConfig(max_seqs=2, max_batch_tokens=16), BlockManager(4, 4, False), max_model_len=16)
-    a, b = make_seq(0, 8, 6), make_seq(1, 8, 6)
+    a, b = make_sequence(0, 8, 6), make_sequence(1, 8, 6)
     sched.add_sequence(a)
     sched.add_sequence(b)
     run_step(sched)  # both prompts, one sampled token each
@@ -205,7 +199,7 @@ configs = st.fixed_dictionaries({
        extra_blocks=st.integers(0, 8), budget=st.integers(0, 40), caching=st.booleans(),
        stop=st.booleans(), aborts=st.lists(st.integers(0, 11), max_size=2))
 def test_scheduling_invariants_hold_at_every_step(requests, cfg, block_size, extra_blocks, budget, caching, stop,
-                                                  aborts):
+                                                  aborts, make_sequence):
     max_model_len = 48
     max_batch_tokens = max(block_size, cfg["max_seqs"], budget) if cfg["chunked_prefill"] else 48 + budget
     config = SchedulerConfig(max_batch_tokens=max_batch_tokens, max_model_len=max_model_len, **cfg)
@@ -218,7 +212,7 @@ def test_scheduling_invariants_hold_at_every_step(requests, cfg, block_size, ext
         while pending and pending[0][1][2] <= step:
             rid, (prompt_len, max_new, arrival, kind) = pending.pop(0)
             prompt = (system + list(range(prompt_len)))[:prompt_len] if kind == 0 else prompt_len
-            s = make_seq(rid, prompt, max_new, arrival_s=float(step), stop=[7] if stop else [])
+            s = make_sequence(rid, prompt, max_new, arrival_s=float(step), stop=[7] if stop else [])
             sched.add_sequence(s)
             seqs.append(s)
         if step in aborts and seqs:

@@ -6,12 +6,6 @@ import torch
 
 import kvlab
 from kvlab.experiments.static_compile import FixedShapeStaticCache, _decode_greedy, try_compiled_decode
-from kvlab.experiments.threads import torch_threads
-
-
-@pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
 
 
 @torch.inference_mode()
@@ -25,9 +19,8 @@ def test_fixed_shape_decode_gives_the_dynamic_caches_tokens(model):
         shapes.add(tuple(cache.keys[0].shape))
         return model(token, cache, positions=positions, last_only=True)
 
-    with torch_threads(1):
-        tokens, seconds = _decode_greedy(model, prompt, 10, cache, step)
-        reference = kvlab.generate(model, prompt, cache="none", max_new_tokens=10).tokens
+    tokens, seconds = _decode_greedy(model, prompt, 10, cache, step)
+    reference = kvlab.generate(model, prompt, cache="none", max_new_tokens=10).tokens
     assert tokens == reference and len(seconds) == 9
     assert shapes == {(1, c.num_kv_heads, len(prompt) + 10, c.head_dim)}  # one shape for every step
     assert cache.seq_len == len(prompt) + 9 and int(cache.position) == cache.seq_len

@@ -118,6 +118,7 @@ def test_the_panel_runs_a_curve_and_turns_bad_rates_into_one_clear_line(cost_mod
     panel = service_curve_panel(cost_model, profile="short_short", requests=50)
     result = panel.run(rates="1, 3, 6")
     assert result is not None and result.frame["offered_rps"].tolist() == [1.0, 3.0, 6.0]
-    assert result.figure is not None and list(result.summary["n"]) == list(result.frame["ttft_n"])
+    assert result.figure is not None and list(result.summary["TTFT n"]) == list(result.frame["ttft_n"])
+    assert list(result.summary["TPOT n"]) == list(result.frame["tpot_n"])  # every quantile with its n
     assert panel.run(rates="fast") is None and "write 'auto' or rising numbers" in panel.error
     assert panel.run(rates="3, 1") is None and "rise strictly" in panel.error

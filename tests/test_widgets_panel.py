@@ -5,7 +5,6 @@ import ipywidgets as widgets
 import pandas as pd
 from matplotlib.figure import Figure
 
-import kvlab
 from kvlab.widgets import ExperimentPanel, cache_memory_panel, kv_calculator_panel, slowdown_panel
 
 
@@ -146,8 +145,7 @@ def test_the_panel_displays_as_its_widget():
 
 # --- the lesson panels, on tiny models -----------------------------------------------------------
 
-def test_slowdown_panel_runs_both_caches_and_plots_them():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def test_slowdown_panel_runs_both_caches_and_plots_them(model):
     panel = slowdown_panel(model, prompt_tokens=8, max_new_tokens=20)
     result = panel.run()
     assert set(result.frame["cache"]) == {"none", "dynamic"}
@@ -156,8 +154,7 @@ def test_slowdown_panel_runs_both_caches_and_plots_them():
     assert panel.progress_bar.n == 2 * 3  # one unit per generation run: 2 caches x 3 repeats
 
 
-def test_cache_memory_panel_reports_allocated_equal_to_formula_for_dynamic():
-    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def test_cache_memory_panel_reports_allocated_equal_to_formula_for_dynamic(model):
     result = cache_memory_panel(model, prompt_tokens=4, max_new_tokens=8).run()
     row = result.summary.set_index("cache").loc["dynamic"]
     assert row["note"] == "allocated = formula" and row["allocated bytes"] == row["formula bytes"]

@@ -23,7 +23,7 @@ tokens stamped as they are produced (kvlab: the engine's wall clock; transformer
 warm-up of each implementation runs first and is not counted. With ``--repeats N`` every cell
 runs N times, round-robin over the cells, and the run with the median throughput is reported
 (all N are kept). Threads default to 1 for every implementation: on a shared 2-core machine a
-step split over both cores waits for the slower one (see kvlab/experiments/threads.py).
+step split over both cores waits for the slower one (see kvlab/threads.py).
 
 Two extra measurements:
 
@@ -41,18 +41,14 @@ Two extra measurements:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..clocks import RequestRecord, summarize
 from ..model.config import llama_30m, tiny_llama
@@ -61,6 +57,8 @@ from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
 from ..serving.reservation import ReservationEngine
 from ..serving.scheduler import SchedulerConfig
+from ..results_io import write_json
+from ..threads import torch_threads
 from ..workload import Request
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
@@ -83,7 +81,7 @@ class BenchSettings:
     max_model_len: int = 1024
     seed: int = 0
     repeats: int = 1  # runs of every cell, round-robin; the median one is reported
-    threads: int | None = 1  # the lab's default on a shared machine (kvlab/experiments/threads.py)
+    threads: int | None = 1  # the lab's default on a shared machine (kvlab/threads.py)
     spreads: tuple[tuple[int, int], ...] = SPREADS
 
     def check(self) -> None:
@@ -113,17 +111,6 @@ def make_requests(s: BenchSettings, output_tokens: tuple[int, int] | None = None
     lo, hi = output_tokens or s.output_tokens
     outs = np.random.default_rng([s.seed, 1]).permutation(np.round(np.linspace(lo, hi, s.requests)).astype(int))
     return [Request(i, len(p), int(o), 0.0, "bench", p) for i, (p, o) in enumerate(zip(prompts, outs))]
-
-
-@contextlib.contextmanager
-def _threads(threads: int | None) -> Iterator[int]:
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
 
 
 def entry(impl: str, policy: str, outputs: str, records: list[RequestRecord], wall_s: float, **extra) -> dict:
@@ -287,7 +274,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
     label = f"mixed {s.output_tokens[0]}-{s.output_tokens[1]}"
     spread_sets = {(lo, hi): make_requests(s, (lo, hi), vocab=vocab) for lo, hi in (s.spreads if spread else ())
                    if (lo, hi) != tuple(s.output_tokens)}  # the main mixed workload is measured anyway
-    with _threads(s.threads) as threads:
+    with torch_threads(s.threads) as threads:
         hf = None
         if transformers:
             import transformers as tr
@@ -424,9 +411,6 @@ def main(args: argparse.Namespace) -> int:
     report["settings"]["load_average_1m"] = [load, os.getloadavg()[0]]  # before, after: others share the machine
     print_report(report)
     if args.json:
-        from ..serving.cost_model import _jsonable
-
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_jsonable(report), indent=2) + "\n")
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

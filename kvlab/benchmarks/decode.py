@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -35,6 +34,8 @@ from ..generate import generate
 from ..model.config import ModelConfig, llama_30m, tiny_llama
 from ..model.decoder import Decoder, build_model
 from ..model.loading import to_transformers
+from ..results_io import write_json
+from ..threads import set_torch_threads
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 POSITIONS = (1, 32, 64, 127)  # tokens whose step time is reported (0 is the prefill)
@@ -249,8 +250,7 @@ def main(args: argparse.Namespace) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads or None)
     if args.prompt < 1 or args.new < 2 or args.repeats < 1:
         raise SystemExit(f"need --prompt >= 1, --new >= 2 and --repeats >= 1; got {args.prompt}, {args.new}, "
                          f"{args.repeats}")
@@ -336,7 +336,6 @@ def main(args: argparse.Namespace) -> int:
               "env": environment(device, config), "machine_bandwidth": bandwidth, "summary": summary,
               "results": results, "created_unix_s": time.time()}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     return 1 if any(r["status"] == "error" for r in results) else 0

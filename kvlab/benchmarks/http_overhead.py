@@ -1,7 +1,7 @@
 """Benchmark: what HTTP and streaming add to TTFT — client-measured vs engine-measured, at low load.
 
 Starts `python -m kvlab serve` in a subprocess on 127.0.0.1 (default model:
-data/recall-tiny, else a seeded tiny_llama; `--model` to choose), sends a
+recall-tiny, shipped inside kvlab; `--model` to choose), sends a
 low constant load with the load generator, and joins each request's client
 and engine clocks (`kvlab.http.compare`). Reported: the median (and p90)
 of `ttft_overhead_s` = client TTFT from sending - engine TTFT from
@@ -17,9 +17,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from kvlab.clocks import save_results
+from kvlab.cli import parse_command
 from kvlab.http.compare import measure_http_overhead, overhead_summary
 from kvlab.http.local import ServerProcess
+from kvlab.results_io import save_results
 
 GOAL_S = 0.005
 
@@ -57,10 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run, print and save the comparison."""
-    if not isinstance(args, argparse.Namespace):
-        parser = argparse.ArgumentParser(prog="python -m kvlab bench http", description=__doc__.splitlines()[0])
-        add_arguments(parser)
-        args = parser.parse_args(args)
+    args = parse_command(("bench", "http"), args)
     frame, row = run(args.requests, args.rate, args.tokens, args.model, args.chat, args.seed)
     cols = ["client_ttft_s", "client_ttft_from_sent_s", "engine_ttft_s", "ttft_overhead_s", "e2e_overhead_s"]
     print((frame[cols] * 1e3).describe(percentiles=[0.5, 0.9]).T.round(2).to_string())

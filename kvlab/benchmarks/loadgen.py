@@ -27,9 +27,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from kvlab.clocks import save_results
+from kvlab.cli import parse_command
 from kvlab.http.loadgen import http_workload, run_loadtest
 from kvlab.http.local import ServerProcess
+from kvlab.results_io import save_results
 
 GOAL_RPS = 200.0
 
@@ -105,10 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run both scenarios, print them, and save them with `--json`."""
-    if not isinstance(args, argparse.Namespace):
-        parser = argparse.ArgumentParser(prog="python -m kvlab bench loadgen", description=__doc__.splitlines()[0])
-        add_arguments(parser)
-        args = parser.parse_args(args)
+    args = parse_command(("bench", "loadgen"), args)
     frame = run(args.requests, args.tokens, args.max_connections, args.rate, args.paced_seconds, args.seed)
     cols = ["scenario", "requests", "completed", "failed", "wall_s", "achieved_rps", "client_cpu_ms_per_request",
             "client_capacity_rps", "server_cpu_s", "send_delay_p50_s", "send_delay_p99_s"]

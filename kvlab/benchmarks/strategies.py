@@ -51,6 +51,7 @@ def main(args: argparse.Namespace) -> int:
 
     from ..env import environment
     from ..experiments.strategies import default_settings, run_strategies
+    from ..results_io import write_json
     from ..tasks.recall import load_recall_model
 
     try:
@@ -93,7 +94,6 @@ def main(args: argparse.Namespace) -> int:
               "summary": summary, "results": json.loads(frame.to_json(orient="records")),
               "wall_s": wall, "created_unix_s": time.time()}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(args.json, report)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import weakref
 
 import torch
@@ -42,6 +43,17 @@ class OffloadedCache(KVCache):
     head form one contiguous row, so a layer's first S tokens are one contiguous block: one copy
     in and one copy out per layer and step.
 
+    A slower link, modelled honestly (``link_gbps``): by default the copies run as fast as the two
+    memories allow, which on a CPU-only machine means RAM to RAM. ``link_gbps=1.0`` models a tier
+    behind a link of 1 GB/s (10^9 bytes per second): every copy still really moves its bytes, in
+    chunks of ``LINK_CHUNK_BYTES``, and after each chunk the cache waits until the time those bytes
+    take at that rate has passed since the chunk began (sleeping, then polling the clock for the
+    last millisecond, since a sleeper wakes late). The link's time is therefore really inside the
+    measured step, not added on paper; a chunk whose copy is already slower than the link (a busy
+    machine) waits nothing and is not sped up. Throttled copies are synchronous (``prefetch`` is
+    off), so their whole time shows in the step. ``link_wait_s_total`` counts the seconds waited
+    for the link; ``copy_s_total`` the seconds spent copying, waiting included.
+
     Accounting: ``bytes_moved_last_step`` = bytes read from the tier (the S stored tokens of every
     layer, K and V) + bytes written to it (the T new tokens of every layer) during the last step
     (reset when layer 0 is updated); ``bytes_moved_total`` since construction. ``memory()``:
@@ -50,10 +62,12 @@ class OffloadedCache(KVCache):
     """
 
     name = "offloaded"
+    LINK_CHUNK_BYTES = 64 * 1024  # a throttled copy moves this much at a time, then waits for the link
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 max_len: int | None = None, prefetch: bool = True, storage_dir: str | None = None) -> None:
+                 max_len: int | None = None, prefetch: bool = True, storage_dir: str | None = None,
+                 link_gbps: float | None = None) -> None:
         # Every check first, so a bad option leaves no file or buffer behind.
         if max_len is None:
             raise ValueError("offloaded cache needs max_len (the most tokens it will hold), "
@@ -62,17 +76,25 @@ class OffloadedCache(KVCache):
             raise ValueError(f"offloaded cache max_len must be an integer >= 1, got {max_len!r}")
         if not isinstance(prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
+        if link_gbps is not None and (isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float))
+                                      or not 0 < link_gbps < float("inf")):
+            raise ValueError(f"link_gbps must be a positive number of GB/s (1.0 = 10^9 bytes per second) or None "
+                             f"for no throttle, got {link_gbps!r}")
         if storage_dir is not None and not os.path.isdir(storage_dir):
             raise ValueError(f"storage_dir {storage_dir!r} is not an existing folder; create it or pass None "
                              "for a temporary one")
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         self.max_len = max_len
         self.cuda = self.device.type == "cuda"
-        self.prefetch = prefetch and self.cuda  # overlapping copies needs a side stream
+        self.link_gbps = None if link_gbps is None else float(link_gbps)
+        # overlapping copies needs a side stream; a throttled link copies synchronously
+        self.prefetch = prefetch and self.cuda and self.link_gbps is None
         self.storage_path: str | None = None
         self._len = [0] * num_layers
         self.bytes_moved_last_step = 0
         self.bytes_moved_total = 0
+        self.copy_s_total = 0.0  # seconds inside _copy (on CPU or a throttled link: the copies' own time)
+        self.link_wait_s_total = 0.0  # seconds slept waiting for the modelled link
         self.row_bytes = 2 * batch * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
         tier_shape = (num_layers, max_len, 2, batch, num_kv_heads, head_dim)
@@ -97,11 +119,42 @@ class OffloadedCache(KVCache):
 
     # -- moving bytes between the tier and the working buffers ------------------------------------
     def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """The one place bytes cross tiers: a contiguous block copy, counted."""
-        dst.copy_(src, non_blocking=self.prefetch)
+        """The one place bytes cross tiers: a contiguous block copy, counted (and paced, with ``link_gbps``)."""
+        t0 = time.perf_counter()
+        if self.link_gbps is None:
+            dst.copy_(src, non_blocking=self.prefetch)
+        else:
+            self._paced_copy(dst, src)
         n = src.numel() * src.element_size()
         self.bytes_moved_last_step += n
         self.bytes_moved_total += n
+        self.copy_s_total += time.perf_counter() - t0
+
+    def _paced_copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy token rows chunk by chunk; after each chunk, wait out the rest of the time its bytes take
+        at ``link_gbps`` (a chunk whose copy already took longer waits nothing, and is not sped up)."""
+        rows = max(1, self.LINK_CHUNK_BYTES // self.row_bytes)  # tokens (rows of K and V) per chunk
+        for a in range(0, src.size(0), rows):
+            t0 = time.perf_counter()
+            chunk = src[a:a + rows]  # (rows, 2, B, nkv, hs)
+            dst[a:a + rows].copy_(chunk)
+            if self.cuda:
+                torch.cuda.current_stream(self.device).synchronize()  # the bytes have arrived
+            done = t0 + chunk.numel() * chunk.element_size() / (self.link_gbps * 1e9)  # when the link would be
+            now = time.perf_counter()
+            if now < done:
+                self._wait_until(done)
+                self.link_wait_s_total += time.perf_counter() - now
+
+    @staticmethod
+    def _wait_until(deadline: float) -> None:
+        """Wait until ``perf_counter()`` reaches ``deadline``. The OS wakes a sleeper tens of µs late (much
+        later on a busy machine), so the last millisecond is waited by polling the clock instead."""
+        ahead = deadline - time.perf_counter()
+        if ahead > 1e-3:
+            time.sleep(ahead - 1e-3)
+        while time.perf_counter() < deadline:
+            pass
 
     def _fetch(self, layer_idx: int, slot: int) -> None:
         """Copy the layer's stored tokens from the tier into a working buffer (on the side stream if prefetching)."""

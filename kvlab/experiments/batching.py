@@ -19,9 +19,10 @@ import pandas as pd
 from ..model.decoder import Decoder
 from ..serving.executor import Executor
 from ..serving.scheduler import POLICIES, SchedulerConfig
+from ..threads import check_threads
 from ..workload import Request, arrival_times
 from .progress import Progress, no_progress
-from .serving_run import (ServingRun, check_positive_int, check_threads, resolve_model, runs_table, seeded_prompt,
+from .serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
 
 LENGTHS = ("equal", "mixed")

@@ -6,6 +6,10 @@ count on the same questions, which is scored once and shared. Its rows have the 
 ``kvlab.quality.recall_accuracy`` (setting, distance_bucket, examples, accuracy, exact_accuracy)
 plus the setting's parts, so the plots read either. ``quality_prompts`` of the questions are also
 compared token by token with the exact cache (KL of next-token distributions, top-1 agreement).
+
+Every accuracy is shown with the number of questions behind it: ``accuracy_table`` writes each
+bucket as right / asked (a bucket holds only a fraction of the questions, so one answer more or
+less moves its percentage a lot).
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     them is not scored twice). Questions: ``make_examples(examples, pairs, seed)``, the same for
     every setting. Columns: setting, strategy, bits, group_size, residual, pairs, context_tokens,
     distance_bucket (an Interval of tokens), distance_mid, examples, correct, accuracy,
-    exact_accuracy, kl_mean, top1_agreement (NaN with ``quality_prompts=0``).
+    exact_accuracy, kl_mean, top1_agreement (NaN with ``quality_prompts=0``), quality_prompts and
+    compared_positions (the prompts and answer positions KL and top-1 agreement are taken over).
     """
     from ..tasks.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 
@@ -72,19 +77,22 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
                 opts.setdefault("max_len", context + ANSWER_TOKENS)
             by = score(model, questions, s["cache"], buckets, **opts).by_distance
             kl = top1 = math.nan
+            positions = 0
             if quality_prompts and s["cache"] != EXACT:
                 report = compare_to_exact(model, [q.prompt_ids for q in questions[:quality_prompts]], s["cache"],
                                           max_new_tokens=ANSWER_TOKENS, stop_tokens=stop, **opts)
-                kl, top1 = report.kl_mean, report.top1_agreement
+                kl, top1, positions = report.kl_mean, report.top1_agreement, report.positions
             elif quality_prompts:
                 kl, top1 = 0.0, 1.0  # the exact cache against itself
+                positions = quality_prompts * ANSWER_TOKENS
             quantized = s["cache"] == "quantized"
             frames.append(by.assign(
                 setting=describe_cache(s["cache"], _options(s)), strategy=s["cache"],
                 bits=s.get("bits", 4) if quantized else element_bits,
                 group_size=s.get("group_size", math.gcd(head_dim, 32)) if quantized else None,
                 residual=s.get("residual", 64) if quantized else None,
-                pairs=pairs, context_tokens=context, kl_mean=kl, top1_agreement=top1))
+                pairs=pairs, context_tokens=context, kl_mean=kl, top1_agreement=top1,
+                quality_prompts=quality_prompts, compared_positions=positions))
     frame = pd.concat(frames, ignore_index=True)
     exact = frame[frame["setting"] == EXACT].set_index("distance_bucket")["accuracy"]
     frame["exact_accuracy"] = frame["distance_bucket"].map(exact).astype(float)
@@ -92,24 +100,48 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     frame["correct"] = frame["correct"].astype(int)
     return frame[["setting", "strategy", "bits", "group_size", "residual", "pairs", "context_tokens",
                   "distance_bucket", "distance_mid", "examples", "correct", "accuracy", "exact_accuracy",
-                  "kl_mean", "top1_agreement"]]
+                  "kl_mean", "top1_agreement", "quality_prompts", "compared_positions"]]
 
 
 def accuracy_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per setting of an ``accuracy_by_distance`` (or ``recall_accuracy``) frame: overall accuracy
-    (correct answers over all questions), the exact cache's, and the nearest and farthest buckets'."""
+    (correct answers over all questions) with its counts, the exact cache's, and the nearest and farthest
+    buckets' accuracy, each beside its number of questions (``nearest_n``, ``farthest_n``)."""
     rows = []
     for setting, g in frame.groupby("setting", sort=False):
         n = g["examples"].sum()
-        row = dict(setting=setting, examples=int(n),
+        correct = g["correct"].sum() if "correct" in g else (g["accuracy"].fillna(0) * g["examples"]).sum()
+        row = dict(setting=setting, examples=int(n), correct=int(round(float(correct))),
                    accuracy=float((g["accuracy"].fillna(0) * g["examples"]).sum() / n),
                    exact_accuracy=float((g["exact_accuracy"].fillna(0) * g["examples"]).sum() / n),
-                   nearest_accuracy=float(g["accuracy"].iloc[0]), farthest_accuracy=float(g["accuracy"].iloc[-1]))
-        for col in ("bits", "group_size", "residual", "kl_mean", "top1_agreement"):
+                   nearest_accuracy=float(g["accuracy"].iloc[0]), nearest_n=int(g["examples"].iloc[0]),
+                   farthest_accuracy=float(g["accuracy"].iloc[-1]), farthest_n=int(g["examples"].iloc[-1]))
+        for col in ("bits", "group_size", "residual", "kl_mean", "top1_agreement", "quality_prompts",
+                    "compared_positions"):
             if col in g:
                 row[col] = g[col].iloc[0]
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-__all__ = ["accuracy_by_distance", "accuracy_summary"]
+def bucket_label(interval: pd.Interval, n: int) -> str:
+    """A distance bucket as a reader sees it: ``13–74 tokens (n=11)`` (tokens between fact and query)."""
+    return f"{int(interval.left) + 1}–{int(interval.right)} tokens (n={n})"
+
+
+def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Right answers / questions asked, per setting (rows) and distance bucket (columns, each naming its n),
+    with all buckets together last: ``accuracy_by_distance``'s frame as a learner reads it."""
+    buckets = frame.drop_duplicates("distance_bucket").sort_values("distance_mid")
+    columns = {b: bucket_label(b, int(n)) for b, n in zip(buckets["distance_bucket"], buckets["examples"])}
+    table = {}
+    for setting, g in frame.groupby("setting", sort=False):
+        cells = {columns[b]: f"{int(c)}/{int(n)}" for b, c, n in zip(g["distance_bucket"], g["correct"], g["examples"])}
+        cells["all"] = f"{int(g['correct'].sum())}/{int(g['examples'].sum())}"
+        table[setting] = cells
+    out = pd.DataFrame.from_dict(table, orient="index")[list(columns.values()) + ["all"]]
+    out.index.name = "setting"
+    return out
+
+
+__all__ = ["accuracy_by_distance", "accuracy_summary", "accuracy_table", "bucket_label"]

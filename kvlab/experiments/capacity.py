@@ -1,12 +1,14 @@
 """Memory is capacity: how many sequences a KV budget holds, and what the engine does when it runs out.
 
-Counting (exact, no model runs):
+The lessons of notebooks 07 (counting) and 08 (running).
+
+Counting (exact, no model runs; notebook 07):
 - ``paged_vs_reserved``: the same budget either reserves each request's maximum length up front,
   or hands out fixed-size blocks as tokens arrive (PagedAttention). Sequences that fit and the
   waste of each: reserved-but-unused slots vs the unfilled tail of each last block.
 - ``block_size_table``: larger blocks waste more per sequence (about half a block on average).
 - ``capacity_levers``: max context and max new tokens bound each sequence, hence concurrency.
-Running (the real decoder, wall clock):
+Running (the real decoder, wall clock; notebook 08):
 - ``preemption_runs``: a budget too small for every running sequence to grow; preemption by
   recompute and its cost in recomputed tokens.
 - ``prefix_caching_runs``: a shared system prompt computed once and reused (hit rate, TTFT).
@@ -26,9 +28,10 @@ from ..serving.block_manager import BlockManager, bytes_per_block
 from ..serving.executor import Executor
 from ..serving.scheduler import SchedulerConfig
 from ..serving.sequence import SamplingParams, Sequence as EngineSequence
+from ..threads import check_threads
 from ..workload import Request, make_workload
 from .progress import Progress, no_progress
-from .serving_run import (ServingRun, check_positive_int, check_threads, resolve_model, runs_table, seeded_prompt,
+from .serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
 
 
@@ -180,7 +183,9 @@ def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_
                              mean_tokens=float(peak.mean()), prompts_cut=int(sum(
                                  min(r.prompt_tokens, C - min(r.max_new_tokens, M, C - 1)) < r.prompt_tokens
                                  for r in requests))))
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs.update(requests=len(requests), block_size=block_size, kv_budget_bytes=kv_budget_bytes)
+    return out
 
 
 # -- running out of blocks: preemption --------------------------------------------------------------
@@ -237,12 +242,16 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
 
 
 def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
-    """Per budget: preemptions, tokens recomputed, peak running sequences, throughput and tail latency."""
+    """Per budget: preemptions, tokens recomputed, peak running sequences, throughput and tail latency.
+
+    ``mean_batch`` is the mean number of sequences per step; ``ttft_n`` the completed requests
+    behind the TTFT and E2E quantiles.
+    """
     t = runs_table(runs)
     t.insert(1, "kv_blocks", [r.extra.get("kv_blocks") for r in runs])
     t.insert(2, "recomputed_tokens", [r.extra.get("recomputed_tokens") for r in runs])
     return t[["run", "kv_blocks", "preemptions", "recomputed_tokens", "peak_running", "peak_blocks_used", "steps",
-              "completed", "output_tokens_per_s", "ttft_p95_s", "e2e_p95_s", "wall_s"]]
+              "mean_batch", "completed", "output_tokens_per_s", "ttft_n", "ttft_p95_s", "e2e_p95_s", "wall_s"]]
 
 
 # -- prefix caching ----------------------------------------------------------------------------------

@@ -22,9 +22,10 @@ from ..clocks import quantiles, summarize
 from ..model.decoder import Decoder
 from ..serving.executor import Executor
 from ..serving.scheduler import SchedulerConfig
+from ..threads import check_threads, set_torch_threads
 from ..workload import Request, make_workload
 from .progress import Progress, no_progress
-from .serving_run import (ServingRun, check_positive_int, check_threads, records_from_frame, resolve_model,
+from .serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
                           seeded_prompt, serve, warm_up)
 
 CLOCK_ROWS = (  # (clock, from, to, how)
@@ -111,9 +112,7 @@ def _child(t0: float, params: dict) -> None:
     from ..model.decoder import build_model
     from .slowdown import slowdown_config
     t_import = time.perf_counter()
-    check_threads(params["threads"])
-    if params["threads"] is not None:
-        torch.set_num_threads(params["threads"])
+    set_torch_threads(params["threads"])
     model = build_model(slowdown_config(), seed=params["seed"])
     t_build = time.perf_counter()
     from ..serving.engine import Engine

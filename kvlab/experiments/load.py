@@ -3,11 +3,14 @@
 ``python -m kvlab sweep [--simulate] [--profile P ...] [--rates R,R,...] [--requests N] [--json PATH]``
 
 With ``--simulate`` every level runs in virtual time on the cost model calibrated for the
-config (data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds.
+config (kvlab/data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds.
 Without it the real decoder (a small config, ``tiny`` by default) serves every level in real
 time, so keep ``--requests`` small. Rates default to ten levels from 0.1 to 1.5 times the
 capacity the cost model estimates for the profile. The knee is marked as defined in
 ``kvlab.serving.sweep``.
+
+``--trace PATH`` replays a trace (Azure CSV or Mooncake JSON lines, ``--trace-format`` or detected)
+instead of a profile, faster level by level: ``kvlab.experiments.prefix_traces.trace_curve``.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from ..model.decoder import build_model
 from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
 from ..serving.scheduler import SchedulerConfig
-from ..serving.sweep import auto_rates, estimate_capacity_rps, load_sweep, mark_knee
+from ..serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
 from ..workload import PROFILE_NAMES, Request, make_workload
 from .progress import Progress, no_progress
 from .slowdown import slowdown_config
@@ -34,6 +37,7 @@ from .threads import torch_threads
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
+KEEPS_UP_RATIO = 0.9  # a level keeps up when >= 90% of the requests/s sent are served (as in mark_knee)
 MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
 
 
@@ -147,13 +151,16 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     (``output_tokens``) arrive as a Poisson process for ``window_s`` seconds at ``rate``
     requests/s (default ``ab_load``: the lowest load policy A no longer keeps up with). One row
     per policy (``ab_policies``), counted when the window closes: sent, completed, failed,
-    waiting, running, output tokens/s and requests/s over the window, and the clocks of the
-    requests completed by then, each with its n. Deterministic: same arguments, same numbers.
+    waiting, running, output tokens/s and requests/s over the window, and the clocks (TTFT,
+    TPOT, E2E) of the requests completed by then, each with its n; then ``throughput_ratio``
+    and ``keeps_up`` of the run drained to the end (>= ``KEEPS_UP_RATIO`` of the requests/s
+    sent were served, as in ``mark_knee``). Deterministic: same arguments, same numbers.
 
     Why they differ: A runs a waiting prompt at once, so first tokens come early, but its
-    prompt-only steps pause every running answer and each pays the whole per-step cost alone;
-    B keeps every answer moving and slips prompts into the budget left over, so it finishes
-    more answers per minute while a new prompt waits longer for its first token.
+    prompt-only steps pause every running answer (a long time per output token) and each pays
+    the whole per-step cost alone; B keeps every answer moving and slips prompts into the budget
+    left over, so it finishes more answers per minute while a new prompt waits longer for its
+    first token.
     """
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
     policies = ab_policies() if policies is None else policies
@@ -163,7 +170,8 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
         rate = ab_load(cost_model, policies, profile, output_tokens, window_s, seed)
     n = max(2, int(rate * window_s))
     reqs = _workload(profile, n, seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
-    runs = {name: simulator(cost_model, sched).run(reqs, clock="virtual") for name, sched in policies.items()}
+    engines = {name: simulator(cost_model, sched) for name, sched in policies.items()}
+    runs = {name: engine.run(reqs, clock="virtual") for name, engine in engines.items()}
     # The window closes at window_s, or later if a request was still being handed over: both runs are counted at
     # the same moment, with every request sent.
     until = max([window_s] + [r.sent_s for records in runs.values() for r in records])
@@ -171,17 +179,45 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     for name, sched in policies.items():
         s = summarize(runs[name], until_s=until)
         d = s.to_dict()
+        # Keeping up, as in mark_knee: the run drained, were >= 90% of the requests/s sent served?
+        drained = level_row(engines[name], runs[name], reqs, rate)
         rows.append({"policy": name, "rule": sched.priority if sched.policy == "continuous" else "static",
                      "offered_rps": rate, "window_s": until,
                      **{k: d[k] for k in ("sent", "completed", "failed", "waiting", "running")},
                      "output_tokens_per_s": s.output_tokens_per_s, "requests_per_s": s.requests_per_s,
                      **{f"{c}_{q}": d[f"{c}_{q}"] for c in ("ttft", "tpot", "e2e")
                         for q in ("n", "p50_s", "p95_s")},
+                     "throughput_ratio": drained["throughput_ratio"],
+                     "keeps_up": bool(drained["throughput_ratio"] >= KEEPS_UP_RATIO),
                      "max_seqs": sched.max_seqs, "max_batch_tokens": sched.max_batch_tokens})
     frame = pd.DataFrame(rows)
     frame.attrs.update(profile=profile, output_tokens=output_tokens, requests=n, seed=seed,
                        cost_model=cost_model.config_name)
     return frame
+
+
+def ab_at_two_loads(cost_model: CostModel | None = None, low_fraction: float = 0.5, window_s: float = 60.0,
+                    profile: str = "long_short", output_tokens: int = 32, seed: int = 0,
+                    policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
+    """``ab_example`` at two loads: ``low_fraction`` x and 1 x ``ab_load`` (where A alone falls behind).
+
+    One row per (load, policy); the column ``load`` says "below capacity" or "overloaded". Below
+    capacity both rules usually keep up (``keeps_up``); the claims of notebook 06 check it. The
+    overloaded level is the A/B example itself: there one rule trades first tokens for throughput.
+    """
+    if not 0 < low_fraction < 1:
+        raise ValueError(f"low_fraction={low_fraction} must be in (0, 1): a share of the load A falls behind at")
+    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    policies = ab_policies() if policies is None else policies
+    high = ab_load(cost_model, policies, profile, output_tokens, window_s, seed)
+    frames = []
+    for label, rate in (("below capacity", float(f"{low_fraction * high:.4g}")), ("overloaded", high)):
+        f = ab_example(cost_model, rate, window_s, profile, output_tokens, seed, policies)
+        f.insert(0, "load", label)
+        frames.append(f)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs.update(frames[-1].attrs, low_fraction=low_fraction, requests=[f.attrs["requests"] for f in frames])
+    return out
 
 
 def ab_holds(frame: pd.DataFrame) -> dict:
@@ -227,6 +263,33 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
     return pd.concat(frames, ignore_index=True)
 
 
+GAP_CLOCKS = ("achieved_rps", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p95_s")
+
+
+def real_vs_simulated(frame: pd.DataFrame, clocks: Sequence[str] = GAP_CLOCKS) -> pd.DataFrame:
+    """How far the simulator is from the real run: one row per (load, clock), real / simulated, with n.
+
+    ``frame`` is ``simulated_vs_real`` output. ``ratio`` > 1: the real run was slower (a longer
+    time) or, for ``achieved_rps``, served more. ``n_real`` / ``n_simulated`` are the completed
+    requests behind each quantile (the level's request count for throughput).
+    """
+    if "source" not in frame or set(frame["source"]) != {"real", "simulated"}:
+        raise ValueError("expected simulated_vs_real output: rows with source 'real' and 'simulated'")
+    real = frame[frame["source"] == "real"].set_index("offered_rps")
+    sim = frame[frame["source"] == "simulated"].set_index("offered_rps")
+    if list(real.index) != list(sim.index):
+        raise ValueError(f"real and simulated levels differ: {list(real.index)} vs {list(sim.index)}")
+    rows = []
+    for rate in real.index:
+        for clock in clocks:
+            n_col = clock.split("_")[0] + "_n" if clock.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else "completed"
+            r, s_ = float(real.loc[rate, clock]), float(sim.loc[rate, clock])
+            rows.append({"offered_rps": rate, "clock": clock, "real": r, "simulated": s_,
+                         "ratio": r / s_ if s_ > 0 else float("nan"),
+                         "n_real": int(real.loc[rate, n_col]), "n_simulated": int(sim.loc[rate, n_col])})
+    return pd.DataFrame(rows)
+
+
 # -- the command line --------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--simulate", action="store_true",
@@ -236,11 +299,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", help="offered loads in requests/s, comma-separated and rising "
                                         "(default: 10 levels from 0.1 to 1.5 x the estimated capacity)")
     parser.add_argument("--levels", type=int, default=10, help="levels when --rates is not given (default 10)")
-    parser.add_argument("--requests", type=int, help="requests per level (default 500 simulated, 30 real)")
+    parser.add_argument("--requests", type=int, help="requests per level (default 500 simulated, 30 real; "
+                                                     "with --trace: all of it simulated, its first 30 real)")
     parser.add_argument("--config", choices=sorted(CONFIGS),
                         help="model config (default llama-30m simulated, tiny real)")
     parser.add_argument("--calibration", type=Path, metavar="PATH",
-                        help="cost model JSON (default data/calibration/<config>.json)")
+                        help="cost model JSON (default: the one shipped in kvlab/data/calibration/)")
     parser.add_argument("--policy", choices=("continuous", "static"), default="continuous")
     parser.add_argument("--priority", choices=("decode_first", "prefill_first"), default="decode_first")
     parser.add_argument("--max-seqs", type=int, default=16)
@@ -250,6 +314,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the real model (default 1)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the table, settings and machine as JSON")
+    trace = parser.add_argument_group("trace replay (instead of --profile)")
+    trace.add_argument("--trace", type=Path, metavar="PATH",
+                       help="replay this trace at rising rates (kvlab.traces.SAMPLE_TRACES has one per format)")
+    trace.add_argument("--trace-format", choices=("azure", "mooncake"), help="default: detected from the file")
+    trace.add_argument("--length-scale", type=float, default=1.0,
+                       help="divide the trace's lengths by this (Mooncake: 1, 2, 4, 8, 16, ...; default 1)")
 
 
 def parse_rates(text: str) -> list[float]:
@@ -261,8 +331,11 @@ def parse_rates(text: str) -> list[float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..clocks import save_results
+    from ..results_io import save_results
 
+    if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
+        from .prefix_traces import trace_sweep_main
+        return trace_sweep_main(args)
     config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
     profiles = args.profile or (list(PROFILE_NAMES) if args.simulate else ["short_short"])
     requests = args.requests or (500 if args.simulate else 30)
@@ -313,5 +386,6 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["DEFAULT_SLO", "ab_example", "ab_holds", "ab_load", "ab_policies", "end_of_window_counts",
-           "scheduler_config", "service_curve", "service_curves", "simulated_vs_real", "simulator"]
+__all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
+           "ab_policies", "end_of_window_counts", "real_vs_simulated", "scheduler_config", "service_curve",
+           "service_curves", "simulated_vs_real", "simulator"]

@@ -52,6 +52,7 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
     dynamic, allocated == formula; for static, used == formula and the rest of the capacity
     (prompt + max_new_tokens) is reserved. A strategy that cannot be built here (its module is
     missing, or its option needs something this machine lacks) gets one row whose ``note`` says why.
+    ``frame.attrs["options"]`` records each built cache's options (bits, group_size, residual, max_len).
     ``caches`` defaults to every strategy that stores something (all of CACHE_NAMES but "none").
     Nothing is timed here; ``threads`` (default 1) only keeps the run quick on a busy machine.
     """
@@ -72,6 +73,7 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
     elem = torch.tensor([], dtype=model.dtype).element_size()
     ids = prompt_ids(model, prompt_tokens, seed)
     rows: list[dict] = []
+    options: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kvlab-offload-") as storage_dir, torch_threads(threads):
         for name in progress(caches, total=len(caches), desc="measuring", unit="cache"):
             try:
@@ -79,6 +81,8 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
             except (ImportError, NotImplementedError, RuntimeError) as exc:
                 rows.append(dict(cache=name, note=f"not measured: {type(exc).__name__}: {exc}"))
                 continue
+            options[name] = {k: getattr(cache, k) for k in ("bits", "group_size", "residual", "max_len")
+                             if hasattr(cache, k)}
             for event in stream(model, ids, cache=cache, max_new_tokens=max_new_tokens):
                 mem = cache.memory()
                 stored = cache.seq_len
@@ -93,7 +97,7 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
     int_cols = [c for c in _MEMORY_COLUMNS if c not in ("cache", "note")]
     out[int_cols] = out[int_cols].astype("Int64")  # integers, with <NA> on "not measured" rows
     out.attrs.update(model=cfg.name, bytes_per_element=elem, prompt_tokens=prompt_tokens,
-                     max_new_tokens=max_new_tokens, capacity=total)
+                     max_new_tokens=max_new_tokens, capacity=total, options=options)
     return out
 
 

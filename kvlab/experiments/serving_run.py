@@ -25,9 +25,9 @@ from ..model.decoder import Decoder
 from ..serving.engine import Engine
 from ..serving.executor import Executor, StepResult
 from ..serving.scheduler import SchedulerConfig, SchedulerOutput
+from ..threads import torch_threads
 from ..workload import Request
 from .slowdown import slowdown_model
-from .threads import torch_threads
 
 
 class FixedStepCostExecutor(Executor):
@@ -112,7 +112,10 @@ def tokens_frame(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def lesson_model() -> Decoder:
-    """The ~3M-parameter Llama of lesson 01 (random weights), built once: the serving lessons' model."""
+    """The Llama of lesson 01 (random weights), built once: the serving lessons' model.
+
+    ~3M parameters on CPU; on a GPU the ~90M-parameter one of ``kvlab.device.lesson_scale()``.
+    """
     return slowdown_model()
 
 
@@ -222,11 +225,6 @@ def runs_frame(runs: Sequence[ServingRun]) -> pd.DataFrame:
                        trace=pd.concat([r.trace for r in runs], ignore_index=True),
                        runs=runs_table(runs), settings={r.label: r.settings for r in runs})
     return frame
-
-
-def check_threads(threads) -> None:
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive integer or None (keep torch's setting), got {threads!r}")
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> None:

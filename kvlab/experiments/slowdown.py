@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from ..cache import CACHE_NAMES
+from ..device import lesson_scale
 from ..generate import check_generation_args, generate
 from ..model.config import ModelConfig, tiny_llama
 from ..model.decoder import Decoder, build_model
@@ -26,17 +27,22 @@ from .threads import torch_threads
 def slowdown_config(**overrides) -> ModelConfig:
     """The ~3M-parameter Llama of lesson 01 (hidden 256, 4 layers, 8 heads, 4 KV heads).
 
-    Small enough that 200 uncached tokens take about two seconds on 2 CPU cores, big enough that
-    the recomputation, not Python overhead, dominates each uncached step.
+    Small enough that a run of 200 uncached tokens takes seconds, not minutes, on 2 CPU cores;
+    big enough that an uncached step over a few hundred tokens takes clearly longer than a
+    cached one (``run_slowdown`` measures both on the machine at hand). On a GPU the lesson
+    model is the ~90M-parameter one of ``kvlab.device.lesson_scale()`` instead (hidden 1024,
+    8 layers): at 3M parameters a GPU step costs its kernel launches whatever the context.
     """
-    base = dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=688,
-                name="llama-3m")
-    return tiny_llama(**{**base, **overrides})
+    return tiny_llama(**{**lesson_scale().model, **overrides})
+
+
+def slowdown_model(seed: int = 0) -> Decoder:
+    """The lesson's model with seeded random weights, built once per seed (timing needs no training)."""
+    return _built_model(seed, lesson_scale().device)
 
 
 @functools.lru_cache(maxsize=4)
-def slowdown_model(seed: int = 0) -> Decoder:
-    """The lesson's model with seeded random weights, built once per seed (timing needs no training)."""
+def _built_model(seed: int, scale: str) -> Decoder:  # one per seed and device scale
     return build_model(slowdown_config(), seed=seed)
 
 
@@ -74,7 +80,7 @@ def check_slowdown_args(model: Decoder, prompt_tokens: int, max_new_tokens: int,
         check_generation_args(model, ids, cache, max_new_tokens, 0.0, None, None, {})
 
 
-def run_slowdown(model: Decoder | None = None, prompt_tokens: int = 32, max_new_tokens: int = 200,
+def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None, max_new_tokens: int | None = None,
                  caches: Sequence[str] = ("none", "dynamic"), repeats: int = 1, seed: int = 0,
                  warmup: bool = True, threads: int | None = 1, progress: Progress = no_progress) -> pd.DataFrame:
     """Time every generated token, for each cache strategy, on the same prompt.
@@ -85,8 +91,13 @@ def run_slowdown(model: Decoder | None = None, prompt_tokens: int = 32, max_new_
     load hits every cache alike. A short warm-up run per cache (not recorded) pays one-time costs.
     ``threads`` CPU threads are used during the run (1 by default, see ``threads.py``; None keeps
     torch's setting); ``frame.attrs`` records it with the model, device and settings.
+    ``prompt_tokens`` and ``max_new_tokens`` default to the model's device's lesson sizes
+    (``kvlab.device.lesson_scale``): 32 and 200 on CPU.
     """
     model = slowdown_model(seed) if model is None else model
+    scale = lesson_scale(model.device)
+    prompt_tokens = scale.prompt_tokens if prompt_tokens is None else prompt_tokens
+    max_new_tokens = scale.max_new_tokens if max_new_tokens is None else max_new_tokens
     caches = tuple(caches)
     check_slowdown_args(model, prompt_tokens, max_new_tokens, caches, repeats)
     ids = prompt_ids(model, prompt_tokens, seed)
@@ -131,9 +142,16 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
     curve (``step_curves``), so a step delayed by another program does not decide the ratio. ``early`` defaults
     to the token 10% into the run, ``late`` to the last token whose window fits in the run (token
     194 of 200). ``work_ratio`` is what the ratio would be if time were proportional to tokens
-    processed: (prompt + late) / (prompt + early) without a cache, 1 with one. The measured ratio
-    sits below it because every step also pays a fixed cost (Python, the output layer, reading
-    the weights): ``slowdown_fit`` measures both parts.
+    processed: (prompt + late) / (prompt + early) without a cache, 1 with one.
+    ``early_ms_per_token_processed`` and ``late_ms_per_token_processed`` divide each step time by
+    the tokens that step pushed through the model. The measured ratio is the work ratio times
+    late / early of that cost per token, so it falls short of the work ratio exactly when a pass
+    over more tokens costs less per token: the matrix products of a pass read every weight once
+    for all the tokens in it, and each operation is started once per pass, not once per token
+    (``per_token_costs`` shows it). What a pass pays once is of the order of a whole cached step
+    (which pays it for a single token: Python, starting each operation, reading the weights, the
+    output layer, which both paths run for the last position only); an uncached pass shares it
+    among all its tokens.
     """
     n = int(frame["token"].max()) + 1  # tokens per run; decode tokens are 1 .. n-1
     early = max(window + 1, round(0.1 * n)) if early is None else early
@@ -155,15 +173,40 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
         rows.append(dict(cache=cache, early_token=early, late_token=late,
                          early_step_ms=e_ms, late_step_ms=l_ms, measured_ratio=l_ms / e_ms,
                          early_tokens_processed=int(e_work), late_tokens_processed=int(l_work),
-                         work_ratio=l_work / e_work, total_s=float(curve["time_s"].iloc[-1])))
+                         work_ratio=l_work / e_work, total_s=float(curve["time_s"].iloc[-1]),
+                         early_ms_per_token_processed=e_ms / e_work, late_ms_per_token_processed=l_ms / l_work))
+    return pd.DataFrame(rows)
+
+
+def per_token_costs(frame: pd.DataFrame, **summary_options) -> pd.DataFrame:
+    """What one processed token cost in a step: step time / tokens that step pushed through the model.
+
+    One row per (cache, early or late token of ``slowdown_summary``) with columns cache, token,
+    tokens_processed, step_ms and ms_per_token_processed. A cached step processes one token per
+    pass; an uncached step processes the prompt and every token so far in one pass. Comparing
+    the rows shows why the measured slowdown falls short of the work ratio: a pass over many
+    tokens costs far less per token than a pass over one (the same reason a prefill of a whole
+    prompt takes far less than one decode step per prompt token).
+    """
+    rows = []
+    for r in slowdown_summary(frame, **summary_options).itertuples():
+        for which in ("early", "late"):
+            step, work = getattr(r, f"{which}_step_ms"), getattr(r, f"{which}_tokens_processed")
+            rows.append(dict(cache=r.cache, token=getattr(r, f"{which}_token"), tokens_processed=work,
+                             step_ms=step, ms_per_token_processed=step / work))
     return pd.DataFrame(rows)
 
 
 def slowdown_fit(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cache, a line through decode step time vs context length: step_ms ≈ fixed_ms + slope × position.
 
-    ``us_per_context_token`` is what one more token of context adds to every step: without a
-    cache, the cost of recomputing that token; with one, the cost of reading its stored K/V.
+    ``us_per_context_token`` is what one more token of context adds to every step within the
+    measured range: without a cache, the cost of recomputing that token; with one, the cost of
+    reading its stored K/V. ``fixed_ms`` is where the line meets zero context: an estimate of
+    what every uncached pass pays whatever it holds, to compare with a whole cached step (which
+    pays the same per-pass costs for one token). It is an extrapolation: where the cost per token
+    is still falling across the measured range the curve bends and the line meets zero higher,
+    and a change of machine load during the run tilts it (``per_token_costs`` needs no line).
     The line is a Theil-Sen fit (median of pairwise slopes), so steps slowed by other programs
     on the machine barely move it.
     """

@@ -8,6 +8,11 @@ a few context lengths and returns one tidy DataFrame, one row per (setting, cont
   the ideal ratio of the quantized format (bits / element bits + scale and zero-point per group);
 - latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's
   ``update`` (quantizing, dequantizing, copying between tiers; CPU only), bytes moved per step;
+- for the offloaded cache, the link: the ms per step its copies took (waiting for a throttled
+  link included: ``link_gbps``, see kvlab.cache.offloaded), the ms the stated link needs for the
+  mean bytes moved (bytes / rate), and bytes moved per second of copying and per second of a whole
+  decode step (medians over the steps, like the p50 latency: one step slowed by another program
+  does not move them);
 - quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the
   answer tokens, top-1 and greedy agreement.
 
@@ -71,20 +76,28 @@ def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes:
     return ((tokens - window) * packed + window) / tokens
 
 
-def _timed_updates(cache: KVCache) -> list[float]:
-    """Wrap the cache's ``update`` so each call's seconds are recorded (attend() calls self.update)."""
+def _timed_updates(cache: KVCache) -> tuple[list[float], list[float]]:
+    """Wrap the cache's ``update`` so each call's seconds are recorded (attend() calls self.update),
+    and, for a cache that counts its copies between tiers (``copy_s_total``), the seconds of copying."""
     spent: list[float] = []
+    copied: list[float] = []
     inner = cache.update
 
     @functools.wraps(inner)
     def update(layer_idx, k, v):
-        t0 = time.perf_counter()
+        c0, t0 = getattr(cache, "copy_s_total", 0.0), time.perf_counter()
         out = inner(layer_idx, k, v)
         spent.append(time.perf_counter() - t0)
+        copied.append(getattr(cache, "copy_s_total", 0.0) - c0)
         return out
 
     cache.update = update  # an instance attribute shadows the class's method
-    return spent
+    return spent, copied
+
+
+def _per_step(per_call: list[float], layers: int) -> list[float]:
+    """Per-update-call seconds summed per step (each step calls update once per layer)."""
+    return [sum(per_call[i:i + layers]) for i in range(0, len(per_call), layers)]
 
 
 def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int, max_len: int) -> dict:
@@ -93,15 +106,17 @@ def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int
         opts.setdefault("max_len", max_len)
     cache = make_cache(setting["cache"], model.config, batch=1, dtype=model.dtype, device=model.device, **opts)
     on_cpu = model.device.type == "cpu"  # on CUDA, timing inside update would need a sync per layer
-    spent = _timed_updates(cache) if on_cpu else []
+    # copies are timed where they are synchronous: on CPU, and over a throttled link (which syncs)
+    copies_timed = hasattr(cache, "copy_s_total") and (on_cpu or getattr(cache, "link_gbps", None) is not None)
+    spent, copied = _timed_updates(cache)
     try:
         layers = model.config.num_layers
         result = generate(model, prompt, cache=cache, max_new_tokens=new_tokens)
         steps = result.timeline.step_s
-        per_step_update = [sum(spent[i:i + layers]) for i in range(0, len(spent), layers)] if on_cpu else []
         mem = cache.memory()
         extra = cache.memory_breakdown() if hasattr(cache, "memory_breakdown") else {}
-        return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=per_step_update[1:],
+        return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=_per_step(spent, layers)[1:] if on_cpu else [],
+                    copy_s=_per_step(copied, layers)[1:] if copies_timed else [],
                     moved=result.timeline.bytes_moved[1:], memory=mem, breakdown=extra)
     finally:
         if hasattr(cache, "close"):
@@ -174,6 +189,9 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
         s = settings[i]
         tokens = len(questions[p][0].prompt_ids) + new_tokens - 1  # the last new token is never fed back
         decode_ms = 1e3 * np.concatenate([r["decode_s"] for r in rs])
+        moved = np.concatenate([r["moved"] for r in rs]).astype(float)  # bytes per decode step
+        copy_s = np.concatenate([r["copy_s"] for r in rs]) if rs[0]["copy_s"] else None
+        link = s.get("link_gbps") if s["cache"] == "offloaded" else None
         m, b = rs[-1]["memory"], rs[-1]["breakdown"]
         row = dict(setting=describe_cache(s["cache"], {k: v for k, v in s.items() if k != "cache"}),
                    strategy=s["cache"], bits=s.get("bits", 8 * element_bytes) if s["cache"] == "quantized"
@@ -190,7 +208,13 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
                    token_ms_p50=float(np.percentile(decode_ms, 50)), token_ms_p95=float(np.percentile(decode_ms, 95)),
                    cache_ms_per_step=(1e3 * float(np.mean(np.concatenate([r["update_s"] for r in rs])))
                                       if rs[0]["update_s"] else float("nan")),
-                   bytes_moved_per_step=float(np.mean(np.concatenate([r["moved"] for r in rs]))),
+                   bytes_moved_per_step=float(np.mean(moved)),
+                   link_gbps=float(link) if link is not None else float("nan"),
+                   link_ms_per_step=1e3 * float(np.mean(moved)) / (link * 1e9) if link is not None else float("nan"),
+                   copy_ms_per_step=1e3 * float(np.median(copy_s)) if copy_s is not None else float("nan"),
+                   copy_gb_per_s=(float(np.median(moved / copy_s)) / 1e9 if copy_s is not None and (copy_s > 0).all()
+                                  else float("nan")),
+                   moved_gb_per_s=float(np.median(moved / (1e-3 * decode_ms))) / 1e9,
                    device=str(model.device), threads=used_threads)
         q = quality.get((i, p), {})
         row.update(accuracy=q.get("accuracy", float("nan")), kl_mean=q.get("kl_mean", float("nan")),

@@ -1,6 +1,6 @@
 """Measuring a real server over the wire: start kvlab's server on loopback, load it from the client, count everything.
 
-The lesson of notebook 08. Everything here goes through a real socket:
+The lesson of notebook 09. Everything here goes through a real socket:
 
 - `start_server` runs `python -m kvlab serve` in a subprocess of *this*
   interpreter on 127.0.0.1 and a free port; it is stopped when the
@@ -213,10 +213,32 @@ def check_rates(rates: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(r) for r in rates)
 
 
+def sent_schedule(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
+    """The rate actually offered: requests scheduled, and the span from the first to the last scheduled arrival.
+
+    A seeded Poisson schedule of `n` requests at `rate` spans about `n / rate` seconds but not
+    exactly: `sent_rps` = n / span is the rate this run really offered (the same on every
+    machine, since the schedule is seeded). The measurement window (`Summary.duration_s`) is
+    longer: it runs on from the last arrival until the last answer ends (`drain_s`).
+    """
+    records = _records(result)
+    arrivals = [r.scheduled_s for r in records]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return {"scheduled_span_s": span, "sent_rps": len(records) / span if span > 0 else float("nan")}
+
+
 def service_row(rate: float, result: LoadTestResult) -> dict:
-    """One row of the service curve: offered rate, what came back, and the four clocks."""
+    """One row of the service curve: offered rate, what came back, and the four clocks.
+
+    Besides `accounting` and the `Summary`: `scheduled_span_s` and `sent_rps` (`sent_schedule`:
+    the rate the seeded schedule really sent), `window_s` (first scheduled arrival to the last
+    event: what `requests_per_s` divides by) and `drain_s` (window minus span: the last answers
+    finishing after the last arrival).
+    """
     summary = result.summary()
     row = {"offered_rps": rate, **accounting(result), **summary.to_dict(), "wall_s": result.wall_s}
+    row.update(sent_schedule(result), window_s=summary.duration_s)
+    row["drain_s"] = row["window_s"] - row["scheduled_span_s"]
     delays = [r.clocks()["send_delay_s"] for r in result.records if r.extra.get("sent")]
     row["send_delay_max_s"] = max(delays) if delays else float("nan")
     return row
@@ -249,7 +271,9 @@ def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_req
     Same profile and seed at every rate, so the rows differ by load alone. Columns:
     `offered_rps`, `num_requests`, `accounting`'s counts, the `Summary` of the run
     (`requests_per_s` achieved, `ttft_p50_s`, `ttft_p90_s`, `tpot_p50_s`, `e2e_p50_s`, ...),
-    `wall_s` and `send_delay_max_s` (how far the client itself fell behind its schedule).
+    `scheduled_span_s`, `sent_rps` (the rate the seeded schedule really sent), `window_s` (what the
+    achieved rate divides by) and `drain_s`, `wall_s` and `send_delay_max_s` (how far the client
+    itself fell behind its schedule).
     """
     rates = check_rates(rates)
     counts = [requests_per_rate(rate, num_requests, duration_s) for rate in rates]

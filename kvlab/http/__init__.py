@@ -1,18 +1,16 @@
-"""Over the wire: an OpenAI-compatible server for the kvlab engine and a load generator for any such server.
-
-- `loadgen`: `run_loadtest(url, http_workload(...))` -> records with the client-side four clocks
-  (`loadtest`: its command line; `client`: one streamed request and the connections).
-- `server`: `create_app(engine, name)` / `python -m kvlab serve` (`protocol`: the OpenAI wire format;
-  `engine_loop`: the thread stepping the engine).
-- `compare`: client-side vs engine-side clocks of the same requests.
-- `local`: run a server on loopback in a thread or a subprocess; `testing`: a scripted server.
-
-Names are imported on first use, so `python -m kvlab.http.<module>` runs each module cleanly.
-"""
+"""Over the wire: an OpenAI-compatible server for the kvlab engine and a load generator for any such server."""
 from __future__ import annotations
 
 import importlib
 
+# - loadgen: run_loadtest(url, http_workload(...)) -> records with the client-side four clocks
+#   (loadtest: its command line; client: one streamed request and the connections).
+# - server: create_app(engine, name) / python -m kvlab serve (protocol: the OpenAI wire format;
+#   engine_loop: the thread stepping the engine).
+# - compare: client-side vs engine-side clocks of the same requests.
+# - local: run a server on loopback in a thread or a subprocess; testing: a scripted server.
+# Names are imported on first use (explicitly, from this table), so the load generator needs only
+# httpx, the server fastapi and uvicorn (the "serve" extras), and python -m kvlab.http.<module> runs cleanly.
 _EXPORTS = {
     "LoadTestResult": "loadgen", "http_workload": "loadgen", "loadtest": "loadgen", "run_loadtest": "loadgen",
     "compare_clocks": "compare", "fetch_engine_records": "compare", "measure_http_overhead": "compare",

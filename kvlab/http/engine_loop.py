@@ -191,8 +191,8 @@ class AsyncEngine:
         for o in outputs:
             if o.finished:
                 self._retire(o.request_id)
-        if len(engine._trace) > 2 * self.keep_steps:  # a server runs for days: keep the recent steps only
-            del engine._trace[:-self.keep_steps]
+        if len(engine.trace) > 2 * self.keep_steps:  # a server runs for days: keep the recent steps only
+            del engine.trace[:-self.keep_steps]
         self._publish_gauges()
         if outputs:
             self._reply(self._deliver, outputs)

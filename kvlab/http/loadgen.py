@@ -5,7 +5,7 @@ of kvlab's own server, vLLM, SGLang, TGI or llama.cpp's server, and stamps one
 `kvlab.clocks.RequestRecord` per request, so the same `summarize` /
 `requests_frame` / plots serve in-process and over-the-wire runs.
 
-How it measures (as vLLM's `bench serve`, see shared/reference/metrics.md):
+How it measures (as vLLM's `bench serve` does, by its metrics documentation):
 
 - **Open loop.** A request is dispatched at its scheduled arrival whether or
   not earlier ones have finished. Every clock starts at the *scheduled*
@@ -60,10 +60,12 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, save_results, summarize
+from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from kvlab.http.client import ConnectionLanes, stream_request
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.workload import Request, make_workload, replay_trace
+from kvlab.results_io import save_results
+from kvlab.traces import replay_trace_file
+from kvlab.workload import Request, make_workload
 
 PROMPT_FORMATS = ("tokens", "text")
 PRINTABLE_FIRST, PRINTABLE_COUNT = 32, 95  # ' ' .. '~'
@@ -84,18 +86,20 @@ def http_workload(
     scale: float = 1.0,
     max_context: int | None = None,
     shared_prefix_tokens: int = 0,
+    trace_format: str | None = None,
 ) -> list[Request]:
     """A seeded workload whose prompts are printable-ASCII token ids (32..126).
 
-    With `trace` the requests replay that Azure-format CSV (`time_scale`,
-    `length_scale`, the first `num_requests` rows); otherwise they come from
-    `make_workload(profile, num_requests, arrival, rate, burstiness, seed,
-    scale=..., max_context=..., shared_prefix_tokens=...)`.
+    With `trace` the requests replay that trace (`time_scale`, `length_scale`, the first
+    `num_requests` rows): an Azure-format CSV, or a Mooncake JSON-lines trace whose shared
+    prefix blocks stay shared (`kvlab.traces`; `trace_format` None: detected from the file);
+    otherwise they come from `make_workload(profile, num_requests, arrival, rate, burstiness,
+    seed, scale=..., max_context=..., shared_prefix_tokens=...)`.
     """
     if trace is not None:
-        requests = replay_trace(trace, time_scale=time_scale, length_scale=length_scale,
-                                max_requests=num_requests, vocab_size=PRINTABLE_COUNT,
-                                max_context=max_context, seed=seed)
+        requests = replay_trace_file(trace, trace_format, time_scale=time_scale, length_scale=length_scale,
+                                     max_requests=num_requests, vocab_size=PRINTABLE_COUNT,
+                                     max_context=max_context, seed=seed)
     else:
         requests = make_workload(profile, num_requests, arrival=arrival, rate=rate, burstiness=burstiness,
                                  seed=seed, vocab_size=PRINTABLE_COUNT, max_context=max_context, scale=scale,

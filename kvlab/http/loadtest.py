@@ -4,7 +4,8 @@
         --num-requests 200 --json results/loadtest.json
 
 Workload and arrival options as in `kvlab.workload` (or `--trace` to replay
-an Azure-format CSV); the run itself is `kvlab.http.loadgen.run_loadtest`.
+an Azure-format CSV or a Mooncake trace, `kvlab.traces`); the run itself is
+`kvlab.http.loadgen.run_loadtest`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from kvlab.clocks import SLO, Summary
 from kvlab.http.loadgen import PROMPT_FORMATS, LoadTestResult, http_workload, run_loadtest
+from kvlab.traces import TRACE_FORMATS
 from kvlab.workload import ARRIVALS, PROFILE_NAMES, Request
 
 
@@ -32,9 +34,12 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scale", type=float, default=1.0, help="multiply the profile's lengths")
     g.add_argument("--max-context", type=int, default=None, help="clip prompt + max_tokens to this")
     g.add_argument("--shared-prefix-tokens", type=int, default=0, help="a common system prompt of this length")
-    g.add_argument("--trace", default=None, help="replay an Azure-format trace CSV instead of --profile")
+    g.add_argument("--trace", default=None, help="replay a trace instead of --profile: an Azure-format CSV or a "
+                                                  "Mooncake JSON-lines trace (its shared prefixes stay shared)")
+    g.add_argument("--trace-format", default=None, choices=TRACE_FORMATS, help="trace: default detected from the file")
     g.add_argument("--time-scale", type=float, default=1.0, help="trace: multiply arrival gaps")
-    g.add_argument("--length-scale", type=float, default=1.0, help="trace: divide prompt and output lengths")
+    g.add_argument("--length-scale", type=float, default=1.0,
+                   help="trace: divide prompt and output lengths (Mooncake: 1, 2, 4, 8, 16, ...)")
 
 
 def workload_from_args(args: argparse.Namespace) -> tuple[list[Request], dict]:
@@ -42,7 +47,7 @@ def workload_from_args(args: argparse.Namespace) -> tuple[list[Request], dict]:
     kw = dict(profile=args.profile, num_requests=args.num_requests, arrival=args.arrival, rate=args.rate,
               burstiness=args.burstiness, seed=args.seed, trace=args.trace, time_scale=args.time_scale,
               length_scale=args.length_scale, scale=args.scale, max_context=args.max_context,
-              shared_prefix_tokens=args.shared_prefix_tokens)
+              shared_prefix_tokens=args.shared_prefix_tokens, trace_format=getattr(args, "trace_format", None))
     return http_workload(**kw), {"workload": {k: (str(v) if isinstance(v, Path) else v) for k, v in kw.items()}}
 
 

@@ -54,21 +54,18 @@ OUTCOMES = ("completed", "rejected_queue_full", "invalid_request", "model_not_fo
 def load_model(model: str | None = None, seed: int = 0, device: str | None = None):
     """(decoder, served name): the shipped recall-tiny checkpoint by default, a preset, or a checkpoint path.
 
-    Without `model`: data/recall-tiny if this checkout has it, else a seeded random
-    `tiny_llama` (said in the log). A preset name (`tiny_llama`, `tiny_gpt2`,
-    `llama_30m`) builds that config with seeded random weights; anything else is
-    loaded with `kvlab.from_pretrained`.
+    Without `model`: the recall-tiny checkpoint shipped inside kvlab (kvlab/data/recall-tiny); if
+    it is missing, FileNotFoundError says how to get it back (never a silent random stand-in). A
+    preset name (`tiny_llama`, `tiny_gpt2`, `llama_30m`) builds that config with seeded random
+    weights; anything else is loaded with `kvlab.from_pretrained`.
     """
     import kvlab
     from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
 
     if model is None:
-        if (RECALL_MODEL_DIR / "config.json").is_file():
-            log.info("serving the shipped checkpoint %s", RECALL_MODEL_DIR.name)
-            return load_recall_model(device=device), "recall-tiny"
-        log.warning("no shipped checkpoint at data/recall-tiny: serving a seeded random tiny_llama "
-                    "(seed %d) instead; its text is noise, its timings are real", seed)
-        model = "tiny_llama"
+        decoder = load_recall_model(device=device)  # raises, naming the fix, if the checkpoint is missing
+        log.info("serving the shipped checkpoint %s", RECALL_MODEL_DIR)
+        return decoder, "recall-tiny"
     if model in PRESETS:
         return kvlab.build_model(getattr(kvlab, model)(), seed=seed, device=device), model.replace("_", "-")
     path = Path(model)
@@ -300,7 +297,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m kvlab serve`."""
     p.add_argument("--model", default=None,
                    help=f"checkpoint directory, or a preset with random weights ({', '.join(PRESETS)}); "
-                        "default: data/recall-tiny, else a seeded tiny_llama")
+                        "default: recall-tiny, the checkpoint shipped inside kvlab")
     p.add_argument("--served-model-name", default=None, help="the name clients ask for (default: from --model)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -326,10 +323,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     """The Engine and served model name the options describe (checked before anything starts)."""
-    import torch
+    from kvlab.threads import set_torch_threads  # imports torch: only once a server is really built
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads or None)
     model, name = load_model(args.model, args.seed, args.device)
     scheduler = SchedulerConfig(policy=args.policy, priority=args.priority, max_seqs=args.max_seqs,
                                 max_batch_tokens=args.max_batch_tokens, chunked_prefill=not args.no_chunked_prefill,

@@ -18,6 +18,25 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
 
 
+def narrow_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (..., K) @ w (K, N) for the products back to the hidden size, whose output N is narrow.
+
+    On CPU, a product of a few rows with an [in, out] matrix is split across threads by output
+    columns: with N = 512 each thread reads a 1 KB piece of every 2 KB row, and memory streams at
+    about 11 GB/s on 2 cores. Splitting the inner dimension K instead hands each thread one
+    contiguous block of rows (one batched product) and sums the partial results: about 17-23 GB/s.
+    Same products, added in another order (fp32 results differ in the last bits).
+    """
+    if torch.compiler.is_compiling():  # a compiled graph picks its own kernels; thread queries would break it
+        return x @ w
+    splits, (K, N) = torch.get_num_threads(), w.shape
+    if x.device.type != "cpu" or splits < 2 or K % splits or x.numel() == 0:
+        return x @ w
+    parts = x.reshape(-1, splits, K // splits).transpose(0, 1)  # (splits, rows, K/splits)
+    y = torch.bmm(parts, w.view(splits, K // splits, N)).sum(0)  # (rows, N): partial products summed
+    return y.view(*x.shape[:-1], N)
+
+
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary angles for integer positions (B, T) -> cos, sin of shape (B, 1, T, hs)."""
     freqs = positions[..., None].to(inv_freq.dtype) * inv_freq  # (B, T, hs/2)
@@ -56,7 +75,7 @@ class Attention(nn.Module):
             qk = apply_rope(qk, *rope)  # queries and keys rotate alike: one rotation for both
         q, k = qk.split([self.nh, self.nkv], dim=1)  # (B, nh, T, hs), (B, nkv, T, hs)
         y = cache.attend(layer_idx, q, k, v)  # (B, nh, T, hs): stores k, v, attends over all stored
-        y = y.transpose(1, 2).reshape(B, T, self.nh * self.hs) @ self.w_o  # (B, T, C)
+        y = narrow_matmul(y.transpose(1, 2).reshape(B, T, self.nh * self.hs), self.w_o)  # (B, T, C)
         return y if self.b_o is None else y + self.b_o
 
 
@@ -77,9 +96,9 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             gate, up = (x @ self.w_gate_up).chunk(2, dim=-1)  # (B, T, I) each
-            return (F.silu(gate) * up) @ self.w_down  # (B, T, C)
+            return narrow_matmul(F.silu(gate) * up, self.w_down)  # (B, T, C)
         h = F.gelu(x @ self.w_fc + self.b_fc, approximate="tanh")  # (B, T, I)
-        return h @ self.w_proj + self.b_proj  # (B, T, C)
+        return narrow_matmul(h, self.w_proj) + self.b_proj  # (B, T, C)
 
 
 class Norm(nn.Module):

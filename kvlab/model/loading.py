@@ -1,6 +1,8 @@
 """Loading: transformers models and checkpoints into kvlab's Decoder, and back."""
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -8,6 +10,9 @@ import torch
 from .config import ModelConfig
 from .decoder import Decoder
 from .tokenizer import ByteTokenizer, HFTokenizer
+
+# "gpt2", "openai-community/gpt2", "Qwen/Qwen2.5-0.5B": a hub name (a path that is no directory is an error)
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 # transformers model_type -> kvlab arch
 SUPPORTED_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "gpt2": "gpt2"}
@@ -173,26 +178,45 @@ def to_transformers(model: Decoder):
 
 
 def from_pretrained(name_or_path: str | Path, device: torch.device | str | None = None,
-                    dtype: torch.dtype = torch.float32) -> Decoder:
+                    dtype: torch.dtype = torch.float32, local_files_only: bool | None = None) -> Decoder:
     """Load a checkpoint directory offline (or a hub name where the hub is reachable) into kvlab.
 
-    The architecture is checked before any weights are read. The checkpoint's own tokenizer is
-    used when it has one; otherwise the built-in ByteTokenizer.
+    Hub names of the supported families work as they are, e.g. ``"openai-community/gpt2"``,
+    ``"HuggingFaceTB/SmolLM2-135M"`` (Llama) or ``"Qwen/Qwen2.5-0.5B"`` (downloaded once into the
+    Hugging Face cache; with HF_HUB_OFFLINE=1 only the cache is read). The architecture is checked
+    before any weights are read. The checkpoint's own tokenizer (transformers' AutoTokenizer,
+    behind kvlab's small tokenizer interface) becomes ``model.tokenizer``, so
+    ``kvlab.generate(model, "some text")`` takes and returns text; a checkpoint without tokenizer
+    files gets the built-in ByteTokenizer. Weights are converted to ``dtype`` (fp32 by default).
+    ``local_files_only=True`` reads a hub name from the local cache only, never the network
+    (default: True for a directory, else transformers' own rule).
     """
     import transformers
 
     path = Path(name_or_path)
     local = path.is_dir()
-    if not local and (path.suffix or str(name_or_path).startswith((".", "/"))):
+    if not local and not HUB_ID.fullmatch(str(name_or_path)):
         raise FileNotFoundError(f"no checkpoint directory at {name_or_path}; pass a directory holding "
-                                "config.json and weights, or a hub model name")
-    hf_config = transformers.AutoConfig.from_pretrained(str(name_or_path), local_files_only=local)
+                                "config.json and weights, or a hub model name such as 'HuggingFaceTB/SmolLM2-135M'")
+    local = local or bool(local_files_only)
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(str(name_or_path), local_files_only=local)
+    except OSError as exc:
+        if path.is_dir():
+            raise
+        raise OSError(f"could not get {name_or_path!r} from the Hugging Face hub or its local cache ({exc}); "
+                      "check the name, or, offline, download it once where the hub is reachable, "
+                      "or pass a checkpoint directory") from exc
     config_from_transformers(hf_config)  # refuse unsupported architectures before loading weights
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(name_or_path), local_files_only=local,
                                                            dtype=torch.float32)
     try:
         tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=local))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError) as exc:
+        if not path.is_dir() or any(path.glob("tokenizer*")):  # it has a tokenizer, which failed to load: say so
+            warnings.warn(f"could not load the tokenizer of {name_or_path} ({type(exc).__name__}: {exc}); using "
+                          "kvlab's ByteTokenizer, so text will not match what the model was trained on",
+                          stacklevel=2)
         tok = ByteTokenizer()
     model = from_transformers(hf, device=device, dtype=dtype, tokenizer=tok)
     model.config.name = str(name_or_path)

@@ -63,7 +63,20 @@ class HFTokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids)
+        # A checkpoint's vocabulary is often padded past its tokenizer's (Qwen2.5: 151,936 rows for
+        # 151,665 tokens); the tokenizer would silently drop such ids, so they are shown as <id>.
+        out, run = [], []
+        for i in ids:
+            if 0 <= i < self.vocab_size:
+                run.append(i)
+                continue
+            if run:
+                out.append(self.hf.decode(run))
+                run = []
+            out.append(f"<{i}>")
+        if run:
+            out.append(self.hf.decode(run))
+        return "".join(out)
 
     def __repr__(self) -> str:
         return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"

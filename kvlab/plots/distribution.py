@@ -46,8 +46,9 @@ def plot_clock_distribution(requests: pd.DataFrame, clock: str = "ttft_s", slo_s
         label = f"{stat} = {v:,.1f} ms" + (f"  (n = {q['n']})" if stat == "mean" else "")
         ax_hist.axvline(v, color=color, ls=ls, lw=1.5, label=label)
         ax_sorted.axhline(v, color=color, ls=ls, lw=1.2)
-    above = float((values > q["mean"]).mean())
-    ax_sorted.text(0.03, 0.78, f"{above:.0%} of requests wait longer than the mean\n"
+    above = int((values > q["mean"]).sum())
+    ax_sorted.text(0.03, 0.78, f"{above} of {len(values)} requests ({above / len(values):.0%}) wait longer "
+                               "than the mean\n"
                                f"the slowest 5% wait ≥ {q['p95'] / q['mean']:.1f}× the mean",
                    transform=ax_sorted.transAxes, va="top", fontsize=8)
     if slo_s is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 PROFILE_COLORS = {"short_short": "#1f77b4", "long_short": "#ff7f0e", "long_gen": "#2ca02c", "mixture": "#9467bd"}
 _FALLBACK = ("#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#d62728")
@@ -27,6 +28,14 @@ def _curves(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str, str]]:
         style = "--" if style_key and key[-1] == "simulated" else "-"
         out.append((label, curve.sort_values("offered_rps"), colors[color_key], style))
     return out
+
+
+def _n_range(frame: pd.DataFrame, column: str) -> str:
+    """The sample size behind each level's quantiles: "n = 200 per level" or "n = 157-200 per level"."""
+    if column not in frame:
+        return "n unknown"
+    lo, hi = int(frame[column].min()), int(frame[column].max())
+    return f"n = {lo} per level" if lo == hi else f"n = {lo}–{hi} per level"
 
 
 def plot_service_curve(frame: pd.DataFrame, title: str | None = None) -> Figure:
@@ -62,9 +71,10 @@ def plot_service_curve(frame: pd.DataFrame, title: str | None = None) -> Figure:
     for col, ax in (("slo_ttft_s", ax_ttft), ("slo_tpot_s", ax_tpot)):
         if col in frame and frame[col].notna().any():
             ax.axhline(float(frame[col].iloc[0]), color="#555", ls="-.", lw=1, label=f"SLO {frame[col].iloc[0]:g} s")
-    ax_ttft.set(title="Time to first token (thick: p95, thin: p50)", ylabel="seconds (log scale)", yscale="log")
-    ax_tpot.set(title="Time per output token, per request (thick: p95, thin: p50)", ylabel="seconds (log scale)",
-                yscale="log")
+    ax_ttft.set(title=f"Time to first token (thick: p95, thin: p50; {_n_range(frame, 'ttft_n')})",
+                ylabel="seconds (log scale)", yscale="log")
+    ax_tpot.set(title=f"Time per output token, per request (thick: p95, thin: p50; {_n_range(frame, 'tpot_n')})",
+                ylabel="seconds (log scale)", yscale="log")
     ax_thr.set(title="Throughput: achieved vs offered", ylabel="completed requests / s",
                xlabel="offered load (requests / s)" + (", log scale" if wide else ""))
     ax_fail.set(title="Failed requests (rejected: queue full, prompt too long)", ylabel="% of requests sent",
@@ -87,30 +97,52 @@ def plot_service_curve(frame: pd.DataFrame, title: str | None = None) -> Figure:
 
 
 def plot_ab_example(frame: pd.DataFrame) -> Figure:
-    """Two bars per policy: completed requests in the window (throughput) and TTFT p50 / p95 of those."""
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    ax_done, ax_ttft = fig.subplots(1, 2)
-    labels = [f"{p}: {r}" for p, r in zip(frame["policy"], frame["rule"])]
-    colors = ["#1f77b4", "#d62728"][:len(frame)]
-    bars = ax_done.bar(labels, frame["completed"], color=colors)
-    for bar, tps in zip(bars, frame["output_tokens_per_s"]):
-        ax_done.annotate(f"{bar.get_height():.0f} done\n{tps:.1f} tokens/s", (bar.get_x() + bar.get_width() / 2,
-                         bar.get_height()), ha="center", va="bottom", fontsize=9)
-    window = frame["window_s"].iloc[0]
-    ax_done.set(title=f"Completed in the {window:g} s window (same requests, same load)", ylabel="requests")
-    ax_done.set_ylim(top=float(frame["completed"].max()) * 1.3)
-    x = np.arange(len(frame))
-    ax_ttft.bar(x - 0.2, frame["ttft_p50_s"], 0.4, color=colors, alpha=0.5, label="p50")
-    ax_ttft.bar(x + 0.2, frame["ttft_p95_s"], 0.4, color=colors, label="p95")
-    for i, (p50, p95, n) in enumerate(zip(frame["ttft_p50_s"], frame["ttft_p95_s"], frame["ttft_n"])):
-        ax_ttft.annotate(f"{p95:.2f} s\n(n={n})", (i + 0.2, p95), ha="center", va="bottom", fontsize=9)
-        ax_ttft.annotate(f"{p50:.2f}", (i - 0.2, p50), ha="center", va="bottom", fontsize=8)
-    ax_ttft.set_xticks(x, labels)
-    ax_ttft.set(title="Time to first token of those requests", ylabel="seconds")
-    ax_ttft.set_ylim(top=float(frame["ttft_p95_s"].max()) * 1.35)
-    ax_ttft.legend(fontsize=8, loc="upper left")
-    for ax in (ax_done, ax_ttft):
+    """The A/B example: per load (column ``load``, when there are several) and policy, three panels.
+
+    Output tokens/s in the window (with requests completed of those sent); time to first token
+    and time per output token, p50 (bar) and p95 (◆), each with its n. ``frame`` is
+    ``ab_example`` (one load) or ``ab_at_two_loads`` (below capacity and overloaded). The time
+    axes are logarithmic: overloaded and light loads differ by an order of magnitude.
+    """
+    loads = list(dict.fromkeys(frame["load"])) if "load" in frame else [None]
+    policies = list(dict.fromkeys(frame["policy"]))
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    colors = {p: palette[i % len(palette)] for i, p in enumerate(policies)}
+    rules = dict(zip(frame["policy"], frame["rule"]))
+    width = 0.8 / len(policies)
+    fig = Figure(figsize=(13, 4.4), layout="constrained")
+    ax_tps, ax_ttft, ax_tpot = fig.subplots(1, 3)
+    ticks = []
+    for i, load in enumerate(loads):
+        rows = frame if load is None else frame[frame["load"] == load]
+        rate = float(rows["offered_rps"].iloc[0])
+        ticks.append(f"{load}\n{rate:.3g} req/s" if load else f"{rate:.3g} req/s")
+        for row in rows.itertuples(index=False):
+            x = i + (policies.index(row.policy) - (len(policies) - 1) / 2) * width
+            color = colors[row.policy]
+            ax_tps.bar(x, row.output_tokens_per_s, width, color=color)
+            ax_tps.annotate(f"{row.output_tokens_per_s:.1f}\n{row.completed}/{row.sent} done",
+                            (x, row.output_tokens_per_s), ha="center", va="bottom", fontsize=8)
+            for ax, clock in ((ax_ttft, "ttft"), (ax_tpot, "tpot")):
+                p50, p95, n = getattr(row, f"{clock}_p50_s"), getattr(row, f"{clock}_p95_s"), getattr(row, f"{clock}_n")
+                ax.bar(x, p50, width, color=color, alpha=0.6)
+                ax.plot([x], [p95], "D", color="black", ms=5)
+                ax.annotate(f"{p95:.2g} s\nn={n}", (x, p95), ha="center", va="bottom", fontsize=8,
+                            xytext=(0, 4), textcoords="offset points")
+    lo, hi = float(frame["window_s"].min()), float(frame["window_s"].max())
+    window = f"{hi:.0f}" if round(lo) == round(hi) else f"{lo:.0f}–{hi:.0f}"
+    ax_tps.set(title=f"Output tokens/s in the window ({window} s)", ylabel="output tokens / s")
+    ax_tps.set_ylim(top=float(frame["output_tokens_per_s"].max()) * 1.3)
+    ax_ttft.set(title="Time to first token: p50 (bar), p95 (◆)", ylabel="seconds (log scale)", yscale="log")
+    ax_tpot.set(title="Time per output token: p50 (bar), p95 (◆)", ylabel="seconds (log scale)", yscale="log")
+    for ax, clock in ((ax_ttft, "ttft"), (ax_tpot, "tpot")):
+        ax.set_ylim(top=float(frame[f"{clock}_p95_s"].max()) * 4)
+    for ax in (ax_tps, ax_ttft, ax_tpot):
+        ax.set_xticks(range(len(loads)), ticks)
+        ax.title.set_fontsize(10)
         ax.grid(alpha=0.3, axis="y")
+    handles = [Patch(color=colors[p], label=f"{p}: {rules[p]}") for p in policies]
+    ax_tps.legend(handles=handles, fontsize=8, loc="upper left")
     return fig
 
 

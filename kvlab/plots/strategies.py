@@ -35,6 +35,8 @@ def _bits_of(setting: str, default: float = np.nan) -> float:
 def setting_style(setting: str, strategy: str | None = None) -> dict:
     """Colour, marker and line style of one setting: the strategy's colour; quantized darker as bits fall."""
     strategy = strategy or setting.split("(")[0]
+    if strategy == "offloaded" and "link_gbps=" in setting:  # the same tier behind a slow link
+        return dict(color=cache_color(strategy), marker="s", ls="--")
     if strategy != "quantized":
         return dict(color=cache_color(strategy), marker="o", ls="-")
     from matplotlib import colormaps
@@ -195,6 +197,51 @@ def plot_bytes_moved(frame: pd.DataFrame, bytes_per_token: int | None = None, ax
     return ax.figure
 
 
+def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
+    """Offloaded: the median time of a decode step against the bytes it moves, one line per offloaded
+    setting (its points are the contexts, labelled in prompt tokens). Grey: the dynamic cache's step
+    at the same contexts, which moves nothing; dotted, for each slow link: that step plus the time
+    the link needs for the bytes (bytes / rate), the least a step over that link can take.
+    The legend gives the bytes moved per second of copying each setting achieved."""
+    ax = _axes(ax)
+    off = frame[frame["strategy"] == "offloaded"]
+    if not len(off):
+        ax.text(0.5, 0.5, "no offloaded setting in this run", ha="center", va="center", transform=ax.transAxes,
+                fontsize=9, color="#555")
+        ax.set(title="Offloaded: step time vs bytes moved")
+        return ax.figure
+    dyn = frame[frame["setting"] == EXACT].set_index("context_tokens")["token_ms_p50"]
+    first = off[off["setting"] == off["setting"].iloc[0]].sort_values("context_tokens")
+    if len(dyn):
+        kib = first["bytes_moved_per_step"] / 1024
+        ax.plot(kib, first["context_tokens"].map(dyn), color="#999", lw=5, alpha=0.4, marker="o",
+                label="dynamic at the same contexts (moves nothing)", zorder=0)
+    for setting, rows in off.groupby("setting", sort=False):
+        rows = rows.sort_values("context_tokens")
+        st = setting_style(setting, "offloaded")
+        kib = rows["bytes_moved_per_step"] / 1024
+        rate = rows["copy_gb_per_s"].median() if "copy_gb_per_s" in rows else np.nan
+        label = _label_of(setting) + (f": copies at {rate:.2f} GB/s" if rate == rate else "")
+        ax.plot(kib, rows["token_ms_p50"], color=st["color"], marker=st["marker"], ls=st["ls"], lw=1.6, ms=6,
+                label=label)
+        link = rows["link_gbps"].iloc[0] if "link_gbps" in rows else np.nan
+        if link == link and len(dyn):
+            floor = rows["context_tokens"].map(dyn) + rows["link_ms_per_step"]
+            ax.plot(kib, floor, color=st["color"], ls=":", lw=1.2,
+                    label=f"dynamic + bytes / {link:g} GB/s (the link's own time)")
+    for r in first.itertuples():
+        ax.annotate(f"{r.context_tokens} tok", (r.bytes_moved_per_step / 1024, dyn.get(r.context_tokens, np.nan)),
+                    textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7, color="#555")
+    ax.set(title="Offloaded: step time vs bytes moved (p50)", xlabel="KiB moved per decode step",
+           ylabel="ms per decode step")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, loc="upper left")
+    return ax.figure
+
+
 def _summary(accuracy: pd.DataFrame) -> pd.DataFrame:
     """Overall accuracy per setting (correct answers over all questions), with its bits."""
     rows = []
@@ -303,5 +350,5 @@ def plot_strategies(frame: pd.DataFrame, accuracy: pd.DataFrame | None = None,
 
 
 __all__ = ["expected_bytes_moved", "plot_accuracy_by_distance", "plot_accuracy_vs_bits", "plot_bytes_moved",
-           "plot_cache_time", "plot_latency_vs_context", "plot_memory_vs_context", "plot_strategies",
+           "plot_cache_time", "plot_offload_cost", "plot_latency_vs_context", "plot_memory_vs_context", "plot_strategies",
            "setting_style"]

@@ -74,8 +74,15 @@ def plot_wire_service_curve(table: pd.DataFrame) -> Figure:
     for col, label, color, style in (("ttft_p50_s", "TTFT p50", CLIENT, "o-"), ("ttft_p90_s", "TTFT p90", CLIENT, "s--"),
                                      ("e2e_p50_s", "E2E p50", ENGINE, "o-"), ("e2e_p90_s", "E2E p90", ENGINE, "s--")):
         ax_wait.plot(offered, t[col] * ms, style, color=color, label=label, ms=4)
+    if "ttft_n" in t.columns:  # every quantile with its sample size: the completed requests of that rate
+        top = t[["ttft_p90_s", "e2e_p90_s"]].max(axis=1).to_numpy(dtype=float) * ms
+        for x, y, n in zip(offered, top, t["ttft_n"]):
+            ax_wait.annotate(f"n={n}", (x, y), xytext=(0, 6), textcoords="offset points", ha="center",
+                             fontsize=7, color="#333333")
     ax_wait.set(yscale="log", xlabel="offered load (requests/s)", ylabel="ms (completed requests)",
-                title="The wait at the client")
+                title="The wait at the client (n: completed requests behind each quantile)")
+    if "ttft_n" in t.columns and np.isfinite(top).any():
+        ax_wait.set_ylim(top=np.nanmax(top) * 1.8)  # room for the n labels above the highest point
     ax_wait.legend(fontsize=8, loc="upper left")
     for ax in (ax_tput, ax_wait):
         ax.title.set_fontsize(10)

@@ -18,22 +18,21 @@ absolute percentage error of the predictions for them.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
-import torch
 
 from ..clocks import RequestRecord
 from ..model.config import ModelConfig, llama_30m, tiny_llama
 from ..model.decoder import Decoder, build_model
+from ..results_io import write_json
+from ..threads import torch_threads
 from .cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
 from .executor import ModelExecutor
 from .scheduler import SchedulerOutput
@@ -111,19 +110,6 @@ def validation_shapes(max_context: int = 1024) -> list[BatchShape]:
     return shapes
 
 
-@contextlib.contextmanager
-def _threads(threads: int | None) -> Iterator[int]:
-    before = torch.get_num_threads()
-    if threads is not None:
-        if not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be a positive integer or None (keep torch's setting), got {threads!r}")
-        torch.set_num_threads(threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-
-
 def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int], vocab: int) -> SchedulerOutput:
     """Real Sequences with block tables for ``shape``: the same object the scheduler hands the executor."""
     out = SchedulerOutput(step=0)
@@ -172,7 +158,7 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
     outs = [_scheduler_output(s, block_size, rng.permutation(num_blocks).tolist(), model.config.vocab_size)
             for s in shapes]
     times: list[list[float]] = [[] for _ in shapes]
-    with _threads(threads):
+    with torch_threads(threads):
         t0 = time.perf_counter()
         for out in outs:  # a warm-up pass (allocator, caches), not recorded; it also sizes `repeats`
             executor.execute(out)
@@ -237,7 +223,7 @@ def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | N
     shapes = design_shapes(max_context) if shapes is None else shapes
     held_out = validation_shapes(max_context) if validate else []
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    with _threads(threads) as used:
+    with torch_threads(threads) as used:
         measured = measure_step_times(model, shapes + held_out, repeats, block_size, threads=None,
                                       budget_s=budget_s, progress=progress)
         settings = {"block_size": block_size, "threads": used, "repeats": int(measured["repeats"].min()),
@@ -288,12 +274,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
                         help="model config to calibrate (default llama-30m)")
     parser.add_argument("--out", type=Path, metavar="PATH",
-                        help="where to save the fit (default data/calibration/<config name>.json)")
+                        help="where to save the fit (default: the calibration shipped inside kvlab, kvlab/data/calibration/<config name>.json, which load_calibration reads)")
     parser.add_argument("--repeats", type=int, help="timed passes over the shapes (default: as many as fit in "
                         "--budget seconds, 3 to 50)")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds of timing per shape set (default 20)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads, as the engine will run (default 1; see kvlab/experiments/threads.py)")
+                        help="torch threads, as the engine will run (default 1; see kvlab/threads.py)")
     parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16)")
     parser.add_argument("--validate", action="store_true",
                         help="also time shapes not used in the fit and report the prediction error")
@@ -301,7 +287,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .cost_model import _jsonable
 
     model = _model_for(args.config)
     out = args.out or calibration_path(model.config.name)
@@ -326,11 +311,9 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             from ..env import environment
 
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(_jsonable(
-                {"benchmark": "cost_model_validation", "config": model.config.name, "median_ape": mape,
-                 "rows": v["rows"], "coefficients": cm.coefficients, "settings": cm.settings,
-                 "env": environment()}), indent=2) + "\n")
+            write_json(args.json, {"benchmark": "cost_model_validation", "config": model.config.name, "median_ape": mape,
+                                   "rows": v["rows"], "coefficients": cm.coefficients, "settings": cm.settings,
+                                   "env": environment()})
     return 0
 
 

@@ -18,7 +18,6 @@ simulates thousands of requests in seconds, on a clock calibrated to the machine
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,13 +26,15 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..cache.paged import DECODE_BATCH_MAX_SLOTS
+from ..data import CALIBRATION, data_path
+from ..results_io import write_json
 from .executor import Executor, StepResult
 from .scheduler import SchedulerOutput
 
 FEATURES = ("step", "prefill_tokens", "attention_calls", "decode_seqs", "decode_kv_slots", "prefill_attention")
 FEATURE_UNITS = {"step": "step", "prefill_tokens": "token", "attention_calls": "call", "decode_seqs": "sequence",
                  "decode_kv_slots": "KV slot", "prefill_attention": "query-key pair"}
-CALIBRATION_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "calibration"
+CALIBRATION_DIR = data_path(CALIBRATION)  # kvlab/data/calibration, shipped inside the package
 Row = tuple[int, int, bool]  # (new tokens, context after the step, is a decode)
 
 
@@ -152,10 +153,7 @@ class CostModel:
         return {"kind": "kvlab.cost_model", "features": list(FEATURES), **asdict(self)}
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(_jsonable(self.to_dict()), indent=2) + "\n", encoding="utf-8")
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
@@ -175,12 +173,12 @@ class CostModel:
 
 
 def calibration_path(config_name: str) -> Path:
-    """Where the calibration of ``config_name`` shipped with kvlab lives: data/calibration/<name>.json."""
+    """Where the calibration of ``config_name`` shipped with kvlab lives: kvlab/data/calibration/<name>.json."""
     return CALIBRATION_DIR / f"{config_name}.json"
 
 
 def load_calibration(config_name: str = "llama-30m") -> CostModel:
-    """The calibration of ``config_name`` shipped in data/calibration/ (measured on the maintainers' machine).
+    """The calibration of ``config_name`` shipped in kvlab/data/calibration/ (measured on the maintainers' machine).
 
     Recalibrate on your own machine with ``python -m kvlab calibrate --config ...``: a cost model
     predicts the machine it was measured on.
@@ -188,8 +186,9 @@ def load_calibration(config_name: str = "llama-30m") -> CostModel:
     path = calibration_path(config_name)
     if not path.is_file():
         shipped = sorted(p.stem for p in CALIBRATION_DIR.glob("*.json")) if CALIBRATION_DIR.is_dir() else []
-        raise ValueError(f"no shipped calibration for {config_name!r} (have: {shipped or 'none'}); run "
-                         f"python -m kvlab calibrate --out data/calibration/{config_name}.json")
+        raise ValueError(f"no shipped calibration for {config_name!r} in {CALIBRATION_DIR} (have: {shipped or 'none'}); "
+                         f"fit one on this machine with python -m kvlab calibrate --out {config_name}.json "
+                         f"and load it with CostModel.load(\"{config_name}.json\")")
     return CostModel.load(path)
 
 
@@ -250,18 +249,6 @@ def median_ape(measured: Sequence[float], predicted: Sequence[float]) -> float:
     """Median absolute percentage error |predicted - measured| / measured."""
     m, p = np.asarray(measured, dtype=float), np.asarray(predicted, dtype=float)
     return float(np.median(np.abs(p - m) / m))
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 __all__ = ["CALIBRATION_DIR", "FEATURES", "CostModel", "CostModelExecutor", "calibration_path", "decode_attention",

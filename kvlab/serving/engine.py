@@ -5,7 +5,7 @@ import math
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -21,12 +21,37 @@ from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import SamplingParams, Sequence
 
 CLOCKS = ("wall", "virtual")
-TRACE_COLUMNS = (
-    "step", "start_s", "end_s", "duration_s", "num_tokens", "num_seqs", "num_prefill_tokens", "num_prefill_seqs",
-    "num_decode_seqs", "kv_tokens_read", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_free",
-    "kv_blocks_cached", "kv_tokens_held", "num_admitted", "num_preempted", "num_finished", "request_ids",
-    "num_new_tokens", "is_decode", "preempted_ids",
-)
+
+
+class StepRecord(NamedTuple):
+    """One executed step, as the engine's trace keeps it: one row of ``trace_frame()``."""
+
+    step: int
+    start_s: float  # on the run's clock
+    end_s: float
+    duration_s: float
+    num_tokens: int  # the batch's shape (StepShape): tokens and sequences, prefill and decode
+    num_seqs: int
+    num_prefill_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    kv_tokens_read: int
+    num_running: int  # the queues after the step
+    num_waiting: int
+    kv_blocks_used: int  # the KV pool after the step
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    kv_tokens_held: int
+    num_admitted: int  # what changed in this step
+    num_preempted: int
+    num_finished: int
+    request_ids: list  # per sequence in the batch: its id, tokens fed, and whether it was a decode
+    num_new_tokens: list[int]
+    is_decode: list[bool]
+    preempted_ids: list
+
+
+TRACE_COLUMNS = StepRecord._fields
 
 
 @dataclass
@@ -114,7 +139,7 @@ class Engine:
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
         self.sequences: dict = {}  # request_id -> Sequence
         self.records: dict = {}  # request_id -> RequestRecord
-        self._trace: list[tuple] = []
+        self.trace: list[StepRecord] = []  # one per executed step
         self._t0 = time.perf_counter()
         self._virtual_now = 0.0
 
@@ -207,13 +232,16 @@ class Engine:
         held = self.block_manager.num_tokens_held(self.scheduler.running)
         self.executor.set_kv_usage(held, stats.used)
         s = out.shape
-        self._trace.append((
-            out.step, start, end, end - start, s.num_tokens, s.num_seqs, s.num_prefill_tokens, s.num_prefill_seqs,
-            s.num_decode_seqs, s.kv_tokens_read, len(self.scheduler.running), len(self.scheduler.waiting),
-            stats.used, stats.free, stats.cached, held, len(out.admitted), len(out.preempted), num_finished,
-            [q.request_id for q in out.seqs], list(out.num_new_tokens),
-            [q.is_decoding and n == 1 for q, n in zip(out.seqs, out.num_new_tokens)],
-            [q.request_id for q in out.preempted],
+        self.trace.append(StepRecord(
+            step=out.step, start_s=start, end_s=end, duration_s=end - start, num_tokens=s.num_tokens,
+            num_seqs=s.num_seqs, num_prefill_tokens=s.num_prefill_tokens, num_prefill_seqs=s.num_prefill_seqs,
+            num_decode_seqs=s.num_decode_seqs, kv_tokens_read=s.kv_tokens_read,
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_blocks_used=stats.used, kv_blocks_free=stats.free, kv_blocks_cached=stats.cached, kv_tokens_held=held,
+            num_admitted=len(out.admitted), num_preempted=len(out.preempted), num_finished=num_finished,
+            request_ids=[q.request_id for q in out.seqs], num_new_tokens=list(out.num_new_tokens),
+            is_decode=[q.is_decoding and n == 1 for q, n in zip(out.seqs, out.num_new_tokens)],
+            preempted_ids=[q.request_id for q in out.preempted],
         ))
 
     # -- a whole workload -------------------------------------------------------------------
@@ -275,15 +303,13 @@ class Engine:
 
     # -- what happened -------------------------------------------------------------------------
     def trace_frame(self) -> pd.DataFrame:
-        """One row per executed step (columns: TRACE_COLUMNS; times in seconds on the run's clock)."""
-        return pd.DataFrame(self._trace, columns=list(TRACE_COLUMNS))
+        """One row per executed step (columns: the fields of StepRecord; times in seconds on the run's clock)."""
+        return pd.DataFrame(self.trace, columns=list(TRACE_COLUMNS))
 
     def step_requests_frame(self) -> pd.DataFrame:
         """One row per (step, request) that ran: phase "prefill" or "decode", tokens, start/end — for Gantt charts."""
-        rows = [(step, rid, "decode" if dec else "prefill", n, start, end)
-                for step, start, end, rids, ns, decs in
-                ((r[0], r[1], r[2], r[19], r[20], r[21]) for r in self._trace)
-                for rid, n, dec in zip(rids, ns, decs)]
+        rows = [(r.step, rid, "decode" if dec else "prefill", n, r.start_s, r.end_s)
+                for r in self.trace for rid, n, dec in zip(r.request_ids, r.num_new_tokens, r.is_decode)]
         return pd.DataFrame(rows, columns=["step", "request_id", "phase", "num_tokens", "start_s", "end_s"])
 
     def stats(self) -> dict:

@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from ..cache.base import KVCache
+from ..data import RECALL_TINY, data_path, missing_message
 from ..model.tokenizer import ByteTokenizer
 
 PAIR = "k{key}:v{value};"  # one fact: 8 tokens
@@ -29,8 +30,8 @@ PAIR_TOKENS, QUERY_TOKENS = 8, 5
 NUM_KEYS = 256  # keys and values are two hex digits
 ANSWER_TOKENS = 4  # "v", two hex digits, "."
 
-# The shipped checkpoint, trained by scripts/train_recall.py (see data/recall-tiny/README.md).
-RECALL_MODEL_DIR = Path(__file__).resolve().parents[2] / "data" / "recall-tiny"
+# The shipped checkpoint, trained by scripts/train_recall.py (see kvlab/data/recall-tiny/README.md).
+RECALL_MODEL_DIR = data_path(RECALL_TINY)
 
 _TOKENIZER = ByteTokenizer()
 
@@ -177,20 +178,23 @@ def score(model, examples: list[RecallExample], cache: str | KVCache = "dynamic"
 
 
 def load_recall_model(path: str | Path | None = None, device: torch.device | str | None = None):
-    """The shipped recall checkpoint (data/recall-tiny), loaded offline with ``kvlab.from_pretrained``.
+    """The shipped recall checkpoint (kvlab/data/recall-tiny), loaded offline with ``kvlab.from_pretrained``.
 
-    The path is found relative to this file, so it works from the repository checkout and from an
-    editable install (``pip install -e .``); a regular install copies only the package, so pass
-    ``path`` pointing at a checkout's data/recall-tiny.
+    It ships inside the package (``kvlab.data``), so it is found from a checkout, an editable install
+    and a wheel alike; ``path`` loads another checkpoint folder instead (e.g. one you retrained).
     """
     from ..model.loading import from_pretrained
 
-    where = Path(path) if path is not None else RECALL_MODEL_DIR
-    if not (where / "config.json").is_file():
-        raise FileNotFoundError(
-            f"no recall checkpoint at {where}: it ships in the repository's data/recall-tiny; install kvlab "
-            "editable from a checkout (pip install -e .), pass path=..., or retrain with "
-            "python scripts/train_recall.py")
+    if path is None:
+        where = RECALL_MODEL_DIR
+        if not (where / "config.json").is_file():
+            raise FileNotFoundError(missing_message(RECALL_TINY))
+    else:
+        where = Path(path)
+        if not (where / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no recall checkpoint at {where} (no config.json there): pass the folder "
+                "scripts/train_recall.py --out wrote, or call load_recall_model() for the shipped one")
     model = from_pretrained(where, device=device)
     model.config.name = "recall-tiny"
     return model

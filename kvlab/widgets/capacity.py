@@ -1,4 +1,4 @@
-"""The panel of lesson 07: a KV budget too small for every sequence to grow — blocks over time and preemptions."""
+"""The panel of lesson 08: a KV budget too small for every sequence to grow — blocks over time and preemptions."""
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -21,7 +21,7 @@ def budget_for_learners(table: pd.DataFrame) -> pd.DataFrame:
         "KV budget (blocks)": table["kv_blocks"], "preemptions": table["preemptions"],
         "tokens recomputed": table["recomputed_tokens"], "most sequences at once": table["peak_running"],
         "steps": table["steps"], "output tokens/s": table["output_tokens_per_s"].round(0),
-        "E2E p95 (ms)": (table["e2e_p95_s"] * 1e3).round(0),
+        "n (completed)": table["ttft_n"], "E2E p95 (ms)": (table["e2e_p95_s"] * 1e3).round(0),
     })
 
 

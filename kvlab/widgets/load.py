@@ -31,11 +31,12 @@ def parse_rates(text: str) -> list[float] | None:
 
 
 def curve_summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """The levels a learner reads: load, the clocks with their n, throughput, failures, the backlog, the knee."""
+    """The levels a learner reads: load, the clocks with their n (completed requests), throughput, failures,
+    the backlog, the knee."""
     return pd.DataFrame({
         "offered req/s": frame["offered_rps"], "achieved req/s": frame["achieved_rps"],
-        "TTFT p50 s": frame["ttft_p50_s"], "TTFT p95 s": frame["ttft_p95_s"], "n": frame["ttft_n"],
-        "TPOT p50 s": frame["tpot_p50_s"], "failed %": 100 * frame["failure_rate"],
+        "TTFT p50 s": frame["ttft_p50_s"], "TTFT p95 s": frame["ttft_p95_s"], "TTFT n": frame["ttft_n"],
+        "TPOT p50 s": frame["tpot_p50_s"], "TPOT n": frame["tpot_n"], "failed %": 100 * frame["failure_rate"],
         "waiting at window end": frame["window_waiting"], "goodput req/s": frame.get("goodput_rps"),
         "knee": frame["is_knee"].map({True: "◀ knee", False: ""}),
     })

@@ -6,6 +6,7 @@ from typing import Sequence
 import ipywidgets as widgets
 import pandas as pd
 
+from ..device import lesson_scale
 from ..experiments.slowdown import run_slowdown, slowdown_summary
 from ..model.decoder import Decoder
 from ..plots.slowdown import plot_slowdown
@@ -31,21 +32,25 @@ def learner_summary(summary: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def slowdown_panel(model: Decoder | None = None, prompt_tokens: int = 32, max_new_tokens: int = 200,
-                   caches: Sequence[str] = ("none", "dynamic"), repeats: int = 3,
-                   title: str = "Time per token: no cache vs a KV cache") -> ExperimentPanel:
+def slowdown_panel(model: Decoder | None = None, prompt_tokens: int | None = None,
+                   max_new_tokens: int | None = None, caches: Sequence[str] = ("none", "dynamic"),
+                   repeats: int = 3, title: str = "Time per token: no cache vs a KV cache") -> ExperimentPanel:
     """Sliders for prompt length, tokens to generate and repeats; Run times every token per cache.
 
-    ``model`` defaults to the lesson's ~3M-parameter Llama (``slowdown_model()``). Each cache runs
+    ``model`` defaults to the lesson's Llama (``slowdown_model()``: ~3M parameters on CPU, ~90M on a GPU). Each cache runs
     ``repeats`` times and each step counts its fastest run, which keeps the curves readable on a
     busy machine. The result's frame is ``run_slowdown``'s, its summary ``slowdown_summary``'s in
-    learner-friendly columns.
+    learner-friendly columns. ``prompt_tokens`` and ``max_new_tokens`` default to the device's
+    lesson sizes (``kvlab.device.lesson_scale``: 32 and 200 on CPU, longer on a GPU).
     """
     caches = tuple(caches)
+    scale = lesson_scale(None if model is None else model.device)
+    prompt_tokens = scale.prompt_tokens if prompt_tokens is None else prompt_tokens
+    max_new_tokens = scale.max_new_tokens if max_new_tokens is None else max_new_tokens
     controls = {
-        "prompt_tokens": widgets.IntSlider(value=prompt_tokens, min=8, max=512, step=8,
+        "prompt_tokens": widgets.IntSlider(value=prompt_tokens, min=8, max=max(512, 2 * prompt_tokens), step=8,
                                            description="prompt tokens", **_SLIDER),
-        "max_new_tokens": widgets.IntSlider(value=max_new_tokens, min=20, max=400, step=20,
+        "max_new_tokens": widgets.IntSlider(value=max_new_tokens, min=20, max=max(400, max_new_tokens), step=20,
                                             description="tokens to generate", **_SLIDER),
         "repeats": widgets.IntSlider(value=repeats, min=1, max=5, description="repeats (fastest)", **_SLIDER),
     }

@@ -17,14 +17,17 @@ from .panel import ExperimentPanel
 
 STRATEGIES = ("dynamic", "static", "quantized", "offloaded")
 EXACT_STRATEGIES = ("dynamic", "static", "offloaded")
+DEFAULT_LINK_GBPS = 1.0  # the slow link the offloaded cache also runs over (GB/s); see OffloadedCache
 _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
 
 
 def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2), residual: int = 0,
-                      group_size: int | None = None) -> list[dict]:
+                      group_size: int | None = None, link_gbps: float | None = None) -> list[dict]:
     """The settings ``run_strategies`` takes, from the panel's choices: one quantized setting per bits value.
 
-    dynamic always comes first (every ratio is taken against it), whether chosen or not.
+    dynamic always comes first (every ratio is taken against it), whether chosen or not. With
+    ``link_gbps``, offloaded runs twice: over the tier's own speed and over a link of that many GB/s
+    (``OffloadedCache(link_gbps=...)``), the same bytes moved at two speeds.
     """
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -45,6 +48,8 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
                 settings.append(s)
         else:
             settings.append({"cache": name})
+            if name == "offloaded" and link_gbps is not None:
+                settings.append({"cache": "offloaded", "link_gbps": float(link_gbps)})
     return settings
 
 
@@ -52,18 +57,21 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
                             bits: Sequence[int] = (8, 4, 2), residual: int = 0, group_size: int | None = None,
                             pairs: Sequence[int] = (4, 16, 32), new_tokens: int = 16, repeats: int = 2,
                             examples: int = 60, quality_prompts: int = 3, seed: int = 1000, threads: int | None = 1,
+                            link_gbps: float | None = DEFAULT_LINK_GBPS,
                             progress: Progress = no_progress) -> pd.DataFrame:
     """Memory and latency of every chosen setting at every context (``run_strategies``), and recall
     accuracy of the dynamic and quantized settings at the longest context (``accuracy_by_distance``).
+    ``link_gbps``: offloaded also runs over a link of that many GB/s (None: only at the tier's speed).
 
     The frame is run_strategies' with the accuracy columns filled in at the longest context
     (static and offloaded are exact strategies and are not scored again; their quality columns
-    stay empty). ``frame.attrs``: "accuracy" (the by-distance frame), "bytes_per_token" (the
+    stay empty), beside the counts behind each accuracy: ``correct`` and ``examples``, and
+    ``exact_correct`` (the exact cache's, as "right/asked"). ``frame.attrs``: "accuracy" (the by-distance frame), "bytes_per_token" (the
     formula's bytes for one token, all layers, K and V), model, new_tokens, repeats.
     """
     from ..tasks.recall import load_recall_model, make_examples
 
-    settings = strategy_settings(strategies, bits, residual, group_size)
+    settings = strategy_settings(strategies, bits, residual, group_size, link_gbps)
     pairs = sorted(set(pairs))
     if not pairs:
         raise ValueError("choose at least one context length")
@@ -81,10 +89,20 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
     longest = frame["pairs"] == pairs[-1]
     for col in ("accuracy", "exact_accuracy", "kl_mean", "top1_agreement"):
         frame.loc[longest, col] = frame.loc[longest, "setting"].map(summary[col]).astype(float)
+    for col in ("correct", "examples"):  # the counts behind the accuracy, so every percentage shows its n
+        frame[col] = frame["setting"].map(summary[col]).where(longest).astype("Int64")
+    exact = summary.loc["dynamic"] if "dynamic" in summary.index else None
+    frame["exact_correct"] = (f"{int(exact['correct'])}/{int(exact['examples'])}" if exact is not None else None)
+    frame.loc[~longest | frame["accuracy"].isna(), "exact_correct"] = None
+    frame.attrs.update(accuracy=accuracy, new_tokens=new_tokens, repeats=repeats)
+    return with_bytes_per_token(frame, model)
+
+
+def with_bytes_per_token(frame: pd.DataFrame, model: Decoder) -> pd.DataFrame:
+    """Name the model in ``frame.attrs`` and give the formula's bytes for one token (all layers, K and V)."""
     cfg = model.config
     element = torch.empty(0, dtype=model.dtype).element_size()
-    frame.attrs.update(accuracy=accuracy, new_tokens=new_tokens, repeats=repeats,
-                       model=getattr(cfg, "name", None) or "model",
+    frame.attrs.update(model=getattr(cfg, "name", None) or "model",
                        bytes_per_token=kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 1, 1, element))
     return frame
 
@@ -93,8 +111,9 @@ def learner_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The longest context of a ``run_strategy_comparison`` frame, in columns a learner reads at a glance."""
     rows = frame[frame["pairs"] == frame["pairs"].max()]
     exact = rows["strategy"].isin(EXACT_STRATEGIES) & (rows["setting"] != "dynamic")
-    accuracy = [("= exact" if ex else f"{a:.0%}") if (ex or pd.notna(a)) else "" for ex, a in
-                zip(exact, rows["accuracy"])]
+    counts = zip(rows.get("correct", [pd.NA] * len(rows)), rows.get("examples", [pd.NA] * len(rows)))
+    accuracy = [("= exact" if ex else f"{a:.0%}" + (f" ({c}/{n})" if pd.notna(n) else ""))
+                if (ex or pd.notna(a)) else "" for ex, a, (c, n) in zip(exact, rows["accuracy"], counts)]
     return pd.DataFrame({
         "setting": rows["setting"],
         "prompt tokens": rows["context_tokens"],
@@ -114,8 +133,10 @@ def learner_table(frame: pd.DataFrame) -> pd.DataFrame:
 def strategies_panel(model: Decoder | None = None, strategies: Sequence[str] = STRATEGIES,
                      bits: Sequence[int] = (8, 4, 2), residual: int = 0, group_size: int = 32,
                      pairs: Sequence[int] = (4, 16, 32), new_tokens: int = 16, examples: int = 60,
-                     repeats: int = 2, title: str = "Cache strategies side by side") -> ExperimentPanel:
-    """Choose strategies, bits, residual window, group size and context lengths; Run measures them all.
+                     repeats: int = 2, link_gbps: float | None = DEFAULT_LINK_GBPS,
+                     title: str = "Cache strategies side by side") -> ExperimentPanel:
+    """Choose strategies, bits, residual window, group size, the offload link and context lengths; Run
+    measures them all.
 
     ``model`` defaults to the shipped recall model (``load_recall_model()``), whose head_dim (32)
     the group sizes offered divide. The result's frame comes from ``run_strategy_comparison``; its
@@ -127,6 +148,9 @@ def strategies_panel(model: Decoder | None = None, strategies: Sequence[str] = S
     head_dim = model.config.head_dim
     groups = [g for g in (4, 8, 16, 32) if head_dim % g == 0] or [head_dim]
     contexts = [(f"{p * PAIR_TOKENS + QUERY_TOKENS} tokens ({p} pairs)", p) for p in (2, 4, 8, 16, 24, 32)]
+    links = [("none (the tier's own speed only)", None)] + [(f"{g:g} GB/s", g) for g in (4.0, 1.0, 0.25)]
+    if link_gbps is not None and link_gbps not in dict(links).values():
+        links.append((f"{link_gbps:g} GB/s", float(link_gbps)))
     controls = {
         "strategies": widgets.SelectMultiple(options=list(STRATEGIES), value=tuple(strategies), rows=4,
                                              description="strategies", **_WIDE),
@@ -136,6 +160,8 @@ def strategies_panel(model: Decoder | None = None, strategies: Sequence[str] = S
                                      description="residual window", **_WIDE),
         "group_size": widgets.Dropdown(options=groups, value=group_size if group_size in groups else groups[-1],
                                        description="group size", **_WIDE),
+        "link_gbps": widgets.Dropdown(options=links, value=link_gbps if link_gbps in dict(links).values() else None,
+                                      description="offloaded: slow link", **_WIDE),
         "pairs": widgets.SelectMultiple(options=contexts, value=tuple(pairs), rows=6,
                                         description="contexts", **_WIDE),
         "new_tokens": widgets.IntSlider(value=new_tokens, min=4, max=64, step=4, continuous_update=False,
@@ -144,13 +170,14 @@ def strategies_panel(model: Decoder | None = None, strategies: Sequence[str] = S
                                       description="recall questions", **_WIDE),
     }
 
-    def run(progress, strategies, bits, residual, group_size, pairs, new_tokens, examples) -> pd.DataFrame:
+    def run(progress, strategies, bits, residual, group_size, link_gbps, pairs, new_tokens,
+            examples) -> pd.DataFrame:
         return run_strategy_comparison(model, strategies, bits, residual, group_size, pairs, new_tokens=new_tokens,
-                                       repeats=repeats, examples=examples, progress=progress)
+                                       repeats=repeats, examples=examples, link_gbps=link_gbps, progress=progress)
 
     return ExperimentPanel(controls, run, figure=lambda frame, _p: plot_strategies(frame),
                            summary=lambda frame, _p: learner_table(frame), title=title)
 
 
-__all__ = ["EXACT_STRATEGIES", "STRATEGIES", "learner_table", "run_strategy_comparison", "strategies_panel",
-           "strategy_settings"]
+__all__ = ["DEFAULT_LINK_GBPS", "EXACT_STRATEGIES", "STRATEGIES", "learner_table", "run_strategy_comparison", "strategies_panel",
+           "strategy_settings", "with_bytes_per_token"]

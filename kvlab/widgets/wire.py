@@ -1,4 +1,4 @@
-"""The panel of lesson 08: a service curve measured at the client of a running server, behind a Run button."""
+"""The panel of lesson 09: a service curve measured at the client of a running server, behind a Run button."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -16,20 +16,29 @@ _STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width=
 
 
 def service_table(table: pd.DataFrame) -> pd.DataFrame:
-    """`wire_service_curve`'s table with the columns a learner reads first, in milliseconds."""
+    """`wire_service_curve`'s table with the columns a learner reads first, in milliseconds.
+
+    `sent req/s` is the rate the seeded schedule really sent (requests over the span of their
+    scheduled arrivals); `achieved req/s` is completed requests over `window s`, which runs on
+    until the last answer ends. `n` counts the completed requests behind TTFT and E2E, `TPOT n`
+    those with a second token.
+    """
     ms = 1e3
     return pd.DataFrame({
         "offered req/s": table["offered_rps"],
         "requests sent": table["sent"],
-        "achieved req/s": table["requests_per_s"],
+        "sent req/s": table["sent_rps"],
         "completed": table["completed"],
         "rejected (429)": table["rejected"],
         "other failures": table["failed_other"],
-        "all accounted for": table["accounted_for"],
+        "window s": table["window_s"],
+        "achieved req/s": table["requests_per_s"],
+        "n": table["ttft_n"],
         "TTFT p50 ms": table["ttft_p50_s"] * ms,
         "TTFT p90 ms": table["ttft_p90_s"] * ms,
-        "TPOT p50 ms": table["tpot_p50_s"] * ms,
         "E2E p50 ms": table["e2e_p50_s"] * ms,
+        "TPOT n": table["tpot_n"],
+        "TPOT p50 ms": table["tpot_p50_s"] * ms,
         "client late, max ms": table["send_delay_max_s"] * ms,
     })
 

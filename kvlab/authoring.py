@@ -1,0 +1,248 @@
+"""Notebook sources: each notebook is written as a jupytext percent file beside its executed ``.ipynb``.
+
+``notebooks/NN_name.py`` is what a maintainer edits: markdown cells read as markdown, code cells as
+code, so an editor, a linter and ``grep`` see them. ``build`` turns a source into its notebook:
+
+- a few *directives* are expanded from :mod:`kvlab.course` and :mod:`kvlab.exercises`, so the pieces
+  every notebook shares live in one place:
+  ``<!-- kvlab:header -->`` (first line of a markdown cell: title, badges, minutes),
+  ``# kvlab:setup`` (a code cell: the setup cell), ``<!-- kvlab:navigation -->`` (previous/next links),
+  ``<!-- kvlab:exercise check_name -->`` (question, answer cell and folded solution of one exercise);
+- when every code cell is unchanged, the outputs of the committed notebook are kept and no kernel
+  starts (a text-only edit changes only its own cells in the ``.ipynb``);
+- when a code cell changed, the notebook is executed top to bottom (as nbval will) and saved with
+  its new outputs; nothing is ever written with its outputs silently wiped.
+
+    python -m kvlab notebooks                 # rebuild every notebook whose source changed
+    python -m kvlab notebooks 03 06           # only these (name prefixes)
+    python -m kvlab notebooks --execute 01    # re-run 01 even if only text changed
+    python -m kvlab notebooks --check         # exit 1 when a notebook differs from its source
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from .course import NOTEBOOKS, header, lesson, navigation, setup_cell
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+_HEADER = re.compile(r"^<!-- kvlab:header -->[ \t]*\n?")
+_NAVIGATION = re.compile(r"^<!-- kvlab:navigation -->\s*$")
+_EXERCISE = re.compile(r"^<!-- kvlab:exercise (\w+) -->\s*$")
+_SETUP = "# kvlab:setup"
+
+
+def notebook_dir() -> Path:
+    """The checkout's notebooks/ folder (sources and notebooks live side by side)."""
+    return Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def source_path(notebook: Path) -> Path:
+    """``NN_name.ipynb`` -> its source ``NN_name.py`` in the same folder."""
+    return notebook.with_suffix(".py")
+
+
+def _read_source(path: Path) -> nbformat.NotebookNode:
+    try:
+        import jupytext
+    except ImportError as err:  # an authoring tool: learners never need it
+        raise SystemExit("building notebooks needs jupytext: pip install -r requirements.txt") from err
+    return jupytext.read(path, fmt="py:percent")
+
+
+def expand(cells: list, notebook: str) -> list:
+    """Replace the directives in ``cells`` by the shared pieces they name (see the module docstring)."""
+    from . import exercises
+
+    entry = lesson(notebook)
+    number = notebook[:2]
+    out, n_exercise = [], 0
+    for cell in cells:
+        text = cell.source
+        if cell.cell_type == "markdown" and _HEADER.match(text):
+            rest = _HEADER.sub("", text, count=1)
+            out.append(new_markdown_cell(header(entry, number) + ("\n\n" + rest if rest.strip() else ""),
+                                         metadata=cell.metadata))
+        elif cell.cell_type == "markdown" and _NAVIGATION.match(text):
+            out.append(new_markdown_cell(navigation(entry), metadata=cell.metadata))
+        elif cell.cell_type == "markdown" and _EXERCISE.match(text):
+            name = _EXERCISE.match(text).group(1)
+            n_exercise += 1
+            out.extend(exercises.cells(name, notebook, n_exercise))
+        elif cell.cell_type == "code" and text.strip() == _SETUP:
+            out.append(new_code_cell(setup_cell(), metadata=cell.metadata))
+        else:
+            out.append(cell)
+    return out
+
+
+def from_source(path: Path) -> nbformat.NotebookNode:
+    """The notebook a source describes, without outputs."""
+    src = _read_source(path)
+    cells = []
+    for cell in expand(src.cells, path.with_suffix(".ipynb").name):
+        meta = {k: v for k, v in cell.get("metadata", {}).items() if k not in ("lines_to_next_cell",)}
+        if cell.cell_type == "code":
+            cells.append(new_code_cell(cell.source, metadata=meta))
+        else:
+            cells.append(new_markdown_cell(cell.source, metadata=meta))
+    return new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
+
+
+def _key(cell) -> tuple[str, str]:
+    return cell.cell_type, cell.source
+
+
+def code_sources(nb: nbformat.NotebookNode) -> list[str]:
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def differences(committed: nbformat.NotebookNode, built: nbformat.NotebookNode) -> list[str]:
+    """Human-readable lines saying where the committed notebook's cells differ from its source's."""
+    a = [f"{t}: {s}" for t, s in map(_key, committed.cells)]
+    b = [f"{t}: {s}" for t, s in map(_key, built.cells)]
+    if a == b:
+        return []
+    lines = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            lines.append(f"notebook cells {i1}-{i2 - 1} vs source cells {j1}-{j2 - 1}: {tag} "
+                         f"({(a[i1] if i1 < i2 else b[j1])[:70]!r}…)")
+    return lines
+
+
+def _carry_over(old: nbformat.NotebookNode, new: nbformat.NotebookNode, keep_outputs: bool) -> None:
+    """Give ``new``'s cells the ids (and, when ``keep_outputs``, the outputs) of ``old``'s matching cells."""
+    a, b = list(map(_key, old.cells)), list(map(_key, new.cells))
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag in ("equal", "replace") and (i2 - i1) == (j2 - j1):
+            for i, j in zip(range(i1, i2), range(j1, j2)):
+                if old.cells[i].cell_type == new.cells[j].cell_type:
+                    new.cells[j]["id"] = old.cells[i]["id"]
+    if keep_outputs:
+        old_code = [c for c in old.cells if c.cell_type == "code"]
+        for c_old, c_new in zip(old_code, (c for c in new.cells if c.cell_type == "code")):
+            c_new.outputs = c_old.get("outputs", [])
+            c_new.execution_count = c_old.get("execution_count")
+    seen = set()
+    for i, cell in enumerate(new.cells):  # new cells: a stable id from position and text, never a duplicate
+        cid = cell.get("id")
+        while not cid or cid in seen or not re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", cid):
+            cid = hashlib.sha1(f"{i}:{cid}:{cell.source}".encode()).hexdigest()[:8]
+        cell["id"] = cid
+        seen.add(cid)
+
+
+def lighten(nb: nbformat.NotebookNode) -> None:
+    """Drop saved widget state and cell timings: panels render again when the notebook runs."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        cell.metadata.pop("execution", None)  # per-cell timestamps: noise in every diff
+        for out in cell.get("outputs", []):
+            data = out.get("data")
+            if data and WIDGET_VIEW in data:
+                del data[WIDGET_VIEW]
+
+
+def machine_paths() -> list[str]:
+    """Absolute paths of this machine that must never end up in a committed notebook."""
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = {root, str(Path.home()), sys.prefix, sys.base_prefix, os.getcwd()}
+    return sorted((p for p in paths if p and p != "/"), key=len, reverse=True)
+
+
+def execute(nb: nbformat.NotebookNode, cwd: Path) -> float:
+    """Run ``nb`` top to bottom in a fresh python3 kernel (as nbval does); seconds taken."""
+    from nbclient import NotebookClient
+
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=600, kernel_name="python3", store_widget_state=False, record_timing=False,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    seconds = time.perf_counter() - start
+    leaked = [p for p in machine_paths() if p in nbformat.writes(nb)]
+    if leaked:
+        raise SystemExit(f"an output holds this machine's path(s) {leaked}; fix the cell that prints it")
+    return seconds
+
+
+@dataclass
+class BuildResult:
+    notebook: str
+    action: str  # "unchanged", "text", "executed", "out of date"
+    detail: str = ""
+
+
+def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -> BuildResult:
+    """Bring ``notebook`` in line with its source (see the module docstring); ``check`` only compares."""
+    new = from_source(source_path(notebook))
+    old = nbformat.read(notebook, as_version=4) if notebook.exists() else None
+    if old is not None and not differences(old, new) and not force_execute:
+        return BuildResult(notebook.name, "unchanged")
+    if check:
+        return BuildResult(notebook.name, "out of date",
+                           "\n".join(differences(old, new)) if old is not None else "no .ipynb yet")
+    text_only = old is not None and code_sources(old) == code_sources(new) and not force_execute
+    if old is not None:
+        _carry_over(old, new, keep_outputs=text_only)
+    detail = ""
+    if text_only:
+        if "kvlab" in old.metadata:
+            new.metadata["kvlab"] = old.metadata["kvlab"]
+    else:
+        seconds = execute(new, notebook.parent)
+        detail = f"executed in {seconds:.1f} s"
+        # what the course map quotes as the run time (see kvlab.course.run_seconds)
+        new.metadata["kvlab"] = {"run_s": round(seconds), "cpu_count": os.cpu_count()}
+    lighten(new)
+    nbformat.validate(new)
+    nbformat.write(new, notebook)
+    return BuildResult(notebook.name, "text" if text_only else "executed", detail)
+
+
+def selected(prefixes: list[str], folder: Path | None = None) -> list[Path]:
+    """The course's notebooks whose names start with one of ``prefixes`` (all when empty)."""
+    folder = folder or notebook_dir()
+    names = [n.file for n in NOTEBOOKS]
+    chosen = [n for n in names if not prefixes or any(n.startswith(p) for p in prefixes)]
+    if prefixes and not chosen:
+        raise SystemExit(f"no notebook starts with {prefixes}; the course has {', '.join(n[:2] for n in names)}")
+    return [folder / n for n in chosen]
+
+
+def add_arguments(parser) -> None:
+    """The options of ``python -m kvlab notebooks``."""
+    parser.add_argument("only", nargs="*", help="notebook name prefixes, e.g. 03 06 (default: all)")
+    parser.add_argument("--execute", action="store_true", help="re-run even when only text changed")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a notebook is out of date")
+
+
+def main(args) -> int:
+    """Rebuild (or ``--check``) the selected notebooks from their sources; 1 when ``--check`` finds drift."""
+    stale = 0
+    for path in selected(args.only):
+        result = build(path, force_execute=args.execute, check=args.check)
+        stale += result.action == "out of date"
+        print(f"{result.notebook}: {result.action}" + (f" ({result.detail})" if result.detail else ""), flush=True)
+    if stale:
+        print(f"{stale} notebook(s) differ from their source: run python -m kvlab notebooks", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    _parser = argparse.ArgumentParser(prog="python -m kvlab notebooks", description=__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(_parser)
+    raise SystemExit(main(_parser.parse_args()))

@@ -1,0 +1,35 @@
+"""Claims of notebook 00 (start here), checked on the learner's run of the first panel (``run_slowdown``, cached)."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pandas as pd
+
+from ..experiments.slowdown import run_slowdown, slowdown_model, step_curves
+from .framework import claim
+
+NOTEBOOK = "00_start_here.ipynb"
+
+
+@functools.lru_cache(maxsize=1)
+def _example() -> pd.DataFrame:
+    return run_slowdown(slowdown_model(), prompt_tokens=32, max_new_tokens=40, caches=("dynamic",), repeats=2)
+
+
+@claim(NOTEBOOK, clock="wall", example=_example,
+       says="the prefill of {prompt} tokens took {prefill:.2f} ms, {ratio:.1f}× one decode step ({decode:.2f} ms), "
+            "not {prompt}×: {per_token:.3f} ms per prompt token against {decode:.2f} ms per generated token",
+       otherwise="here the prefill cost about as much per token as a decode step. With a very short prompt there "
+                 "is little to share; on a busy machine the single prefill step may have been slowed by another "
+                 "program: press Run again with repeats at 3.")
+def prefill_costs_less_per_token_than_decode(result: Any) -> dict:
+    frame = getattr(result, "frame", result)
+    cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
+    curve = step_curves(frame[frame["cache"] == cache]).set_index("token")
+    prompt = int(curve.at[0, "tokens_processed"])
+    prefill = float(curve.at[0, "step_ms"])
+    decode = float(curve.loc[1:, "step_ms"].median())  # the typical one-token step
+    ratio = prefill / decode
+    return dict(prompt=prompt, prefill=prefill, decode=decode, ratio=ratio, per_token=prefill / prompt,
+                holds=ratio < prompt / 2)

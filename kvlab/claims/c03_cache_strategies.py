@@ -1,0 +1,376 @@
+"""Claims of notebook 03 (cache strategies), checked on the learner's run of the strategies panel.
+
+The panel's result (``run_strategy_comparison``: one row per setting and context, the recall
+accuracy by distance in ``frame.attrs["accuracy"]``) feeds every claim except the last, which reads
+``try_compiled_decode``'s dict. Byte counts, recall answers and top-1 agreement are the same on
+every machine (the shipped model, fixed questions, greedy decoding in fp32 on one thread: checked
+bit for bit across repeated runs); their claims are ``deterministic`` and render only counts and
+exact ratios. KL divergence is not quoted as a number here: its last digits change with the number
+of threads (the order of the sums), so claims only compare KL between settings.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .framework import claim
+
+NOTEBOOK = "03_cache_strategies.ipynb"
+
+
+def _frame(result: Any) -> pd.DataFrame:
+    """The per-(setting, context) frame of a run: a panel result (``.frame``) or the frame itself."""
+    return getattr(result, "frame", result)
+
+
+def _accuracy(result: Any) -> pd.DataFrame:
+    acc = _frame(result).attrs.get("accuracy")
+    if acc is None or not len(acc):
+        raise ValueError("this run has no recall accuracy (frame.attrs['accuracy'])")
+    return acc
+
+
+@functools.lru_cache(maxsize=1)
+def _example() -> pd.DataFrame:
+    """A small run of the panel's experiment: two contexts, few tokens, 8 recall questions at 32 pairs."""
+    from ..tasks.recall import load_recall_model
+    from ..widgets.strategies import run_strategy_comparison
+
+    return run_strategy_comparison(load_recall_model(device="cpu"), pairs=(4, 32), new_tokens=6, repeats=1,
+                                   examples=8, quality_prompts=2, group_size=32, link_gbps=1.0)
+
+
+@functools.lru_cache(maxsize=4)
+def _timing_example(seed: int = 0) -> pd.DataFrame:
+    """The timed half of the panel's experiment alone (no recall questions), at the shortest and longest
+    context the panel offers: what the wall-clock claims read, in a second or two."""
+    from ..tasks.recall import load_recall_model
+    from ..widgets.strategies import DEFAULT_LINK_GBPS, strategy_settings, with_bytes_per_token
+    from ..experiments.strategies import run_strategies
+
+    model = load_recall_model(device="cpu")
+    settings = strategy_settings(("dynamic", "quantized", "offloaded"), bits=(8, 4, 2), residual=0, group_size=32,
+                                 link_gbps=DEFAULT_LINK_GBPS)
+    frame = run_strategies(model, settings, pairs=(4, 32), new_tokens=10, repeats=2, examples=0, seed=seed)
+    return with_bytes_per_token(frame, model)
+
+
+@functools.lru_cache(maxsize=1)
+def _compile_example() -> dict:
+    """``compiled_decode`` with torch.compile's eager backend: the same dict, in seconds instead of minutes."""
+    from ..experiments.static_compile import compiled_decode
+    from ..tasks.recall import load_recall_model, make_examples
+
+    model = load_recall_model(device="cpu")
+    return compiled_decode(model, make_examples(1, 4, seed=0)[0].prompt_ids, new_tokens=8, backend="eager")
+
+
+def _kib(n: float) -> str:
+    return f"{n / 1024:,.1f} KiB"
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# -- memory: byte counts, the same everywhere ------------------------------------------------------
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="every quantized setting held exactly the bytes its format needs, at every context: {ratios} "
+            "of the dynamic cache's bytes at {context} prompt tokens",
+       otherwise="a measured size differs from bits / 32 + a scale and a zero-point per group (+ the residual "
+                 "window at full precision). Look at the payload, scale and residual columns of the frame: "
+                 "one of them is not what the format says.")
+def quantized_memory_follows_the_format(result: Any) -> dict:
+    frame = _frame(result)
+    q = frame[frame["strategy"] == "quantized"]
+    if not len(q):
+        raise ValueError("no quantized setting in this run")
+    exact = bool(np.allclose(q["memory_ratio"], q["ideal_memory_ratio"], rtol=0, atol=1e-9))
+    longest = q[q["context_tokens"] == q["context_tokens"].max()]
+    ratios = _listing([f"{r.memory_ratio:.4f} ({int(r.bits)} bits)" for r in longest.itertuples()])
+    return dict(ratios=ratios, context=int(longest["context_tokens"].iloc[0]), holds=exact)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="sized for {max_len} tokens, the static cache held {short} reserved and empty at {short_ctx} prompt "
+            "tokens and {long} at {long_ctx}: (max_len − stored tokens) × {bpt:,} bytes at every context",
+       otherwise="the reserved bytes differ from (max_len − stored tokens) × bytes per token: the cache "
+                 "allocated something the formula does not count.")
+def static_reserves_what_shorter_contexts_leave_empty(result: Any) -> dict:
+    frame = _frame(result)
+    st = frame[frame["strategy"] == "static"].sort_values("context_tokens")
+    if not len(st):
+        raise ValueError("no static setting in this run")
+    bpt = int(frame.attrs["bytes_per_token"])
+    max_len = int(st["allocated_bytes"].max() // bpt)
+    expected = (max_len - st["stored_tokens"]) * bpt
+    first, last = st.iloc[0], st.iloc[-1]
+    return dict(max_len=max_len, bpt=bpt, short=_kib(first["reserved_bytes"]), short_ctx=int(first["context_tokens"]),
+                long=_kib(last["reserved_bytes"]), long_ctx=int(last["context_tokens"]),
+                holds=bool((st["reserved_bytes"].to_numpy() == expected.to_numpy()).all()))
+
+
+# -- quantized: time ------------------------------------------------------------------------------
+
+
+@claim(NOTEBOOK, clock="wall", example=_timing_example,
+       says="every quantized setting was slower than dynamic at every context measured ({settings} settings × "
+            "{contexts} contexts): from {lo:.2f}× to {hi:.2f}× dynamic's median time per token",
+       otherwise="at least one quantized setting was not clearly slower (by a tenth) than dynamic somewhere. "
+                 "On a busy machine one median can be inflated by other programs: look at the p95 whiskers, "
+                 "and Run again. On a GPU the dequantizing can also overlap with other work.")
+def quantized_slower_at_every_context(result: Any) -> dict:
+    frame = _frame(result)
+    q = frame[frame["strategy"] == "quantized"].dropna(subset=["latency_ratio"])
+    if not len(q):
+        raise ValueError("no quantized setting with a dynamic baseline in this run")
+    r = q["latency_ratio"]
+    return dict(settings=q["setting"].nunique(), contexts=q["context_tokens"].nunique(), lo=float(r.min()),
+                hi=float(r.max()), holds=bool(r.min() > 1.1))
+
+
+@claim(NOTEBOOK, clock="wall", example=_timing_example,
+       says="inside the cache's update, the quantized settings spent {qlo:.2f} to {qhi:.2f} ms per step and "
+            "dynamic {dlo:.2f} to {dhi:.2f} ms: quantizing the new token and dequantizing the whole history is "
+            "work the exact cache does not do",
+       otherwise="somewhere a quantized setting spent less than twice dynamic's time inside update. A step "
+                 "slowed by another program can inflate one dynamic point; compare the lines in the plot of "
+                 "time inside the cache, and Run again.")
+def quantized_time_goes_into_the_cache(result: Any) -> dict:
+    frame = _frame(result).dropna(subset=["cache_ms_per_step"])
+    q, d = frame[frame["strategy"] == "quantized"], frame[frame["setting"] == "dynamic"]
+    if not len(q) or not len(d):
+        raise ValueError("time inside the cache was not measured (it is on CPU only), or no quantized/dynamic rows")
+    dyn = q["context_tokens"].map(d.set_index("context_tokens")["cache_ms_per_step"])
+    return dict(qlo=float(q["cache_ms_per_step"].min()), qhi=float(q["cache_ms_per_step"].max()),
+                dlo=float(d["cache_ms_per_step"].min()), dhi=float(d["cache_ms_per_step"].max()),
+                holds=bool((q["cache_ms_per_step"] > 2 * dyn).all()))
+
+
+# -- quantized: answers (deterministic: same model, same questions, greedy fp32) ----------------------
+
+
+def _summary(result: Any) -> pd.DataFrame:
+    from ..experiments.cache_accuracy import accuracy_summary
+
+    return accuracy_summary(_accuracy(result))
+
+
+def _quantized_family(summary: pd.DataFrame) -> pd.DataFrame:
+    """The quantized settings that differ only in bits (the largest such family), most bits first."""
+    q = summary[summary["setting"].str.startswith("quantized")]
+    if not len(q):
+        raise ValueError("no quantized setting was scored in this run")
+    family = q.groupby(["group_size", "residual"], dropna=False)["bits"].transform("size")
+    q = q[family == family.max()]
+    key = q.iloc[0][["group_size", "residual"]]
+    q = q[(q["group_size"] == key["group_size"]) & (q["residual"] == key["residual"])]
+    return q.sort_values("bits", ascending=False)
+
+
+def _exact_row(summary: pd.DataFrame) -> pd.Series:
+    return summary[summary["setting"] == "dynamic"].iloc[0]
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="at 8 bits the cache answered {correct}/{n} recall questions right; the exact cache {exact}/{n} on the "
+            "same questions",
+       otherwise="8 bits lost answers the exact cache got right. With a residual window of 0 and large groups, "
+                 "8 bits can still round a key enough to change a close lookup: try a smaller group size.")
+def eight_bit_cache_keeps_the_answers(result: Any) -> dict:
+    s = _summary(result)
+    eight = s[s["bits"] == 8]
+    if not len(eight):
+        raise ValueError("no 8-bit setting was scored in this run")
+    row, exact = eight.iloc[0], _exact_row(s)
+    return dict(correct=int(row["correct"]), n=int(row["examples"]), exact=int(exact["correct"]),
+                holds=int(row["correct"]) >= int(exact["correct"]))
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="right answers fell as bits fell: {series} (exact cache {exact}/{n})",
+       otherwise="fewer bits answered more questions right than more bits somewhere. With few questions one "
+                 "lucky answer can do that; raise the number of recall questions.")
+def answers_fall_as_bits_fall(result: Any) -> dict:
+    s = _summary(result)
+    fam = _quantized_family(s)
+    if len(fam) < 2:
+        raise ValueError("only one bit width was scored; choose two or more")
+    correct = fam["correct"].astype(int).tolist()
+    series = _listing([f"{int(b)} bits {c}/{int(n)}" for b, c, n in zip(fam["bits"], correct, fam["examples"])])
+    exact = _exact_row(s)
+    return dict(series=series, exact=int(exact["correct"]), n=int(exact["examples"]),
+                holds=all(a >= b for a, b in zip(correct, correct[1:])))
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="at {bits} bits with no residual window, {correct}/{n} answers were right (exact cache {exact}/{n}): "
+            "most lookups failed",
+       otherwise="the lowest bit width still answered at least half the questions. Smaller groups or a residual "
+                 "window keep more of the keys exact; that is what they are for.")
+def lowest_bits_lose_most_answers(result: Any) -> dict:
+    s = _summary(result)
+    q = s[s["setting"].str.startswith("quantized") & (s["residual"] == 0)]
+    if not len(q):
+        raise ValueError("no quantized setting without a residual window was scored in this run")
+    low = q[q["bits"] == q["bits"].min()].iloc[0]
+    exact = _exact_row(s)
+    return dict(bits=int(low["bits"]), correct=int(low["correct"]), n=int(low["examples"]),
+                exact=int(exact["correct"]), holds=2 * int(low["correct"]) < int(low["examples"]))
+
+
+def _top1_counts(fam: pd.DataFrame) -> list[int]:
+    return [int(round(t * p)) for t, p in zip(fam["top1_agreement"], fam["compared_positions"])]
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="on the first {prompts} questions ({positions} answer positions), the next-token choice agreed with the "
+            "exact cache at {agree}, and the mean KL grew as bits fell: the same order as recall accuracy",
+       otherwise="the token metrics order the settings differently from recall accuracy here. On a few prompts "
+                 "they are coarse: raise quality_prompts in run_strategy_comparison.")
+def token_metrics_order_settings_like_accuracy(result: Any) -> dict:
+    fam = _quantized_family(_summary(result)).dropna(subset=["top1_agreement"])
+    if len(fam) < 2:
+        raise ValueError("fewer than two quantized settings were compared token by token")
+    top1, kl = _top1_counts(fam), fam["kl_mean"].tolist()
+    positions = int(fam["compared_positions"].iloc[0])
+    agree = _listing([f"{t}/{positions} ({int(b)} bits)" for t, b in zip(top1, fam["bits"])])
+    correct = fam["correct"].tolist()
+    holds = (all(a >= b for a, b in zip(top1, top1[1:])) and all(a <= b for a, b in zip(kl, kl[1:]))
+             and all(a >= b for a, b in zip(correct, correct[1:])))
+    return dict(prompts=int(fam["quality_prompts"].iloc[0]), positions=positions, agree=agree, holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="at {bits} bits the next-token choice agreed with the exact cache at all {positions} answer positions of "
+            "the {prompts} questions compared, yet {lost} of {n} recall answers were lost ({correct}/{n} against "
+            "{exact}/{n}): a few prompts cannot see errors that hit only some questions",
+       otherwise="here every setting that lost answers also disagreed with the exact cache on the compared prompts: "
+                 "the token metrics caught it. With fewer prompts compared, or rarer errors, they can miss it; "
+                 "measure the task itself before adopting a setting.")
+def few_prompt_metrics_miss_lost_answers(result: Any) -> dict:
+    s = _summary(result)
+    exact = int(_exact_row(s)["correct"])
+    q = s[s["setting"].str.startswith("quantized")].dropna(subset=["top1_agreement"])
+    if not len(q):
+        raise ValueError("no quantized setting was compared token by token")
+    blind = q[(q["top1_agreement"] == 1.0) & (q["correct"] < exact)]
+    row = (blind if len(blind) else q[q["correct"] < exact] if (q["correct"] < exact).any() else q).iloc[0]
+    return dict(bits=int(row["bits"]), positions=int(row["compared_positions"]), prompts=int(row["quality_prompts"]),
+                lost=exact - int(row["correct"]), n=int(row["examples"]), correct=int(row["correct"]), exact=exact,
+                holds=bool(len(blind)))
+
+
+# -- offloaded: bytes (deterministic) and the link's time (wall) -------------------------------------
+
+
+def _offloaded(result: Any) -> pd.DataFrame:
+    frame = _frame(result)
+    off = frame[frame["strategy"] == "offloaded"]
+    if not len(off):
+        raise ValueError("no offloaded setting in this run")
+    return off.sort_values("context_tokens")
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_example,
+       says="the offloaded cache moved {moved} per decode step at {contexts} prompt tokens: every stored token of "
+            "every layer read back in and the new one written out, as counted by hand",
+       otherwise="the bytes moved differ from (stored + 1) × bytes per token: the cache copied more or less than "
+                 "the history. Look at OffloadedCache._copy, the one place bytes cross tiers.")
+def offloaded_bytes_follow_the_count(result: Any) -> dict:
+    from ..plots.strategies import expected_bytes_moved
+
+    frame = _frame(result)
+    bpt = int(frame.attrs["bytes_per_token"])
+    off = _offloaded(result)
+    expected = [expected_bytes_moved(c, s, bpt) for c, s in zip(off["context_tokens"], off["stored_tokens"])]
+    one = off.drop_duplicates("context_tokens")
+    return dict(moved=_listing([_kib(b) for b in one["bytes_moved_per_step"]]),
+                contexts=_listing([str(c) for c in one["context_tokens"]]),
+                holds=bool(np.allclose(off["bytes_moved_per_step"], expected, rtol=0, atol=1e-6)))
+
+
+def _link_rows(result: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(offloaded over the slow link, offloaded at the tier's own speed), one row per context each."""
+    off = _offloaded(result)
+    slow = off[off["link_gbps"].notna()] if "link_gbps" in off else off.iloc[:0]
+    fast = off[off["link_gbps"].isna()] if "link_gbps" in off else off
+    if not len(slow) or not len(fast):
+        raise ValueError("this run has no offloaded setting over a slow link beside the plain one (link_gbps)")
+    slow = slow[slow["setting"] == slow["setting"].iloc[0]].set_index("context_tokens")
+    fast = fast[fast["setting"] == fast["setting"].iloc[0]].set_index("context_tokens")
+    return slow, fast.loc[slow.index]
+
+
+@claim(NOTEBOOK, clock="wall", example=_timing_example,
+       says="at {ctx} prompt tokens a step over the {gbps:g} GB/s link took {slow:.2f} ms against {fast:.2f} ms for the "
+            "same copies at the tier's own speed: {added:.2f} ms more, where the link needs {link:.2f} ms for the "
+            "{kib} each step moves",
+       otherwise="the slow link added less than 70% of its own time to the step. The link waits are real, so this "
+                 "points at the median: on a busy machine the plain offloaded steps can be slowed more than the "
+                 "link ones; Run again.")
+def slow_link_time_shows_in_the_step(result: Any) -> dict:
+    slow, fast = _link_rows(result)
+    ctx = int(slow.index.max())
+    s, f = slow.loc[ctx], fast.loc[ctx]
+    added = float(s["token_ms_p50"] - f["token_ms_p50"])
+    return dict(ctx=ctx, gbps=float(s["link_gbps"]), slow=float(s["token_ms_p50"]), fast=float(f["token_ms_p50"]),
+                added=added, link=float(s["link_ms_per_step"]), kib=_kib(s["bytes_moved_per_step"]),
+                holds=added >= 0.7 * float(s["link_ms_per_step"]))
+
+
+@claim(NOTEBOOK, clock="wall", example=_timing_example,
+       says="the time the slow link adds grew with the bytes moved: {a:.2f} ms at {c1} prompt tokens ({k1} per step), "
+            "{b:.2f} ms at {c2} ({k2}); the link's own time for those bytes: {l1:.2f} and {l2:.2f} ms",
+       otherwise="the added time did not grow by at least half of what the link's own time grew. A single "
+                 "slowed step can move a median of a few runs: Run again, or raise the tokens per timed run.")
+def slow_link_cost_grows_with_bytes(result: Any) -> dict:
+    slow, fast = _link_rows(result)
+    if len(slow) < 2:
+        raise ValueError("the slow link ran at one context only; choose two or more")
+    c1, c2 = int(slow.index.min()), int(slow.index.max())
+    added = slow["token_ms_p50"] - fast["token_ms_p50"]
+    link = slow["link_ms_per_step"]
+    return dict(a=float(added[c1]), b=float(added[c2]), c1=c1, c2=c2, k1=_kib(slow.loc[c1, "bytes_moved_per_step"]),
+                k2=_kib(slow.loc[c2, "bytes_moved_per_step"]), l1=float(link[c1]), l2=float(link[c2]),
+                holds=float(added[c2] - added[c1]) >= 0.5 * float(link[c2] - link[c1]))
+
+
+@claim(NOTEBOOK, clock="wall", example=_timing_example,
+       says="at the tier's own speed the copies ran at {fast:.1f} GB/s ({ms:.3f} ms of a {step:.2f} ms step at {ctx} "
+            "prompt tokens), {times:.0f}× the {gbps:g} GB/s link: that is why plain offloading barely showed in the step",
+       otherwise="the plain tier's copies were not clearly faster than the modelled link. On a machine short of "
+                 "memory the mapped file's pages may have gone to disk; or the run was disturbed: Run again.")
+def memory_tier_copies_outrun_the_link(result: Any) -> dict:
+    slow, fast = _link_rows(result)
+    ctx = int(fast.index.max())
+    f = fast.loc[ctx]
+    rate = float(f["copy_gb_per_s"])
+    if rate != rate:
+        raise ValueError("the plain tier's copies were not timed (they are on CPU only)")
+    gbps = float(slow.loc[ctx, "link_gbps"])
+    return dict(fast=rate, ms=float(f["copy_ms_per_step"]), step=float(f["token_ms_p50"]), ctx=ctx, gbps=gbps,
+                times=rate / gbps, holds=rate > 2 * gbps)
+
+
+# -- static: the compiled step (wall; only when the compile ran) -------------------------------------
+
+
+@claim(NOTEBOOK, clock="wall", example=_compile_example,
+       says="after {compile_s:.1f} s of compiling, a decode step took {compiled:.2f} ms compiled against {eager:.2f} ms "
+            "eager ({speedup:.2f}×); at that saving the compile pays for itself {breakeven}",
+       otherwise="the compiled step was not clearly faster than the eager one (by a fifth). On CPU a tiny model's "
+                 "step is mostly fixed overhead the compiler may not remove; on a busy machine, Run again.")
+def compiled_step_is_faster(compiled: dict) -> dict:
+    if compiled.get("status") != "compiled":
+        raise ValueError(f"the compile did not run ({compiled.get('status')}): {compiled.get('message', '')}")
+    saved_ms = compiled["eager_ms"] - compiled["compiled_ms"]
+    breakeven = (f"after about {1e3 * compiled['compile_s'] / saved_ms:,.0f} tokens" if saved_ms > 0
+                 else "never (it saved no time)")
+    return dict(compile_s=compiled["compile_s"], compiled=compiled["compiled_ms"], eager=compiled["eager_ms"],
+                speedup=compiled["speedup"], breakeven=breakeven, holds=compiled["speedup"] > 1.2)

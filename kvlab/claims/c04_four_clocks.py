@@ -1,0 +1,160 @@
+"""Claims of notebook 04 (the four clocks): the journey, its exact twin, cold vs warm start, the mean vs the tail."""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..experiments.four_clocks import cold_vs_warm, mean_vs_tail, run_journey, run_mixed_load
+from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
+from ..experiments.slowdown import slowdown_model
+from .framework import claim
+
+NOTEBOOK = "04_four_clocks.ipynb"
+
+
+def _requests(result: Any) -> pd.DataFrame:
+    """The requests frame of a panel result (``.frame``), a ServingRun (``.requests``) or the frame itself."""
+    if isinstance(result, ServingRun):
+        return result.requests
+    return getattr(result, "frame", result)
+
+
+def _watched(frame: pd.DataFrame) -> pd.Series:
+    rows = frame[frame["profile"] == "watched"] if "profile" in frame.columns else frame.iloc[0:0]
+    return (rows if len(rows) else frame.tail(1)).iloc[0]
+
+
+# -- one request's journey (wall clock, the panel's run) ----------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _journey_example(seed: int = 0) -> pd.DataFrame:
+    return runs_frame([run_journey(slowdown_model(), n_ahead=2, max_seqs=1, prompt_tokens=16, max_new_tokens=8,
+                                   ahead_prompt_tokens=64, ahead_new_tokens=12, seed=seed)])
+
+
+@claim(NOTEBOOK, clock="wall", example=_journey_example,
+       says="the watched request's TTFT was {ttft:.1f} ms, of which {queue:.1f} ms ({share:.0%}) was spent in the "
+            "queue before it was admitted",
+       otherwise="most of its TTFT was not queueing. With no long requests ahead, or as many batch slots as "
+                 "requests, nothing holds it back and its TTFT is mostly its own prefill; set the sliders back "
+                 "to their defaults (4 requests ahead, 2 slots) to see the queue.")
+def watched_ttft_is_mostly_queue(result: Any) -> dict:
+    r = _watched(_requests(result))
+    ttft, queue = float(r["ttft_s"]), float(r["queue_s"])
+    return dict(ttft=ttft * 1e3, queue=queue * 1e3, share=queue / ttft, holds=queue > 0.5 * ttft)
+
+
+# -- the same journey on a fixed step cost (virtual clock) ---------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _exact_example() -> ServingRun:
+    return run_journey(slowdown_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_example,
+       says="every step cost {step:.0f} ms; the watched request's first token came out of step {k}, so by hand "
+            "TTFT = ({k} + 1) × {step:.0f} − {arrival:.0f} = {ttft:.0f} ms, TPOT = one step = {tpot:.0f} ms and "
+            "E2E = TTFT + {more} × {step:.0f} = {e2e:.0f} ms: the engine's stamps say the same",
+       otherwise="the engine's stamps differ from the hand count. Every step of this run should cost the same "
+                 "(a FixedStepCostExecutor on the virtual clock) and the watched request should decode in every "
+                 "step after its first; a changed executor or scheduler breaks that.")
+def watched_clocks_follow_from_its_steps(run: ServingRun) -> dict:
+    durations = run.trace["duration_s"].to_numpy(dtype=float)
+    step = float(durations[0])
+    r = run.record(run.extra["watched"])
+    mine = run.steps[run.steps["request_id"] == r.request_id]
+    k = int(mine.loc[mine["phase"] == "prefill", "step"].max())
+    c = r.clocks()
+    ttft = (k + 1) * step - r.scheduled_s
+    e2e = ttft + (r.output_tokens - 1) * step
+    same = all(math.isclose(d, step, rel_tol=1e-9) for d in durations)
+    holds = (same and math.isclose(c["ttft_s"], ttft, abs_tol=1e-9) and math.isclose(c["tpot_s"], step, abs_tol=1e-9)
+             and math.isclose(c["e2e_s"], e2e, abs_tol=1e-9))
+    return dict(step=step * 1e3, k=k, arrival=r.scheduled_s * 1e3, ttft=c["ttft_s"] * 1e3, tpot=c["tpot_s"] * 1e3,
+                more=r.output_tokens - 1, e2e=c["e2e_s"] * 1e3, holds=holds)
+
+
+# -- cold vs warm start (wall clock, a fresh process) --------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _cold_example(seed: int = 0) -> pd.DataFrame:
+    return cold_vs_warm(repeats=3, prompt_tokens=8, max_new_tokens=3, seed=seed)
+
+
+def _startup_s(frame: pd.DataFrame) -> float:
+    a = frame.attrs
+    return a["python_start_s"] + a["import_s"] + a["build_model_s"] + a["engine_init_s"]
+
+
+def _warm_ttft(frame: pd.DataFrame) -> pd.Series:
+    return frame.loc[frame["start"] == "warm", "ttft_s"].astype(float)
+
+
+@claim(NOTEBOOK, clock="wall", example=_cold_example,
+       says="starting the service took {startup:.2f} s before the first request could begin (Python and imports "
+            "{imports:.2f} s, the model {model:.2f} s, the engine {engine:.3f} s): {times:,.0f}× the TTFT of a "
+            "warm request (median {warm:.1f} ms, n = {n})",
+       otherwise="start-up took less than ten warm requests' TTFT. That happens only when the interpreter and the "
+                 "libraries were already in the operating system's file cache and the request is long; look at "
+                 "the phases in the table above.")
+def startup_dwarfs_a_warm_request(frame: pd.DataFrame) -> dict:
+    a = frame.attrs
+    warm = _warm_ttft(frame)
+    startup, median = _startup_s(frame), float(warm.median())
+    return dict(startup=startup, imports=a["python_start_s"] + a["import_s"], model=a["build_model_s"],
+                engine=a["engine_init_s"], warm=median * 1e3, n=len(warm), times=startup / median,
+                holds=startup > 10 * median)
+
+
+@claim(NOTEBOOK, clock="wall", example=_cold_example,
+       says="the first request's TTFT was {cold:.1f} ms; the {n} warm ones took {lo:.1f} to {hi:.1f} ms (median "
+            "{warm:.1f} ms): it differs from the warm median by {extra:+.1f} ms, {pct:.1%} of the start-up, so "
+            "most of a cold start's cost came before the request",
+       otherwise="the first request paid more on top of a warm one than half the start-up: its first forward "
+                 "pass did a lot of set-up of its own (memory, kernel selection; on a GPU, loading kernels and "
+                 "creating library handles). That is what a warm-up request before opening a service is for.")
+def first_request_extra_is_small(frame: pd.DataFrame) -> dict:
+    warm = _warm_ttft(frame)
+    cold = float(frame.loc[frame["start"] == "cold", "ttft_s"].iloc[0])
+    median = float(warm.median())
+    extra, startup = cold - median, _startup_s(frame)
+    return dict(cold=cold * 1e3, n=len(warm), lo=float(warm.min()) * 1e3, hi=float(warm.max()) * 1e3,
+                warm=median * 1e3, extra=extra * 1e3, pct=abs(extra) / startup, holds=extra < 0.5 * startup)
+
+
+# -- why a mean hides the wait (wall clock) -----------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _mixed_example(seed: int = 1) -> ServingRun:
+    return run_mixed_load(slowdown_model(), n=16, seed=seed)
+
+
+def _ttft(result: Any) -> tuple[dict, int]:
+    frame = _requests(result)
+    row = mean_vs_tail(frame, clocks=("ttft_s",)).iloc[0]
+    done = frame[frame["status"] == "completed"]["ttft_s"].dropna().astype(float)
+    return row.to_dict(), int((done > row["mean"]).sum())
+
+
+@claim(NOTEBOOK, clock="wall", example=_mixed_example,
+       says="the mean TTFT ({mean:.1f} ms) is above the median ({p50:.1f} ms): {k} of {n} requests ({share:.0%}) "
+            "waited longer than the mean",
+       otherwise="at least half the requests waited longer than the mean: this run has no long tail to pull the "
+                 "mean up. That happens when almost nobody queued (a fast machine: TTFT is then each prompt's "
+                 "prefill), or when nearly everybody did (an overloaded one): try run_mixed_load(model, rate=12).")
+def fewer_than_half_wait_longer_than_the_mean(result: Any) -> dict:
+    row, k = _ttft(result)
+    return dict(mean=row["mean"] * 1e3, p50=row["p50"] * 1e3, k=k, n=int(row["n"]), share=row["share_above_mean"],
+                holds=row["mean"] > row["p50"] and row["share_above_mean"] < 0.5)
+
+
+@claim(NOTEBOOK, clock="wall", example=_mixed_example,
+       says="the p95 TTFT ({p95:.1f} ms) is {times:.1f}× the mean, and the slowest request waited {max:.1f} ms "
+            "(n = {n})",
+       otherwise="the slowest requests waited less than one and a half times the mean: the waits were even. "
+                 "Bursts make the tail; with burstiness=1 or a slower machine the queue is everywhere or "
+                 "nowhere. Press Run again: with n = 30 the tail moves from run to run.")
+def ttft_tail_is_well_above_the_mean(result: Any) -> dict:
+    row, _ = _ttft(result)
+    return dict(p95=row["p95"] * 1e3, times=row["p95_over_mean"], max=row["max"] * 1e3, n=int(row["n"]),
+                holds=row["p95_over_mean"] > 1.5)
+

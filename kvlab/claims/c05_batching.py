@@ -1,0 +1,293 @@
+"""Claims of notebook 05 (batching): static vs continuous on the same requests, and the batch-wait knob.
+
+Wall claims read the learner's runs on the real model; deterministic ones read the same schedules
+priced by a ``FixedStepCostExecutor`` on the virtual clock.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import pandas as pd
+
+from ..experiments.batching import batch_wait_runs, batching_table, compare_policies
+from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
+from ..experiments.slowdown import slowdown_model
+from .framework import claim
+
+NOTEBOOK = "05_batching.ipynb"
+KNOB_PRICES = dict(step_s=0.004, token_s=0.0001)  # the exact knob's executor (notebook 05's cell uses the same)
+
+
+def _table(result: Any) -> pd.DataFrame:
+    """One row per run, indexed by label: a table (``batching_table``/``runs_table``) or a list of ServingRuns."""
+    if isinstance(result, pd.DataFrame):
+        return result.set_index("run", drop=False)
+    return batching_table(list(result)).set_index("run", drop=False)
+
+
+def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
+    return {(r.extra["policy"], r.extra["lengths"]): r for r in result}
+
+
+# -- the panel's runs (wall clock) --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _panel_example(seed: int = 0) -> pd.DataFrame:
+    return runs_frame(compare_policies(slowdown_model(), lengths=("mixed",), n=8, max_seqs=4, prompt_tokens=16,
+                                       max_new_tokens=12, seed=seed))
+
+
+@claim(NOTEBOOK, clock="wall", example=_panel_example,
+       says="a decode step for {b} sequences took {times:.2f}× as long as a decode step for one (medians of {nb} "
+            "and {n1} steps): {b} sequences for far less than {b} times the price",
+       otherwise="here a step for several sequences cost about as much as that many single steps. On a CPU "
+                 "already busy with other programs each step's time is mostly noise: press Run again; with "
+                 "equal lengths there are no one-sequence steps to compare.")
+def a_batched_step_costs_less_than_separate_steps(result: Any) -> dict:
+    frame = getattr(result, "frame", result)
+    trace = frame.attrs["trace"] if isinstance(frame, pd.DataFrame) else frame.trace
+    decode = trace[trace["num_prefill_seqs"] == 0]
+    b = int(decode["num_seqs"].max())
+    big, one = decode[decode["num_seqs"] == b]["duration_s"], decode[decode["num_seqs"] == 1]["duration_s"]
+    if b < 2 or not len(one):
+        raise ValueError("this run has no decode steps with one sequence and with several to compare")
+    times = float(big.median() / one.median())
+    return dict(b=b, times=times, nb=len(big), n1=len(one), holds=times < b / 2)
+
+
+@functools.lru_cache(maxsize=4)
+def _policies_example(seed: int = 0) -> pd.DataFrame:
+    return batching_table(compare_policies(slowdown_model(), n=8, max_seqs=4, prompt_tokens=32, max_new_tokens=24,
+                                           seed=seed))
+
+
+def _noise(t: pd.DataFrame) -> str:
+    """How far apart the equal-length pair's throughputs were: their schedules are identical, so that is the machine."""
+    if not {"continuous, equal lengths", "static, equal lengths"} <= set(t.index):
+        return ""
+    c, s = (t.loc[f"{p}, equal lengths", "output_tokens_per_s"] for p in ("continuous", "static"))
+    return f"; the equal-length pair, whose schedules are identical, differed by {abs(c - s) / max(c, s):.0%}"
+
+
+@claim(NOTEBOOK, clock="wall", example=_policies_example,
+       says="with mixed lengths, continuous batching delivered {times:.2f}× the output tokens per second of static "
+            "batching ({c:.0f} against {s:.0f}), in {c_steps} steps instead of {s_steps}{noise}",
+       otherwise="static batching kept up this time. The schedules are fixed (count the steps), so the difference "
+                 "is the machine: when other programs share it, one run can be slowed more than another, and the "
+                 "equal-length pair shows by how much. Run the cell again on a quieter machine; the exact runs "
+                 "below show the policies without the noise.")
+def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
+    t = _table(result)
+    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    times = float(c["output_tokens_per_s"] / s["output_tokens_per_s"])
+    return dict(times=times, c=c["output_tokens_per_s"], s=s["output_tokens_per_s"], c_steps=int(c["steps"]),
+                s_steps=int(s["steps"]), noise=_noise(t), holds=times > 1.05)
+
+
+@claim(NOTEBOOK, clock="wall", example=_policies_example,
+       says="with mixed lengths, the median request got its first token after {c:.0f} ms with continuous batching "
+            "and {s:.0f} ms with static batching (TTFT p50, n = {n} each)",
+       otherwise="the median first token did not come sooner with continuous batching. The order in which slots "
+                 "free up is the same on every machine (the exact runs below), so one run was slowed by other "
+                 "programs more than the other: run the cell again.")
+def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
+    t = _table(result)
+    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    return dict(c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]),
+                holds=c["ttft_p50_s"] < s["ttft_p50_s"])
+
+
+@claim(NOTEBOOK, clock="wall", example=_policies_example,
+       says="with equal lengths both policies ran the same {steps} steps at {mb:.2f} sequences per step; their "
+            "output tokens per second differed by {diff:.0%}, which is the machine, not the policy",
+       otherwise="with equal lengths the two schedules differed. They should not: every request arrives at once "
+                 "and finishes in the same step. A changed workload (arrivals, lengths) explains it.")
+def equal_lengths_same_schedule(result: Any) -> dict:
+    t = _table(result)
+    c, s = t.loc["continuous, equal lengths"], t.loc["static, equal lengths"]
+    diff = abs(c["output_tokens_per_s"] - s["output_tokens_per_s"]) / max(c["output_tokens_per_s"],
+                                                                        s["output_tokens_per_s"])
+    return dict(steps=int(c["steps"]), mb=c["mean_batch"], diff=diff,
+                holds=c["steps"] == s["steps"] and abs(c["mean_batch"] - s["mean_batch"]) < 1e-9)
+
+
+# -- the same runs on a fixed step cost (virtual clock) ------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _exact_example() -> list[ServingRun]:
+    return compare_policies(slowdown_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_example,
+       says="each static run took exactly the sum over its batches of the longest output: {counts}",
+       otherwise="a static run's step count differs from the hand count: the requests were not batched in "
+                 "order, max_seqs at a time, or a batch admitted a request before its last member finished.")
+def static_steps_are_the_sum_of_longest_outputs(result: Sequence[ServingRun]) -> dict:
+    parts, holds = [], True
+    for run in result:
+        if run.extra.get("policy") != "static":
+            continue
+        size = int(run.settings["max_seqs"])
+        outputs = [r.max_new_tokens for r in run.records]
+        by_hand = sum(max(outputs[i:i + size]) for i in range(0, len(outputs), size))
+        parts.append(f"{run.extra['lengths']} lengths {len(run.trace)} steps = {by_hand} by hand")
+        holds = holds and len(run.trace) == by_hand
+    return dict(counts="; ".join(parts), holds=holds and bool(parts))
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_example,
+       says="equal lengths: both policies ran {steps} steps at {mb:.2f} sequences per step, and their TTFT p50 "
+            "({c:.0f} and {s:.0f} ms, n = {n} each) and output ({ct:.1f} and {st:.1f} tokens/s) are the same",
+       otherwise="with equal lengths the two policies did different things: check that every request arrives at "
+                 "once and asks for the same number of tokens.")
+def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
+    t = _table(result)
+    c, s = t.loc["continuous, equal lengths"], t.loc["static, equal lengths"]
+    same = all(abs(c[k] - s[k]) < 1e-9 for k in ("steps", "mean_batch", "ttft_p50_s", "output_tokens_per_s"))
+    return dict(steps=int(c["steps"]), mb=c["mean_batch"], c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3,
+                n=int(c["ttft_n"]), ct=c["output_tokens_per_s"], st=s["output_tokens_per_s"], holds=same)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_example,
+       says="mixed lengths: continuous batching ran {c_steps} steps at {c_mb:.2f} sequences per step, static "
+            "batching {s_steps} at {s_mb:.2f}; TTFT p50 {c_ttft:.0f} against {s_ttft:.0f} ms (n = {n} each), "
+            "output {c_tps:.1f} against {s_tps:.1f} tokens/s",
+       otherwise="continuous batching did not beat static batching on mixed lengths: with lengths this mixed, "
+                 "that means the scheduler did not refill freed slots.")
+def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> dict:
+    t = _table(result)
+    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    holds = (c["steps"] < s["steps"] and c["mean_batch"] > s["mean_batch"] and c["ttft_p50_s"] < s["ttft_p50_s"]
+             and c["output_tokens_per_s"] > s["output_tokens_per_s"])
+    return dict(c_steps=int(c["steps"]), c_mb=c["mean_batch"], s_steps=int(s["steps"]), s_mb=s["mean_batch"],
+                c_ttft=c["ttft_p50_s"] * 1e3, s_ttft=s["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]),
+                c_tps=c["output_tokens_per_s"], s_tps=s["output_tokens_per_s"], holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_example,
+       says="mixed lengths: continuous batching ran all {c_waiting} of its steps that had requests waiting with "
+            "every one of its {size} slots busy; static batching ran {s_idle} of its {s_waiting} such steps with "
+            "empty slots",
+       otherwise="continuous batching left a slot empty while a request waited: the token budget per step "
+                 "(max_batch_tokens) or the KV cache, not the slots, was the limit in that step.")
+def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[ServingRun]) -> dict:
+    runs = _runs(result)
+    c, s = runs["continuous", "mixed"].trace, runs["static", "mixed"].trace
+    size = int(runs["continuous", "mixed"].settings["max_seqs"])
+    c_wait, s_wait = c[c["num_waiting"] > 0], s[s["num_waiting"] > 0]
+    c_idle, s_idle = int((c_wait["num_seqs"] < size).sum()), int((s_wait["num_seqs"] < size).sum())
+    return dict(c_waiting=len(c_wait), size=size, s_idle=s_idle, s_waiting=len(s_wait),
+                holds=c_idle == 0 and s_idle > 0)
+
+
+# -- the batch-wait knob on the real model (wall clock) ------------------------------------------------------
+@functools.lru_cache(maxsize=4)
+def _knob_example(seed: int = 0) -> list[ServingRun]:
+    return batch_wait_runs(slowdown_model(), waits=(0.0, 0.3), rate=12.0, n=8, max_seqs=4, max_new_tokens=8,
+                           seed=seed)
+
+
+def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
+    """The static runs sorted by their wait, and the continuous run."""
+    t = _table(result)
+    static = t[t["policy"] == "static"].sort_values("batch_wait_s")
+    return static, t[t["policy"] == "continuous"].iloc[0]
+
+
+@claim(NOTEBOOK, clock="wall", example=_knob_example,
+       says="continuous batching's median first token came after {c:.0f} ms, no later than the static runs' "
+            "({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each)",
+       otherwise="a static run's median first token came clearly sooner than continuous batching's. Continuous "
+                 "batching starts each request at the next step, so that is the machine: a run slowed by "
+                 "other programs. Run the cell again.")
+def continuous_answers_first_under_a_trickle(result: Any) -> dict:
+    static, c = _knob(result)
+    best = static["ttft_p50_s"].min()
+    # "no later": a static run that never makes anyone wait (a fast machine, no wait) ties with it, up to noise
+    return dict(c=c["ttft_p50_s"] * 1e3, lo=best * 1e3, hi=static["ttft_p50_s"].max() * 1e3,
+                n=int(c["ttft_n"]), holds=c["ttft_p50_s"] <= 1.25 * best + 0.001)
+
+
+@claim(NOTEBOOK, clock="wall", example=_knob_example,
+       says="waiting up to {w:.0f} ms instead of not at all took static batches from {mb0:.2f} to {mbw:.2f} "
+            "sequences per step and the median first token from {t0:.0f} to {tw:.0f} ms (n = {n} each)",
+       otherwise="the longest wait did not both fill the batches and delay the first tokens. On a machine so slow "
+                 "that requests pile up anyway, batches fill without waiting, and the wait costs nothing extra.")
+def waiting_fills_batches_but_delays_first_tokens(result: Any) -> dict:
+    static, _ = _knob(result)
+    first, last = static.iloc[0], static.iloc[-1]
+    return dict(w=last["batch_wait_s"] * 1e3, mb0=first["mean_batch"], mbw=last["mean_batch"],
+                t0=first["ttft_p50_s"] * 1e3, tw=last["ttft_p50_s"] * 1e3, n=int(last["ttft_n"]),
+                holds=last["mean_batch"] > first["mean_batch"] and last["ttft_p50_s"] > first["ttft_p50_s"])
+
+
+@claim(NOTEBOOK, clock="wall", example=_knob_example,
+       says="continuous batching ran {c:.2f} sequences per step and {ct:.0f} tokens per busy second; static "
+            "batching that waited up to {w:.0f} ms ran {s:.2f} and {st:.0f}",
+       otherwise="continuous batching ran batches as full as the longest static wait: on this machine requests "
+                 "arrived faster than they were served, so they queued and every freed slot was refilled at "
+                 "once. Under a lighter trickle (rate=4.0) its batches shrink again.")
+def continuous_batches_only_what_has_arrived(result: Any) -> dict:
+    static, c = _knob(result)
+    last = static.iloc[-1]
+    return dict(c=c["mean_batch"], ct=c["tokens_per_busy_s"], w=last["batch_wait_s"] * 1e3, s=last["mean_batch"],
+                st=last["tokens_per_busy_s"], holds=c["mean_batch"] < last["mean_batch"])
+
+
+# -- the batch-wait knob on a fixed step cost (virtual clock) ------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _exact_knob_example() -> list[ServingRun]:
+    return batch_wait_runs(slowdown_model(), waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6,
+                           executor=FixedStepCostExecutor(**KNOB_PRICES), clock="virtual")
+
+
+def _series(values, fmt: str) -> str:
+    return ", ".join(format(v, fmt) for v in values)
+
+
+def _rising(values) -> bool:
+    """Never falling (up to float noise: equal schedules sum their step costs in different orders) and up overall."""
+    v = [float(x) for x in values]
+    return all(b >= a - 1e-9 * abs(a) for a, b in zip(v, v[1:])) and v[-1] > v[0] * (1 + 1e-9)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_knob_example,
+       says="static batching waiting up to {waits} ms: sequences per step {mb}; tokens per busy second {tp}; "
+            "TTFT p50 {ttft} ms (n = {n} each): no longer wait gave emptier batches or sooner first tokens",
+       otherwise="a longer wait did not give fuller batches and later first tokens: check the arrival rate "
+                 "against the waits (a wait shorter than the gap between arrivals changes nothing).")
+def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
+    static, _ = _knob(result)
+    holds = (_rising(static["mean_batch"]) and _rising(static["tokens_per_busy_s"])
+             and _rising(static["ttft_p50_s"]))
+    return dict(waits=_series(static["batch_wait_s"] * 1e3, ".0f"), mb=_series(static["mean_batch"], ".2f"),
+                tp=_series(static["tokens_per_busy_s"], ".0f"), ttft=_series(static["ttft_p50_s"] * 1e3, ".0f"),
+                n=int(static["ttft_n"].iloc[0]), holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_knob_example,
+       says="continuous batching: TTFT p50 {c_ttft:.0f} ms (n = {n}), no later than any static run's, but only "
+            "{c:.2f} sequences per step and {ct:.0f} tokens per busy second, against {s:.2f} and {st:.0f} for the "
+            "longest static wait",
+       otherwise="continuous batching ran batches as full as the longest static wait: requests arrived faster "
+                 "than one is served, so they queued. Lower the rate or the step cost to see the trickle again.")
+def exact_continuous_batches_stay_small_under_a_trickle(result: Any) -> dict:
+    static, c = _knob(result)
+    last = static.iloc[-1]
+    holds = (c["ttft_p50_s"] <= static["ttft_p50_s"].min() + 1e-9 and c["mean_batch"] < last["mean_batch"]
+             and c["tokens_per_busy_s"] < last["tokens_per_busy_s"])
+    return dict(c_ttft=c["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]), c=c["mean_batch"], ct=c["tokens_per_busy_s"],
+                s=last["mean_batch"], st=last["tokens_per_busy_s"], holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_exact_knob_example,
+       says="over each whole run, every policy delivered between {lo:.0f} and {hi:.0f} output tokens per second, "
+            "though its fullest batches did {best:.0f} per busy second: requests came no faster, so the arrivals, "
+            "not the batches, set the pace",
+       otherwise="here the policies' throughputs differ by more than a fifth, or come close to what full batches "
+                 "can do: the machine (here, the step price) is saturated, requests queue, and fuller batches "
+                 "now buy throughput.")
+def exact_arrivals_set_the_pace(result: Any) -> dict:
+    t = _table(result)
+    lo, hi = float(t["output_tokens_per_s"].min()), float(t["output_tokens_per_s"].max())
+    best = float(t["tokens_per_busy_s"].max())
+    return dict(lo=lo, hi=hi, best=best, holds=hi < 1.2 * lo and hi < 0.5 * best)

@@ -1,0 +1,134 @@
+"""Claims: a sentence about a measurement, checked on the learner's own run and shown with its verdict.
+
+A notebook never types a measured number into its prose. It states a claim, and the claim is
+evaluated on the results the learner just produced::
+
+    from kvlab.claims import verdicts
+    verdicts(result, "later_tokens_cost_more")
+
+shows ``✓ on your run: token 194 took 2.5× as long as token 20 (work 4.3×)`` or
+``✗ not on your run: … — what to look at, and why it can happen``.
+
+Writing a claim (notebook authors): in the notebook's module ``kvlab/claims/cNN_<notebook>.py``::
+
+    @claim("01_the_slowdown.ipynb", clock="wall", example=small_run,
+           says="token {late} took {measured:.1f}× as long as token {early} (work {work:.1f}×)",
+           otherwise="a busy machine makes single steps jump; press Run again, or raise repeats")
+    def later_tokens_cost_more(result) -> dict:
+        ...
+        return {"late": 194, "early": 20, "measured": m, "work": w, "holds": m > 1.2}
+
+The function reads the experiment's result and returns the numbers the sentence quotes plus
+``holds``, the check. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time,
+counts, byte formulas, hand-computed schedules: the same on every machine, so nbval checks the
+verdict) or ``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
+repeated and contended runs is recorded by ``scripts/claims_robustness.py``). ``example`` makes a
+small result to check the claim on, for the tests; ``otherwise`` tells the learner what to look at
+when the claim does not hold on their run.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "verdicts"]
+
+Clock = Literal["deterministic", "wall"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One claim checked on one run: whether it holds and the sentence with that run's numbers."""
+
+    claim: "Claim"
+    holds: bool | None  # None: the run does not hold what the claim needs (say, a skipped step)
+    text: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.holds)
+
+    def __str__(self) -> str:
+        if self.holds is None:
+            return f"· not checked on your run: {self.text}"
+        if self.holds:
+            return f"✓ on your run: {self.text}"
+        return f"✗ not on your run: {self.text} — {self.claim.otherwise}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds]
+        return f'<div class="kvlab-claim" style="color:{color}">{html.escape(str(self))}</div>'
+
+
+class Verdicts(list):
+    """Several verdicts, shown one per line (a notebook cell's last expression)."""
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return "".join(v._repr_html_() for v in self)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sentence about an experiment's result, with the check that decides whether a run supports it."""
+
+    name: str
+    notebook: str
+    says: str  # a format string over the values the measure returns
+    measure: Callable[[Any], Mapping[str, Any]]  # result -> values quoted in ``says`` plus "holds"
+    otherwise: str  # what to look at when it does not hold, and why that can happen
+    clock: Clock
+    example: Callable[[], Any] | None = None  # a small result to check the claim on (tests)
+
+    def on(self, result: Any) -> Verdict:
+        """Check this claim on ``result``; never raises (a run it cannot read is "not checked")."""
+        try:
+            values = dict(self.measure(result))
+        except Exception as exc:  # a claim must never break a learner's notebook
+            return Verdict(self, None, f"{self.name} could not read this run ({type(exc).__name__}: {exc})")
+        holds = values.pop("holds", None)
+        try:
+            text = self.says.format(**values)
+        except (KeyError, ValueError, TypeError) as exc:
+            text = f"{self.says} [values {values}: {exc}]"
+        return Verdict(self, None if holds is None else bool(holds), text, values)
+
+
+CLAIMS: dict[str, Claim] = {}
+
+
+def claim(notebook: str, *, says: str, otherwise: str, clock: Clock,
+          example: Callable[[], Any] | None = None) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
+    """Register the decorated measure as a claim of ``notebook`` (see the module docstring)."""
+    if clock not in ("deterministic", "wall"):
+        raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")
+
+    def register(measure: Callable[[Any], Mapping[str, Any]]) -> Claim:
+        name = measure.__name__
+        if name in CLAIMS:
+            raise ValueError(f"a claim named {name!r} is already registered (for {CLAIMS[name].notebook})")
+        c = Claim(name, notebook, says, measure, otherwise, clock, example)
+        CLAIMS[name] = c
+        return c
+
+    return register
+
+
+def claims_for(notebook: str) -> list[Claim]:
+    """The claims registered for ``notebook``, in the order they were defined."""
+    return [c for c in CLAIMS.values() if c.notebook == notebook]
+
+
+def verdicts(result: Any, *names: str) -> Verdicts:
+    """Check the named claims on ``result`` and show them, one line each."""
+    unknown = [n for n in names if n not in CLAIMS]
+    if unknown:
+        raise ValueError(f"no claim named {unknown}; registered: {sorted(CLAIMS)}")
+    return Verdicts(CLAIMS[n].on(result) for n in names)

@@ -1,0 +1,106 @@
+"""Exercises of notebook 03 (cache strategies): checkers, their questions and folded solutions."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..cache.base import kv_cache_bytes
+from .framework import Answer, Feedback, exercise, check_number, check_choice, wrong
+
+
+@exercise("03_cache_strategies.ipynb", solution=4 / 32 + 2 / 32, wrong=4 / 32,
+          title='the price of a 4-bit cache',
+          question="""A quantized cache stores 4-bit codes in groups of 32 numbers, each group with an fp32 scale and
+an fp32 zero-point, and no full-precision window (`residual=0`). What fraction of the plain fp32
+cache's bytes does it take? Answer with a fraction (0.5 means half), then compare it with the
+"× dynamic" column of the panel's table.""",
+          code="""answer = None   # a fraction, e.g. 0.5
+check_quantized_memory_ratio(answer)""",
+          explanation="""```python
+answer = 4 / 32 + 2 / 32   # codes: 4 of 32 bits; scale + zero-point: 2 x 32 bits shared by 32 numbers
+```
+0.1875, not 0.125: with groups of 32 the scales and zero-points cost half as much as the codes.
+Smaller groups follow the data more closely and cost more; `ideal_memory_ratio` in
+`kvlab.experiments.strategies` computes it for any setting.""")
+def check_quantized_memory_ratio(answer: Any) -> Feedback:
+    """4-bit codes, groups of 32 values, fp32 scale and zero-point, residual 0: bytes as a fraction of fp32's."""
+    from ..experiments.strategies import ideal_memory_ratio
+
+    setting = {"cache": "quantized", "bits": 4, "group_size": 32, "residual": 0}
+    expected = ideal_memory_ratio(setting, head_dim=32, tokens=1000, element_bytes=4)
+    return check_number(
+        answer, expected, what="the 4-bit cache's size as a fraction of the fp32 cache's", rel=1e-3,
+        mistakes=[(4 / 32, "that counts only the 4-bit codes. Each group of 32 values also stores a scale and a "
+                           "zero-point in fp32 (4 bytes each) to turn the codes back into numbers."),
+                  (4 / 32 + 1 / 32, "you counted the scale but not the zero-point: asymmetric quantization stores "
+                                    "both for every group."),
+                  (100 * expected, "that is a percentage; answer with a fraction (0.5 means half)."),
+                  (1 / expected, "that is how many times smaller it is; the question asks for the fraction.")],
+        hint="per value: bits / 32 for the code, plus (2 × 32 bits) / (group_size × 32 bits) for the scale and "
+             "zero-point shared by its group.",
+        confirm=f"4/32 + 2/32 = {expected:g}: the scales and zero-points cost half as much as the codes "
+                "themselves. Compare with the ideal and measured ratios in the panel's table.")
+
+
+@exercise("03_cache_strategies.ipynb", solution=(133 + 1) * 2 * 4 * 2 * 32 * 4, wrong=133 * 2 * 4 * 2 * 32 * 4,
+          title='bytes on the move',
+          question="""The recall model has 4 layers, 2 K/V heads of 32 numbers, in fp32. An offloaded cache holds
+133 tokens when a decode step starts. How many bytes cross between the slow tier and the compute
+device during that step?""",
+          code="""answer = None   # a number of bytes
+check_offloaded_bytes(answer)""",
+          explanation="""```python
+per_token = 2 * 4 * 2 * 32 * 4          # K and V, 4 layers, 2 heads, 32 numbers, 4 bytes: 2,048
+answer = (133 + 1) * per_token          # 133 tokens read in, the new one written out: 274,432
+```
+The panel's offloaded bars are this count averaged over the steps of a run.""")
+def check_offloaded_bytes(answer: Any) -> Feedback:
+    """Recall model (4 layers, 2 kv heads, head_dim 32, fp32): bytes an offloaded cache moves in a decode step with 133 tokens stored."""
+    per_token = kv_cache_bytes(4, 2, 32, 1, 1, 4)
+    stored = 133
+    expected = (stored + 1) * per_token
+    return check_number(
+        answer, expected, what="bytes moved in one decode step", rel=0,
+        mistakes=[(stored * per_token, "that counts only the history read back in. The step also writes the new "
+                                       "token's K and V out to the slower tier."),
+                  (per_token, "that is one token (both directions would be more): every step reads the whole "
+                              "stored history of every layer back in."),
+                  (expected / 4, "that is one layer; the cache moves every layer's history each step."),
+                  (expected / 2, "half: did you count the keys and the values (the factor 2)?")],
+        hint="Every decode step reads each layer's stored tokens in and writes the new token out; one token "
+             "of all layers, K and V, is 2 × 4 × 2 × 32 × 4 bytes.",
+        confirm=f"(133 read + 1 written) × {per_token:,} bytes = {expected:,} bytes, and the count grows with "
+                "every token: offloading turns context length into traffic on every step.")
+
+
+@exercise("03_cache_strategies.ipynb", solution="b", wrong="d",
+          title='which constraint dominates',
+          question="""An assistant answers questions about long contracts: prompts of 30,000 tokens, short answers
+that must quote clause numbers exactly, streamed at reading speed. The GPU's memory is full at 6
+conversations while its compute is mostly idle. What do you try first?
+
+- **a** a 2-bit quantized cache with no residual window, because it cuts the bytes per token the most and memory is what runs out;
+- **b** 8 or 4 bits with a residual window, kept only if task accuracy at 30,000 tokens matches the exact cache's;
+- **c** a static cache of 30,000 tokens reserved for each conversation, so that every decode step has the same shapes and can be compiled;
+- **d** offloading every conversation's cache to host memory, which frees GPU memory so that many more conversations fit at once.""",
+          code="""answer = None   # a letter: "a", "b", "c" or "d"
+check_dominant_constraint(answer)""",
+          explanation="""```python
+answer = "b"
+```
+Memory binds, so fewer bytes per token is the lever; quality is a requirement, so the saving is
+adopted only after measuring the outputs. A static cache adds reserved bytes; offloading moves the
+whole 30,000-token history every step, which breaks steady streaming; and look at what 2 bits
+without a window did to the recall answers in your own run above.""")
+def check_dominant_constraint(answer: Any) -> Feedback:
+    """Multiple choice: long contracts, memory full, compute idle, exact quotes, steady streaming: what first?"""
+    return check_choice(answer, "b", {
+        "a": "2 bits saves the most memory, but look at what it did to the recall answers in your run (the "
+             "accuracy by bits). Quoting clause numbers is exactly this kind of recall: check before trading it away.",
+        "c": "a static cache reserves the full maximum length for every conversation: it adds reserved bytes, it "
+             "does not remove any. What fixed shapes buy (compiled steps) helps compute, and compute is idle.",
+        "d": "offloading frees GPU memory, but every decode step then moves each layer's whole history over the "
+             "host link: time between tokens grows with the 30,000-token context (what the slow link above models), "
+             "and steady streaming is a requirement here.",
+    }, confirm="memory is the constraint, so shrink the bytes per token, but quality is a requirement too: "
+               "start with 8 or 4 bits and a residual window, and measure task accuracy at the real context length "
+               "against the exact cache before adopting it.")

@@ -1,0 +1,370 @@
+# %% [markdown]
+# <!-- kvlab:header -->
+# Notebook 02 showed that a KV cache costs memory, and hinted that there are ways to pay less. Every
+# one of them moves the bill somewhere else: to time spent on each token, to bytes shuffled between
+# memories, to space reserved and never used, or to answers that quietly become wrong. This notebook
+# puts five ways of keeping the cache side by side on one small model and measures all four bills.
+
+# %%
+# kvlab:setup
+
+# %% [markdown]
+# ## What you will be able to do
+#
+# - say what each strategy changes: **dynamic** (grow as needed), **static** (reserve the maximum up
+#   front), **quantized** (store 8, 4 or 2 bits per number), **offloaded** (keep the cache in a slower
+#   memory and bring it back every step);
+# - read, for each one, the memory it saves, the time per token it adds, the bytes it moves and the
+#   answers it keeps, at several context lengths;
+# - see what moving bytes costs when the slower memory sits behind a slower link;
+# - check a lower-precision cache on a task whose answers are right or wrong, broken down by how far
+#   back the needed fact sits;
+# - explain what fixed shapes make possible (a compiled decode step) and what they cost (reserved bytes);
+# - pick the constraint that dominates for a given workload before picking a strategy.
+
+# %% [markdown]
+# ## A model whose answers can be checked
+#
+# A model with random weights is fine for timing, but its outputs mean nothing, so nothing could
+# visibly get worse. kvlab ships a tiny trained model instead (`load_recall_model()`; the cell below
+# prints its size), trained by `python scripts/train_recall.py` (about 11 CPU-minutes on the authors' machine).
+# Its only skill is **associative recall**: the prompt lists key→value pairs, then asks for one key;
+# the answer is that key's value.
+# To answer, the model has to look back through its KV cache at exactly one earlier pair, so a cache
+# that blurs stored keys or values shows up as wrong answers, and the distance between the fact and
+# the question tells us how far back it had to look.
+
+# %%
+# %matplotlib inline
+from kvlab.generate import generate
+from kvlab.tasks.recall import load_recall_model, make_examples, score
+
+model = load_recall_model()
+stop = model.tokenizer.encode(".")
+c = model.config
+print(f"{c.name}: {model.num_parameters() / 1e3:.0f}k parameters, {c.num_layers} layers, {c.num_kv_heads} K/V "
+      f"heads of {c.head_dim}, {model.dtype}")
+ex = make_examples(1, 4, seed=7)[0]
+out = generate(model, ex.prompt, cache="dynamic", max_new_tokens=4, stop_tokens=stop)
+print(f"prompt ({len(ex.prompt_ids)} tokens): {ex.prompt}")
+print(f"expected answer: {ex.answer}   model's answer: {out.text}   "
+      f"(the fact sits {ex.distance} tokens before the end of the prompt)")
+
+# %% [markdown]
+# **Checked:** the exact cache answers the held-out questions the training script evaluates
+# on (seed 1000, 16 pairs per prompt). This cell's output is compared by the tests: the model, the
+# questions and greedy decoding on CPU are all deterministic.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.threads import torch_threads
+
+held_out = make_examples(100, 16, seed=1000)
+with torch_threads(1):
+    exact = score(model, held_out, cache="dynamic")
+print(f"exact (dynamic) cache: accuracy {exact.accuracy:.3f} on {len(held_out)} held-out questions "
+      f"({int(exact.examples['correct'].sum())} right), {len(held_out[0].prompt_ids)} prompt tokens each")
+
+# %% [markdown]
+# **Checked:** three strategies only change *where* and *how* the exact numbers are kept:
+# `dynamic` grows its tensors, `static` writes into a block reserved up front, `offloaded` keeps
+# every layer in a slower memory and copies it back each step. They must give exactly the tokens of
+# the uncached computation (`none`), which recomputes everything and serves as the oracle.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+prompt = make_examples(1, 8, seed=3)[0].prompt
+runs = {name: generate(model, prompt, cache=name, max_new_tokens=12).tokens
+        for name in ("none", "dynamic", "static", "offloaded")}
+print("none, dynamic, static and offloaded give the same tokens:", all(t == runs["none"] for t in runs.values()))
+print("tokens:", runs["dynamic"])
+print("text:  ", repr(model.tokenizer.decode(runs["dynamic"])))
+
+# %% [markdown]
+# ## All strategies side by side
+#
+# The panel runs every chosen setting at every chosen context length: a few timed generations each
+# (settings take turns, so a busy moment on the machine hits them all alike), then the recall
+# questions at the longest context through the dynamic cache and each quantized setting. Static and
+# offloaded caches are sized for the longest context, the way a server sizes them for the longest
+# request it accepts. The offloaded cache runs twice: at its memory's own speed, and behind the
+# **slow link** you choose (more on that below). Choose, press **Run**, and read the table and the
+# six plots.
+
+# %%
+from kvlab.widgets.strategies import strategies_panel
+
+panel = strategies_panel(model)
+panel
+
+# %%
+result = panel.run()   # the same as pressing Run
+result.show()
+
+# %% [markdown]
+# **Reading the page.** Top row, left to right: bytes allocated as tokens are stored (the black
+# dashed line is the formula of notebook 02); the time of one decode step, median with a whisker to
+# the 95th percentile; and how much of each step is spent *inside the cache* (writing, quantizing,
+# dequantizing, copying), with a whole dynamic step in grey for scale. Bottom row: bytes the
+# offloaded cache moves per step; recall accuracy as bits fall; recall accuracy by how far back the
+# fact sits, each bucket's number of questions under its tick. Each strategy keeps its colour
+# through the lab; quantized settings get darker as bits fall, the slow link is dashed.
+# On a machine shared with other programs the p95 whiskers mostly measure those programs (a step
+# that waited for the CPU); compare the medians, and rerun if the whiskers are very uneven.
+#
+# The rest of the notebook takes the strategies one at a time, from the same `result.frame`.
+
+# %% [markdown]
+# ## Static: bytes reserved, shapes fixed
+#
+# A static cache allocates its maximum length up front. At the longest context it is as full as the
+# dynamic one; at shorter contexts the difference is memory held for tokens that never came.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.claims import verdicts
+
+frame = result.frame
+bpt = frame.attrs["bytes_per_token"]   # 2 x layers x kv_heads x head_dim x 4 bytes
+max_len = int(frame.loc[frame["strategy"] == "static", "allocated_bytes"].max() // bpt)
+print(f"static cache sized for {max_len} tokens ({bpt:,} bytes per token)\n")
+print(f"{'prompt':>6} {'stored':>6} {'dynamic KiB':>11} {'static KiB':>10} {'reserved KiB: formula':>22} {'measured':>9}")
+for p, rows in frame.groupby("pairs"):
+    dyn, st = rows.set_index("strategy").loc["dynamic"], rows.set_index("strategy").loc["static"]
+    expected = (max_len - st["stored_tokens"]) * bpt
+    print(f"{st['context_tokens']:>6} {st['stored_tokens']:>6} {dyn['allocated_bytes'] / 1024:>11.1f} "
+          f"{st['allocated_bytes'] / 1024:>10.1f} {expected / 1024:>22.1f} {st['reserved_bytes'] / 1024:>9.1f}")
+verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
+
+# %% [markdown]
+# What do the fixed shapes buy? A dynamic cache hands attention a key tensor one token longer
+# at every step. A compiler that builds a program for one set of shapes must then rebuild or fall
+# back to general code. `kvlab.experiments.static_compile.FixedShapeStaticCache` writes each new
+# token into its slot at a position held in a tensor and attends over *all* reserved slots, masking
+# the empty ones, so every decode step has the same shapes and `torch.compile` can build one program
+# and replay it for every token (CUDA graphs rely on the same property).
+#
+# Compiling takes time: on CPU, torch's inductor writes and builds C++ code, which the first time can
+# take far longer than the decoding it speeds up (later runs reuse its on-disk cache). The cell below
+# gives it a budget and prints how long compiling took on your machine; if the compiler is missing,
+# fails or runs out of time, it says that it skipped the compiled step, and the notebook moves on.
+
+# %%
+from kvlab.experiments.static_compile import try_compiled_decode
+
+compiled = try_compiled_decode(budget_s=20)
+print(compiled["message"])
+if compiled["status"] == "compiled":
+    print(f"same tokens as the dynamic cache (eager and compiled): {compiled['same_tokens']}; "
+          f"dynamic cache: {compiled['dynamic_ms']:.2f} ms per step")
+    display(verdicts(compiled, "compiled_step_is_faster"))
+
+# %% [markdown]
+# ## Quantized: memory saved, time spent, answers lost
+#
+# A quantized cache stores each group of `group_size` numbers as small integer codes plus a scale
+# and a zero-point to turn them back into numbers. The newest `residual` tokens can stay in full
+# precision. Memory should follow the format exactly: bits / 32 for the codes, plus two fp32
+# numbers per group. Every step pays for it: the new token is quantized, and the whole stored history
+# is dequantized again before attention can read it. The transformers documentation warns that this
+# can make a quantized cache slower than the plain one when contexts are short; the verdicts under
+# the table say what your run shows, at every context you measured.
+
+# %%
+q = frame[frame["strategy"] == "quantized"]
+for ctx, rows in q.groupby("context_tokens"):
+    print(f"--- {ctx} prompt tokens")
+    for r in rows.itertuples():
+        acc = f"   recall {r.correct}/{r.examples} right (exact {r.exact_correct})" if r.accuracy == r.accuracy else ""
+        print(f"{r.setting:45s} memory {r.memory_ratio:.3f} x dynamic (ideal {r.ideal_memory_ratio:.3f})   "
+              f"time/token {r.latency_ratio:.2f} x dynamic   {r.cache_ms_per_step:.2f} ms/step inside the cache{acc}")
+verdicts(result, "quantized_slower_at_every_context", "quantized_time_goes_into_the_cache")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(result, "quantized_memory_follows_the_format")
+
+# %% [markdown]
+# Answers are the other price. The table counts right answers out of the questions asked, per
+# bucket of distance between the fact and the query (each column says how many questions fell
+# into it: a bucket holds only part of them, so one answer more or less moves it a lot). The
+# questions are the same for every setting, so the exact cache's row is the reference. The model,
+# the questions and greedy decoding on one CPU thread are deterministic: these counts, and the
+# verdicts under them, are the same on every machine.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.cache_accuracy import accuracy_summary, accuracy_table
+
+accuracy = frame.attrs["accuracy"]
+display(accuracy_table(accuracy))
+verdicts(result, "eight_bit_cache_keeps_the_answers", "answers_fall_as_bits_fall", "lowest_bits_lose_most_answers")
+
+# %% [markdown]
+# Checking answers needs questions with known answers. Two cheaper measures compare a setting's
+# next-token distributions with the exact cache's on a few prompts: the **KL divergence** (how far
+# the distributions moved, in nats) and **top-1 agreement** (how often the most likely next token
+# is the same). The panel computes them on the first few questions. Do they see what the answers saw?
+
+# %%
+from kvlab.plots.strategies import plot_accuracy_by_distance
+
+display(accuracy_summary(accuracy)[["setting", "correct", "examples", "quality_prompts", "compared_positions",
+                                   "top1_agreement", "kl_mean"]])
+plot_accuracy_by_distance(accuracy)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metrics_miss_lost_answers")
+
+# %% [markdown]
+# The token measures order the settings, but a handful of prompts cannot vouch for a setting whose
+# errors hit only some of the questions: to adopt a setting, count answers on the task, with
+# enough questions that the count means something. With `residual` above 0 the newest tokens stay
+# exact; the *Try it* section below has you measure what that buys. (KL's last digits change with
+# the number of CPU threads, since sums are added in another order, so its values are shown in the
+# table but not quoted in the verdicts.)
+
+# %% [markdown]
+# ## Offloaded: bytes moved every step
+#
+# An offloaded cache keeps the keys and values of every layer in a slower, larger memory and keeps
+# only one layer's worth on the compute device. Each decode step copies every layer's history back
+# in, computes, and writes the new token out. The bytes moved therefore grow with the context, on
+# every single step.
+#
+# What "slower memory" means depends on the machine, and it changes what you measure:
+#
+# - **on this CPU-only machine** the slow tier is a **memory-mapped file**. Its pages live in the
+#   operating system's page cache, that is, in RAM, unless the OS evicts them. The copies in and out
+#   of the mapping run as fast as this machine copies memory, and on a small model that can be a
+#   small part of a step (the verdicts below say how small on your run);
+# - **on CUDA** the tier is **pinned host memory** (RAM the GPU can copy from directly), and the next
+#   layer's history is prefetched on a side CUDA stream while the current layer computes, which hides
+#   part of the copy time. The same code runs both ways (`kvlab/cache/offloaded.py`).
+#
+# To see what the traffic costs when the slower memory really is slower, the panel also runs the
+# cache behind a **slow link** (`OffloadedCache(link_gbps=...)`, the panel's *slow link* choice).
+# This is a model, stated plainly: every byte is still really copied, in chunks, and after each chunk
+# the cache waits until the time those bytes take at the stated rate has passed. The wait happens
+# inside the step, so it is in the step time you measure, not added on paper. Nothing here measures
+# a real disk or network; the link rate is a setting you choose.
+
+# %%
+from kvlab.plots.strategies import plot_offload_cost
+
+off = frame[frame["strategy"] == "offloaded"].sort_values(["context_tokens", "setting"])
+dyn = frame[frame["strategy"] == "dynamic"].set_index("context_tokens")
+print(f"{'prompt':>6} {'setting':25} {'KiB moved':>9} {'link ms':>7} {'ms copying':>10} {'GB/s copying':>12} "
+      f"{'GB/s of step':>12} {'ms/token':>8} {'dynamic':>7}")
+for r in off.itertuples():
+    link = f"{r.link_ms_per_step:.3f}" if r.link_gbps == r.link_gbps else "-"
+    print(f"{r.context_tokens:>6} {r.setting:25} {r.bytes_moved_per_step / 1024:>9.1f} {link:>7} "
+          f"{r.copy_ms_per_step:>10.3f} {r.copy_gb_per_s:>12.2f} {r.moved_gb_per_s:>12.3f} {r.token_ms_p50:>8.2f} "
+          f"{dyn.loc[r.context_tokens, 'token_ms_p50']:>7.2f}")
+plot_offload_cost(frame)
+
+# %% [markdown]
+# Per decode step: *KiB moved* between the tiers; *link ms*, the link's own time for those bytes
+# (bytes / rate); *ms copying*, the time the copies really took (waiting for the link included);
+# *GB/s copying*, bytes moved per second of copying; *GB/s of step*, bytes moved per second of the
+# whole step (what gpt-fast calls achieved bandwidth); then the step's median time beside the
+# dynamic cache's. Times are medians over the steps. The bytes are the same at both speeds and
+# follow the count exactly:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(result, "offloaded_bytes_follow_the_count")
+
+# %% [markdown]
+# The link's time, on your run:
+
+# %%
+verdicts(result, "slow_link_time_shows_in_the_step", "slow_link_cost_grows_with_bytes",
+         "memory_tier_copies_outrun_the_link")
+
+# %% [markdown]
+# On a tiny model the history is a few hundred KiB per step at most. On a real model at long
+# context the same count gives gigabytes per step. The arithmetic for an 8B Llama-style model (32
+# layers, 8 K/V heads of 128 numbers, fp16) holding 32,000 tokens, over the nominal rate of a
+# PCIe 4.0 x16 link between host and GPU and over the modelled link above:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.cache import kv_cache_bytes
+
+per_step = kv_cache_bytes(32, 8, 128, 32_000, 1, 2)   # every stored token, every layer, K and V, 2 bytes each
+print(f"{per_step / 2**30:.2f} GiB of cache read back every decode step")
+for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1.0)):
+    print(f"over {link} ({gbps:g} GB/s): {per_step / (gbps * 1e9) * 1e3:,.0f} ms per token for the copies alone")
+
+# %% [markdown]
+# That is why offloading suits work where memory is scarce and latency is not, and why on a GPU the
+# copies are overlapped with computing (prefetch) wherever possible.
+#
+# ## Which constraint dominates? A reading guide
+#
+# None of these strategies wins everywhere. Start from the workload (prompt lengths, answer
+# lengths, how many sequences at once, what counts as a correct answer) and find the constraint that
+# binds first; then read the plot that measures it.
+#
+# | if your workload… | the constraint that binds | read | try first |
+# |---|---|---|---|
+# | short prompts and answers, memory to spare | time per token | latency vs context | `dynamic`; a quantized cache would only add time |
+# | fixed maximum length, steady traffic, steps dominated by overhead | per-step overhead | the compiled step's speed-up | `static` + `torch.compile` (or CUDA graphs), accepting the reserved bytes |
+# | long contexts or many sequences, memory full | bytes per token | memory vs context, then accuracy | 8-bit, then 4-bit with a residual window, measured on *your* task and length |
+# | memory full, latency budget loose (batch jobs, offline) | device memory | bytes moved per step | `offloaded` (on a GPU, with prefetch) |
+# | answers must reproduce facts from the context exactly | quality | accuracy vs bits and by distance | the exact strategies; any quantization only after measuring the outputs |
+#
+# Whatever you choose, write down the engine version and its settings next to the result: the
+# trade-offs move when either changes.
+
+# %% [markdown]
+# <!-- kvlab:exercise check_quantized_memory_ratio -->
+
+# %% [markdown]
+# <!-- kvlab:exercise check_offloaded_bytes -->
+
+# %% [markdown]
+# <!-- kvlab:exercise check_dominant_constraint -->
+
+# %% [markdown]
+# ### Try it
+#
+# - Set **residual window** to 32 and Run. Which distance bucket recovers at 2 bits, and why that one?
+#   What happens to the memory ratio at the shortest context?
+# - At 2 bits, change **group size** to 8. How much memory does it add (predict it first), and how
+#   much accuracy does it buy back?
+# - Choose only the shortest context (37 tokens) and then only the longest. Is the quantized cache's
+#   time per token, relative to dynamic, better or worse as the context grows? Look at the time spent
+#   inside the cache to explain it.
+# - Set the **slow link** to each of its rates in turn. Predict the step time at the longest context
+#   from the table's bytes moved before you press Run: dynamic's step plus bytes / rate.
+# - Raise **recall questions** to 200. Which accuracy differences survive, and which were noise?
+# - Give the compiler more time: `try_compiled_decode(budget_s=120)`. Is the compiled step faster
+#   than the eager one? Is the speed-up worth the compile time for a 16-token answer? For 1,000 answers?
+#
+# ## Summary
+#
+# - `dynamic`, `static` and `offloaded` keep exact numbers and give the same tokens as recomputing
+#   everything (checked above); they differ in where the bytes live and when they are allocated.
+# - `static` reserves its maximum up front: memory held but empty at shorter contexts, in exchange
+#   for shapes that never change, which is what a compiled decode step needs.
+# - `quantized` takes bits/32 of the memory plus a scale and zero-point per group, exactly; it pays
+#   with time spent quantizing and dequantizing every step and with answers as bits fall (the
+#   verdicts above say how much on your run). Token-level measures on a few prompts order the
+#   settings but can miss errors that only a count of right answers shows.
+# - `offloaded` keeps little on the device and moves the whole history every step: bytes that grow
+#   with the context. On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
+#   host memory with the next layer prefetched on a side stream. Behind a slower link, the copies'
+#   time is in every step and grows with the bytes.
+# - Name the constraint that binds for your workload, then measure that one, outputs included.
+# - Behind this notebook: `kvlab.experiments.strategies.run_strategies`,
+#   `kvlab.experiments.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,
+#   `kvlab.experiments.static_compile`, `kvlab.cache.offloaded` (the slow link), `kvlab.plots.strategies`,
+#   `kvlab.widgets.strategies`; the claims in `kvlab.claims.c03_cache_strategies`; tests in
+#   `tests/test_experiments_strategies.py`, `tests/test_quality.py`, `tests/test_plots_strategies.py`,
+#   `tests/test_cache_offloaded.py` and `tests/test_claims_03.py`.
+
+# %% [markdown]
+# <!-- kvlab:navigation -->

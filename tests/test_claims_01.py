@@ -1,0 +1,72 @@
+"""Claims of notebook 01 on step times whose verdict is known: exact lines in the tokens each step processes."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvlab.claims import CLAIMS, claims_for, verdicts
+from kvlab.experiments import tokens_processed
+
+NAMES = ["uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens",
+         "measured_slowdown_below_work", "many_tokens_per_pass_cost_less_each", "uncached_steps_share_a_per_pass_cost"]
+
+
+def run(fixed: float = 2.0, per_token: float = 0.1, cached_ms: float = 2.0, prompt: int = 32,
+        n: int = 200) -> pd.DataFrame:
+    """A run of ``n`` tokens: uncached steps cost fixed + per_token x tokens processed, cached ones cached_ms."""
+    rows = []
+    for cache in ("none", "dynamic"):
+        t = 0.0
+        for i in range(n):
+            work = tokens_processed(cache, prompt, i)
+            step = fixed + per_token * work if cache == "none" or i == 0 else cached_ms
+            t += step / 1e3
+            rows.append(dict(cache=cache, repeat=0, token=i, position=prompt + i, tokens_processed=work,
+                             time_s=t, step_ms=step, phase="prefill" if i == 0 else "decode", cache_bytes=0))
+    return pd.DataFrame(rows)
+
+
+def test_the_notebook_shows_these_claims():
+    assert [c.name for c in claims_for("01_the_slowdown.ipynb")] == NAMES
+
+
+def test_a_run_that_behaves_as_the_lesson_says_supports_every_claim():
+    shown = verdicts(run(), *NAMES)
+    assert all(v.holds for v in shown), str(shown)
+    text = str(shown)
+    assert "token 194 took" in text and "(the work grew 4.3×)" in text  # (32 + 194) / (32 + 20)
+
+
+def test_time_proportional_to_work_leaves_no_gap_to_explain():
+    # no part of a pass is shared: measured ratio == work ratio, and the line meets zero at zero
+    flat_cost = run(fixed=0.0, per_token=0.1)
+    assert not CLAIMS["measured_slowdown_below_work"].on(flat_cost).holds
+    v = CLAIMS["uncached_steps_share_a_per_pass_cost"].on(flat_cost)
+    assert not v.holds and "meets zero context at 0.0 ms" in str(v)
+    assert CLAIMS["uncached_tokens_slow_down"].on(flat_cost).holds
+
+
+def test_uncached_steps_that_do_not_grow_are_reported_as_such():
+    # a GPU-like run: every pass costs the same, whatever it holds
+    gpu_like = run(fixed=2.0, per_token=0.0, cached_ms=2.0)
+    assert not CLAIMS["uncached_tokens_slow_down"].on(gpu_like).holds
+    assert not CLAIMS["uncached_wait_gap_widens"].on(gpu_like).holds
+    assert CLAIMS["cached_steps_stay_flat"].on(gpu_like).holds
+    v = CLAIMS["many_tokens_per_pass_cost_less_each"].on(gpu_like)
+    assert v.holds and v.values["cached"] == pytest.approx(2.0)
+    v = CLAIMS["uncached_steps_share_a_per_pass_cost"].on(gpu_like)
+    assert v.holds and "weighs as much as any number of tokens" in str(v)
+
+
+def test_cached_steps_that_got_much_faster_are_not_called_flat_either():
+    frame = run()
+    early = (frame["cache"] == "dynamic") & frame["token"].between(15, 25)
+    frame.loc[early, "step_ms"] = 5.0  # another program slowed the early cached steps
+    assert not CLAIMS["cached_steps_stay_flat"].on(frame).holds
+
+
+def test_a_claim_reads_a_panel_result_as_well_as_a_frame():
+    class PanelResult:
+        frame = run()
+
+    assert CLAIMS["cached_steps_stay_flat"].on(PanelResult()).holds

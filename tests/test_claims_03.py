@@ -1,0 +1,80 @@
+"""Notebook 03's claims: the deterministic ones hold on their example run, and every claim reads its run.
+
+The example is a small real run of the notebook's experiment (``run_strategy_comparison`` at two
+contexts, 8 recall questions at 32 pairs); the compile claim's example traces the step with
+torch.compile's eager backend. Edited copies of the example's frame check that a claim notices
+when what it states is false.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvlab.claims import claims_for, verdicts
+
+NOTEBOOK = "03_cache_strategies.ipynb"
+CLAIMS = claims_for(NOTEBOOK)
+DETERMINISTIC = [c for c in CLAIMS if c.clock == "deterministic"]
+
+
+def test_the_notebook_has_its_claims():
+    names = {c.name for c in CLAIMS}
+    assert {"quantized_slower_at_every_context", "few_prompt_metrics_miss_lost_answers",
+            "slow_link_time_shows_in_the_step", "offloaded_bytes_follow_the_count"} <= names
+    assert len(DETERMINISTIC) >= 6
+
+
+@pytest.mark.parametrize("claim", DETERMINISTIC, ids=lambda c: c.name)
+def test_each_deterministic_claim_holds_on_its_example(claim):
+    verdict = claim.on(claim.example())
+    assert verdict.holds is True, str(verdict)
+    assert "could not read" not in verdict.text and "{" not in verdict.text
+
+
+@pytest.mark.parametrize("claim", [c for c in CLAIMS if c.clock == "wall"], ids=lambda c: c.name)
+def test_each_wall_claim_reads_its_example(claim):
+    verdict = claim.on(claim.example())
+    assert verdict.holds is not None, str(verdict)  # it may not hold on a busy machine, but it must read the run
+    print(verdict)
+
+
+def _example():
+    return CLAIMS[0].example()
+
+
+def _copy(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    out.attrs = {k: (v.copy() if isinstance(v, pd.DataFrame) else v) for k, v in frame.attrs.items()}
+    return out
+
+
+def test_the_answer_claims_notice_when_the_counts_say_otherwise():
+    frame = _copy(_example())
+    acc = frame.attrs["accuracy"]
+    four = acc["bits"] == 4
+    acc.loc[four, "top1_agreement"] = 0.5  # the token metrics now see the 4-bit errors
+    assert not verdicts(frame, "few_prompt_metrics_miss_lost_answers")[0].holds
+    two = (acc["bits"] == 2) & (acc["strategy"] == "quantized")
+    acc.loc[two, "correct"] = acc.loc[two, "examples"]  # 2 bits answers everything: more than 4 bits
+    v = verdicts(frame, "answers_fall_as_bits_fall", "lowest_bits_lose_most_answers")
+    assert [x.holds for x in v] == [False, False]
+
+
+def test_the_timing_claims_notice_a_quantized_cache_as_fast_as_dynamic():
+    frame = _copy(_example())
+    frame.loc[frame["strategy"] == "quantized", "latency_ratio"] = 1.0
+    assert not verdicts(frame, "quantized_slower_at_every_context")[0].holds
+
+
+def test_the_link_claims_need_a_slow_link_in_the_run():
+    frame = _copy(_example())
+    plain = frame[frame["setting"] != "offloaded(link_gbps=1.0)"].copy()
+    plain.attrs = frame.attrs
+    v = verdicts(plain, "slow_link_time_shows_in_the_step")[0]
+    assert v.holds is None and "slow link" in v.text
+    assert verdicts(plain, "offloaded_bytes_follow_the_count")[0].holds  # the bytes do not need a link
+
+
+def test_a_skipped_compile_is_not_checked():
+    v = verdicts({"status": "timeout", "message": "skipped"}, "compiled_step_is_faster")[0]
+    assert v.holds is None and "did not run" in v.text

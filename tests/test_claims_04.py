@@ -1,0 +1,65 @@
+"""Notebook 04's claims: each reads the result the notebook passes, and the deterministic one holds on its example."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvlab.claims import CLAIMS, claims_for, verdicts
+
+NOTEBOOK = "04_four_clocks.ipynb"
+
+
+@pytest.mark.parametrize("name", [c.name for c in claims_for(NOTEBOOK) if c.clock == "deterministic"])
+def test_every_deterministic_claim_holds_on_its_example(name):
+    c = CLAIMS[name]
+    verdict = c.on(c.example())
+    assert verdict.holds is True, str(verdict)
+    assert c.on(c.example()).text == verdict.text, "a deterministic claim renders the same text every time"
+
+
+@pytest.mark.parametrize("name", [c.name for c in claims_for(NOTEBOOK) if c.clock == "wall"])
+def test_every_wall_claim_reads_its_example(name):
+    c = CLAIMS[name]
+    verdict = c.on(c.example())
+    assert verdict.holds is not None, str(verdict)  # it may not hold on a busy machine, but it must be checked
+    print(verdict)
+
+
+def _cold(cold_ms: float, warm_ms: list[float], startup_s: float) -> pd.DataFrame:
+    frame = pd.DataFrame({"run": range(1 + len(warm_ms)), "start": ["cold"] + ["warm"] * len(warm_ms),
+                          "ttft_s": [v / 1e3 for v in [cold_ms, *warm_ms]]})
+    frame.attrs.update(python_start_s=0.4 * startup_s, import_s=0.5 * startup_s, build_model_s=0.05 * startup_s,
+                       engine_init_s=0.05 * startup_s)
+    return frame
+
+
+def test_cold_start_claims_on_a_hand_made_start():
+    frame = _cold(9.0, [7.0, 8.0, 6.0, 20.0], startup_s=2.0)
+    startup, extra = verdicts(frame, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
+    assert startup.holds and startup.values["warm"] == pytest.approx(7.5) and startup.values["n"] == 4
+    assert startup.values["imports"] == pytest.approx(1.8) and "the engine 0.100 s" in startup.text
+    assert extra.holds and extra.values["extra"] == pytest.approx(1.5)
+    assert "6.0 to 20.0 ms" in extra.text
+    slow_first = _cold(1500.0, [7.0, 8.0], startup_s=2.0)
+    assert not CLAIMS["first_request_extra_is_small"].on(slow_first).holds  # 1.5 s extra: most of the cold cost
+
+
+def test_the_mean_vs_tail_claims_count_requests_above_the_mean():
+    ttft = [0.01] * 8 + [0.5, 1.0]
+    frame = pd.DataFrame({"status": ["completed"] * 10 + ["failed"], "ttft_s": ttft + [np.nan],
+                          "e2e_s": [1.0] * 11, "tpot_s": [0.1] * 11})
+    share, tail = verdicts(frame, "fewer_than_half_wait_longer_than_the_mean", "ttft_tail_is_well_above_the_mean")
+    assert share.holds and share.values["k"] == 2 and share.values["n"] == 10 and "2 of 10 requests (20%)" in share.text
+    assert tail.holds and tail.values["n"] == 10
+    even = pd.DataFrame({"status": ["completed"] * 4, "ttft_s": [0.02, 0.02, 0.03, 0.03]})
+    assert not CLAIMS["fewer_than_half_wait_longer_than_the_mean"].on(even).holds  # no tail: half are above
+    assert not CLAIMS["ttft_tail_is_well_above_the_mean"].on(even).holds
+
+
+def test_the_queue_claim_reads_the_watched_request_of_a_panel_frame():
+    frame = pd.DataFrame({"profile": ["ahead", "watched"], "ttft_s": [0.01, 0.30], "queue_s": [0.0, 0.25]})
+    v = CLAIMS["watched_ttft_is_mostly_queue"].on(frame)
+    assert v.holds and v.values["queue"] == pytest.approx(250.0)
+    frame.loc[1, "queue_s"] = 0.05
+    assert not CLAIMS["watched_ttft_is_mostly_queue"].on(frame).holds

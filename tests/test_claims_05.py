@@ -1,0 +1,67 @@
+"""Notebook 05's claims: each reads the result the notebook passes, and the deterministic ones hold on their examples."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvlab.claims import CLAIMS, claims_for, verdicts
+from kvlab.claims.c05_batching import KNOB_PRICES
+from kvlab.experiments.batching import batch_wait_runs, batching_table
+from kvlab.experiments.serving_run import FixedStepCostExecutor, runs_table
+from kvlab.experiments.slowdown import slowdown_model
+
+NOTEBOOK = "05_batching.ipynb"
+
+
+@pytest.mark.parametrize("name", [c.name for c in claims_for(NOTEBOOK) if c.clock == "deterministic"])
+def test_every_deterministic_claim_holds_on_its_example(name):
+    c = CLAIMS[name]
+    verdict = c.on(c.example())
+    assert verdict.holds is True, str(verdict)
+    assert c.on(c.example()).text == verdict.text, "a deterministic claim renders the same text every time"
+
+
+@pytest.mark.parametrize("name", [c.name for c in claims_for(NOTEBOOK) if c.clock == "wall"])
+def test_every_wall_claim_reads_its_example(name):
+    c = CLAIMS[name]
+    verdict = c.on(c.example())
+    assert verdict.holds is not None, str(verdict)
+    print(verdict)
+
+
+def test_the_policy_claims_read_the_notebooks_mixed_table():
+    """The notebook stacks batching_table(equal runs) on the panel's runs_table, which has no policy column."""
+    exact = CLAIMS["exact_mixed_lengths_continuous_fewer_steps"].example()
+    equal = [r for r in exact if r.extra["lengths"] == "equal"]
+    mixed = [r for r in exact if r.extra["lengths"] == "mixed"]
+    table = pd.concat([batching_table(equal), runs_table(mixed)], ignore_index=True)
+    verdict = verdicts(table, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves_more_per_second",
+                       "mixed_lengths_continuous_first_tokens_sooner")
+    assert all(v.holds for v in verdict), str(verdict)
+    assert "n = 12 each" in verdict[2].text
+
+
+def test_the_exact_knob_claims_hold_on_the_notebooks_runs_and_say_when_the_trickle_stops():
+    """The notebook's virtual knob holds every claim; when every request arrives at once, the arrivals no longer set the pace."""
+    model = slowdown_model()
+    runs = batch_wait_runs(model, waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6, clock="virtual",
+                           executor=FixedStepCostExecutor(**KNOB_PRICES))
+    names = ("exact_waiting_trades_first_tokens_for_fuller_batches",
+             "exact_continuous_batches_stay_small_under_a_trickle", "exact_arrivals_set_the_pace")
+    assert all(verdicts(runs, *names)), str(verdicts(runs, *names))
+    table = batching_table(runs).set_index("run")
+    assert table.loc["static, wait 600 ms", "mean_batch"] == 6.0  # six arrive within the wait: always full
+    flood = batch_wait_runs(model, waits=(0.0, 0.6), rate=1000.0, n=24, max_seqs=6, clock="virtual",
+                            executor=FixedStepCostExecutor(**KNOB_PRICES))
+    assert not CLAIMS["exact_arrivals_set_the_pace"].on(flood).holds  # all at once: the machine sets the pace
+
+
+def test_the_batched_step_claim_compares_decode_steps_only():
+    trace = pd.DataFrame({"num_prefill_seqs": [4, 0, 0, 0, 0, 0], "num_seqs": [4, 4, 4, 1, 1, 2],
+                          "duration_s": [0.09, 0.012, 0.010, 0.008, 0.008, 0.009]})
+    frame = pd.DataFrame()
+    frame.attrs["trace"] = trace
+    v = CLAIMS["a_batched_step_costs_less_than_separate_steps"].on(frame)
+    assert v.holds and v.values["times"] == pytest.approx(0.011 / 0.008) and (v.values["nb"], v.values["n1"]) == (2, 2)
+    frame.attrs["trace"] = trace[trace["num_seqs"] != 1]
+    assert CLAIMS["a_batched_step_costs_less_than_separate_steps"].on(frame).holds is None  # nothing to compare

@@ -1,0 +1,81 @@
+"""The claims of notebook 06 (under load): deterministic ones hold on their examples, wall ones read a run right."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kvlab.claims import CLAIMS, claims_for
+from kvlab.experiments.load import real_vs_simulated
+
+DETERMINISTIC = [c for c in claims_for("06_under_load.ipynb") if c.clock == "deterministic"]
+
+
+def test_notebook_06_has_its_claims():
+    names = {c.name for c in claims_for("06_under_load.ipynb")}
+    assert {"simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
+            "real_and_simulated_rise_with_load", "long_traffic_bends_at_lower_rate",
+            "ab_overloaded_more_throughput_later_first_token", "ab_below_capacity_both_keep_up"} <= names
+
+
+@pytest.mark.parametrize("claim", DETERMINISTIC, ids=lambda c: c.name)
+def test_every_deterministic_claim_holds_on_its_example_and_renders_the_same_twice(claim):
+    result = claim.example()
+    first, second = claim.on(result), claim.on(result)
+    assert first.holds is True, str(first)
+    assert str(first) == str(second)
+    assert "[values" not in first.text  # every placeholder of the sentence was filled
+
+
+def _check(real: dict, simulated: dict, rates=(10.0, 20.0, 40.0), n=30) -> pd.DataFrame:
+    """A made-up simulated_vs_real frame: one row per (source, load); a clock's values rise with the load."""
+    rows = []
+    for source, values in (("real", real), ("simulated", simulated)):
+        for i, rate in enumerate(rates):
+            rows.append({"source": source, "offered_rps": rate, "completed": n, "ttft_n": n, "tpot_n": n,
+                         "e2e_n": n, **{k: v[i] for k, v in values.items()}})
+    return pd.DataFrame(rows)
+
+
+SIM = dict(achieved_rps=[10.0, 19.0, 30.0], ttft_p50_s=[0.01, 0.012, 0.02], ttft_p95_s=[0.012, 0.015, 0.03],
+           tpot_p50_s=[0.003, 0.004, 0.006], e2e_p95_s=[0.1, 0.14, 0.2])
+
+
+def test_real_vs_simulated_gives_one_ratio_per_load_and_clock_with_its_n():
+    real = {k: [2 * x for x in v] for k, v in SIM.items()}
+    gap = real_vs_simulated(_check(real, SIM))
+    assert len(gap) == 3 * 5 and set(gap["clock"]) == set(SIM)
+    assert gap["ratio"].tolist() == pytest.approx([2.0] * 15)
+    assert (gap["n_real"] == 30).all() and (gap["n_simulated"] == 30).all()
+    with pytest.raises(ValueError, match="source"):
+        real_vs_simulated(_check(real, SIM).assign(source="real"))
+
+
+def test_a_simulator_close_to_the_real_run_passes_its_claims():
+    real = {k: [1.1 * x for x in v] for k, v in SIM.items()}
+    real["achieved_rps"] = SIM["achieved_rps"]
+    check = _check(real, SIM)
+    for name in ("simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
+                 "real_and_simulated_rise_with_load"):
+        verdict = CLAIMS[name].on(check)
+        assert verdict.holds is True, str(verdict)
+    text = CLAIMS["simulator_medians_within_factor_two"].on(check).text
+    assert "TTFT p50 1.10, 1.10, 1.10" in text and "n = 30" in text
+
+
+def test_a_busy_machine_fails_the_claims_and_says_what_to_look_at():
+    """Real steps three times slower than calibrated, and a real run that does not slow down with load."""
+    real = {k: [3 * v[1]] * 3 for k, v in SIM.items()}
+    real["achieved_rps"] = [10.0, 14.0, 15.0]
+    check = _check(real, SIM)
+    for name in ("simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
+                 "real_and_simulated_rise_with_load"):
+        verdict = CLAIMS[name].on(check)
+        assert verdict.holds is False and str(verdict).startswith("✗ not on your run"), str(verdict)
+
+
+def test_the_curve_claims_read_a_curve_without_a_knee_as_not_holding():
+    curves = pd.DataFrame({"profile": ["short_short"] * 2 + ["long_short"] * 2 + ["long_gen"] * 2,
+                           "offered_rps": [1.0, 2.0] * 3, "is_knee": False, "ttft_p95_s": 0.1, "ttft_n": 10,
+                           "failed": 0, "failure_rate": 0.0})
+    assert CLAIMS["long_traffic_bends_at_lower_rate"].on(curves).holds is None
+    assert CLAIMS["latency_climbs_and_refusals_start_past_the_knee"].on(curves).holds is False

@@ -1,0 +1,56 @@
+"""Notebook 09's claims: the seeded schedule (deterministic) and what the server made of it (wall)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from kvlab.claims import CLAIMS, claims_for
+
+
+def curve(**columns) -> pd.DataFrame:
+    """A service-curve table of two rates with the columns the claims read (defaults: a server that kept up)."""
+    base = dict(offered_rps=[8.0, 128.0], num_requests=[12, 192], sent=[12, 192], completed=[12, 192],
+                rejected=[0, 0], failed_other=[0, 0], scheduled_span_s=[1.62, 1.51], sent_rps=[7.4, 126.9],
+                window_s=[1.70, 1.60], drain_s=[0.08, 0.09], requests_per_s=[7.06, 120.0],
+                ttft_p50_s=[0.010, 0.012], ttft_n=[12, 192])
+    base.update(columns)
+    return pd.DataFrame(base)
+
+
+def test_the_schedule_claim_is_deterministic_and_holds_on_the_notebooks_rates():
+    c = CLAIMS["seeded_schedule_sends_near_offered"]
+    assert c.clock == "deterministic" and c.notebook == "09_measure_a_real_server.ipynb"
+    v = c.on(c.example())
+    assert v.holds is True, str(v)
+    assert "48 requests over 1.71 s at 32 req/s offered (28.0 req/s sent)" in v.text
+    assert all(other.clock == "wall" for other in claims_for(c.notebook) if other is not c)
+
+
+def test_a_short_run_at_a_low_rate_strays_from_the_offered_rate():
+    t = curve(sent=[4, 192], num_requests=[4, 192], scheduled_span_s=[0.2, 1.51], sent_rps=[20.0, 126.9])
+    assert CLAIMS["seeded_schedule_sends_near_offered"].on(t).holds is False
+
+
+def test_the_achieved_rate_is_explained_at_the_highest_rate_nothing_was_turned_away():
+    t = curve(rejected=[0, 40], completed=[12, 152], requests_per_s=[7.06, 90.0], ttft_p50_s=[0.010, 0.080],
+              ttft_n=[12, 152])
+    v = CLAIMS["achieved_rate_below_offered_explained"].on(t)
+    assert v.holds is True and "at 8 req/s offered nothing was turned away" in v.text
+    assert "achieved = 12 / 1.70 s = 7.1 req/s" in v.text
+    assert CLAIMS["full_queue_turns_requests_away"].on(t).holds is True
+    w = CLAIMS["wait_grows_past_capacity"].on(t)
+    assert w.holds is True and "(n=12)" in w.text and "(n=152)" in w.text
+
+
+def test_a_long_drain_means_the_server_did_not_keep_up():
+    t = curve(window_s=[1.70, 3.0], drain_s=[0.08, 1.49], requests_per_s=[7.06, 64.0])
+    assert CLAIMS["achieved_rate_below_offered_explained"].on(t).holds is False
+    assert CLAIMS["full_queue_turns_requests_away"].on(t).holds is False  # nothing was rejected
+    everything_rejected = curve(rejected=[2, 40])
+    assert CLAIMS["achieved_rate_below_offered_explained"].on(everything_rejected).holds is None
+
+
+def test_the_overhead_claim_reads_the_side_by_side_frame():
+    side = pd.DataFrame({"ttft_overhead_s": [0.001, 0.002, 0.003], "engine_ttft_s": [0.005, 0.006, 0.007]})
+    v = CLAIMS["wire_adds_little_on_loopback"].on(side)
+    assert v.holds is True and "n=3 requests" in v.text
+    assert CLAIMS["wire_adds_little_on_loopback"].on(side * 10).holds is False

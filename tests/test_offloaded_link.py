@@ -1,0 +1,105 @@
+"""The offloaded cache behind a slow link: the same bytes and tokens, and the link's time really in every step.
+
+Oracles: the bytes a decode step must move, counted here from the token counts (not read from the
+cache); the same cache without a link (same copies, memory speed); the time those bytes take at
+the stated rate, bytes / rate, which each throttled step must take at least.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kvlab
+from kvlab.cache import make_cache
+from kvlab.cache.offloaded import OffloadedCache
+from kvlab.experiments.strategies import run_strategies
+
+RATE_GBPS = 0.05  # slow enough that a tiny model's few dozen KiB per step take milliseconds
+PROMPT = list(range(1, 201))  # 200 tokens
+NEW = 10
+
+
+def row_bytes(cfg, elem=4):
+    """Bytes of one token's K and V in one layer (batch 1)."""
+    return 2 * cfg.num_kv_heads * cfg.head_dim * elem
+
+
+def by_hand(cfg, prompt_len, new_tokens):
+    """Bytes each decode step moves: every layer reads its stored tokens and writes the new one."""
+    return [(prompt_len + j - 1 + 1) * row_bytes(cfg) * cfg.num_layers for j in range(1, new_tokens)]
+
+
+@pytest.fixture(scope="module")
+def runs(model):
+    cfg = model.config
+    out = {}
+    for name, link in (("fast", None), ("slow", RATE_GBPS)):
+        cache = make_cache("offloaded", cfg, max_len=len(PROMPT) + NEW, link_gbps=link)
+        out[name] = (kvlab.generate(model, PROMPT, cache=cache, max_new_tokens=NEW), cache)
+    yield out
+    for _, cache in out.values():
+        cache.close()
+
+
+def test_a_slow_link_gives_the_same_tokens_and_moves_the_bytes_counted_by_hand(model, runs):
+    exact = kvlab.generate(model, PROMPT, cache="dynamic", max_new_tokens=NEW).tokens
+    expected = by_hand(model.config, len(PROMPT), NEW)
+    for result, cache in runs.values():
+        assert result.tokens == exact
+        assert result.timeline.bytes_moved[1:] == expected
+        prefill = len(PROMPT) * row_bytes(model.config) * model.config.num_layers  # the prompt written out once
+        assert cache.bytes_moved_total == prefill + sum(expected)
+
+
+def test_every_throttled_step_takes_at_least_its_bytes_over_the_rate(model, runs):
+    result, cache = runs["slow"]
+    link_s = np.array(by_hand(model.config, len(PROMPT), NEW)) / (RATE_GBPS * 1e9)
+    assert link_s.min() > 1e-3  # the test means something: each step owes the link over a millisecond
+    steps = np.array(result.timeline.step_s[1:])
+    assert (steps >= link_s - 1e-6).all(), (steps, link_s)
+    assert cache.copy_s_total >= cache.bytes_moved_total / (RATE_GBPS * 1e9) - 1e-6
+    assert 0 < cache.link_wait_s_total <= cache.copy_s_total
+
+
+def test_the_throttled_step_is_slower_than_the_unthrottled_one_by_the_links_time(model, runs):
+    link_s = np.median(by_hand(model.config, len(PROMPT), NEW)) / (RATE_GBPS * 1e9)
+    slow = np.median(runs["slow"][0].timeline.step_s[1:])
+    fast = np.median(runs["fast"][0].timeline.step_s[1:])
+    assert slow - fast >= 0.8 * link_s - 2e-4, (slow, fast, link_s)
+    fast_cache = runs["fast"][1]
+    assert fast_cache.link_wait_s_total == 0  # no link: no waiting
+
+
+def test_the_link_is_an_option_of_the_offloaded_cache_and_turns_prefetch_off():
+    cfg = kvlab.tiny_llama()
+    cache = make_cache("offloaded", cfg, max_len=8, link_gbps=2)
+    assert cache.link_gbps == 2.0 and cache.prefetch is False
+    cache.close()
+    for bad in (0, -1.0, float("inf"), "fast", True):
+        with pytest.raises(ValueError, match="link_gbps must be a positive number of GB/s"):
+            OffloadedCache(2, 2, 16, max_len=8, link_gbps=bad)
+
+
+def test_the_experiment_reports_the_links_time_and_bytes_per_second(model):
+    settings = [{"cache": "dynamic"}, {"cache": "offloaded"}, {"cache": "offloaded", "link_gbps": RATE_GBPS}]
+    frame = run_strategies(model, settings, pairs=(2, 8), new_tokens=5, repeats=1, examples=0)
+    off = frame[frame["strategy"] == "offloaded"]
+    slow = off[off["link_gbps"] == RATE_GBPS]
+    assert np.allclose(slow["link_ms_per_step"], slow["bytes_moved_per_step"] / (RATE_GBPS * 1e9) * 1e3)
+    assert (slow["copy_ms_per_step"] >= slow["link_ms_per_step"] - 1e-6).all()  # copies include the wait
+    assert (slow["copy_gb_per_s"] <= RATE_GBPS * 1.0001).all()  # no copy outruns its link
+    assert (slow["moved_gb_per_s"] <= slow["copy_gb_per_s"]).all()  # a step does more than copying
+    plain = off[off["link_gbps"].isna()]
+    assert plain["link_ms_per_step"].isna().all() and (plain["copy_gb_per_s"] > 0).all()
+    assert frame.loc[frame["strategy"] == "dynamic", "copy_ms_per_step"].isna().all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+def test_a_slow_link_on_cuda_syncs_each_chunk_and_keeps_the_tokens():
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
+    exact = kvlab.generate(model, PROMPT, cache="dynamic", max_new_tokens=NEW)
+    slow = kvlab.generate(model, PROMPT, cache="offloaded", max_new_tokens=NEW, link_gbps=RATE_GBPS)
+    assert slow.tokens == exact.tokens and slow.cache.prefetch is False
+    link_s = np.array(by_hand(model.config, len(PROMPT), NEW)) / (RATE_GBPS * 1e9)
+    assert (np.array(slow.timeline.step_s[1:]) >= link_s - 1e-6).all()
