@@ -42,8 +42,10 @@ NOTEBOOKS: list[Lesson] = [
            modules=("kvlab.experiments.slowdown", "kvlab.plots.slowdown", "kvlab.widgets.slowdown")),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
-           "the memory formula vs measured bytes, a calculator for published models", 20,
-           modules=("kvlab.experiments.memory", "kvlab.plots.memory", "kvlab.widgets.memory")),
+           "the memory formula vs measured bytes, a calculator for published models; a real published model "
+           "where the machine is online", 20,
+           modules=("kvlab.experiments.memory", "kvlab.plots.memory", "kvlab.widgets.memory",
+                    "kvlab.experiments.real_model", "kvlab.claims.c02_kv_cache", "kvlab.exercises.ex02_kv_cache")),
     Lesson("03_cache_strategies.ipynb", "Cache strategies",
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
@@ -52,9 +54,11 @@ NOTEBOOKS: list[Lesson] = [
                     "kvlab.experiments.static_compile", "kvlab.plots.strategies", "kvlab.widgets.strategies")),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
-           "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n)", 20,
+           "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
+           "are not words: tokens per word by language and tokenizer, and what that does to tokens/s", 25,
            modules=("kvlab.experiments.four_clocks", "kvlab.plots.journey", "kvlab.plots.distribution",
-                    "kvlab.plots.startup", "kvlab.plots.gantt", "kvlab.widgets.four_clocks")),
+                    "kvlab.plots.startup", "kvlab.plots.gantt", "kvlab.widgets.four_clocks",
+                    "kvlab.experiments.tokens_words", "kvlab.plots.tokens")),
     Lesson("05_batching.ipynb", "Batching",
            "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
            "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob", 20,
@@ -72,9 +76,11 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
-           "when a long prompt arrives", 15,
+           "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
+           "capacity, caching on vs off on the four clocks", 20,
            modules=("kvlab.experiments.capacity", "kvlab.plots.kv_blocks", "kvlab.plots.gantt",
-                    "kvlab.plots.token_gaps", "kvlab.widgets.capacity")),
+                    "kvlab.plots.token_gaps", "kvlab.widgets.capacity", "kvlab.traces",
+                    "kvlab.experiments.prefix_traces", "kvlab.plots.prefix_traces", "kvlab.widgets.prefix_traces")),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
            "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "

@@ -171,29 +171,47 @@ def decode_one_token(model: Decoder, token: torch.Tensor, cache: KVCache) -> tor
 def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: str | KVCache = "dynamic",
            max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, stop_tokens: Sequence[int] | None = None,
-           **cache_options) -> Iterator[TokenEvent]:
+           compile: bool = False, compile_backend: str = "inductor", **cache_options) -> Iterator[TokenEvent]:
     """Generate token by token, yielding a TokenEvent as each token is ready.
 
     ``cache`` is a strategy name ("none", "dynamic", "static", "quantized", "offloaded") with its
     options as keyword arguments (e.g. bits=4, residual=32), or a cache object built beforehand.
-    The generator's return value (StopIteration.value) is the GenerationResult. Bad arguments
-    raise here, when ``stream`` is called, before any token is computed.
+    ``compile=True`` (static cache only) runs every decode step through one ``torch.compile``'d
+    program over fixed shapes (``kvlab/compiled.py``); the first use per model and length compiles
+    and says so. The generator's return value (StopIteration.value) is the GenerationResult. Bad
+    arguments raise here, when ``stream`` is called, before any token is computed.
     """
     prompt_ids = encode_prompt(model, prompt)
     check_generation_args(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, cache_options)
-    if isinstance(cache, str):
+    step = None
+    if compile:
+        if cache != "static":
+            raise ValueError(f"compile=True compiles the static cache's fixed-shape decode step; pass "
+                             f"cache='static' (got cache={cache if isinstance(cache, str) else cache.name!r})")
+        from .cache.static import FixedShapeStaticCache
+        from .compiled import compiled_step
+
+        cfg = model.config
+        cache = FixedShapeStaticCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, batch=1, dtype=model.dtype,
+                                      device=model.device,
+                                      max_len=cache_options.get("max_len", len(prompt_ids) + max_new_tokens))
+        step = compiled_step(model, compile_backend)
+    elif isinstance(cache, str):
         if cache in ("static", "offloaded"):
             cache_options.setdefault("max_len", len(prompt_ids) + max_new_tokens)
         cache = make_cache(cache, model.config, batch=1, dtype=model.dtype, device=model.device, **cache_options)
     return _steps(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
-                  cache_options)
+                  cache_options, step)
 
 
 @torch.inference_mode()
 def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens: int, temperature: float,
            top_k: int | None, top_p: float | None, seed: int | None, stop_tokens: Sequence[int] | None,
-           cache_options: dict) -> Iterator[TokenEvent]:
-    """The generation loop behind ``stream``, on checked arguments: prefill, then one decode step per token."""
+           cache_options: dict, step=None) -> Iterator[TokenEvent]:
+    """The generation loop behind ``stream``, on checked arguments: prefill, then one decode step per token.
+
+    ``step``: a compiled decode step (``kvlab.compiled.CompiledDecodeStep``) over a fixed-shape cache, or None.
+    """
     device = model.device
     stops = set(stop_tokens or ())
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -203,6 +221,8 @@ def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens
     tokens: list[int] = []
     uncached = isinstance(cache, NoCache)
     stop_reason = "max_new_tokens"
+    shape_key = None if step is None else (cache.max_len, cache.batch, cache.dtype, str(cache.device))
+    compiled_before = step is not None and shape_key in step.compile_s  # this shape's program already built
 
     start = last = now(device)
     for i in range(max_new_tokens):
@@ -210,6 +230,10 @@ def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens
             # No cache: every step reprocesses the prompt and every token generated so far.
             seq = ids if i == 0 else torch.cat([ids, torch.tensor([tokens], device=device)], dim=1)
             logits = prefill(model, seq, cache)  # (1, V)
+            if step is not None:
+                cache.sync()  # the fixed-shape cache's next slot follows the prompt
+        elif step is not None:
+            logits = step(next_tok[:, None], cache)  # (1, V): the compiled program, same shapes every token
         else:
             logits = decode_one_token(model, next_tok[:, None], cache)  # (1, V)
         next_tok = sample(logits, temperature, top_k, top_p, gen)  # (1,)
@@ -234,6 +258,10 @@ def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens
     settings = dict(cache=cache.name, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                     top_p=top_p, seed=seed, stop_tokens=sorted(stops), device=str(device), dtype=str(model.dtype),
                     model=model.config.name, **{k: v for k, v in cache_options.items() if k != "storage_dir"})
+    if step is not None:  # compile_s: seconds this call spent compiling (0 when it reused the program)
+        settings.update(compiled=step.fallback is None, compile_backend=step.backend,
+                        compile_s=0.0 if compiled_before else step.compile_s.get(shape_key),
+                        compile_fallback=step.fallback)
     return GenerationResult(prompt_ids=prompt_ids, tokens=tokens, text=tok.decode(tokens) if tok else "",
                             timeline=timeline, cache=cache, stop_reason=stop_reason, settings=settings)
 
@@ -241,13 +269,15 @@ def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens
 def generate(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: str | KVCache = "dynamic",
              max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, stop_tokens: Sequence[int] | None = None,
-             **cache_options) -> GenerationResult:
+             compile: bool = False, compile_backend: str = "inductor", **cache_options) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens and return them with a per-token timeline.
 
     >>> result = generate(model, "Hello", cache="dynamic", max_new_tokens=20)
     >>> result.timeline.to_frame()   # one row per token: time, step duration, cache bytes
+    >>> generate(model, "Hello", cache="static", compile=True).settings["compile_s"]   # seconds, first time only
     """
-    it = stream(model, prompt, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, **cache_options)
+    it = stream(model, prompt, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, compile,
+                compile_backend, **cache_options)
     while True:
         try:
             next(it)

@@ -94,7 +94,18 @@ Markdown(course_map(link_prefix=""))
 # A panel is a few controls, a **Run** button, a progress bar and an output area. This one asks the
 # lesson model (about 3 million parameters, random weights: timing does not need a trained model)
 # to write 100 tokens **with** a KV cache, three times over, and plots how long each token took
-# (the fastest of the three runs). Press **Run**.
+# (the fastest of the three runs).
+#
+# First, a prediction. The first step, the *prefill*, pushes every token of the prompt (the panel's
+# *prompt tokens*) through the model in one pass; each later step pushes only the newest token. Type
+# in the box how many times as long as one of those one-token steps you expect the prefill to take,
+# then press **Run**.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("How many times as long as a one-token decode step will the prefill step take?", unit="×")
+guess
 
 # %%
 from kvlab.widgets import slowdown_panel
@@ -132,8 +143,16 @@ result.frame.head()
 # ### The first token and the others
 #
 # Compare `step_ms` of token 0 with the tokens after it. Token 0 is the *prefill*: it read all
-# 32 prompt tokens in one step. Did it take 32 times as long as a one-token step? Guess, then
-# run the next cell, which checks on your numbers.
+# 32 prompt tokens in one step. Did it take 32 times as long as a one-token step? Your prediction
+# beside your run (the prefill's time over the median decode step's, each the fastest of the runs):
+
+# %%
+from kvlab.experiments.slowdown import prefill_vs_decode
+
+guess.against(prefill_vs_decode(result.frame)["ratio"])
+
+# %% [markdown]
+# The next cell checks on your numbers what that says about the cost of one token:
 
 # %%
 from kvlab.claims import verdicts

@@ -56,7 +56,20 @@ print(f"{cfg.name}: {model.num_parameters() / 1e6:.1f}M parameters, {cfg.num_lay
 # The same prompt is generated with each cache, three times over, and every step is timed. Each
 # step counts its fastest run: other programs on the machine can only add time to a step, never
 # remove it. Runs use one CPU thread, so that a step never waits for a second core that another
-# program holds (`run_slowdown(threads=...)` changes it). Press **Run**, then try other settings.
+# program holds (`run_slowdown(threads=...)` changes it).
+#
+# Before you press **Run**, predict. Without a cache, the step that writes an early token (a tenth
+# of the way into the answer) and the step that writes a late one (near the end) both recompute the
+# prompt and every token so far, the late one many more of them (the table in *The idea* counts
+# them). How many times as long as the early step will the late one take? Type your number in the
+# box, then press **Run**, and afterwards try other settings.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("Without a cache, how many times as long as the step of an early token (a tenth of the way "
+                "into the answer) will the step of a late token (near the end) take?", unit="×")
+guess
 
 # %%
 from kvlab.widgets import slowdown_panel
@@ -67,6 +80,11 @@ panel
 # %%
 result = panel.run()   # the same as pressing Run with the settings above
 result.show()
+
+# %%
+from kvlab.experiments import slowdown_fit, slowdown_summary
+
+guess.against(slowdown_summary(result.frame).set_index("cache").at["none", "measured_ratio"])
 
 # %% [markdown]
 # **Reading the figure.** Left: the time of each step. Without a cache (`none`, red) each step
@@ -89,8 +107,6 @@ verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncache
 # time of the 11 tokens around each).
 
 # %%
-from kvlab.experiments import slowdown_fit, slowdown_summary
-
 slowdown_summary(result.frame)[["cache", "early_token", "late_token", "early_step_ms", "late_step_ms",
                                 "measured_ratio", "work_ratio"]]
 

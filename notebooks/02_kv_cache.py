@@ -13,6 +13,7 @@
 # - say what keys and values are, and why the ones of past tokens can be kept;
 # - see a cache as K and V tensors per layer and read their shapes;
 # - check that a cache changes the speed of generation, not its output;
+# - write a cache yourself and check it writes the same tokens as no cache at all;
 # - compute cache memory with the formula and check it against the bytes a cache really allocates;
 # - estimate the memory of a real model at a given context and batch, and how many sequences fit on a GPU.
 
@@ -137,7 +138,19 @@ verdicts(memory_result, "dynamic_memory_follows_the_formula", "static_reserves_t
 # ## A calculator for real models
 #
 # The same formula, for the shapes of published models (no weights needed to count bytes).
-# First, what one token costs in each, at 2 bytes per element (fp16):
+# Before you run the table below, **predict**: Llama-2-7B has 32 layers, 32 key/value heads of
+# dimension 128. How much cache does one conversation of 4,096 tokens take in fp16? Type your guess
+# in the box (in GiB), then run the next two cells.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("How many GiB of KV cache does Llama-2-7B (MHA) hold for one conversation of 4,096 tokens "
+                "in fp16?", unit="GiB")
+guess
+
+# %% [markdown]
+# What one token costs in each model, at 2 bytes per element (fp16), and what 4,096 tokens cost:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -145,6 +158,8 @@ for name, c in kvlab.PUBLISHED_CONFIGS.items():
     per_token = c.kv_bytes_per_token(2)
     print(f"{name:20s} {c.num_layers:3d} layers x {c.num_kv_heads:2d} kv_heads x {c.head_dim:3d} head_dim"
           f" -> {per_token / 1024:7,.0f} KiB per token, {per_token * 4096 / 2**30:6.2f} GiB for 4,096 tokens")
+guess.against(kvlab.PUBLISHED_CONFIGS["Llama-2-7B (MHA)"].kv_bytes_per_token(2) * 4096 / 2**30,
+              what="the formula gives")
 
 # %% [markdown]
 # Now pick a model, a context length, a batch and a GPU. The calculator recomputes as you move the
@@ -198,6 +213,9 @@ if real is not None:
 # <!-- kvlab:exercise check_what_the_cache_keeps -->
 
 # %% [markdown]
+# <!-- kvlab:exercise check_my_cache -->
+
+# %% [markdown]
 # ## Summary
 #
 # - Keys and values of past tokens never change, so they can be stored: that store, per layer, is
@@ -207,9 +225,12 @@ if real is not None:
 #   or location for memory (`quantized`, `offloaded`); the verdicts above check each on your run.
 # - For served models the cache, not the weights, often decides how many requests fit at once:
 #   context length and batch multiply it, and grouped-query attention and lower precision divide it.
-# - Behind this notebook: `kvlab.cache`, `kvlab.experiments.measure_cache_memory`,
-#   `kv_memory_table`, `max_sequences`, the claims in `kvlab/claims/c02_kv_cache.py`; tests in
-#   `tests/test_experiments_memory.py` and `tests/test_claims_02.py`.
+# - A cache is a dozen lines: per layer, append the new K and V along the token axis and hand back
+#   everything stored; `seq_len` tells the model where the next token stands (exercise 4).
+# - Behind this notebook: `kvlab.cache` (the interface in `base.py`, the growing cache in
+#   `dynamic.py`), `kvlab.experiments.measure_cache_memory`, `kv_memory_table`, `max_sequences`,
+#   the claims in `kvlab/claims/c02_kv_cache.py`, the checkers in `kvlab/exercises/ex02_kv_cache.py`;
+#   tests in `tests/test_experiments_memory.py`, `tests/test_claims_02.py` and `tests/test_exercises_build.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -90,6 +90,19 @@ print("text:  ", repr(model.tokenizer.decode(runs["dynamic"])))
 # request it accepts. The offloaded cache runs twice: at its memory's own speed, and behind the
 # **slow link** you choose (more on that below). Choose, press **Run**, and read the table and the
 # six plots.
+#
+# One prediction first. The exact cache stores every number in 32 bits. A 4-bit quantized cache
+# stores each number as a 4-bit code, plus a full-precision scale and zero-point for every group of
+# `group_size` numbers (the panel's *group size*; with *residual window* 0 nothing else stays at full
+# precision). What fraction of the dynamic cache's bytes will it take? Type it in the box (0.5 for
+# half), then press **Run**.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("At the longest context, how many times the dynamic cache's bytes will the 4-bit quantized "
+                "cache take?", unit="×")
+guess
 
 # %%
 from kvlab.widgets.strategies import strategies_panel
@@ -100,6 +113,12 @@ panel
 # %%
 result = panel.run()   # the same as pressing Run
 result.show()
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.strategies import quantized_memory_ratio
+
+guess.against(quantized_memory_ratio(result.frame, bits=4))
 
 # %% [markdown]
 # **Reading the page.** Top row, left to right: bytes allocated as tokens are stored (the black
@@ -318,6 +337,73 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 #
 # Whatever you choose, write down the engine version and its settings next to the result: the
 # trade-offs move when either changes.
+
+# %% [markdown]
+# ## Offloading under load
+#
+# Everything above ran one sequence at a time. A server runs many in every step, and an offloaded
+# KV cache then makes every step carry the history of *every* sequence in its batch across the link.
+# How much that is changes from step to step: long sequences join, finish and are replaced. So the
+# price of a step, and the wait for your next token, depend on the company your sequence keeps.
+# Offloading should then add variance under load, not only latency. Does it?
+#
+# `kvlab.cache.paged_offloaded.OffloadedPagedKVCache` keeps the serving engine's pool of KV blocks
+# (the engine of the serving notebooks) in a slower tier and holds on the device only one layer's
+# working pool. In every layer of every step it copies in the blocks its sequences attend over and
+# writes the new tokens back: real copies, counted. On a CPU-only machine the tier is a
+# memory-mapped file behind a modelled slower link (`link_gbps`, as above; `offload_under_load`
+# picks `CPU_LINK_GBPS`); on CUDA it is pinned host memory behind the real host-to-GPU link.
+#
+# The cell serves sixteen requests of mixed lengths, all arriving at once, through four batch slots
+# of the serving lessons' model, twice: with the pool on the device and offloaded. Since every
+# request arrives at once, both runs execute exactly the same steps; only their prices differ.
+
+# %%
+from kvlab.experiments.offload_load import distribution_table, offload_under_load
+from kvlab.plots.offload_load import plot_offload_under_load
+
+loaded = offload_under_load(n=16, max_seqs=4, prompt_tokens=192, max_new_tokens=32)
+print(f"tier: {loaded.settings['tier']}, link: {loaded.settings['link_gbps'] or 'the real one'} GB/s, "
+      f"{loaded.settings['tier_bytes'] / 2**20:.0f} MiB in the tier, "
+      f"{loaded.settings['working_bytes'] / 2**20:.0f} MiB working pool on the device")
+display(distribution_table(loaded, ms=True).round(2))
+plot_offload_under_load(loaded)
+
+# %% [markdown]
+# **Checked:** the schedule and the bytes. Both runs gave the same tokens in the same steps, and
+# the bytes the offloaded pool counted match a count by hand from the engine's trace (each
+# sequence reads its stored blocks, every layer, K and V; the new tokens are written back):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_moves_the_counted_bytes")
+
+# %% [markdown]
+# The times, on your run:
+
+# %%
+verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_the_spread",
+         "offload_cost_follows_the_bytes")
+
+# %% [markdown]
+# **Reading the figure.** Left and middle: every step and every gap between two tokens of one
+# request, sorted from fastest to slowest; ● marks the median, ◆ the 95th percentile, the bar on
+# the left edge spans the middle half (the IQR), and the legend gives each one's n. On the device,
+# the steps that hold a prompt make the tail (a prompt costs several decode steps), and the other
+# steps are nearly alike. Offloaded, every step also carries its batch's stored context across the
+# link, and that amount changes with the batch. Right: the same steps in both runs against the bytes
+# they moved. On the device a step's time barely depends on them; offloaded it climbs with them,
+# along the dashed line (on-device median + bytes / rate). That is the variance offloading adds: a
+# token's wait depends on who shares its step, and latency targets are set on the tail (p95, p99),
+# not on the median.
+#
+# Try `offload_under_load(max_seqs=8)` (more company per step: what happens to the spread?) and
+# `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?).
+#
+# Behind this section: `kvlab.cache.paged_offloaded` (the pool), `kvlab.serving.offloaded_executor`
+# (`OffloadedModelExecutor`, the engine's model runner over it), `kvlab.experiments.offload_load`
+# (`offload_under_load`, `distribution_table`, `bytes_by_hand`), `kvlab.plots.offload_load`; tests in
+# `tests/test_paged_offloaded.py` and `tests/test_offload_load.py`.
 
 # %% [markdown]
 # <!-- kvlab:exercise check_quantized_memory_ratio -->

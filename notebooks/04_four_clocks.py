@@ -16,7 +16,8 @@
 # - compute TTFT, TPOT and E2E from a request's timestamps (and predict them from the steps it
 #   waited for), and say why TPOT divides by *n − 1*;
 # - tell a cold start from a warm one, and measure both instead of guessing;
-# - explain why a mean latency can look fine while some requests wait far longer, and report quantiles with their sample size.
+# - explain why a mean latency can look fine while some requests wait far longer, and report quantiles with their sample size;
+# - say what a tokenizer counts: tokens per word by language, and why tokens/s does not compare across tokenizers.
 
 # %% [markdown]
 # ## Four clocks
@@ -201,6 +202,118 @@ verdicts(mixed, "fewer_than_half_wait_longer_than_the_mean", "ttft_tail_is_well_
 # <!-- kvlab:exercise check_share_above_mean -->
 
 # %% [markdown]
+# ## Tokens are not words
+#
+# Throughput is counted in tokens per second, and TPOT in seconds per token. A reader gets words,
+# and how many tokens a word costs depends on the **tokenizer** and on the **language**. Two models
+# with different tokenizers can write the same text at the same pace and report very different
+# tokens/s.
+#
+# kvlab ships one short paragraph written in English and translated into ten languages, a few lines
+# of Python and a line of numbers (`kvlab/data/texts/samples.json`). Three tokenizers read them:
+#
+# - **kvlab's byte tokenizer**, the one the lesson model uses: one token per UTF-8 byte;
+# - a **BPE tokenizer trained right here**, offline, with the `tokenizers` library, on a small English
+#   corpus kvlab ships (`kvlab/data/texts/english_corpus.txt`, which does not contain the paragraph).
+#   BPE starts from the 256 bytes and keeps merging the most frequent neighbouring pair into a new
+#   token: it learns English words and pieces of words, and nothing of other scripts;
+# - a **real model's tokenizer** (SmolLM2-135M's) where this machine can reach the Hugging Face hub or
+#   has it in its cache; otherwise the cell says so in one line and the comparison keeps the other two.
+#
+# Below, each tokenizer cuts the first sentence of three texts: `␣` is a space, and a character
+# cut into several tokens (its UTF-8 bytes, when the tokenizer never learned it whole) is shown once,
+# with the number of tokens it took as an exponent.
+
+# %%
+from kvlab.experiments.tokens_words import first_sentences, lesson_tokenizers
+
+toks, note = lesson_tokenizers()   # trains the BPE (milliseconds); looks for the real one (a few seconds at most)
+print(note)
+for name, tok in toks.items():
+    print(f"{name:16s} {tok!r}")
+print()
+for row in first_sentences(toks).itertuples():
+    print(f"{row.text:8s} {row.tokenizer:16s} {row.tokens:3d} tokens  {row.pieces}")
+
+# %% [markdown]
+# **Predict first.** The Chinese paragraph says what the English one says in far fewer characters.
+# Type in the box how many times as many tokens as the English paragraph the English-trained BPE will
+# spend on it, then run the next cells.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("For the same paragraph, how many times as many tokens will the English-trained BPE spend on "
+                "the Chinese version as on the English one?", unit="×")
+guess
+
+# %%
+from kvlab.experiments.tokens_words import count_tokens, tokens_table, vs_english
+
+counts = count_tokens(toks)
+tokens_table(counts).round(2)
+
+# %%
+guess.against(vs_english(counts, "Chinese"), what="the BPE spent")
+
+# %% [markdown]
+# In the table, **words** are what spaces separate; Chinese and Japanese put no spaces between words,
+# so they have no tokens per word: compare them in the **vs_english** column, the tokens each
+# translation costs for the same content, as a multiple of the English paragraph's (with the same
+# tokenizer).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(counts, "byte_tokens_are_utf8_bytes", "english_bpe_favours_english")
+
+# %% [markdown]
+# **Why.** Bytes treat every language alike, byte for byte, so a script whose characters take more
+# bytes costs more tokens, and Chinese, with few characters, can even come out cheaper than English.
+# The BPE turned its vocabulary into English words: English gets much cheaper, the languages that share
+# its alphabet a little, and wherever it never saw a script it falls back to bytes, token for token.
+# Real tokenizers are trained on far larger and more varied text, with vocabularies of tens of
+# thousands of tokens, but the same holds for them: what their training mix holds little of costs more
+# tokens. Where a real tokenizer's columns are shown above, check it for yourself.
+#
+# ### What it does to tokens/s
+#
+# Now let every model write every language at the same pace for a reader: `WORDS_PER_S` words per
+# second, counted in the words of the English version, so every language carries the same content per
+# second. The tokens/s each tokenizer counts for that same text:
+
+# %%
+from kvlab.experiments.tokens_words import tokens_per_second
+from kvlab.plots.tokens import plot_tokens_per_word
+
+WORDS_PER_S = 10   # the pace a reader gets (a setting: change it)
+rates = tokens_per_second(counts, words_per_s=WORDS_PER_S)
+plot_tokens_per_word(counts, rates)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(rates, "same_words_different_tokens_per_second")
+
+# %% [markdown]
+# Turn it around, as when reading two benchmark reports. Model A uses kvlab's byte tokenizer and
+# reports more tokens per second than model B, which uses the BPE (the figures are settings: change
+# them). Which one writes English faster?
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.tokens_words import BPE, BYTE, words_per_second
+
+reported = {BYTE: 50, BPE: 20}   # tokens/s, as two benchmark reports would give them
+words = words_per_second(counts, reported)
+display(words.round(2))
+verdicts(words, "fewer_tokens_per_second_can_be_more_words")
+
+# %% [markdown]
+# So tokens/s compares two runs of **the same model and tokenizer** on the same kind of text. Across
+# models, or across languages, convert to words (or characters, or bytes) with that model's own
+# tokenizer on your own text, or compare the time to a finished answer (E2E) instead. The same goes for
+# TPOT, and for the price of a service billed per token.
+
+# %% [markdown]
 # ### Try it
 #
 # - In the panel, set **batch slots** to 8: the queue disappears. What happens to TTFT, and to TPOT?
@@ -208,6 +321,11 @@ verdicts(mixed, "fewer_than_half_wait_longer_than_the_mean", "ttft_tail_is_well_
 # - Run `run_mixed_load(model, rate=12)`: twice the arrival rate. Which grows faster, the p50 or the p95?
 # - Run `run_mixed_load(model, burstiness=4.0)`: the same rate, evenly spaced. What happens to the tail?
 # - In the exact run, change `STEP_S` to 0.020 and predict every clock before running the cell.
+# - Train the BPE with a smaller vocabulary, `lesson_tokenizers(real=None, bpe=train_bpe(vocab_size=300))`
+#   (`from kvlab.experiments.tokens_words import train_bpe`): what happens to English's tokens per word?
+# - Train it on English plus one translation (`train_bpe(corpus=training_corpus() + text)`, with `text` taken
+#   from `load_samples()`): which columns move? (That paragraph is then no longer held out.)
+# - Online, compare a tokenizer trained on many languages: `lesson_tokenizers("Qwen/Qwen2.5-0.5B")`.
 #
 # ## Summary
 #
@@ -219,10 +337,14 @@ verdicts(mixed, "fewer_than_half_wait_longer_than_the_mean", "ttft_tail_is_well_
 #   Say which one a number measured.
 # - Latency distributions have tails: report p50, p95, p99 with n, and the counts of completed,
 #   failed, waiting and running requests.
+# - Tokens are not words: the same text costs different numbers of tokens with different tokenizers and
+#   in different languages, so tokens/s compares runs of one model only; across models, count words.
 # - Behind this notebook: `kvlab.experiments.four_clocks` (`run_journey`, `journey_clocks`,
-#   `cold_vs_warm`, `run_mixed_load`, `mean_vs_tail`), `kvlab.clocks`, `kvlab.plots.journey`,
-#   `kvlab.plots.gantt`; the claims checked on your runs in `kvlab.claims.c04_four_clocks`; tests in
-#   `tests/test_experiments_serving.py`, `tests/test_plots_serving.py` and `tests/test_claims_04.py`.
+#   `cold_vs_warm`, `run_mixed_load`, `mean_vs_tail`), `kvlab.experiments.tokens_words` (`train_bpe`,
+#   `count_tokens`, `tokens_per_second`, `words_per_second`), `kvlab.clocks`, `kvlab.plots.journey`,
+#   `kvlab.plots.gantt`, `kvlab.plots.tokens`; the claims checked on your runs in
+#   `kvlab.claims.c04_four_clocks`; tests in `tests/test_experiments_serving.py`, `tests/test_plots_serving.py`,
+#   `tests/test_tokens_words.py` and `tests/test_claims_04.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

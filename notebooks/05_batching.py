@@ -15,6 +15,7 @@
 # - explain static batching and continuous batching, and predict when they differ;
 # - read a Gantt chart of requests and a per-step picture of what each batch held;
 # - measure throughput and time to first token of each policy on the same requests;
+# - write the rule that admits waiting requests into the batch, and check it against the engine's own;
 # - explain the "wait for a fuller batch" knob: what it buys, and who pays for it.
 
 # %% [markdown]
@@ -112,6 +113,16 @@ verdicts(table, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves_
 # requests through the engine's real scheduler with a **fixed step-cost executor** (every step
 # costs `step_s=0.010` seconds, no model runs, virtual clock). The step counts of the static runs
 # can then be predicted by hand: each batch lasts as long as its longest output.
+#
+# **Predict first**: on the mixed lengths, how many times as many steps does static batching need
+# as continuous batching for the same tokens? Type a number, then run the next two cells.
+
+# %%
+from kvlab.widgets import predict
+
+steps_guess = predict("Mixed lengths: static batching needs how many times as many steps as continuous batching?",
+                      unit="×")
+steps_guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -130,11 +141,29 @@ for row, run in zip(batching_table(exact).itertuples(), exact):
 verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_lengths_policies_coincide",
          "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait")
 
+# %%
+steps = {(run.extra["policy"], run.extra["lengths"]): len(run.trace) for run in exact}
+steps_guess.against(steps["static", "mixed"] / steps["continuous", "mixed"], what="the exact runs measured")
+
 # %% [markdown]
 # <!-- kvlab:exercise check_idle_slots -->
 
 # %% [markdown]
 # <!-- kvlab:exercise check_admission_step -->
+
+# %% [markdown]
+# <!-- kvlab:exercise check_admission_rule -->
+
+# %% [markdown]
+# Your rule next to the engine's own on the checker's requests (exact step costs, virtual clock).
+# A rule that broke a limit has no row: the checker above says where.
+
+# %%
+from kvlab.experiments.admission import admission_run, clocks_table
+
+builtin_run, _ = admission_run()                  # the engine's own rule
+my_run, my_audit = admission_run(my_admission)    # yours, checked at every call
+clocks_table([builtin_run] + ([my_run] if my_run is not None else []))
 
 # %% [markdown]
 # ## The "wait for a fuller batch" knob
@@ -198,6 +227,72 @@ frame = runs_frame([waits[0], waits[-2], waits[-1]])
 plot_gantts(frame, frame.attrs["steps"])
 
 # %% [markdown]
+# ## Why batching works, measured
+#
+# Every rule above rests on one fact: a decode step for several sequences costs far less than that
+# many steps for one. Why? A decode step multiplies every weight matrix of the model by one new row
+# per sequence. With one sequence it reads every weight from memory to do two operations with it (a
+# multiply and an add), so the step waits on memory. With a batch of B sequences it reads the same
+# weights **once** and does B times the arithmetic. Until the arithmetic takes longer than the
+# reading, the extra sequences ride along almost free.
+#
+# The cell below times one decode step of this notebook's model at batch sizes from 1 to 64 (each
+# sequence holds only a few tokens, so the weights are most of what a step reads), the sizes taking
+# turns so that a busy moment hits them all. In the same run it measures your machine's two limits:
+# how fast its memory streams a large matrix through a matrix-vector product (bandwidth), and how fast
+# it multiplies two large matrices (arithmetic). Each limit gives a floor no step can beat:
+#
+# - **memory floor** = `bytes a step reads / bandwidth` (the weights, plus the stored K/V). It is
+#   flat: the weights are read once, whatever the batch;
+# - **compute floor** = `2 × weights × batch / arithmetic speed` (a multiply and an add per weight and
+#   sequence). It rises with the batch.
+#
+# Then the same question for prompts: several prompts prefilled one after the other, or all in one
+# batch.
+
+# %%
+from kvlab.experiments.batch_scaling import batch_scaling
+from kvlab.plots.batch_scaling import plot_batch_scaling
+
+scaling = batch_scaling(model, batch_sizes=(1, 2, 4, 8, 16, 32, 64), repeats=5)
+m = scaling.machine
+print(f"this machine, {m['threads']} thread(s): memory {m['bandwidth_GBps']:.1f} GB/s (matrix-vector), "
+      f"arithmetic {m['matmul_GFLOPs']:.0f} GFLOP/s (matrix product)")
+display(scaling.decode[["batch", "n", "step_s", "per_seq_s", "achieved_GBps", "memory_floor_s",
+                        "compute_floor_s"]].round(5))
+display(scaling.prefill.round(4))
+plot_batch_scaling(scaling)
+
+# %%
+verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_decode_time_falls_with_batch",
+         "batch_one_decode_reads_below_the_bandwidth", "batched_prompts_all_get_first_tokens_sooner",
+         "first_prompt_waits_for_the_batch")
+
+# %% [markdown]
+# **Reading the figure.** Top left: the measured step (blue; the band holds the middle half of its
+# steps) against the two floors. Where the blue line runs nearly flat, extra sequences cost little:
+# the step is bound by reading the weights and by the fixed cost of running each operation, both paid
+# once per step. Past the point where the floors cross (dotted vertical line), the batch's arithmetic
+# takes longer than reading the weights and the step grows with the batch: decode is no longer
+# memory-bound. Top right, the same per token: each sequence's share of a step falls as the batch
+# grows, steeply while the step is flat, slowly after. Bottom left: bytes read per second of step,
+# beside what the memory delivered in the bandwidth tests. A small model's step sits well above both
+# floors at small batches, because the fixed cost of each operation is a large part of it; the
+# bigger the model, the more each operation has to read and the closer a one-sequence step comes to
+# the memory floor (`python -m kvlab bench decode --config llama-30m` measures a bigger one).
+#
+# Bottom right, prompts: a batched prefill gives every prompt its first token at once, sooner than
+# the last of them would get it one by one, and later than the first would get it alone. The mean
+# time to first token lands in between, on the side your machine decides: a prompt long enough to
+# keep the arithmetic busy on its own gains little from company. Try `batch_scaling(model,
+# prefill_tokens=8)` and then `prefill_tokens=128`: when does batching prompts stop paying?
+#
+# Behind this section: `kvlab.experiments.batch_scaling` (`batch_scaling`, `decode_scaling`,
+# `prefill_batching`, `crossover_batch`), the bandwidth test of `kvlab.benchmarks.decode`
+# (`machine_bandwidth`, `weight_bytes_per_step`) and `kvlab.plots.batch_scaling`; the claims in
+# `kvlab.claims.c05_batching`; tests in `tests/test_batch_scaling.py`.
+
+# %% [markdown]
 # ### Try it
 #
 # - In the panel, choose **equal** lengths: do the two Gantt charts still differ?
@@ -213,14 +308,19 @@ plot_gantts(frame, frame.attrs["steps"])
 #   idle and queued requests wait for the slowest member. Continuous batching refills a slot at the
 #   next step.
 # - With equal lengths the two rules coincide; the difference comes from the spread of lengths.
+# - Admission is a few lines: oldest first, while the request fits the free blocks, the step's token
+#   budget and the free slots. Letting short requests skip ahead of one that does not fit looks
+#   faster on average and can keep that one waiting for ever (exercise 3).
 # - Waiting for a fuller batch buys work per second of compute and costs time to first token.
 #   Continuous batching makes no one wait for a batch, but it batches only the requests that are
 #   there: under a trickle its batches stay small, and the arrivals, not the batches, set the pace;
 #   when requests queue, its slots fill.
-# - Behind this notebook: `kvlab.serving.Scheduler` (policies), `kvlab.experiments.batching`
-#   (`compare_policies`, `batch_wait_runs`, `batching_table`, `idle_slots`), `kvlab.plots.gantt`,
-#   `kvlab.plots.batches`, `kvlab.plots.policies`; the claims checked on your runs in
-#   `kvlab.claims.c05_batching`; tests in `tests/test_experiments_serving.py` and `tests/test_claims_05.py`.
+# - Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
+#   your rule), `kvlab.experiments.batching` (`compare_policies`, `batch_wait_runs`, `batching_table`,
+#   `idle_slots`), `kvlab.experiments.admission`, `kvlab.plots.gantt`, `kvlab.plots.batches`,
+#   `kvlab.plots.policies`; the claims checked on your runs in `kvlab.claims.c05_batching`; tests in
+#   `tests/test_experiments_serving.py`, `tests/test_claims_05.py`, `tests/test_admission.py` and
+#   `tests/test_exercises_build.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

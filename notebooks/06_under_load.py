@@ -122,6 +122,18 @@ verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_
 # half times it, simulated on the calibration of the 30M model shipped with kvlab, so the times are
 # those of the authors' machine (16 sequences per batch, at most 16 requests waiting: a request
 # arriving to a full queue is refused).
+#
+# Predict before you run it. Short chats send prompts of 16 to 64 tokens and get 8 to 32 back; long
+# prompts (a document to summarise) send 256 to 512 tokens and get the same short answers. Each
+# curve's **knee** is the highest load, in requests per second, that the service still keeps up with.
+# At what fraction of the short chats' knee will the long prompts' knee be (1 = the same load)?
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("The long prompts' knee, as a fraction of the short chats' knee (in requests per second)?",
+                unit="×")
+guess
 
 # %%
 from kvlab.experiments.load import scheduler_config, service_curves
@@ -154,6 +166,15 @@ verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusal
 knees = curves[curves["is_knee"]]
 display(knees[["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n", "tpot_p50_s",
                "tpot_n", "peak_kv_blocks", "peak_kv_bytes", "goodput_rps"]].round(3))
+
+# %% [markdown]
+# Your prediction beside the sweep (long prompts' knee ÷ short chats' knee, both from the table):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.load import knee_rps
+
+guess.against(knee_rps(curves, "long_short") / knee_rps(curves, "short_short"))
 
 # %% [markdown]
 # ### Every request counted

@@ -32,12 +32,19 @@
 # The budget below holds 8 sequences at the model's full context (1,024 tokens); the workload is
 # 64 requests mixing chat turns, long documents and long generations, all waiting to be admitted.
 # Each scheme admits them first come, first served, until the next one does not fit.
+#
+# Reserving the whole context, 8 of them fit: that is how the budget was chosen. Before you run the
+# count, predict how many fit when memory comes in paged blocks of 16 tokens.
 
 # %%
 # %matplotlib inline
 from kvlab.experiments.serving_run import lesson_model
+from kvlab.widgets import predict
 
 cfg = lesson_model().config
+guess = predict("With paged blocks of 16 tokens, how many of the 64 requests fit the budget that holds 8 "
+                "full-context reservations?", unit="sequences")
+guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -50,6 +57,10 @@ print(f"{cfg.name}: {bytes_per_token(cfg):,} bytes of K/V per token; budget {bud
 table = paged_vs_reserved(cfg, requests, budget, block_size=16, max_model_len=1024)
 print(table[["scheme", "sequences_fit", "formula_fit", "block_manager_fit", "tokens_held", "in_block_waste_tokens",
              "reserved_unused_tokens", "free_tokens", "waste_share"]].round(3).to_string(index=False))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+guess.against(table.set_index("scheme").at["paged blocks", "sequences_fit"])
 
 # %% [markdown]
 # `formula_fit` is the count by hand (reserved: the budget divided by the context; paged: the first

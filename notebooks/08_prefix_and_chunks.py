@@ -142,6 +142,17 @@ verdicts(prefix_exact, "prefix_hits_match_hand_count")
 # replayed: lengths divided by 16 so every prompt fits the simulated model's 1024-token context. The
 # 512-token block becomes 32 tokens, two of the engine's 16-token blocks, so the sharing is kept block
 # for block: `kvlab.traces` gives equal ids equal tokens and different ids different tokens.
+#
+# Predict before you read the trace: an ideal cache keeps every block it has ever seen. What share
+# of all the prompt tokens of the trace would it find already computed? Think of which of the three
+# kinds of session resends most, then type a percentage.
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("What share of the trace's prompt tokens would an ideal prefix cache find already computed?",
+                unit="%")
+guess
 
 # %%
 from kvlab.experiments.prefix_traces import hit_sources, hit_sources_table
@@ -150,6 +161,12 @@ from kvlab.traces import MOONCAKE_SAMPLE_TRACE, mooncake_frame
 trace = mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=16, max_context=1024)   # one row a request, as replayed
 display(trace.head(6))
 display(hit_sources_table(hit_sources(trace)))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.experiments.prefix_traces import ideal_hit_ratio
+
+guess.against(100 * ideal_hit_ratio(trace)["token_hit_ratio"])
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -122,6 +122,17 @@ result.frame()[["request_id", "prompt_tokens", "output_tokens", "scheduled_s", "
 #
 # The two machines' clocks need not agree: the difference is taken per request, between
 # *durations* measured on each side.
+#
+# Predict first: client and server are on this machine, so the request never touches a network.
+# By how many milliseconds will the client's time to first token (from sending the request) exceed
+# the engine's (from receiving it), for the median request?
+
+# %%
+from kvlab.widgets import predict
+
+guess = predict("On loopback, the median of client TTFT (from sending) minus engine TTFT, request by request?",
+                unit="ms")
+guess
 
 # %%
 from kvlab.experiments.wire import client_vs_engine, overhead_table
@@ -130,6 +141,9 @@ from kvlab.plots.wire import plot_client_vs_engine
 side = client_vs_engine(srv.url, num_requests=20, rate=10)
 display(overhead_table(side).round(2))
 plot_client_vs_engine(side)
+
+# %%
+guess.against(1e3 * side["ttft_overhead_s"].median())
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -68,6 +68,15 @@ def test_every_claim_with_its_verdict_on_this_machine():
     assert not failing_deterministic(checked)
 
 
+def test_a_deterministic_claim_renders_the_same_sentence_on_a_fresh_run():
+    """nbval compares these lines with the saved notebook, so a fresh example must print them identically."""
+    import inspect
+
+    for c in CLAIMS.values():
+        if c.clock == "deterministic":
+            assert str(c.on(inspect.unwrap(c.example)())) == str(c.on(example_result(c))), c.name
+
+
 def test_a_false_claim_on_deterministic_data_is_caught():
     @claim("00_start_here.ipynb", clock="deterministic", example=lambda: 3,
            says="{n} is even", otherwise="it is odd")

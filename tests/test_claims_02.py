@@ -3,20 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
-from kvlab.claims import CLAIMS, claims_for
+from kvlab.claims import CLAIMS
 
 NOTEBOOK = "02_kv_cache.ipynb"
 
-
-@pytest.mark.parametrize("name", [c.name for c in claims_for(NOTEBOOK)])
-def test_every_claim_is_deterministic_and_holds_on_its_example(name):
-    c = CLAIMS[name]
-    assert c.clock == "deterministic"
-    v = c.on(c.example())
-    assert v.holds is True, str(v)
-    assert str(v) == str(c.on(c.example()))  # the same sentence every time: nbval can check it
 
 
 def test_different_tokens_are_caught():

@@ -8,7 +8,6 @@ when what it states is false.
 from __future__ import annotations
 
 import pandas as pd
-import pytest
 
 from kvlab.claims import claims_for, verdicts
 
@@ -24,18 +23,6 @@ def test_the_notebook_has_its_claims():
     assert len(DETERMINISTIC) >= 6
 
 
-@pytest.mark.parametrize("claim", DETERMINISTIC, ids=lambda c: c.name)
-def test_each_deterministic_claim_holds_on_its_example(claim):
-    verdict = claim.on(claim.example())
-    assert verdict.holds is True, str(verdict)
-    assert "could not read" not in verdict.text and "{" not in verdict.text
-
-
-@pytest.mark.parametrize("claim", [c for c in CLAIMS if c.clock == "wall"], ids=lambda c: c.name)
-def test_each_wall_claim_reads_its_example(claim):
-    verdict = claim.on(claim.example())
-    assert verdict.holds is not None, str(verdict)  # it may not hold on a busy machine, but it must read the run
-    print(verdict)
 
 
 def _example():

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from kvlab.claims import CLAIMS, claims_for
 from kvlab.experiments.capacity import chunked_prefill_runs, preemption_runs, prefix_caching_runs
-from kvlab.experiments.prefix_traces import caching_on_off, capacity_curve, hit_sources, hit_sources_table
+from kvlab.experiments.prefix_traces import caching_on_off, hit_sources, hit_sources_table
 from kvlab.experiments.serving_run import FixedStepCostExecutor
 from kvlab.traces import mooncake_frame
 

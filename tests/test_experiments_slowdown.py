@@ -8,7 +8,7 @@ import torch
 
 from kvlab.experiments import (run_slowdown, slowdown_config, slowdown_fit, slowdown_summary, step_curves,
                                tokens_processed, torch_threads)
-from kvlab.experiments.slowdown import per_token_costs
+from kvlab.experiments.slowdown import per_token_costs, prefill_vs_decode
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +166,14 @@ def test_lesson_config_is_a_few_million_parameters():
     cfg = slowdown_config()
     assert 2e6 < cfg.num_parameters() < 5e6
     assert cfg.num_kv_heads < cfg.num_heads  # grouped-query, like the models people deploy
+
+
+def test_the_prefill_is_compared_with_the_median_decode_step_fastest_of_repeats():
+    steps = {0: [8.0, 6.0], 1: [2.0, 3.0], 2: [9.0, 1.0], 3: [2.0, 2.5]}  # token: step_ms of repeats 0 and 1
+    rows = [dict(cache="dynamic", repeat=r, token=t, position=32 + t, tokens_processed=32 if t == 0 else 1,
+                 step_ms=ms[r], time_s=0.0) for t, ms in steps.items() for r in (0, 1)]
+    r = prefill_vs_decode(pd.DataFrame(rows))
+    # fastest of the repeats: prefill 6 ms; decode steps 2, 1 and 2 ms, median 2 ms
+    assert (r.cache, r.prompt_tokens, r.prefill_ms, r.decode_ms, r.ratio) == ("dynamic", 32, 6.0, 2.0, 3.0)
+    with pytest.raises(ValueError, match="no decode step"):
+        prefill_vs_decode(pd.DataFrame(rows[:2]))

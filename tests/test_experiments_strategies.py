@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.cache import kv_cache_bytes
-from kvlab.experiments.strategies import ideal_memory_ratio, run_strategies
+from kvlab.experiments.strategies import ideal_memory_ratio, quantized_memory_ratio, run_strategies
 
 SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "bits": 4, "residual": 0},
             {"cache": "quantized", "bits": 2, "residual": 8, "group_size": 8}, {"cache": "offloaded"}]
@@ -69,3 +69,12 @@ def test_bad_settings_are_refused_before_any_work(model):
         run_strategies(model, [{"bits": 4}], pairs=(2,))
     with pytest.raises(ValueError, match="exceed"):
         run_strategies(model, [{"cache": "dynamic"}], pairs=(200,), examples=0)
+
+
+def test_the_predicted_memory_ratio_is_read_at_the_longest_context(table):
+    _, frame = table
+    assert quantized_memory_ratio(frame, bits=4) == pytest.approx(0.25)  # 4/32 + 2/16, as above
+    q2 = frame[(frame["bits"] == 2) & (frame["pairs"] == 4)]  # residual 8: the longest context has the least fp32
+    assert quantized_memory_ratio(frame, bits=2) == q2["memory_ratio"].item()
+    with pytest.raises(ValueError, match="no 8-bit quantized cache in this run .*choose quantized with 8 bits"):
+        quantized_memory_ratio(frame, bits=8)

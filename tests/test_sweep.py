@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import kvlab
 from kvlab.cli import main as cli_main
 from kvlab.clocks import SLO
-from kvlab.experiments.load import end_of_window_counts, scheduler_config, service_curve, simulator
+from kvlab.experiments.load import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
 from kvlab.workload import make_workload
@@ -122,3 +123,15 @@ def test_the_panel_runs_a_curve_and_turns_bad_rates_into_one_clear_line(cost_mod
     assert list(result.summary["TPOT n"]) == list(result.frame["tpot_n"])  # every quantile with its n
     assert panel.run(rates="fast") is None and "write 'auto' or rising numbers" in panel.error
     assert panel.run(rates="3, 1") is None and "rise strictly" in panel.error
+
+
+def test_the_knee_rate_of_each_profile_is_read_from_the_marked_curves():
+    frame = pd.DataFrame({"profile": ["chat"] * 3 + ["docs"] * 3, "policy": "p",
+                          "offered_rps": [2.0, 4.0, 6.0, 0.5, 1.0, 1.5],
+                          "throughput_ratio": [1.0, 0.95, 0.7, 0.99, 0.5, 0.4], "ttft_p95_s": 0.1})
+    marked = mark_knee(frame)
+    assert knee_rps(marked, "chat") == 4.0 and knee_rps(marked, "docs") == 0.5
+    overloaded = mark_knee(frame.assign(throughput_ratio=0.5))
+    assert np.isnan(knee_rps(overloaded, "chat"))  # no level kept up: no knee to read
+    with pytest.raises(ValueError, match="no curve for profile 'mixture'"):
+        knee_rps(marked, "mixture")

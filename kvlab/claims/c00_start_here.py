@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..experiments.slowdown import run_slowdown, slowdown_model, step_curves
+from ..experiments.slowdown import prefill_vs_decode, run_slowdown, slowdown_model
 from .framework import claim
 
 NOTEBOOK = "00_start_here.ipynb"
@@ -24,12 +24,7 @@ def _example() -> pd.DataFrame:
                  "is little to share; on a busy machine the single prefill step may have been slowed by another "
                  "program: press Run again with repeats at 3.")
 def prefill_costs_less_per_token_than_decode(result: Any) -> dict:
-    frame = getattr(result, "frame", result)
-    cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
-    curve = step_curves(frame[frame["cache"] == cache]).set_index("token")
-    prompt = int(curve.at[0, "tokens_processed"])
-    prefill = float(curve.at[0, "step_ms"])
-    decode = float(curve.loc[1:, "step_ms"].median())  # the typical one-token step
-    ratio = prefill / decode
-    return dict(prompt=prompt, prefill=prefill, decode=decode, ratio=ratio, per_token=prefill / prompt,
-                holds=ratio < prompt / 2)
+    r = prefill_vs_decode(getattr(result, "frame", result))
+    prompt = int(r.prompt_tokens)
+    return dict(prompt=prompt, prefill=r.prefill_ms, decode=r.decode_ms, ratio=r.ratio,
+                per_token=r.prefill_ms / prompt, holds=r.ratio < prompt / 2)

@@ -374,3 +374,104 @@ def compiled_step_is_faster(compiled: dict) -> dict:
                  else "never (it saved no time)")
     return dict(compile_s=compiled["compile_s"], compiled=compiled["compiled_ms"], eager=compiled["eager_ms"],
                 speedup=compiled["speedup"], breakeven=breakeven, holds=compiled["speedup"] > 1.2)
+
+
+# -- offloading under load: the serving engine's paged pool on the device vs in a slower tier ----------
+@functools.lru_cache(maxsize=2)
+def _offload_load_example(seed: int = 0):
+    """A smaller ``offload_under_load``: twelve requests through four slots, both runs in a few seconds."""
+    from ..experiments.offload_load import offload_under_load
+    from ..experiments.slowdown import slowdown_model
+
+    return offload_under_load(slowdown_model(), n=12, max_seqs=4, prompt_tokens=160, max_new_tokens=24, seed=seed)
+
+
+def _spread(result: Any, run: str, measure: str) -> dict:
+    from ..experiments.offload_load import distribution_table
+
+    t = distribution_table(result).set_index(["run", "measure"])
+    return t.loc[(run, measure)].to_dict()
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_offload_load_example,
+       says="with the KV pool on the device and offloaded, the engine ran the same {steps} steps with the same "
+            "batches and gave all {n} requests the same {tokens} tokens",
+       otherwise="the two runs differ: every request arrives at once, so the schedule cannot depend on timing; "
+                 "different tokens mean the offloaded pool did not hand attention the numbers the on-device "
+                 "pool holds (a block not copied in, or a new token not written back).")
+def offloaded_engine_serves_the_same_tokens(result: Any) -> dict:
+    dev = result.runs[0]
+    return dict(steps=len(dev.trace), n=len(dev.records), tokens=int(dev.requests["output_tokens"].sum()),
+                holds=bool(result.same_tokens and result.same_schedule))
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_offload_load_example,
+       says="the offloaded pool moved {total:.2f} MiB over {steps} steps, exactly the count from the block tables "
+            "({blocks} blocks read in all, {new} new tokens written back); per step from {lo:.0f} to {hi:.0f} KiB "
+            "(median {med:.0f}){link}",
+       otherwise="the bytes the pool counted differ from the count by hand: a step copied blocks its sequences "
+                 "do not attend over, or missed some. (The count assumes no preemption and no prefix shared "
+                 "between the sequences of one step.)")
+def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
+    from ..experiments.offload_load import OFFLOADED, bytes_by_hand
+
+    off = result.run(OFFLOADED)
+    bs, per_token = int(off.settings["block_size"]), int(result.settings["bytes_per_token"])
+    hand = bytes_by_hand(off, bs, per_token)
+    moved = result.steps[result.steps["run"] == OFFLOADED].set_index("step")["bytes_moved"]
+    same = moved.reindex(hand["step"]).astype("int64").tolist() == hand["bytes_moved"].astype("int64").tolist()
+    rate, b = result.settings.get("link_gbps"), hand["bytes_moved"]
+    link = (f", which a {rate:g} GB/s link needs {b.min() / (rate * 1e6):.2f} to {b.max() / (rate * 1e6):.2f} ms "
+            "to carry" if rate else "")
+    return dict(total=b.sum() / 2**20, steps=len(hand), blocks=int(hand["bytes_read"].sum() // (bs * per_token)),
+                new=int(hand["bytes_written"].sum() // per_token), lo=b.min() / 1024, hi=b.max() / 1024,
+                med=float(b.median()) / 1024, link=link, holds=same)
+
+
+@claim(NOTEBOOK, clock="wall", example=_offload_load_example,
+       says="the slowest twentieth of the gaps between tokens began at {off:.1f} ms offloaded against {dev:.1f} ms "
+            "on the device (p95 of {n} gaps each; medians {off50:.1f} and {dev50:.1f} ms)",
+       otherwise="the offloaded run's tail of gaps was no longer than the on-device run's. Both ran the same "
+                 "steps, so something slowed the on-device run's steps (another program on the machine): look "
+                 "at the step times in the figure and run the cell again.")
+def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
+    from ..experiments.offload_load import OFFLOADED, ON_DEVICE
+
+    off, dev = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
+    return dict(off=off["p95"] * 1e3, dev=dev["p95"] * 1e3, n=int(dev["n"]), off50=off["p50"] * 1e3,
+                dev50=dev["p50"] * 1e3, holds=off["p95"] > 1.1 * dev["p95"])
+
+
+@claim(NOTEBOOK, clock="wall", example=_offload_load_example,
+       says="offloading widened the spread, not only the times: the middle half of the step times spanned "
+            "{off:.1f} ms offloaded against {dev:.1f} ms on the device (IQR, n = {n} steps each), and of the gaps "
+            "between tokens {toff:.1f} against {tdev:.1f} ms (n = {nt} each)",
+       otherwise="the offloaded run's times were no more spread out than the on-device run's. The bytes each "
+                 "step moves vary with the batch (see the count above), so their link time should spread the "
+                 "steps; a machine busy with other programs can spread the on-device steps as much. Run again.")
+def offloading_widens_the_spread(result: Any) -> dict:
+    from ..experiments.offload_load import OFFLOADED, ON_DEVICE
+
+    so, sd = _spread(result, OFFLOADED, "step time"), _spread(result, ON_DEVICE, "step time")
+    to, td = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
+    return dict(off=so["iqr"] * 1e3, dev=sd["iqr"] * 1e3, n=int(sd["n"]), toff=to["iqr"] * 1e3,
+                tdev=td["iqr"] * 1e3, nt=int(td["n"]),
+                holds=so["iqr"] > 1.1 * sd["iqr"] and to["iqr"] > 1.1 * td["iqr"])
+
+
+@claim(NOTEBOOK, clock="wall", example=_offload_load_example,
+       says="steps whose batch held more context paid more for offloading: the {k} steps that moved more than the "
+            "median {med:.0f} KiB took {extra_hi:.1f} ms longer offloaded than the same steps on the device, the "
+            "{k2} others {extra_lo:.1f} ms longer (medians of the paired differences)",
+       otherwise="the steps that moved more bytes did not pay more than the others. Each step's link time is its "
+                 "bytes / rate, so this can only come from noise larger than that difference: a busy machine. "
+                 "Run again, or lower link_gbps to make the link's share larger.")
+def offload_cost_follows_the_bytes(result: Any) -> dict:
+    from ..experiments.offload_load import paired_steps
+
+    p = paired_steps(result)
+    med = float(p["bytes_moved"].median())
+    hi, lo = p[p["bytes_moved"] > med], p[p["bytes_moved"] <= med]
+    extra_hi, extra_lo = float(hi["extra_s"].median()), float(lo["extra_s"].median())
+    return dict(k=len(hi), k2=len(lo), med=med / 1024, extra_hi=extra_hi * 1e3, extra_lo=extra_lo * 1e3,
+                holds=len(hi) > 0 and extra_hi > extra_lo)

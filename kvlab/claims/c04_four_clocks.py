@@ -1,4 +1,5 @@
-"""Claims of notebook 04 (the four clocks): the journey, its exact twin, cold vs warm start, the mean vs the tail."""
+"""Claims of notebook 04 (the four clocks): the journey, its exact twin, cold vs warm start, the mean vs the tail,
+and tokens that are not words (what tokens/s counts)."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,8 @@ import pandas as pd
 from ..experiments.four_clocks import cold_vs_warm, mean_vs_tail, run_journey, run_mixed_load
 from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
 from ..experiments.slowdown import slowdown_model
+from ..experiments.tokens_words import (BPE, BYTE, REFERENCE, count_tokens, lesson_tokenizers, tokens_per_second,
+                                        words_per_second)
 from .framework import claim
 
 NOTEBOOK = "04_four_clocks.ipynb"
@@ -158,3 +161,96 @@ def ttft_tail_is_well_above_the_mean(result: Any) -> dict:
     return dict(p95=row["p95"] * 1e3, times=row["p95_over_mean"], max=row["max"] * 1e3, n=int(row["n"]),
                 holds=row["p95_over_mean"] > 1.5)
 
+
+
+# -- tokens are not words (deterministic: counts of shipped texts, a BPE trained the same way every time) ---
+@functools.lru_cache(maxsize=1)
+def _counts_example() -> pd.DataFrame:
+    return count_tokens(lesson_tokenizers(real=None)[0])
+
+
+def _rates_example() -> pd.DataFrame:
+    return tokens_per_second(_counts_example(), words_per_s=10)
+
+
+def _words_example() -> pd.DataFrame:
+    return words_per_second(_counts_example(), {BYTE: 50, BPE: 20})
+
+
+def _of(frame: pd.DataFrame, tokenizer: str) -> pd.DataFrame:
+    rows = frame[frame["tokenizer"] == tokenizer]
+    if rows.empty:
+        raise ValueError(f"this run has no rows for the tokenizer {tokenizer!r}")
+    return rows
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_counts_example,
+       says="kvlab's byte tokenizer spent exactly one token per UTF-8 byte on all {n} texts: from {lo:.2f} token per "
+            "character ({lo_text}) to {hi:.2f} ({hi_text}); the same paragraph costs more tokens in some scripts only "
+            "because their characters take more bytes",
+       otherwise="some text did not cost one token per UTF-8 byte: the byte tokenizer was changed (it should map "
+                 "each byte to one id) or the table was counted with another tokenizer under its name.")
+def byte_tokens_are_utf8_bytes(counts: pd.DataFrame) -> dict:
+    rows = _of(counts, BYTE)
+    per_char = rows.set_index("text")["tokens_per_char"]
+    return dict(n=len(rows), lo=float(per_char.min()), lo_text=per_char.idxmin(), hi=float(per_char.max()),
+                hi_text=per_char.idxmax(), holds=bool((rows["tokens"] == rows["bytes"]).all()))
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_counts_example,
+       says="the BPE trained on English spent {en:.2f} tokens per word on the English paragraph (kvlab's bytes: "
+            "{en_bytes:.2f}); every translation cost the BPE more tokens than the English original, from {lo:.2f}× "
+            "({lo_text}) to {hi:.2f}× ({hi_text}), where kvlab's bytes ranged from {blo:.2f}× ({blo_text}) to "
+            "{bhi:.2f}× ({bhi_text})",
+       otherwise="some translation cost the BPE no more tokens than the English paragraph: it was trained on "
+                 "something else than the shipped English corpus (train_bpe(corpus=...)), or the sample texts "
+                 "were changed.")
+def english_bpe_favours_english(counts: pd.DataFrame) -> dict:
+    def ratios(tokenizer: str) -> pd.Series:
+        rows = _of(counts, tokenizer)
+        return rows[(rows["kind"] == "prose") & (rows["text"] != REFERENCE)].set_index("text")["vs_english"]
+
+    def english_per_word(tokenizer: str) -> float:
+        return float(_of(counts, tokenizer).set_index("text").loc[REFERENCE, "tokens_per_word"])
+
+    bpe, byte = ratios(BPE), ratios(BYTE)
+    en, en_bytes = english_per_word(BPE), english_per_word(BYTE)
+    return dict(en=en, en_bytes=en_bytes, lo=float(bpe.min()), lo_text=bpe.idxmin(), hi=float(bpe.max()),
+                hi_text=bpe.idxmax(), blo=float(byte.min()), blo_text=byte.idxmin(), bhi=float(byte.max()),
+                bhi_text=byte.idxmax(), holds=len(bpe) > 0 and bool((bpe > 1).all()) and en < en_bytes)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_rates_example,
+       says="at the same {wps:g} words per second, the English paragraph counts {byte:.1f} tokens/s with kvlab's "
+            "bytes and {bpe:.1f} tokens/s with the BPE: {ratio:.2f}× the tokens/s for the same words. With the BPE "
+            "alone, the same content in {lang} counts {lang_rate:.1f} tokens/s, {lang_x:.2f}× English's",
+       otherwise="the two tokenizers count nearly the same tokens for the same words here: the BPE was trained "
+                 "with too small a vocabulary to learn English words (train_bpe(vocab_size=...)).")
+def same_words_different_tokens_per_second(rates: pd.DataFrame) -> dict:
+    def rate(tokenizer: str) -> pd.Series:
+        return _of(rates, tokenizer).set_index("text")["tokens_per_s"]
+
+    byte, bpe = rate(BYTE), rate(BPE)
+    ratio = float(byte[REFERENCE] / bpe[REFERENCE])
+    lang = bpe.drop(REFERENCE).idxmax()
+    lang_x = float(bpe[lang] / bpe[REFERENCE])
+    return dict(wps=rates.attrs["words_per_s"], byte=float(byte[REFERENCE]), bpe=float(bpe[REFERENCE]), ratio=ratio,
+                lang=lang, lang_rate=float(bpe[lang]), lang_x=lang_x, holds=ratio > 1.5 and lang_x > 1.5)
+
+
+@claim(NOTEBOOK, clock="deterministic", example=_words_example,
+       says="the model reporting {hi_rate:g} tokens/s ({hi_tok}, {hi_tpw:.2f} tokens per word) writes {hi_words:.1f} "
+            "words/s of {text}; the one reporting {lo_rate:g} tokens/s ({lo_tok}, {lo_tpw:.2f} tokens per word) "
+            "writes {lo_words:.1f}: fewer tokens/s, more words",
+       otherwise="with these reported figures the model with more tokens/s also writes more words: its lead in "
+                 "tokens/s is larger than the extra tokens its tokenizer spends per word. Try figures closer "
+                 "together.")
+def fewer_tokens_per_second_can_be_more_words(words: pd.DataFrame) -> dict:
+    if len(words) < 2:
+        raise ValueError("compare two models: pass two tokenizers to words_per_second")
+    ranked = words.sort_values("tokens_per_s", ascending=False)
+    hi, lo = ranked.iloc[0], ranked.iloc[-1]
+    return dict(text=hi["text"], hi_rate=float(hi["tokens_per_s"]), hi_tok=hi["tokenizer"],
+                hi_tpw=float(hi["tokens_per_word"]), hi_words=float(hi["words_per_s"]),
+                lo_rate=float(lo["tokens_per_s"]), lo_tok=lo["tokenizer"], lo_tpw=float(lo["tokens_per_word"]),
+                lo_words=float(lo["words_per_s"]), holds=bool(lo["words_per_s"] > hi["words_per_s"]))

@@ -291,3 +291,95 @@ def exact_arrivals_set_the_pace(result: Any) -> dict:
     lo, hi = float(t["output_tokens_per_s"].min()), float(t["output_tokens_per_s"].max())
     best = float(t["tokens_per_busy_s"].max())
     return dict(lo=lo, hi=hi, best=best, holds=hi < 1.2 * lo and hi < 0.5 * best)
+
+
+# -- why batching works: one decode step against the batch size (wall clock) --------------------------------
+@functools.lru_cache(maxsize=2)
+def _scaling_example(seed: int = 0):
+    from ..experiments.batch_scaling import batch_scaling
+
+    return batch_scaling(slowdown_model(), batch_sizes=(1, 2, 4, 8, 16), steps=3, repeats=3, prompts=4,
+                         prefill_tokens=16, seed=seed)
+
+
+def _decode_rows(result: Any) -> pd.DataFrame:
+    """The decode table of a ``BatchScaling`` (or the table itself), indexed by batch size."""
+    return getattr(result, "decode", result).set_index("batch", drop=False).sort_index()
+
+
+def _ms_series(d: pd.DataFrame, column: str, sizes) -> str:
+    return ", ".join(f"{d.loc[b, column] * 1e3:.2f} ms at batch {b}" for b in sizes)
+
+
+@claim(NOTEBOOK, clock="wall", example=_scaling_example,
+       says="a decode step stayed under twice the time of a one-sequence step up to batch {flat} ({series}; medians "
+            "of {n} steps each): {flat} sequences for at most twice the price of one",
+       otherwise="already a small batch cost twice a single step. On a machine busy with other programs single "
+                 "steps jump by milliseconds: look at the band around the curve (p25-p75) and run the cell "
+                 "again. A machine whose arithmetic is slow next to its memory reaches the compute floor early "
+                 "(where the two dashed lines cross).")
+def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
+    d = _decode_rows(result)
+    one = d["step_s"].iloc[0]
+    if d.index[0] != 1:
+        raise ValueError("this run has no batch of 1 to compare with")
+    flat = 1
+    for b in d.index[1:]:
+        if d.loc[b, "step_s"] >= 2 * one:
+            break
+        flat = int(b)
+    shown = [b for b in d.index if b <= max(flat * 2, 2)]
+    return dict(flat=flat, series=_ms_series(d, "step_s", shown), n=int(d["n"].iloc[0]), holds=flat >= 4)
+
+
+@claim(NOTEBOOK, clock="wall", example=_scaling_example,
+       says="one step for {big} sequences took {times:.1f}× the time of a step for one, not {big}×: each sequence's "
+            "token cost {seq1:.2f} ms alone and {seqb:.3f} ms in the batch of {big}",
+       otherwise="the step grew almost in proportion to the batch: every step was slowed by something else (a "
+                 "busy machine) or the machine computes so slowly that even small batches are bound by "
+                 "arithmetic. Run the cell again and compare with the compute floor in the figure.")
+def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
+    d = _decode_rows(result)
+    big = int(d.index[-1])
+    times = float(d.loc[big, "step_s"] / d.loc[1, "step_s"])
+    return dict(big=big, times=times, seq1=d.loc[1, "per_seq_s"] * 1e3, seqb=d.loc[big, "per_seq_s"] * 1e3,
+                holds=big >= 4 and times < big / 4)
+
+
+@claim(NOTEBOOK, clock="wall", example=_scaling_example,
+       says="a one-sequence step read its {mib:.1f} MiB of weights (plus the stored K/V) at {got:.1f} GB/s, "
+            "{share:.0%} of the {bw:.1f} GB/s this machine's memory delivered in the same run: even one sequence's "
+            "step is not at the memory floor; the rest is the fixed cost of running each operation",
+       otherwise="the step read its weights faster than the bandwidth measured here. The weights are small enough "
+                 "to stay in the processor's cache between steps, which is faster than the main memory the "
+                 "bandwidth test reads (a 64 MB matrix): on a model this small, the memory floor is not the "
+                 "main memory's.")
+def batch_one_decode_reads_below_the_bandwidth(result: Any) -> dict:
+    d = _decode_rows(result)
+    bw = float(result.machine["bandwidth_GBps"])
+    got = float(d.loc[1, "achieved_GBps"])
+    return dict(mib=d.loc[1, "weight_bytes"] / 2**20, got=got, share=got / bw, bw=bw, holds=got < bw)
+
+
+@claim(NOTEBOOK, clock="wall", example=_scaling_example,
+       says="{k} prompts prefilled in one batch all had their first token after {b:.1f} ms; one by one, the last "
+            "waited {s:.1f} ms (medians of {n} runs)",
+       otherwise="one batched prefill took about as long as the prompts one after the other: a prompt of this "
+                 "length already keeps the machine's arithmetic busy, so there is nothing left to share. Try "
+                 "shorter prompts (prefill_tokens=8), or run again on a quieter machine.")
+def batched_prompts_all_get_first_tokens_sooner(result: Any) -> dict:
+    p = result.prefill.set_index("way")
+    b, s = p.loc["batched", "all_first_s"], p.loc["one by one", "all_first_s"]
+    return dict(k=int(p.loc["batched", "prompts"]), b=b * 1e3, s=s * 1e3, n=int(p.loc["batched", "n"]),
+                holds=b < 0.8 * s)
+
+
+@claim(NOTEBOOK, clock="wall", example=_scaling_example,
+       says="the first prompt pays for the batch: alone it had its first token after {alone:.1f} ms, in the batch "
+            "after {batched:.1f} ms",
+       otherwise="the first prompt got its first token as soon in the batch as alone: the batched prefill cost "
+                 "no more than a single one, so the machine had room for all of them at once.")
+def first_prompt_waits_for_the_batch(result: Any) -> dict:
+    p = result.prefill.set_index("way")
+    alone, batched = p.loc["one by one", "first_ttft_s"], p.loc["batched", "first_ttft_s"]
+    return dict(alone=alone * 1e3, batched=batched * 1e3, holds=batched > 1.2 * alone)

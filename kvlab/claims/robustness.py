@@ -61,7 +61,7 @@ class HoldRate:
     runs: int
     held: int
     unreadable: int
-    seconds: float
+    seconds: float  # run time of the example, shared among the claims that read it
 
     @property
     def rate(self) -> float:
@@ -76,20 +76,29 @@ def hold_rates(names: list[str] | None = None, runs: int = 3, loaded: bool = Tru
     if missing:
         raise ValueError(f"claims {missing} have no example to run; give them example=...")
     conditions = [("quiet", None)] + ([("loaded", os.cpu_count() or 1)] if loaded else [])
+    by_example: dict = {}  # claims that read the same example share each fresh run of it
+    for c in claims:
+        by_example.setdefault(c.example, []).append(c)
     out = []
     for label, procs in conditions:
         with (competing_load(procs) if procs else _nothing()) as n:
             condition = f"loaded ({n} competing processes)" if procs else "quiet"
-            for c in claims:
-                start, held, unreadable = time.perf_counter(), 0, 0
+            for group in by_example.values():
+                start = time.perf_counter()
+                held = {c.name: 0 for c in group}
+                unreadable = {c.name: 0 for c in group}
                 for seed in range(runs):
-                    v = c.on(_fresh_example(c, seed))
-                    held += v.holds is True
-                    unreadable += v.holds is None
-                out.append(HoldRate(c.name, c.notebook, condition, runs, held, unreadable,
-                                    time.perf_counter() - start))
-                if progress:
-                    progress(f"{c.name} [{condition}]: held {held}/{runs}")
+                    result = _fresh_example(group[0], seed)
+                    for c in group:
+                        v = c.on(result)
+                        held[c.name] += v.holds is True
+                        unreadable[c.name] += v.holds is None
+                seconds = (time.perf_counter() - start) / len(group)
+                for c in group:
+                    out.append(HoldRate(c.name, c.notebook, condition, runs, held[c.name], unreadable[c.name],
+                                        seconds))
+                    if progress:
+                        progress(f"{c.name} [{condition}]: held {held[c.name]}/{runs}")
     return out
 
 

@@ -8,6 +8,8 @@ wheel or from git (``pip install "kvlab @ git+..."``, as Colab's setup cell does
     calibration/<config>.json    step-time fits of the cost model (lesson 06); python -m kvlab calibrate
     traces/azure_conv_sample.csv a synthetic Azure-format trace; scripts/make_sample_trace.py
     traces/mooncake_sample.jsonl a synthetic Mooncake-format trace with shared prefixes; the same script
+    texts/                       sample paragraphs in eleven languages, code and numbers, and a small English
+                                 corpus to train a BPE tokenizer on (tokens are not words; written by hand)
 
 Every loader that uses them (``load_recall_model``, ``load_calibration``, ``replay_trace``) still
 takes an explicit path, and a missing file is an error that says how to make it, never a silent
@@ -28,6 +30,8 @@ REMAKE = {
     RECALL_TINY: "retrain it with python scripts/train_recall.py (from a checkout of the repository)",
     CALIBRATION: "fit one on this machine with python -m kvlab calibrate --out PATH, then pass that path",
     "traces": "regenerate it with python scripts/make_sample_trace.py (from a checkout of the repository)",
+    "texts": "restore kvlab/data/texts/ from the repository (the sample paragraphs and the small training corpus "
+             "of the tokens-are-not-words lesson are written by hand)",
 }
 
 

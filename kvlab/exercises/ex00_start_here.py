@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..experiments.slowdown import tokens_processed
-from .framework import Answer, Feedback, exercise, check_choice, right, wrong, _is_number
+from .framework import Feedback, _is_number, check_choice, exercise, right, wrong
 
 
 @exercise("00_start_here.ipynb", solution=(32, 1), wrong=(1, 1),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..experiments.slowdown import tokens_processed
-from .framework import Feedback, exercise, check_number, check_function, right, wrong
+from .framework import Feedback, check_function, check_number, exercise, right
 
 
 def _work_ratio(prompt: int, early: int, late: int, cache: str = "none") -> float:

@@ -1,10 +1,18 @@
 """Exercises of notebook 02 (the KV cache): checkers, their questions and folded solutions."""
 from __future__ import annotations
 
+import functools
 import math
+import re
 from typing import Any
 
-from ..cache.base import kv_cache_bytes
+import torch
+
+from ..cache.base import CacheMemory, KVCache, kv_cache_bytes, tensor_bytes
+from ..generate import generate
+from ..model.config import tiny_llama
+from ..model.decoder import Decoder
+from ..model.tokenizer import ByteTokenizer
 from ..experiments.memory import GIB, max_sequences, resolve_config
 from .framework import Feedback, exercise, check_number, check_choice, right, wrong, _is_number
 
@@ -112,3 +120,273 @@ def check_what_the_cache_keeps(answer: Any) -> Feedback:
     }, confirm="the KV cache is the working memory of one generation. A server with prefix caching "
                "(notebook 07) can reuse the keys and values of a shared prompt prefix and skip part of the "
                "prefill, but every token of the answer is still generated.")
+
+
+# -- exercise: write the cache ------------------------------------------------------------------------
+# The learner fills in ``update`` and ``seq_len`` of a skeleton KVCache; the checker generates with it
+# and with no cache at all, token for token, and probes update/seq_len directly to name the slip.
+
+MY_CACHE_PROMPT, MY_CACHE_TOKENS = "The cache keeps", 16
+
+
+class SolutionCache(KVCache):
+    """The reference answer of 'write the cache': per layer, K and V tensors that grow along the token axis."""
+
+    name = "mine"
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, batch=1, dtype=torch.float32, device="cpu"):
+        super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
+        self.keys = [None] * num_layers  # keys[layer]: (batch, kv_heads, tokens, head_dim), None while empty
+        self.values = [None] * num_layers
+
+    def update(self, layer_idx, k, v):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)  # dim 2: tokens
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    @property
+    def seq_len(self):
+        return 0 if self.keys[-1] is None else self.keys[-1].size(2)
+
+    def reset(self):
+        self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
+
+    def memory(self):
+        n = tensor_bytes(*self.keys, *self.values)
+        return CacheMemory(allocated_bytes=n, used_bytes=n, reserved_bytes=0, device_bytes=n)
+
+
+class OnlyNewKeysCache(SolutionCache):
+    """A slip: stores the new keys and values but hands back only them (the registered wrong answer)."""
+
+    def update(self, layer_idx, k, v):
+        super().update(layer_idx, k, v)
+        return k, v
+
+
+@functools.lru_cache(maxsize=1)
+def _cache_model():
+    """The tiny Llama with random weights drawn ten times larger than build_model's (std 0.2, not 0.02).
+
+    With std 0.02 attention is nearly uniform and the positions hardly matter, so a cache that
+    loses the position offset still writes the same tokens; at 0.2 every slip the checker names
+    changes them (tests/test_exercises_build.py).
+    """
+    model = Decoder(tiny_llama()).init_weights(seed=0, std=0.2).eval()
+    model.tokenizer = ByteTokenizer()
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _uncached_tokens() -> tuple[int, ...]:
+    return tuple(generate(_cache_model(), MY_CACHE_PROMPT, cache="none", max_new_tokens=MY_CACHE_TOKENS).tokens)
+
+
+_SHAPE = "(batch, kv_heads, tokens, head_dim)"
+_WRONG_DIM = re.compile(r"must match except in dimension (-?\d+)")
+
+
+def _returned(got: Any) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """``got`` as (K, V), or what is wrong with it."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        return (f"update returned {type(got).__name__} {str(got)[:60]!r}; it must return two tensors, "
+                "(keys, values): everything this layer holds, to attend over.")
+    return got[0], got[1]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b)
+
+
+def _explain(got: torch.Tensor, expected: torch.Tensor, new: torch.Tensor, what: str, layer: int,
+             stored: int) -> str | None:
+    """Why ``got`` (the K or V that update returned) is not ``expected``, in the words of the slip; None if it is."""
+    if _same(got, expected):
+        return None
+    if _same(got, new) and stored:
+        return (f"update returns only the new {what}: after {stored} stored tokens, layer {layer} handed back "
+                f"{new.size(2)} token(s), so attention sees only the newest token and nothing before it. Return "
+                f"everything the layer holds (the stored {what} with the new ones after them).")
+    if got.dim() == 4 and got.shape[:2] == expected.shape[:2] and got.shape[3] == expected.shape[3]:
+        if got.size(2) > expected.size(2):
+            return (f"layer {layer} got back {got.size(2)} tokens of {what} where it stored {expected.size(2)}: "
+                    "the layers share one store, so each layer attends over the other layers' keys and values "
+                    "too. Keep one K and one V per layer: index them with layer_idx.")
+        if got.size(2) == expected.size(2) and torch.equal(torch.sort(got, dim=2).values,
+                                                           torch.sort(expected, dim=2).values):
+            return (f"layer {layer}'s {what} are all there but in the wrong order: the new token goes after the "
+                    "stored ones (torch.cat([stored, new], dim=2)), so that position i holds token i. One new token "
+                    "attends to all of them in any order, but several at once (a prompt added to a cache that "
+                    "already holds tokens) are masked by position, and the mask would be wrong.")
+        if got.size(2) < expected.size(2):
+            return (f"layer {layer} handed back {got.size(2)} tokens of {what} where {expected.size(2)} are stored: "
+                    "did you keep only part of them?")
+    if got.shape != expected.shape:
+        grew = [d for d in range(min(got.dim(), expected.dim())) if got.shape[d] != expected.shape[d]]
+        where = f" (dimension {grew[0]} grew)" if grew and got.dim() == expected.dim() else ""
+        return (f"layer {layer}'s {what} came back with shape {tuple(got.shape)} where {tuple(expected.shape)} "
+                f"{_SHAPE} was expected{where}: concatenate along dimension 2, the tokens.")
+    return f"layer {layer}'s {what} have the right shape but not the values that were stored; store k and v as given."
+
+
+def _probe(cache_class: type) -> str | None:
+    """Feed update() a 3-token prompt and one more token, layer by layer, and name the first slip (None if none)."""
+    cfg = _cache_model().config
+    L, nkv, hs = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
+    cache = cache_class(L, nkv, hs, batch=1, dtype=torch.float32, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+
+    def new(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(1, nkv, tokens, hs, generator=gen), torch.randn(1, nkv, tokens, hs, generator=gen)
+
+    held: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(L)]
+    for tokens in (3, 1):  # the prompt, then one decode step
+        for layer in range(L):
+            k, v = new(tokens)
+            try:
+                got = cache.update(layer, k, v)
+            except Exception as exc:
+                dim = _WRONG_DIM.search(str(exc))
+                if dim:
+                    return (f"update concatenates along dimension {dim.group(1)}: one new token cannot be added "
+                            f"to a 3-token prompt that way, the two do not line up. The tokens are dimension 2 of "
+                            f"{_SHAPE}: torch.cat([stored, new], dim=2).")
+                return f"update raised {type(exc).__name__}: {exc} (layer {layer}, {tokens} new token(s))."
+            got = _returned(got)
+            if isinstance(got, str):
+                return got
+            stored = sum(t[0].size(2) for t in held[layer])
+            held[layer].append((k, v))
+            for i, what in ((0, "keys"), (1, "values")):
+                expected = torch.cat([t[i] for t in held[layer]], dim=2)
+                why = _explain(got[i], expected, (k, v)[i], what, layer, stored)
+                if why:
+                    return why
+        total = sum(t[0].size(2) for t in held[0])
+        try:
+            seq_len = cache.seq_len
+        except Exception as exc:
+            return f"reading seq_len raised {type(exc).__name__}: {exc}."
+        if seq_len != total:
+            if seq_len == 0:
+                return (f"seq_len is still 0 with {total} tokens stored: you forgot the position offset. The model "
+                        "asks cache.seq_len where the new tokens stand (decoder.forward: positions = seq_len, "
+                        "seq_len + 1, ...), so RoPE rotates every new key as if it were the first token. Return the "
+                        "number of tokens stored (a layer's K has them in dimension 2).")
+            steps = 1 if tokens == 3 else 2
+            if seq_len == steps:
+                return (f"seq_len is {seq_len} with {total} tokens stored: it counts steps, not tokens. A prompt "
+                        "adds all its tokens in one step, and the model reads seq_len as the next token's position.")
+            if seq_len == total * L:
+                return (f"seq_len is {seq_len} with {total} tokens stored: it counts every layer's tokens. All "
+                        "layers hold the same tokens; seq_len is the number of tokens, the next one's position.")
+            return (f"seq_len is {seq_len} with {total} tokens stored; it must be the number of tokens stored "
+                    "(the position the next token gets).")
+    return None
+
+
+@exercise("02_kv_cache.ipynb", solution=SolutionCache, wrong=OnlyNewKeysCache,
+          title="write the cache",
+          question="""Time to write one. Below is a cache with the interface every kvlab cache has
+(`kvlab/cache/base.py`): `update(layer_idx, k, v)` is called by each layer with the keys and values of
+the new tokens, shaped `(batch, kv_heads, new_tokens, head_dim)`, and must return **all** the keys and
+values that layer holds, to attend over; `seq_len` is the number of tokens stored, which the model
+reads as the position of the next token (for its rotary position encoding). Fill in the two places
+marked `TODO`. The checker generates with your cache and without any cache, token for token, on a
+tiny model like the one above (its random weights drawn larger, so that a wrong cache changes the
+tokens), and tells you what went wrong if the two differ.""",
+          code='''import torch
+from kvlab.cache import CacheMemory, KVCache, tensor_bytes
+
+
+class MyCache(KVCache):
+    """A KV cache you write: per layer, one K and one V tensor that grow with every token."""
+
+    name = "mine"
+
+    def __init__(self, num_layers, num_kv_heads, head_dim, batch=1, dtype=torch.float32, device="cpu"):
+        super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
+        self.keys = [None] * num_layers     # keys[layer]: (batch, kv_heads, tokens, head_dim), None while empty
+        self.values = [None] * num_layers
+
+    def update(self, layer_idx, k, v):
+        """Store this layer's new k, v (batch, kv_heads, new_tokens, head_dim); return all its K and V."""
+        # TODO: keep k and v after what this layer already holds, then return everything it holds
+        return k, v
+
+    @property
+    def seq_len(self):
+        """Tokens stored so far: the position the next token gets."""
+        # TODO
+        return 0
+
+    def reset(self):
+        self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
+
+    def memory(self):
+        n = tensor_bytes(*self.keys, *self.values)
+        return CacheMemory(allocated_bytes=n, used_bytes=n, reserved_bytes=0, device_bytes=n)
+
+
+check_my_cache(MyCache)''',
+          explanation="""```python
+    def update(self, layer_idx, k, v):
+        if self.keys[layer_idx] is None:                  # this layer's first tokens: the prompt
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:                                             # dim 2 is the tokens
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    @property
+    def seq_len(self):
+        return 0 if self.keys[-1] is None else self.keys[-1].size(2)
+```
+This is kvlab's `DynamicCache` (`kvlab/cache/dynamic.py`), which also copies the first k and v so that
+they do not keep alive the larger tensor they are views of. The slips the checker names:
+concatenating along another dimension than the tokens; returning only the new keys and values
+(attention then sees one token); one store shared by all layers (index by `layer_idx`); and a
+`seq_len` that stays 0, so the model places every new token at position 0 and its rotary encoding
+is wrong.""")
+def check_my_cache(cache_class: Any) -> Feedback:
+    """Generate with the learner's cache class and with no cache, token for token; name the slip when they differ."""
+    if not isinstance(cache_class, type):
+        return wrong(f"pass the class itself, check_my_cache(MyCache), not {type(cache_class).__name__} "
+                     f"{str(cache_class)[:40]!r}.")
+    if not issubclass(cache_class, KVCache):
+        return wrong(f"{cache_class.__name__} should subclass kvlab.cache.KVCache, as the skeleton does.")
+    model = _cache_model()
+    cfg = model.config
+    try:
+        cache = cache_class(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, batch=1, dtype=model.dtype, device="cpu")
+    except Exception as exc:
+        return wrong(f"building {cache_class.__name__}(num_layers, num_kv_heads, head_dim, batch=1, dtype, device) "
+                     f"raised {type(exc).__name__}: {exc}. Keep the skeleton's __init__.")
+    expected = _uncached_tokens()
+    try:
+        got = tuple(generate(model, MY_CACHE_PROMPT, cache=cache, max_new_tokens=MY_CACHE_TOKENS).tokens)
+        ran = None
+    except Exception as exc:
+        got, ran = (), f"generation with your cache stopped with {type(exc).__name__}"
+    try:
+        slip = _probe(cache_class)
+    except Exception as exc:
+        slip = f"probing your cache raised {type(exc).__name__}: {exc}."
+    if got == expected and slip is None:
+        return right(f"with your cache the model wrote the same {len(expected)} tokens as without any cache, "
+                     f"and it holds {cache.seq_len} tokens ({len(expected) - 1} generated + "
+                     f"{len(model.tokenizer.encode(MY_CACHE_PROMPT))} of the prompt; the last one is never fed "
+                     "back). Same tokens, less work: that is a KV cache.")
+    if ran:
+        headline = f"{ran}: "
+    elif got != expected:
+        i = next((j for j, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        headline = (f"with your cache, generated token {i} is {got[i]} where the uncached run wrote {expected[i]}: "
+                    if i < len(got) else "your cache generated fewer tokens than the uncached run: ")
+    else:
+        headline = "your cache wrote the same tokens as the uncached run on this prompt, but it is not right yet: "
+    return wrong(headline + (slip or "compare your update with the question: store this layer's new k and v after "
+                                      "what it holds, return everything it holds, and let seq_len count the tokens."))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..cache.base import kv_cache_bytes
-from .framework import Answer, Feedback, exercise, check_number, check_choice, wrong
+from .framework import Feedback, check_choice, check_number, exercise
 
 
 @exercise("03_cache_strategies.ipynb", solution=4 / 32 + 2 / 32, wrong=4 / 32,

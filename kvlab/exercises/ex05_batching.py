@@ -82,3 +82,146 @@ def check_admission_step(answer: Any) -> Feedback:
     if s != truth_s:
         hints.append("static: nobody joins until every member of the batch is done")
     return wrong("; ".join(hints) + ".")
+
+
+# -- exercise: write the admission rule ---------------------------------------------------------------
+
+def solution_admission(waiting, free_blocks, token_budget, free_slots):
+    """The reference answer of 'write the admission rule': in order, stop at the first request that does not fit."""
+    admitted = []
+    for request in waiting:
+        if free_slots == 0 or request.blocks > free_blocks or request.tokens > token_budget:
+            break
+        admitted.append(request)
+        free_slots -= 1
+        free_blocks -= request.blocks
+        token_budget -= request.tokens
+    return admitted
+
+
+def skip_ahead_admission(waiting, free_blocks, token_budget, free_slots):
+    """A slip (the registered wrong answer): skips a request that does not fit and admits later ones that do."""
+    admitted = []
+    for request in waiting:
+        if free_slots == 0:
+            break
+        if request.blocks > free_blocks or request.tokens > token_budget:
+            continue
+        admitted.append(request)
+        free_slots -= 1
+        free_blocks -= request.blocks
+        token_budget -= request.tokens
+    return admitted
+
+
+_LIMIT = {"blocks": ("free KV blocks", "request.blocks", "free_blocks"),
+          "tokens": ("token budget", "request.tokens", "token_budget"),
+          "slots": ("free slots", "one slot", "free_slots")}
+
+
+def _violation_message(kind: str, message: str, alone_fits: bool) -> str:
+    if kind in _LIMIT:
+        limit, uses, name = _LIMIT[kind]
+        if alone_fits and kind != "slots":
+            return (f"{message}. Each of them fits on its own, but not together: after admitting a request, "
+                    f"subtract what it takes ({uses}) from {name} before you look at the next one.")
+        if kind == "blocks":
+            return (f"{message}: your rule ignores the {limit}. A request that joins takes request.blocks blocks "
+                    "for its KV; admitting more than are free over-allocates the pool, and some sequence's keys "
+                    "and values would have nowhere to go.")
+        if kind == "tokens":
+            return (f"{message}: your rule ignores the {limit}. A step computes at most max_batch_tokens tokens, "
+                    "decodes first; a request joins only if its prompt (request.tokens) fits what is left.")
+        return (f"{message}: only free_slots more sequences fit in the running batch (max_seqs); stop when they "
+                "are taken.")
+    if kind == "idle":
+        return (f"{message}. A rule that admits no one when a request fits leaves it waiting for ever: admit "
+                "each request, oldest first, while it fits.")
+    return message
+
+
+def _admits_what_does_not_fit(rule, kind: str) -> bool:
+    """Does ``rule`` admit a lone request needing more blocks (or tokens) than are free? Tells "ignores" from
+    "forgets to subtract"."""
+    from ..serving.scheduler import WaitingRequest
+
+    blocks, tokens = (5, 10) if kind == "blocks" else (1, 50)
+    try:
+        picked = rule([WaitingRequest(0, tokens, blocks, 0.0, False)], 4, 40, 4)
+        return len(list(picked or [])) > 0
+    except Exception:
+        return False
+
+
+@exercise("05_batching.ipynb", solution=solution_admission, wrong=skip_ahead_admission,
+          title="write the admission rule",
+          question="""At the start of every step the scheduler decides which waiting requests **join** the running
+batch. Write that decision. Your function gets the queue, oldest first (each request has `.tokens`,
+the prompt tokens it computes when it joins, and `.blocks`, the free KV blocks it takes), and what is
+left of this step: `free_blocks`, `token_budget` (tokens the step can still compute after the running
+sequences' decodes) and `free_slots` (room under `max_seqs`). It returns the requests that join, in
+order. The checker runs the engine with your rule (`SchedulerConfig(admission=my_admission)`) on a
+small workload with exact step costs (the virtual clock), checks at every step that no block, token
+or slot is over-allocated and that no request is passed over for ever, and compares the four clocks
+with those of the engine's own rule.""",
+          code='''def my_admission(waiting, free_blocks, token_budget, free_slots):
+    """Which waiting requests join the running batch this step, in the order they join."""
+    admitted = []
+    for request in waiting:          # oldest first; request.tokens, request.blocks
+        # TODO: when the request does not fit what is left, stop;
+        #       otherwise admit it and take what it uses from what is left
+        pass
+    return admitted
+
+
+check_admission_rule(my_admission)''',
+          explanation="""```python
+def my_admission(waiting, free_blocks, token_budget, free_slots):
+    admitted = []
+    for request in waiting:
+        if free_slots == 0 or request.blocks > free_blocks or request.tokens > token_budget:
+            break                    # the oldest that does not fit waits, and everyone behind it
+        admitted.append(request)
+        free_slots -= 1
+        free_blocks -= request.blocks
+        token_budget -= request.tokens
+    return admitted
+```
+This is the rule the engine uses (`Scheduler._admit` in `kvlab/serving/scheduler.py`), so the clocks
+come out exactly the same. The `break` is the heart of it: `continue` instead (skip the long request,
+admit the short ones behind it) looks better on average, but while short requests keep coming the
+long one never finds enough free blocks at once, and waits for ever. The other slips the checker
+names: ignoring the token budget or the free blocks, and checking each request against them without
+subtracting what the requests admitted before it took.""")
+def check_admission_rule(rule: Any) -> Feedback:
+    """Run the engine with the learner's admission rule; check blocks, budget, slots and starvation; compare clocks."""
+    from ..experiments.admission import admission_run, admission_workload, clocks_table
+
+    if not callable(rule) or isinstance(rule, type):
+        return wrong(f"pass your function itself, check_admission_rule(my_admission), not "
+                     f"{type(rule).__name__} {str(rule)[:40]!r}.")
+    run, audit = admission_run(rule)
+    if audit.violation is not None:
+        v = audit.violation
+        alone_fits = v.alone_fits and not _admits_what_does_not_fit(rule, v.kind)
+        return wrong(_violation_message(v.kind, v.message, alone_fits))
+    builtin, _ = admission_run(None)
+    starved = audit.starved()
+    if starved is not None:
+        rid, n = starved
+        req = next(r for r in admission_workload() if r.request_id == rid)
+        mine, theirs = (r.first_token_s - r.scheduled_s for r in (run.record(rid), builtin.record(rid)))
+        return wrong(f"your rule lets later requests overtake: request {rid} ({req.prompt_tokens} prompt tokens) was "
+                     f"passed over {n} times while it waited, and got its first token after {mine * 1e3:.0f} ms "
+                     f"instead of {theirs * 1e3:.0f} ms. Here the short requests stop coming; while they keep "
+                     "coming it would never find its blocks free at once and wait for ever. Stop at the first "
+                     "request that does not fit: it goes first once enough blocks are free.")
+    table = clocks_table([run, builtin]).set_index("run")
+    cols = [c for c in table.columns if c not in ("n", "steps")]
+    same = bool((table.iloc[0][cols] == table.iloc[1][cols]).all())
+    clocks = ", ".join(f"{c} {table.iloc[0][c]:g}" + ("" if same else f" (built-in {table.iloc[1][c]:g})")
+                       for c in cols)
+    verdict = ("the four clocks are exactly those of the engine's own rule" if same else
+               "your clocks differ from the engine's own rule")
+    return right(f"no block, token or slot over-allocated in {audit.calls} calls, nobody passed over; "
+                 f"{verdict}: {clocks}.")

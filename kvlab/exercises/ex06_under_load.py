@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .framework import Feedback, exercise, check_choice, check_function, right, wrong
+from .framework import Feedback, check_choice, check_function, exercise
 
 
 EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves

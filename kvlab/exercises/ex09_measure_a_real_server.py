@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 
 from .framework import Feedback, check_choice, check_frame_function, exercise
 

@@ -114,6 +114,17 @@ def end_of_window_counts(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def knee_rps(curves: pd.DataFrame, profile: str) -> float:
+    """The offered load (requests/s) at the knee of ``profile``'s curve; NaN when that curve has no knee.
+
+    ``curves`` is a frame of ``service_curve`` / ``service_curves`` (knee marked by ``mark_knee``).
+    """
+    if profile not in set(curves["profile"]):
+        raise ValueError(f"no curve for profile {profile!r} here; the frame has {sorted(set(curves['profile']))}")
+    knee = curves.loc[(curves["profile"] == profile) & curves["is_knee"], "offered_rps"]
+    return float(knee.iloc[0]) if len(knee) else float("nan")
+
+
 # -- the A/B example: higher throughput, later first token ---------------------------------------------
 def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, SchedulerConfig]:
     """A: prefill-first (vLLM's original rule: a waiting prompt always runs next, decodes pause).
@@ -387,5 +398,5 @@ def main(args: argparse.Namespace) -> int:
 
 
 __all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
-           "ab_policies", "end_of_window_counts", "real_vs_simulated", "scheduler_config", "service_curve",
+           "ab_policies", "end_of_window_counts", "knee_rps", "real_vs_simulated", "scheduler_config", "service_curve",
            "service_curves", "simulated_vs_real", "simulator"]

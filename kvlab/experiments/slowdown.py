@@ -223,3 +223,22 @@ def slowdown_fit(frame: pd.DataFrame) -> pd.DataFrame:
         rows.append(dict(cache=cache, fixed_ms=intercept, us_per_context_token=slope * 1e3,
                          first_position=int(x[0]), last_position=int(x[-1])))
     return pd.DataFrame(rows)
+
+
+def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
+    """The prefill step against a typical decode step: prompt_tokens, prefill_ms, decode_ms and ratio.
+
+    The prefill (token 0) pushes the whole prompt through the model in one pass; a cached decode
+    step pushes one token. ``decode_ms`` is the median of the decode steps, each the fastest of
+    the repeats (``step_curves``); ``ratio`` = prefill_ms / decode_ms, what notebook 00 asks the
+    learner to predict. Read from the "dynamic" cache's steps when the run has them, else from
+    the first cache's.
+    """
+    cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
+    curve = step_curves(frame[frame["cache"] == cache]).set_index("token")
+    if len(curve) < 2:
+        raise ValueError(f"cache {cache!r} has no decode step after the prefill; generate at least 2 tokens")
+    prefill = float(curve.at[0, "step_ms"])
+    decode = float(curve.loc[1:, "step_ms"].median())
+    return pd.Series(dict(cache=cache, prompt_tokens=int(curve.at[0, "tokens_processed"]), prefill_ms=prefill,
+                          decode_ms=decode, ratio=prefill / decode))

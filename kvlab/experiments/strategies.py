@@ -231,4 +231,19 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
     return frame
 
 
-__all__ = ["DEFAULT_PAIRS", "DEFAULT_SETTINGS", "default_settings", "ideal_memory_ratio", "run_strategies"]
+def quantized_memory_ratio(frame: pd.DataFrame, bits: int = 4) -> float:
+    """Bytes of the ``bits``-bit quantized cache over the dynamic cache's, at the longest context of the run.
+
+    ``frame`` is ``run_strategies``' (its ``memory_ratio`` column); what notebook 03 asks the
+    learner to predict before the run.
+    """
+    q = frame[(frame["strategy"] == "quantized") & (frame["bits"] == bits)]
+    if not len(q):
+        ran = sorted(set(frame.loc[frame["strategy"] == "quantized", "bits"].astype(int)))
+        raise ValueError(f"no {bits}-bit quantized cache in this run (quantized bits run: {ran or 'none'}); "
+                         f"choose quantized with {bits} bits and run again")
+    return float(q.loc[q["context_tokens"].idxmax(), "memory_ratio"])
+
+
+__all__ = ["DEFAULT_PAIRS", "DEFAULT_SETTINGS", "default_settings", "ideal_memory_ratio", "quantized_memory_ratio",
+           "run_strategies"]

@@ -8,12 +8,13 @@ from ..cache.paged import PagedAttentionMetadata, PagedKVCache
 from .block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
 from .engine import TRACE_COLUMNS, Engine, RequestOutput, StepRecord
 from .executor import Executor, ModelExecutor, StepResult
-from .scheduler import PRIORITIES, POLICIES, Scheduler, SchedulerConfig, SchedulerOutput, StepShape
+from .scheduler import (PRIORITIES, POLICIES, AdmissionError, Scheduler, SchedulerConfig, SchedulerOutput, StepShape,
+                        WaitingRequest)
 from .sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = [
-    "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES", "PRIORITIES",
-    "PagedAttentionMetadata", "PagedKVCache", "RequestOutput", "SamplingParams", "Scheduler", "SchedulerConfig",
-    "SchedulerOutput", "Sequence", "SequenceStatus", "StepRecord", "StepResult", "StepShape", "TRACE_COLUMNS",
-    "bytes_per_block", "num_blocks_for_budget",
+    "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",
+    "PRIORITIES", "PagedAttentionMetadata", "PagedKVCache", "RequestOutput", "SamplingParams", "Scheduler",
+    "SchedulerConfig", "SchedulerOutput", "Sequence", "SequenceStatus", "StepRecord", "StepResult", "StepShape",
+    "TRACE_COLUMNS", "WaitingRequest", "bytes_per_block", "num_blocks_for_budget",
 ]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
@@ -40,6 +41,7 @@ class SchedulerConfig:
     max_waiting: int | None = None
     max_model_len: int | None = None
     batch_wait_s: float = 0.0
+    admission: Callable[..., list] | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -60,6 +62,13 @@ class SchedulerConfig:
                              f"got {self.max_model_len!r}")
         if not self.batch_wait_s >= 0:
             raise ValueError(f"batch_wait_s must be >= 0 seconds, got {self.batch_wait_s!r}")
+        if self.admission is not None:
+            if not callable(self.admission):
+                raise ValueError(f"admission must be a function admission(waiting, free_blocks, token_budget, "
+                                 f"free_slots) -> list, or None for the built-in rule; got {self.admission!r}")
+            if self.policy != "continuous" or self.chunked_prefill:
+                raise ValueError("an admission rule admits whole prompts under continuous batching: use "
+                                 "policy='continuous' and chunked_prefill=False with admission=")
 
     def check(self, block_size: int, max_model_len: int) -> None:
         """Checks that need the block size and the resolved context length."""
@@ -114,6 +123,21 @@ class StepShape:
         return cls(pt, ps, ds, pkv, dkv)
 
 
+@dataclass(frozen=True)
+class WaitingRequest:
+    """What an admission rule (``SchedulerConfig.admission``) sees of one waiting request."""
+
+    request_id: int | str
+    tokens: int  # tokens it computes when it joins: its prompt (after a preemption, plus its output so far)
+    blocks: int  # free KV blocks it takes when it joins (prefix-cache hits on used blocks cost none)
+    arrival_s: float  # when the engine received it
+    preempted: bool  # back in the queue after a preemption (it goes to the front)
+
+
+class AdmissionError(ValueError):
+    """An admission rule picked what this step cannot hold (more blocks, tokens or slots than are free)."""
+
+
 @dataclass
 class SchedulerOutput:
     """One step's plan: run ``num_new_tokens[i]`` tokens of ``seqs[i]``, using its ``block_table``.
@@ -143,7 +167,8 @@ class Scheduler:
     """Keeps the ``waiting`` and ``running`` queues and builds each step's batch.
 
     Admission takes waiting sequences first come, first served, only when the block manager
-    can give them blocks for all their tokens (a prefix-cache hit counts as computed). When a
+    can give them blocks for all their tokens (a prefix-cache hit counts as computed); a rule of
+    your own (``SchedulerConfig.admission``) can take its place. When a
     decoding sequence needs a new block and none is free, the most recently admitted running
     sequence is preempted by recompute: its blocks are freed and it returns to the front of the
     queue, to prefill its prompt and its tokens so far again on re-admission.
@@ -257,6 +282,8 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting sequences while the budget, max_seqs and free blocks allow (first come, first served)."""
+        if self.config.admission is not None:
+            return self._admit_by_rule(out, budget)
         static = self.config.policy == "static"
         while self.waiting and budget > 0 and len(self.running) < self.config.max_seqs:
             seq = self.waiting[0]
@@ -273,6 +300,46 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             self._add(out, seq, n)
             budget -= n
+        return budget
+
+    def waiting_view(self) -> list[WaitingRequest]:
+        """The queue as an admission rule sees it, oldest first (counts taken before anyone joins)."""
+        bm, views = self.block_manager, []
+        for seq in self.waiting:
+            hits = bm.match_prefix(seq)
+            hits_in_free = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
+            views.append(WaitingRequest(seq.request_id, seq.num_tokens - len(hits) * bm.block_size,
+                                        seq.num_blocks_needed(bm.block_size) - len(hits) + hits_in_free,
+                                        seq.arrival_s, seq.num_preemptions > 0))
+        return views
+
+    def _admit_by_rule(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit what ``config.admission`` picks, once the pick is checked against this step's limits."""
+        if not self.waiting:
+            return budget
+        views = self.waiting_view()
+        free_blocks, free_slots = self.block_manager.num_free_blocks, self.config.max_seqs - len(self.running)
+        picked = self.config.admission(list(views), free_blocks, budget, free_slots)
+        ids = [getattr(p, "request_id", p) for p in (picked or [])]
+        by_id = {v.request_id: v for v in views}
+        unknown = [i for i in ids if i not in by_id]
+        if unknown or len(set(ids)) != len(ids):
+            raise AdmissionError(f"the admission rule returned {ids}: pick each request at most once, among the "
+                                 f"waiting ones {list(by_id)}")
+        tokens, blocks = sum(by_id[i].tokens for i in ids), sum(by_id[i].blocks for i in ids)
+        if len(ids) > free_slots or tokens > budget or blocks > free_blocks:
+            raise AdmissionError(f"the admission rule admitted {ids}: {len(ids)} sequences, {tokens} tokens and "
+                                 f"{blocks} blocks, but this step has {free_slots} free slots, {budget} tokens of "
+                                 f"budget and {free_blocks} free blocks")
+        for i in ids:
+            seq = next(s for s in self.waiting if s.request_id == i)
+            if not self.block_manager.can_allocate(seq):  # an earlier pick evicted a prefix this one counted on
+                raise AdmissionError(f"request {i} no longer fits in the free blocks once the requests admitted "
+                                     "before it took theirs")
+            self.waiting.remove(seq)
+            self._start_running(seq, out)
+            self._add(out, seq, seq.num_uncomputed_tokens)
+            budget -= seq.num_uncomputed_tokens
         return budget
 
     def _form_static_batch(self, now: float, out: SchedulerOutput) -> float | None:

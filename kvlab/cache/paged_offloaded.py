@@ -1,0 +1,234 @@
+"""OffloadedPagedKVCache: the serving engine's paged KV pool kept in a slower tier, its blocks copied in every step.
+
+The ``PagedKVCache`` keeps every layer's pool of blocks on the compute device. This one keeps the
+whole pool (all layers, K and V) in a slower memory tier, the way ``OffloadedCache`` does for one
+sequence, and holds on the device only a working pool of **one layer**. In every layer of every
+step it
+
+1. copies in, from the tier, the blocks this step's sequences attend over that already hold
+   tokens (each sequence's first ceil(stored / block_size) blocks; a block two sequences share
+   through prefix caching is copied once), as runs of consecutive block ids;
+2. writes the step's new keys and values into their slots of the working pool, and attends every
+   sequence over its blocks there exactly as ``PagedKVCache.attend`` does (it is the same code);
+3. writes the new tokens' K and V back to their slots in the tier.
+
+So every step moves real bytes, and more of them the more context its batch holds: under load
+the step's price depends on *who else* is in the batch. The tier is a memory-mapped file on a
+CPU-only machine (its pages live in RAM, in the OS page cache) and pinned host memory on CUDA;
+the copies are synchronous. ``link_gbps`` puts the tier behind a modelled slower link exactly as
+``OffloadedCache(link_gbps=...)`` does: the bytes are really copied, and then the cache waits until
+the time those bytes take at that rate has passed (once per layer and step), so the link's time is
+inside the measured step.
+
+Accounting, per step (reset by layer 0) and in total: ``bytes_read_last_step`` (tier -> device),
+``bytes_written_last_step`` (device -> tier), ``bytes_moved_last_step`` (both);
+``copy_s_total`` seconds spent copying (link waits included), ``link_wait_s_total`` seconds waited
+for the link. Tokens are bit for bit those of the on-device pool: the blocks attention reads hold
+the same numbers, and the padding keys a batched decode reads (block 0) are masked out.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import weakref
+
+import torch
+
+from .base import CacheMemory, KVCache
+from .offloaded import _remove_storage
+from .paged import PagedAttentionMetadata, PagedKVCache
+
+
+def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted distinct block ids as runs [a, b) of consecutive ids: one contiguous copy per run.
+
+    >>> block_runs([7, 3, 4, 5, 9, 4])
+    [(3, 6), (7, 8), (9, 10)]
+    """
+    runs: list[tuple[int, int]] = []
+    for b in sorted(set(int(i) for i in block_ids)):
+        if runs and runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], b + 1)
+        else:
+            runs.append((b, b + 1))
+    return runs
+
+
+def blocks_to_fetch(metadata: PagedAttentionMetadata, block_size: int) -> list[int]:
+    """Distinct blocks holding tokens stored *before* this step, over every sequence of the step.
+
+    A sequence with ``context_lens[i]`` tokens after the step, ``query_lens[i]`` of them new, has
+    ``stored = context - query`` tokens in its first ceil(stored / block_size) blocks. A whole new
+    prompt has none to fetch.
+    """
+    wanted: set[int] = set()
+    for q, ctx, table in zip(metadata.query_lens, metadata.context_lens, metadata.block_tables):
+        stored = ctx - q
+        wanted.update(table[:-(-stored // block_size)] if stored else [])
+    return sorted(wanted)
+
+
+class OffloadedPagedKVCache(PagedKVCache):
+    """A paged KV pool in a slower tier; one layer's working pool on the device (see the module docstring)."""
+
+    name = "paged_offloaded"
+    LINK_POLL_S = 1e-3  # the last part of a link wait is polled, not slept (a sleeper wakes late)
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 num_blocks: int = 256, block_size: int = 16, link_gbps: float | None = None,
+                 storage_dir: str | None = None) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        if link_gbps is not None and (isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float))
+                                      or not 0 < link_gbps < float("inf")):
+            raise ValueError(f"link_gbps must be a positive number of GB/s (1.0 = 10^9 bytes per second) or None "
+                             f"for no throttle, got {link_gbps!r}")
+        if storage_dir is not None and not os.path.isdir(storage_dir):
+            raise ValueError(f"storage_dir {storage_dir!r} is not an existing folder; create it or pass None "
+                             "for a temporary one")
+        KVCache.__init__(self, num_layers, num_kv_heads, head_dim, batch, dtype, device)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.link_gbps = None if link_gbps is None else float(link_gbps)
+        self.cuda = self.device.type == "cuda"
+        pool = (num_blocks, block_size, num_kv_heads, head_dim)
+        tier_shape = (num_layers, 2, *pool)  # every layer's K pool and V pool, one after the other
+        self.storage_path: str | None = None
+        if self.cuda:
+            self.tier = torch.zeros(tier_shape, dtype=dtype).pin_memory()  # host RAM the GPU can copy from
+            self._finalizer = None
+        else:
+            owned = tempfile.mkdtemp(prefix="kvlab-paged-offload-") if storage_dir is None else None
+            fd, self.storage_path = tempfile.mkstemp(prefix="kvlab-kv-pool-", suffix=".bin", dir=owned or storage_dir)
+            os.close(fd)
+            self._finalizer = weakref.finalize(self, _remove_storage, self.storage_path, owned)
+            numel = num_layers * 2 * num_blocks * block_size * num_kv_heads * head_dim
+            self.tier = torch.from_file(self.storage_path, shared=True, size=numel, dtype=dtype).view(tier_shape)
+        # One layer's working pool on the device, reused by every layer (zeros: see PagedKVCache).
+        self.work_k = torch.zeros(pool, dtype=dtype, device=self.device)
+        self.work_v = torch.zeros(pool, dtype=dtype, device=self.device)
+        self.key_cache = self.value_cache = None  # no on-device pool per layer: that is the point
+        self.block_bytes = block_size * num_kv_heads * head_dim * self.work_k.element_size()  # one block, K or V
+        self.metadata = None
+        self.num_tokens_held = self.num_blocks_held = 0
+        self._plan: tuple[PagedAttentionMetadata, list[tuple[int, int]], torch.Tensor] | None = None  # md, runs, slots
+        self.bytes_read_last_step = self.bytes_written_last_step = 0
+        self.bytes_read_total = self.bytes_written_total = 0
+        self.copy_s_total = 0.0
+        self.link_wait_s_total = 0.0
+
+    @property
+    def bytes_moved_last_step(self) -> int:
+        return self.bytes_read_last_step + self.bytes_written_last_step
+
+    @property
+    def bytes_moved_total(self) -> int:
+        return self.bytes_read_total + self.bytes_written_total
+
+    # -- moving bytes between the tier and the working pool ---------------------------------------
+    def _fetch(self, layer_idx: int, runs: list[tuple[int, int]]) -> int:
+        """Copy the step's stored blocks of one layer, K and V, from the tier into the working pool; bytes read."""
+        for a, b in runs:
+            self.work_k[a:b].copy_(self.tier[layer_idx, 0, a:b])  # (b-a, bs, nkv, hs): one contiguous copy
+            self.work_v[a:b].copy_(self.tier[layer_idx, 1, a:b])
+        return sum(2 * (b - a) * self.block_bytes for a, b in runs)
+
+    def _write_back(self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> int:
+        """Write the step's new K and V (N, nkv, hs) into their slots of the tier; bytes written."""
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        self.tier[layer_idx, 0].view(flat).index_copy_(0, slots, k_new.to("cpu"))
+        self.tier[layer_idx, 1].view(flat).index_copy_(0, slots, v_new.to("cpu"))
+        return 2 * k_new.numel() * k_new.element_size()
+
+    def _wait_for_link(self, start: float, nbytes: int) -> None:
+        """Behind a link, wait until ``nbytes`` would have crossed it at ``link_gbps`` since ``start``.
+
+        One wait per layer and step (copies already slower than the link wait nothing). It sleeps, and
+        polls the clock only for the last ``LINK_POLL_S``: a process that polls for long on a shared
+        machine is charged for it by the OS scheduler and computes slower afterwards.
+        """
+        if self.link_gbps is None:
+            return
+        deadline = start + nbytes / (self.link_gbps * 1e9)
+        now = time.perf_counter()
+        if now >= deadline:
+            return
+        if deadline - now > self.LINK_POLL_S:
+            time.sleep(deadline - now - self.LINK_POLL_S)
+        while time.perf_counter() < deadline:
+            pass
+        self.link_wait_s_total += time.perf_counter() - now
+
+    def _step_plan(self, md: PagedAttentionMetadata) -> tuple[list[tuple[int, int]], torch.Tensor]:
+        """The runs of blocks to fetch and the new tokens' slots on the CPU, once per step (every layer reuses them)."""
+        if self._plan is None or self._plan[0] is not md:  # not id(md): a freed step's id can be reused
+            self._plan = (md, block_runs(blocks_to_fetch(md, self.block_size)), md.slot_mapping.to("cpu"))
+        return self._plan[1], self._plan[2]
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fetch this layer's stored blocks, write the new k, v (1, nkv, N, hs) into the working pool and the
+        tier; returns the working pools (num_blocks, bs, nkv, hs), valid for this layer only."""
+        if self.tier is None:
+            raise RuntimeError("this offloaded paged cache was closed; build a new one")
+        md = self._require_metadata()
+        if layer_idx == 0:
+            self.bytes_read_last_step = self.bytes_written_last_step = 0  # a new step starts with layer 0
+        runs, slots_cpu = self._step_plan(md)
+        k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, nkv, hs)
+        start = time.perf_counter()
+        read = self._fetch(layer_idx, runs)
+        written = self._write_back(layer_idx, slots_cpu, k_new, v_new)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()  # the bytes have arrived
+        self._wait_for_link(start, read + written)
+        self.copy_s_total += time.perf_counter() - start
+        self.bytes_read_last_step += read
+        self.bytes_written_last_step += written
+        self.bytes_read_total += read
+        self.bytes_written_total += written
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        self.work_k.view(flat).index_copy_(0, md.slot_mapping, k_new)  # the new tokens beside the fetched ones
+        self.work_v.view(flat).index_copy_(0, md.slot_mapping, v_new)
+        return self.work_k, self.work_v
+
+    def reset(self) -> None:
+        super().reset()
+        self._plan = None
+        self.bytes_read_last_step = self.bytes_written_last_step = 0
+
+    def close(self) -> None:
+        """Release the tier and delete its file (CPU); the cache cannot be used afterwards."""
+        self.tier = None
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.work_k.element_size()
+
+    def memory(self) -> CacheMemory:
+        """offloaded = the whole pool in the tier; device = the one-layer working pool; used = tokens held."""
+        per_token = self.bytes_per_token()
+        offloaded = self.num_blocks * self.block_size * per_token
+        device = 2 * self.work_k.numel() * self.work_k.element_size()
+        used = self.num_tokens_held * per_token
+        return CacheMemory(allocated_bytes=offloaded + device, used_bytes=used,
+                           reserved_bytes=offloaded + device - used, device_bytes=device, offloaded_bytes=offloaded)
+
+    def usage(self) -> dict:
+        """As ``PagedKVCache.usage``, over the pool in the tier (the working pool is not counted as free)."""
+        per_token = self.bytes_per_token()
+        in_blocks = self.num_blocks_held * self.block_size * per_token
+        used = self.num_tokens_held * per_token
+        return {"blocks_used": self.num_blocks_held, "blocks_free": self.num_blocks - self.num_blocks_held,
+                "tokens": self.num_tokens_held, "used_bytes": used, "in_block_waste_bytes": in_blocks - used,
+                "free_bytes": self.num_blocks * self.block_size * per_token - in_blocks}
+
+    def __repr__(self) -> str:
+        link = "" if self.link_gbps is None else f", link {self.link_gbps:g} GB/s"
+        return (f"OffloadedPagedKVCache({self.num_blocks} blocks x {self.block_size} tokens in "
+                f"{'pinned host memory' if self.cuda else 'a memory-mapped file'}{link}, tokens held="
+                f"{self.num_tokens_held}, moved {self.bytes_moved_total:,} B)")
+
+
+__all__ = ["OffloadedPagedKVCache", "block_runs", "blocks_to_fetch"]

@@ -1,0 +1,84 @@
+"""A static cache's payoff: one decode step compiled once for fixed shapes, replayed for every token.
+
+``generate(model, prompt, cache="static", compile=True)`` runs the prefill as usual, then every
+decode step through ``torch.compile`` of the decoder's forward over a ``FixedShapeStaticCache``
+(every step has the same shapes, so one program serves token 1 and token 500 alike; gpt-fast's
+recipe). The compiled program is kept per model and reused by later calls with the same cache
+length; a new length compiles again.
+
+Compiling takes seconds to minutes on a CPU (inductor writes and builds C++), so it is never
+silent: the first step of a new shape prints one line before and after, and its seconds are kept in
+``compile_s`` (and in the generation's ``settings``). Where the compiler fails (no C++ toolchain,
+an unsupported op), the step says why once and runs eagerly on the same fixed-shape cache: same
+tokens, no speed-up (``fallback`` holds the reason).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import weakref
+
+import torch
+
+from .cache.static import FixedShapeStaticCache
+from .model.decoder import Decoder
+
+
+class CompiledDecodeStep:
+    """``torch.compile`` of one decode step (token (B, 1) -> logits (B, V)) over a FixedShapeStaticCache.
+
+    The cache is an argument, not a closure: a fresh cache of the same shape reuses the program.
+    """
+
+    def __init__(self, model: Decoder, backend: str = "inductor", mode: str | None = None) -> None:
+        self.model, self.backend, self.mode = model, backend, mode
+        self.compiled = torch.compile(self.step, backend=backend, mode=mode, dynamic=False)
+        self.compile_s: dict[tuple, float] = {}  # shape key -> seconds its first (compiling) call took
+        self.fallback: str | None = None  # why compiled steps could not run (then they run eagerly)
+
+    def step(self, token: torch.Tensor, positions: torch.Tensor, cache: FixedShapeStaticCache) -> torch.Tensor:
+        """The plain decode step the compiler traces: token (B, 1) at positions (B, 1) -> logits (B, V)."""
+        return self.model(token, cache, positions=positions, last_only=True)[:, -1]
+
+    def __call__(self, token: torch.Tensor, cache: FixedShapeStaticCache) -> torch.Tensor:
+        """One decode step: writes the token's K/V into its slot, returns logits (B, V), advances the cache."""
+        positions = cache.position.view(1, 1).expand(token.size(0), 1)  # (B, 1)
+        key = (cache.max_len, cache.batch, cache.dtype, str(cache.device))
+        if self.fallback is not None:
+            logits = self.step(token, positions, cache)
+        elif key in self.compile_s:
+            logits = self.compiled(token, positions, cache)
+        else:
+            logits = self._first_call(key, token, positions, cache)
+        cache.advance()
+        return logits
+
+    def _first_call(self, key: tuple, token: torch.Tensor, positions: torch.Tensor,
+                    cache: FixedShapeStaticCache) -> torch.Tensor:
+        print(f"kvlab: compiling the decode step for a {cache.max_len}-token static cache with torch.compile "
+              f"({self.backend}); once per model and cache length...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            logits = self.compiled(token, positions, cache)
+        except Exception as e:  # no compiler, or one that fails on this machine: run the same step eagerly
+            self.fallback = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            print(f"kvlab: torch.compile failed ({self.fallback}); decode steps run uncompiled (same tokens, "
+                  "no speed-up)", file=sys.stderr, flush=True)
+            return self.step(token, positions, cache)  # rewrites the same slot: safe after a partial run
+        self.compile_s[key] = time.perf_counter() - t0
+        print(f"kvlab: compiled in {self.compile_s[key]:.1f} s", file=sys.stderr, flush=True)
+        return logits
+
+
+_STEPS: "weakref.WeakKeyDictionary[Decoder, dict[tuple, CompiledDecodeStep]]" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: Decoder, backend: str = "inductor", mode: str | None = None) -> CompiledDecodeStep:
+    """The model's compiled decode step for this backend and mode, built on first use and kept with the model."""
+    steps = _STEPS.setdefault(model, {})
+    if (backend, mode) not in steps:
+        steps[(backend, mode)] = CompiledDecodeStep(model, backend, mode)
+    return steps[(backend, mode)]
+
+
+__all__ = ["CompiledDecodeStep", "compiled_step"]

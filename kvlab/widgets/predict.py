@@ -1,0 +1,82 @@
+"""Predict, then run: a box where the learner writes a number before an experiment, shown beside the measurement.
+
+    guess = predict("Without a cache, how many times as long as token 20 will token 194 take?", unit="×")
+    guess                      # a number box; type the prediction, then press the experiment's Run
+    ...
+    guess.against(measured)    # "you predicted 3×, your run measured 2.5× (0.83 of your prediction)"
+
+The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
+teacher's projected notebook fill it. An empty box never raises: it asks for a number.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A prediction next to what the run measured (a notebook cell's last expression)."""
+
+    question: str
+    predicted: float | None
+    measured: float
+    unit: str
+    what: str
+
+    def _fmt(self, x: float) -> str:
+        return f"{x:,.3g}{self.unit}" if self.unit in ("×", "%") else f"{x:,.3g} {self.unit}".rstrip()
+
+    def __str__(self) -> str:
+        if self.predicted is None:
+            return (f"no prediction yet: type a number in the box above, then run this cell again "
+                    f"({self.what}: {self._fmt(self.measured)}).")
+        ratio = self.measured / self.predicted if self.predicted else math.inf
+        return (f"you predicted {self._fmt(self.predicted)}; {self.what} {self._fmt(self.measured)} "
+                f"({ratio:,.2g} times your prediction)")
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return f'<div class="kvlab-prediction">🎯 {html.escape(str(self))}</div>'
+
+
+class Prediction:
+    """A labelled number box for one prediction; ``against(measured)`` puts the two side by side."""
+
+    def __init__(self, question: str, unit: str = "", value: float | None = None) -> None:
+        self.question, self.unit = question, unit
+        self.box = widgets.FloatText(value=value if value is not None else 0.0, description="my prediction",
+                                     style={"description_width": "initial"},
+                                     layout=widgets.Layout(width="220px"))
+        self._set = value is not None
+        self.box.observe(self._mark_set, names="value")
+        self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"
+                                                 + (f" (in {html.escape(unit)})" if unit else "")), self.box],
+                                   layout=widgets.Layout(border="1px solid #ddd", padding="4px"))
+        self.widget.add_class("kvlab-predict")
+
+    def _mark_set(self, _change) -> None:
+        self._set = True
+
+    @property
+    def value(self) -> float | None:
+        """The learner's number, or None while the box was never filled."""
+        return float(self.box.value) if self._set else None
+
+    def against(self, measured: float, what: str = "your run measured") -> Comparison:
+        """The prediction beside ``measured``; never raises."""
+        return Comparison(self.question, self.value, float(measured), self.unit, what)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def predict(question: str, unit: str = "", value: float | None = None) -> Prediction:
+    """A box for the learner's prediction of a number the next experiment measures."""
+    return Prediction(question, unit, value)

@@ -1,0 +1,253 @@
+"""The exercises where learners build the mechanism: each typical slip gets its own message.
+
+Notebook 02, "write the cache": a KVCache with update() and seq_len filled in, checked by generating
+with it and without any cache, token for token. Notebook 05, "write the admission rule": a function
+that picks which waiting requests join the batch, run inside the engine and audited at every call.
+The registered solution and one wrong answer are tested with every exercise in tests/test_course.py;
+here every other slip is named.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.cache import DynamicCache, StaticCache
+from kvlab.exercises import EXERCISES, check_admission_rule, check_my_cache
+from kvlab.exercises.ex02_kv_cache import MY_CACHE_PROMPT, MY_CACHE_TOKENS, SolutionCache, _cache_model
+from kvlab.exercises.ex05_batching import skip_ahead_admission, solution_admission
+from kvlab.experiments.admission import builtin_admission
+
+
+# --- notebook 02: write the cache ---------------------------------------------------------------------
+
+class ConcatOnHeads(SolutionCache):
+    """Slip: torch.cat along dimension 1 (the kv heads) instead of 2 (the tokens)."""
+
+    def update(self, layer_idx, k, v):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=1)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=1)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class ConcatOnHeadDim(SolutionCache):
+    """Slip: torch.cat along the last dimension (head_dim)."""
+
+    def update(self, layer_idx, k, v):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=-1)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=-1)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class ReturnsOnlyNew(SolutionCache):
+    """Slip: stores the new keys and values, but returns only them."""
+
+    def update(self, layer_idx, k, v):
+        super().update(layer_idx, k, v)
+        return k, v
+
+
+class OneStoreForAllLayers(SolutionCache):
+    """Slip: one K and one V tensor shared by every layer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.k = self.v = None
+
+    def update(self, layer_idx, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        self.keys[layer_idx] = self.k  # seq_len of the skeleton still reads keys[-1]
+        return self.k, self.v
+
+
+class NoPositionOffset(SolutionCache):
+    """Slip: seq_len left at 0, so every new token is placed at position 0."""
+
+    @property
+    def seq_len(self):
+        return 0
+
+
+class CountsSteps(SolutionCache):
+    """Slip: seq_len counts forward passes, not tokens."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.passes = 0
+
+    def update(self, layer_idx, k, v):
+        self.passes += layer_idx == self.num_layers - 1
+        return super().update(layer_idx, k, v)
+
+    @property
+    def seq_len(self):
+        return self.passes
+
+
+class NewFirst(SolutionCache):
+    """Slip: the new token put before the stored ones."""
+
+    def update(self, layer_idx, k, v):
+        if self.keys[layer_idx] is None:
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        else:
+            self.keys[layer_idx] = torch.cat([k, self.keys[layer_idx]], dim=2)
+            self.values[layer_idx] = torch.cat([v, self.values[layer_idx]], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+CACHE_SLIPS = {
+    ConcatOnHeads: "concatenates along dimension 1",
+    ConcatOnHeadDim: "concatenates along dimension 3",
+    ReturnsOnlyNew: "returns only the new keys",
+    OneStoreForAllLayers: "the layers share one store",
+    NoPositionOffset: "you forgot the position offset",
+    CountsSteps: "it counts steps, not tokens",
+    NewFirst: "in the wrong order",
+}
+
+
+def skeleton(name: str) -> dict:
+    """The answer cell of exercise ``name`` as the notebook shows it, run without its last line (the check)."""
+    code = EXERCISES[name].code
+    namespace: dict = {}
+    exec(code.rsplit("\n", 1)[0], namespace)  # noqa: S102 - the course's own skeleton
+    return namespace
+
+
+def test_the_reference_cache_and_kvlabs_own_caches_pass():
+    for cls in (SolutionCache, DynamicCache, StaticCache):
+        feedback = check_my_cache(cls)
+        assert feedback.correct, (cls.__name__, feedback)
+        assert "same 16 tokens" in feedback.message
+
+
+@pytest.mark.parametrize("slip", list(CACHE_SLIPS), ids=lambda c: c.__name__)
+def test_each_cache_slip_gets_its_own_message(slip):
+    feedback = check_my_cache(slip)
+    assert not feedback.correct
+    assert CACHE_SLIPS[slip] in feedback.message, feedback.message
+    others = [m for s, m in CACHE_SLIPS.items() if s is not slip]
+    assert not any(m in feedback.message for m in others), feedback.message
+
+
+@pytest.mark.parametrize("slip", [s for s in CACHE_SLIPS if s is not NewFirst], ids=lambda c: c.__name__)
+def test_each_cache_slip_changes_the_generated_tokens(slip):
+    """The checker's model is sharp enough that every slip shows in the tokens (the order alone cannot:
+    a single new token attends to the stored ones in any order)."""
+    model = _cache_model()
+    cfg = model.config
+    reference = kvlab.generate(model, MY_CACHE_PROMPT, cache="none", max_new_tokens=MY_CACHE_TOKENS).tokens
+    try:
+        cache = slip(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        tokens = kvlab.generate(model, MY_CACHE_PROMPT, cache=cache, max_new_tokens=MY_CACHE_TOKENS).tokens
+    except RuntimeError:
+        return  # the wrong dimension cannot even run
+    assert tokens != reference
+    assert "generated token" in check_my_cache(slip).message
+
+
+def test_the_skeleton_as_shown_is_answered_without_an_error():
+    my_cache = skeleton("check_my_cache")["MyCache"]
+    feedback = check_my_cache(my_cache)
+    assert not feedback.correct and "position offset" in feedback.message
+
+
+def test_a_cache_that_is_not_a_class_or_not_a_kvcache_is_explained():
+    assert "class itself" in check_my_cache(SolutionCache(2, 2, 16)).message
+    assert "subclass kvlab.cache.KVCache" in check_my_cache(int).message
+
+
+# --- notebook 05: write the admission rule ------------------------------------------------------------
+
+def ignores_the_budget(waiting, free_blocks, token_budget, free_slots):
+    admitted = []
+    for r in waiting:
+        if free_slots == 0 or r.blocks > free_blocks:
+            break
+        admitted.append(r)
+        free_slots, free_blocks = free_slots - 1, free_blocks - r.blocks
+    return admitted
+
+
+def ignores_free_blocks(waiting, free_blocks, token_budget, free_slots):
+    admitted = []
+    for r in waiting:
+        if free_slots == 0 or r.tokens > token_budget:
+            break
+        admitted.append(r)
+        free_slots, token_budget = free_slots - 1, token_budget - r.tokens
+    return admitted
+
+
+def forgets_to_subtract(waiting, free_blocks, token_budget, free_slots):
+    admitted = []
+    for r in waiting[:free_slots]:
+        if r.blocks > free_blocks or r.tokens > token_budget:
+            break
+        admitted.append(r)
+    return admitted
+
+
+def ignores_free_slots(waiting, free_blocks, token_budget, free_slots):
+    return builtin_admission(waiting, free_blocks, token_budget, free_slots=len(waiting))
+
+
+def shortest_prompt_first(waiting, free_blocks, token_budget, free_slots):
+    return builtin_admission(sorted(waiting, key=lambda r: r.tokens), free_blocks, token_budget, free_slots)
+
+
+def admits_nobody(waiting, free_blocks, token_budget, free_slots):
+    return []
+
+
+def crashes(waiting, free_blocks, token_budget, free_slots):
+    return waiting[0].prompt  # no such attribute
+
+
+ADMISSION_SLIPS = {
+    ignores_the_budget: "ignores the token budget",
+    ignores_free_blocks: "ignores the free KV blocks",
+    forgets_to_subtract: "subtract what it takes",
+    ignores_free_slots: "only free_slots more sequences fit",
+    skip_ahead_admission: "passed over",
+    shortest_prompt_first: "passed over",
+    admits_nobody: "admitted nobody",
+    crashes: "your rule raised AttributeError",
+}
+
+
+def test_the_reference_rule_and_the_engines_own_pass_with_the_same_clocks():
+    for rule in (solution_admission, builtin_admission):
+        feedback = check_admission_rule(rule)
+        assert feedback.correct, feedback
+        assert "exactly those of the engine's own rule" in feedback.message
+
+
+def test_a_valid_rule_with_other_clocks_passes_and_shows_both():
+    def keeps_a_spare_block(waiting, free_blocks, token_budget, free_slots):  # vLLM's watermark, in spirit
+        return builtin_admission(waiting, free_blocks - 1, token_budget, free_slots)
+
+    feedback = check_admission_rule(keeps_a_spare_block)
+    assert feedback.correct and "differ" in feedback.message and "(built-in" in feedback.message
+
+
+@pytest.mark.parametrize("slip", list(ADMISSION_SLIPS), ids=lambda f: f.__name__)
+def test_each_admission_slip_gets_its_own_message(slip):
+    feedback = check_admission_rule(slip)
+    assert not feedback.correct
+    assert ADMISSION_SLIPS[slip] in feedback.message, feedback.message
+    others = {m for s, m in ADMISSION_SLIPS.items() if m != ADMISSION_SLIPS[slip]}
+    assert not any(m in feedback.message for m in others), feedback.message
+
+
+def test_the_admission_skeleton_as_shown_is_answered_without_an_error():
+    feedback = check_admission_rule(skeleton("check_admission_rule")["my_admission"])
+    assert not feedback.correct and "admitted nobody" in feedback.message
