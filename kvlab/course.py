@@ -42,16 +42,18 @@ NOTEBOOKS: list[Lesson] = [
            modules=("kvlab.experiments.slowdown", "kvlab.plots.slowdown", "kvlab.widgets.slowdown")),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
-           "the memory formula vs measured bytes, a calculator for published models; a real published model "
-           "where the machine is online", 20,
+           "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
+           "a real published model where the machine is online", 25,
            modules=("kvlab.experiments.memory", "kvlab.plots.memory", "kvlab.widgets.memory",
                     "kvlab.experiments.real_model", "kvlab.claims.c02_kv_cache", "kvlab.exercises.ex02_kv_cache")),
     Lesson("03_cache_strategies.ipynb", "Cache strategies",
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
-           "(torch.compile); which constraint dominates for your workload", 25,
+           "(torch.compile); a slow link whose transfer time shows in the step; offloading under load (step and "
+           "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 30,
            modules=("kvlab.experiments.strategies", "kvlab.experiments.cache_accuracy",
-                    "kvlab.experiments.static_compile", "kvlab.plots.strategies", "kvlab.widgets.strategies")),
+                    "kvlab.experiments.static_compile", "kvlab.plots.strategies", "kvlab.widgets.strategies",
+                    "kvlab.experiments.offload_load", "kvlab.plots.offload_load")),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
@@ -61,9 +63,11 @@ NOTEBOOKS: list[Lesson] = [
                     "kvlab.experiments.tokens_words", "kvlab.plots.tokens")),
     Lesson("05_batching.ipynb", "Batching",
            "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
-           "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob", 20,
+           "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob; why batching works "
+           "(decode step time and GB/s by batch size, prompts batched); write the admission rule yourself", 30,
            modules=("kvlab.experiments.batching", "kvlab.plots.gantt", "kvlab.plots.batches", "kvlab.plots.policies",
-                    "kvlab.widgets.batching")),
+                    "kvlab.widgets.batching", "kvlab.experiments.batch_scaling", "kvlab.plots.batch_scaling",
+                    "kvlab.experiments.admission")),
     Lesson("06_under_load.ipynb", "Under load",
            "the service curve (the four clocks, achieved vs offered throughput, failures) for each profile and the "
            "mixture, its knee; a simulator calibrated on your machine checked against the real model; two real "

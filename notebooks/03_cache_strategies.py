@@ -17,6 +17,8 @@
 # - read, for each one, the memory it saves, the time per token it adds, the bytes it moves and the
 #   answers it keeps, at several context lengths;
 # - see what moving bytes costs when the slower memory sits behind a slower link;
+# - see what offloading does to a server under concurrent requests: not only slower steps but a wider
+#   spread of the gaps between tokens;
 # - check a lower-precision cache on a task whose answers are right or wrong, broken down by how far
 #   back the needed fact sits;
 # - explain what fixed shapes make possible (a compiled decode step) and what they cost (reserved bytes);
@@ -443,7 +445,9 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # - `offloaded` keeps little on the device and moves the whole history every step: bytes that grow
 #   with the context. On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
 #   host memory with the next layer prefetched on a side stream. Behind a slower link, the copies'
-#   time is in every step and grows with the bytes.
+#   time is in every step and grows with the bytes. In a server under load, an offloaded pool moves
+#   every scheduled sequence's history each step, so steps and gaps between tokens spread out, not
+#   only slow down (the distributions above, with n).
 # - Name the constraint that binds for your workload, then measure that one, outputs included.
 # - Behind this notebook: `kvlab.experiments.strategies.run_strategies`,
 #   `kvlab.experiments.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,

@@ -168,23 +168,11 @@ def test_a_cache_that_is_not_a_class_or_not_a_kvcache_is_explained():
 # --- notebook 05: write the admission rule ------------------------------------------------------------
 
 def ignores_the_budget(waiting, free_blocks, token_budget, free_slots):
-    admitted = []
-    for r in waiting:
-        if free_slots == 0 or r.blocks > free_blocks:
-            break
-        admitted.append(r)
-        free_slots, free_blocks = free_slots - 1, free_blocks - r.blocks
-    return admitted
+    return builtin_admission(waiting, free_blocks, float("inf"), free_slots)
 
 
 def ignores_free_blocks(waiting, free_blocks, token_budget, free_slots):
-    admitted = []
-    for r in waiting:
-        if free_slots == 0 or r.tokens > token_budget:
-            break
-        admitted.append(r)
-        free_slots, token_budget = free_slots - 1, token_budget - r.tokens
-    return admitted
+    return builtin_admission(waiting, float("inf"), token_budget, free_slots)
 
 
 def forgets_to_subtract(waiting, free_blocks, token_budget, free_slots):

@@ -10,6 +10,7 @@ import torch
 import transformers
 
 import kvlab
+from kvlab.threads import torch_threads
 
 ATOL = 1e-4  # max abs logit difference allowed in fp32
 DECODE_STEPS = 16
@@ -91,15 +92,31 @@ def test_cached_decode_steps_match_transformers_dynamic_cache(pair):
     assert cache.seq_len == hf_cache.get_seq_length() == ids.size(1) + DECODE_STEPS
 
 
-def test_greedy_continuation_equals_transformers_generate(pair):
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the decode step's products split across threads (matvec)
+def test_greedy_continuation_equals_transformers_generate(pair, threads):
     hf, model = pair
     ids = prompt()
     with torch.inference_mode():
         out = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False,
                           pad_token_id=0)  # min_new_tokens: no early stop on a random EOS
-    result = kvlab.generate(model, ids[0].tolist(), cache="dynamic", max_new_tokens=24)
+    with torch_threads(threads):
+        result = kvlab.generate(model, ids[0].tolist(), cache="dynamic", max_new_tokens=24)
     assert result.tokens == out[0, ids.size(1):].tolist()
     assert len(set(result.tokens)) > 1, "a constant continuation would make this check weak"
+
+
+def test_compiled_static_decode_gives_transformers_tokens(pair):
+    """The fixed-shape static cache's decode step, traced by torch.compile (the "eager" backend: tracing without
+    code generation, seconds not minutes), gives transformers' greedy tokens and says it compiled."""
+    hf, model = pair
+    ids = prompt()
+    with torch.inference_mode():
+        out = hf.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+    result = kvlab.generate(model, ids[0].tolist(), cache="static", max_new_tokens=24, compile=True,
+                            compile_backend="eager")
+    assert result.tokens == out[0, ids.size(1):].tolist()
+    assert result.settings["compiled"] and result.settings["compile_fallback"] is None
+    assert result.settings["compile_s"] >= 0
 
 
 @torch.inference_mode()
@@ -167,15 +184,19 @@ def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 def test_split_products_equal_the_plain_product(threads):
-    """The decoder's narrow products split their inner dimension across threads: same result up to rounding."""
-    from kvlab.model.decoder import narrow_matmul
+    """The decoder's weight products split their inner dimension across threads: same result up to rounding."""
+    from kvlab.model.decoder import matvec
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         gen = torch.Generator().manual_seed(threads)
         w = torch.randn(1376, 512, generator=gen)  # llama-30m's w_down: K = 1376
-        for x in (torch.randn(1, 1, 1376, generator=gen), torch.randn(3, 7, 1376, generator=gen)):
-            torch.testing.assert_close(narrow_matmul(x, w), x @ w, atol=1e-4, rtol=1e-5)
+        for x in (torch.randn(1, 1, 1376, generator=gen), torch.randn(3, 5, 1376, generator=gen),
+                  torch.randn(1, 40, 1376, generator=gen)):  # one row, a decode batch, a prompt (plain product)
+            torch.testing.assert_close(matvec(x, w), x @ w, atol=1e-4, rtol=1e-5)
+        wide = torch.randn(512, 2752, generator=gen)  # llama-30m's fused gate/up: the split serves wide outputs too
+        x = torch.randn(1, 1, 512, generator=gen)
+        torch.testing.assert_close(matvec(x, wide), x @ wide, atol=1e-4, rtol=1e-5)
     finally:
         torch.set_num_threads(before)

@@ -34,3 +34,38 @@ def test_a_compile_that_runs_out_of_budget_comes_back_as_a_message():
     assert result["status"] == "timeout" and "budget" in result["message"] and "skipped" in result["message"]
     with pytest.raises(ValueError, match="budget_s"):
         try_compiled_decode(budget_s=0)
+
+
+def test_generate_compiles_the_static_step_once_and_says_how_long_it_took(model, capsys):
+    """``generate(..., compile=True)``: same tokens as the dynamic cache; the first call per length reports its
+    compile time (and prints it), a second call reuses the program (compile_s == 0). The "eager" backend
+    traces without generating code, so this takes seconds."""
+    prompt = list(range(5, 29))
+    reference = kvlab.generate(model, prompt, cache="dynamic", max_new_tokens=8).tokens
+    first = kvlab.generate(model, prompt, cache="static", max_new_tokens=8, max_len=40, compile=True,
+                           compile_backend="eager")
+    again = kvlab.generate(model, prompt[:20], cache="static", max_new_tokens=8, max_len=40, compile=True,
+                           compile_backend="eager")
+    assert first.tokens == reference
+    assert first.settings["compiled"] and first.settings["compile_s"] > 0 and again.settings["compile_s"] == 0.0
+    assert again.tokens == kvlab.generate(model, prompt[:20], cache="dynamic", max_new_tokens=8).tokens
+    assert "compiling the decode step for a 40-token static cache" in capsys.readouterr().err
+
+
+def test_a_compiler_that_fails_falls_back_to_the_plain_step_and_says_why(capsys):
+    def broken_backend(graph, example_inputs):
+        raise RuntimeError("no C++ compiler on this machine")
+
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0)  # its own model: the compiled step is kept per model
+    prompt = list(range(5, 29))
+    result = kvlab.generate(model, prompt, cache="static", max_new_tokens=8, compile=True,
+                            compile_backend=broken_backend)
+    assert result.tokens == kvlab.generate(model, prompt, cache="dynamic", max_new_tokens=8).tokens
+    assert result.settings["compiled"] is False and "no C++ compiler" in result.settings["compile_fallback"]
+    assert "decode steps run uncompiled" in capsys.readouterr().err
+
+
+def test_compile_needs_the_static_cache(model):
+    with pytest.raises(ValueError, match="compile=True compiles the static cache's fixed-shape decode step; "
+                                         "pass cache='static' \\(got cache='dynamic'\\)"):
+        kvlab.generate(model, [1, 2, 3], cache="dynamic", compile=True)

@@ -1,6 +1,7 @@
 """OffloadedCache: every layer's K/V kept in a slower memory tier and brought back layer by layer each step."""
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -18,6 +19,53 @@ def _remove_storage(path: str, owned_dir: str | None) -> None:
         shutil.rmtree(owned_dir, ignore_errors=True)
     elif os.path.exists(path):
         os.remove(path)
+
+
+def make_tier(owner: object, shape: tuple[int, ...], dtype: torch.dtype, cuda: bool, storage_dir: str | None,
+              name: str) -> tuple[torch.Tensor, str | None, weakref.finalize | None]:
+    """The slower tier, zeroed: pinned host memory on CUDA (RAM the GPU can copy from without staging), else
+    a memory-mapped file in ``storage_dir`` (default: a temporary folder ``kvlab-<name>-*``), deleted when
+    ``owner`` is closed or garbage-collected. Returns the tier, its file (or None) and the finalizer (or None)."""
+    if cuda:
+        return torch.zeros(shape, dtype=dtype).pin_memory(), None, None
+    owned = tempfile.mkdtemp(prefix=f"kvlab-{name}-") if storage_dir is None else None
+    fd, path = tempfile.mkstemp(prefix="kvlab-kv-", suffix=".bin", dir=owned or storage_dir)
+    os.close(fd)
+    finalizer = weakref.finalize(owner, _remove_storage, path, owned)
+    return torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype).view(shape), path, finalizer
+
+
+LINK_POLL_S = 1e-3  # the last part of a link wait is polled, not slept (a sleeper wakes late)
+
+
+def check_link_and_storage(link_gbps: float | None, storage_dir: str | None) -> None:
+    """The options both offloaded caches share: a modelled link's speed and the tier's folder (CPU)."""
+    if link_gbps is not None and (isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float))
+                                  or not 0 < link_gbps < float("inf")):
+        raise ValueError(f"link_gbps must be a positive number of GB/s (1.0 = 10^9 bytes per second) or None "
+                         f"for no throttle, got {link_gbps!r}")
+    if storage_dir is not None and not os.path.isdir(storage_dir):
+        raise ValueError(f"storage_dir {storage_dir!r} is not an existing folder; create it or pass None "
+                         "for a temporary one")
+
+
+def wait_for_link(start: float, nbytes: int, link_gbps: float) -> float:
+    """Wait until ``nbytes`` would have crossed a link of ``link_gbps`` GB/s since ``start`` (a
+    ``perf_counter()`` time); returns the seconds waited (0 for copies already slower than the link).
+
+    It sleeps, and polls the clock only for the last ``LINK_POLL_S``: the OS wakes a sleeper tens of µs
+    late (much later on a busy machine), while a process that polls for long on a shared machine is
+    charged for it by the OS scheduler and computes slower afterwards.
+    """
+    deadline = start + nbytes / (link_gbps * 1e9)
+    now = time.perf_counter()
+    if now >= deadline:
+        return 0.0
+    if deadline - now > LINK_POLL_S:
+        time.sleep(deadline - now - LINK_POLL_S)
+    while time.perf_counter() < deadline:
+        pass
+    return time.perf_counter() - now
 
 
 class OffloadedCache(KVCache):
@@ -76,20 +124,13 @@ class OffloadedCache(KVCache):
             raise ValueError(f"offloaded cache max_len must be an integer >= 1, got {max_len!r}")
         if not isinstance(prefetch, bool):
             raise ValueError(f"prefetch must be True or False, got {prefetch!r}")
-        if link_gbps is not None and (isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float))
-                                      or not 0 < link_gbps < float("inf")):
-            raise ValueError(f"link_gbps must be a positive number of GB/s (1.0 = 10^9 bytes per second) or None "
-                             f"for no throttle, got {link_gbps!r}")
-        if storage_dir is not None and not os.path.isdir(storage_dir):
-            raise ValueError(f"storage_dir {storage_dir!r} is not an existing folder; create it or pass None "
-                             "for a temporary one")
+        check_link_and_storage(link_gbps, storage_dir)
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         self.max_len = max_len
         self.cuda = self.device.type == "cuda"
         self.link_gbps = None if link_gbps is None else float(link_gbps)
         # overlapping copies needs a side stream; a throttled link copies synchronously
         self.prefetch = prefetch and self.cuda and self.link_gbps is None
-        self.storage_path: str | None = None
         self._len = [0] * num_layers
         self.bytes_moved_last_step = 0
         self.bytes_moved_total = 0
@@ -98,16 +139,8 @@ class OffloadedCache(KVCache):
         self.row_bytes = 2 * batch * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
 
         tier_shape = (num_layers, max_len, 2, batch, num_kv_heads, head_dim)
-        if self.cuda:
-            self.tier = torch.empty(tier_shape, dtype=dtype, pin_memory=True)  # host RAM the GPU can DMA
-            self._finalizer = None
-        else:
-            owned = tempfile.mkdtemp(prefix="kvlab-offload-") if storage_dir is None else None
-            fd, self.storage_path = tempfile.mkstemp(prefix="kvlab-kv-", suffix=".bin", dir=owned or storage_dir)
-            os.close(fd)
-            self._finalizer = weakref.finalize(self, _remove_storage, self.storage_path, owned)
-            numel = num_layers * max_len * 2 * batch * num_kv_heads * head_dim
-            self.tier = torch.from_file(self.storage_path, shared=True, size=numel, dtype=dtype).view(tier_shape)
+        self.tier, self.storage_path, self._finalizer = make_tier(self, tier_shape, dtype, self.cuda, storage_dir,
+                                                                  "offload")
         # Working buffers on the compute device, one layer's worth each: (max_len, 2, B, nkv, hs).
         n_slots = 2 if self.prefetch else 1
         self.slots = [torch.empty(tier_shape[1:], dtype=dtype, device=self.device) for _ in range(n_slots)]
@@ -140,21 +173,7 @@ class OffloadedCache(KVCache):
             dst[a:a + rows].copy_(chunk)
             if self.cuda:
                 torch.cuda.current_stream(self.device).synchronize()  # the bytes have arrived
-            done = t0 + chunk.numel() * chunk.element_size() / (self.link_gbps * 1e9)  # when the link would be
-            now = time.perf_counter()
-            if now < done:
-                self._wait_until(done)
-                self.link_wait_s_total += time.perf_counter() - now
-
-    @staticmethod
-    def _wait_until(deadline: float) -> None:
-        """Wait until ``perf_counter()`` reaches ``deadline``. The OS wakes a sleeper tens of µs late (much
-        later on a busy machine), so the last millisecond is waited by polling the clock instead."""
-        ahead = deadline - time.perf_counter()
-        if ahead > 1e-3:
-            time.sleep(ahead - 1e-3)
-        while time.perf_counter() < deadline:
-            pass
+            self.link_wait_s_total += wait_for_link(t0, chunk.numel() * chunk.element_size(), self.link_gbps)
 
     def _fetch(self, layer_idx: int, slot: int) -> None:
         """Copy the layer's stored tokens from the tier into a working buffer (on the side stream if prefetching)."""

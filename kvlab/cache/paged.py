@@ -172,13 +172,13 @@ class PagedKVCache(KVCache):
                            device_bytes=allocated)
 
     def usage(self) -> dict:
-        """Bytes by purpose: tokens, in-block waste (the unfilled tail of blocks in use), free blocks."""
+        """Bytes by purpose in the whole pool: tokens, in-block waste (unfilled tails of blocks in use), free blocks."""
         per_token = self.bytes_per_token()
         in_blocks = self.num_blocks_held * self.block_size * per_token
         used = self.num_tokens_held * per_token
         return {"blocks_used": self.num_blocks_held, "blocks_free": self.num_blocks - self.num_blocks_held,
                 "tokens": self.num_tokens_held, "used_bytes": used, "in_block_waste_bytes": in_blocks - used,
-                "free_bytes": self.memory().allocated_bytes - in_blocks}
+                "free_bytes": self.num_blocks * self.block_size * per_token - in_blocks}
 
     def __repr__(self) -> str:
         m = self.memory()

@@ -28,15 +28,12 @@ the same numbers, and the padding keys a batched decode reads (block 0) are mask
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-import weakref
 
 import torch
 
 from .base import CacheMemory, KVCache
-from .offloaded import _remove_storage
+from .offloaded import check_link_and_storage, make_tier, wait_for_link
 from .paged import PagedAttentionMetadata, PagedKVCache
 
 
@@ -73,7 +70,6 @@ class OffloadedPagedKVCache(PagedKVCache):
     """A paged KV pool in a slower tier; one layer's working pool on the device (see the module docstring)."""
 
     name = "paged_offloaded"
-    LINK_POLL_S = 1e-3  # the last part of a link wait is polled, not slept (a sleeper wakes late)
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -81,30 +77,15 @@ class OffloadedPagedKVCache(PagedKVCache):
                  storage_dir: str | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-        if link_gbps is not None and (isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float))
-                                      or not 0 < link_gbps < float("inf")):
-            raise ValueError(f"link_gbps must be a positive number of GB/s (1.0 = 10^9 bytes per second) or None "
-                             f"for no throttle, got {link_gbps!r}")
-        if storage_dir is not None and not os.path.isdir(storage_dir):
-            raise ValueError(f"storage_dir {storage_dir!r} is not an existing folder; create it or pass None "
-                             "for a temporary one")
+        check_link_and_storage(link_gbps, storage_dir)
         KVCache.__init__(self, num_layers, num_kv_heads, head_dim, batch, dtype, device)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.link_gbps = None if link_gbps is None else float(link_gbps)
         self.cuda = self.device.type == "cuda"
         pool = (num_blocks, block_size, num_kv_heads, head_dim)
         tier_shape = (num_layers, 2, *pool)  # every layer's K pool and V pool, one after the other
-        self.storage_path: str | None = None
-        if self.cuda:
-            self.tier = torch.zeros(tier_shape, dtype=dtype).pin_memory()  # host RAM the GPU can copy from
-            self._finalizer = None
-        else:
-            owned = tempfile.mkdtemp(prefix="kvlab-paged-offload-") if storage_dir is None else None
-            fd, self.storage_path = tempfile.mkstemp(prefix="kvlab-kv-pool-", suffix=".bin", dir=owned or storage_dir)
-            os.close(fd)
-            self._finalizer = weakref.finalize(self, _remove_storage, self.storage_path, owned)
-            numel = num_layers * 2 * num_blocks * block_size * num_kv_heads * head_dim
-            self.tier = torch.from_file(self.storage_path, shared=True, size=numel, dtype=dtype).view(tier_shape)
+        self.tier, self.storage_path, self._finalizer = make_tier(self, tier_shape, dtype, self.cuda, storage_dir,
+                                                                  "paged-offload")
         # One layer's working pool on the device, reused by every layer (zeros: see PagedKVCache).
         self.work_k = torch.zeros(pool, dtype=dtype, device=self.device)
         self.work_v = torch.zeros(pool, dtype=dtype, device=self.device)
@@ -141,25 +122,6 @@ class OffloadedPagedKVCache(PagedKVCache):
         self.tier[layer_idx, 1].view(flat).index_copy_(0, slots, v_new.to("cpu"))
         return 2 * k_new.numel() * k_new.element_size()
 
-    def _wait_for_link(self, start: float, nbytes: int) -> None:
-        """Behind a link, wait until ``nbytes`` would have crossed it at ``link_gbps`` since ``start``.
-
-        One wait per layer and step (copies already slower than the link wait nothing). It sleeps, and
-        polls the clock only for the last ``LINK_POLL_S``: a process that polls for long on a shared
-        machine is charged for it by the OS scheduler and computes slower afterwards.
-        """
-        if self.link_gbps is None:
-            return
-        deadline = start + nbytes / (self.link_gbps * 1e9)
-        now = time.perf_counter()
-        if now >= deadline:
-            return
-        if deadline - now > self.LINK_POLL_S:
-            time.sleep(deadline - now - self.LINK_POLL_S)
-        while time.perf_counter() < deadline:
-            pass
-        self.link_wait_s_total += time.perf_counter() - now
-
     def _step_plan(self, md: PagedAttentionMetadata) -> tuple[list[tuple[int, int]], torch.Tensor]:
         """The runs of blocks to fetch and the new tokens' slots on the CPU, once per step (every layer reuses them)."""
         if self._plan is None or self._plan[0] is not md:  # not id(md): a freed step's id can be reused
@@ -181,7 +143,8 @@ class OffloadedPagedKVCache(PagedKVCache):
         written = self._write_back(layer_idx, slots_cpu, k_new, v_new)
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()  # the bytes have arrived
-        self._wait_for_link(start, read + written)
+        if self.link_gbps is not None:  # one wait per layer and step
+            self.link_wait_s_total += wait_for_link(start, read + written, self.link_gbps)
         self.copy_s_total += time.perf_counter() - start
         self.bytes_read_last_step += read
         self.bytes_written_last_step += written
@@ -214,15 +177,6 @@ class OffloadedPagedKVCache(PagedKVCache):
         used = self.num_tokens_held * per_token
         return CacheMemory(allocated_bytes=offloaded + device, used_bytes=used,
                            reserved_bytes=offloaded + device - used, device_bytes=device, offloaded_bytes=offloaded)
-
-    def usage(self) -> dict:
-        """As ``PagedKVCache.usage``, over the pool in the tier (the working pool is not counted as free)."""
-        per_token = self.bytes_per_token()
-        in_blocks = self.num_blocks_held * self.block_size * per_token
-        used = self.num_tokens_held * per_token
-        return {"blocks_used": self.num_blocks_held, "blocks_free": self.num_blocks - self.num_blocks_held,
-                "tokens": self.num_tokens_held, "used_bytes": used, "in_block_waste_bytes": in_blocks - used,
-                "free_bytes": self.num_blocks * self.block_size * per_token - in_blocks}
 
     def __repr__(self) -> str:
         link = "" if self.link_gbps is None else f", link {self.link_gbps:g} GB/s"

@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 
 from ..experiments.slowdown import prefill_vs_decode, run_slowdown, slowdown_model
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "00_start_here.ipynb"
 
@@ -24,7 +24,7 @@ def _example() -> pd.DataFrame:
                  "is little to share; on a busy machine the single prefill step may have been slowed by another "
                  "program: press Run again with repeats at 3.")
 def prefill_costs_less_per_token_than_decode(result: Any) -> dict:
-    r = prefill_vs_decode(getattr(result, "frame", result))
+    r = prefill_vs_decode(frame_of(result))
     prompt = int(r.prompt_tokens)
     return dict(prompt=prompt, prefill=r.prefill_ms, decode=r.decode_ms, ratio=r.ratio,
                 per_token=r.prefill_ms / prompt, holds=r.ratio < prompt / 2)

@@ -14,14 +14,9 @@ from typing import Any
 import pandas as pd
 
 from ..experiments.slowdown import run_slowdown, slowdown_fit, slowdown_model, slowdown_summary, step_curves
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "01_the_slowdown.ipynb"
-
-
-def _frame(result: Any) -> pd.DataFrame:
-    """The per-token frame of a run: a panel result (``.frame``) or the frame itself."""
-    return getattr(result, "frame", result)
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,7 +25,7 @@ def _example() -> pd.DataFrame:
 
 
 def _row(result: Any, cache: str) -> pd.Series:
-    summary = slowdown_summary(_frame(result)).set_index("cache")
+    summary = slowdown_summary(frame_of(result)).set_index("cache")
     return summary.loc[cache]
 
 
@@ -64,7 +59,7 @@ def cached_steps_stay_flat(result: Any) -> dict:
                  "the gap stops growing. A run slowed by other programs in its second half can also do this; "
                  "press Run again.")
 def uncached_wait_gap_widens(result: Any) -> dict:
-    curves = step_curves(_frame(result))
+    curves = step_curves(frame_of(result))
     arrival = curves.pivot(index="token", columns="cache", values="time_s")  # median run's arrival times
     last = int(arrival.index.max())
     mid = last // 2
@@ -116,7 +111,7 @@ def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
                  "measured steps down to zero context, tilted with it (press Run again with repeats at 3). "
                  "The cost per token processed, above, does not depend on a line.")
 def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
-    frame = _frame(result)
+    frame = frame_of(result)
     fit = slowdown_fit(frame).set_index("cache")
     cached = float(_row(result, "dynamic").early_step_ms)
     fixed = float(fit.loc["none", "fixed_ms"])

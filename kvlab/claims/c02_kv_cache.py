@@ -6,6 +6,7 @@ every machine for the same model and settings (the notebook builds its tiny mode
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
@@ -15,7 +16,7 @@ from ..experiments.memory import measure_cache_memory
 from ..generate import GenerationResult, generate
 from ..model.config import tiny_llama
 from ..model.decoder import build_model
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "02_kv_cache.ipynb"
 PROMPT = "The cache keeps"
@@ -87,8 +88,14 @@ def dynamic_cache_allocates_the_formula(result: GenerationResult) -> dict:
                 holds=measured == formula == cache.memory().allocated_bytes)
 
 
+def _capacity(result: Any, cache: str) -> int:
+    """The tokens ``cache`` was built for: its own max_len option, else the run's capacity."""
+    frame = frame_of(result)
+    return int(frame.attrs.get("options", {}).get(cache, {}).get("max_len", frame.attrs["capacity"]))
+
+
 def _rows(result: Any, cache: str) -> pd.DataFrame:
-    frame = getattr(result, "frame", result)
+    frame = frame_of(result)
     rows = frame[(frame["cache"] == cache) & frame["tokens"].notna()]
     if rows.empty:
         raise ValueError(f"the run has no measured {cache!r} rows")
@@ -117,8 +124,7 @@ def dynamic_memory_follows_the_formula(result: Any) -> dict:
                  "generate: look at allocated_bytes and reserved_bytes of its rows.")
 def static_reserves_the_whole_request(result: Any) -> dict:
     s = _rows(result, "static")
-    frame = getattr(result, "frame", result)
-    capacity = int(frame.attrs.get("options", {}).get("static", {}).get("max_len", frame.attrs["capacity"]))
+    capacity = _capacity(result, "static")
     per_token = int(s["formula_bytes"].iloc[-1]) // int(s["tokens"].iloc[-1])
     allocated = set(int(x) for x in s["allocated_bytes"])
     return dict(allocated=min(allocated), capacity=capacity, first_tokens=int(s["tokens"].iloc[0]),
@@ -133,8 +139,7 @@ def static_reserves_the_whole_request(result: Any) -> dict:
                  "its rows, and at memory_result.frame.attrs['options'] for its window (residual).")
 def quantized_saves_past_its_window(result: Any) -> dict:
     q = _rows(result, "quantized")
-    frame = getattr(result, "frame", result)
-    residual = int(frame.attrs["options"]["quantized"]["residual"])
+    residual = int(frame_of(result).attrs["options"]["quantized"]["residual"])
     inside, last = q[q["tokens"] <= residual], q.iloc[-1]
     if int(last["tokens"]) <= residual:  # never past the window: nothing to check yet
         return dict(residual=residual, allocated=int(last["allocated_bytes"]), formula=int(last["formula_bytes"]),
@@ -152,9 +157,8 @@ def quantized_saves_past_its_window(result: Any) -> dict:
                  "(one layer's history, two with prefetch on a GPU) is a large share of the whole.")
 def offloaded_keeps_less_on_the_device(result: Any) -> dict:
     o = _rows(result, "offloaded")
-    frame = getattr(result, "frame", result)
     last = o.iloc[-1]
-    capacity = int(frame.attrs.get("options", {}).get("offloaded", {}).get("max_len", frame.attrs["capacity"]))
+    capacity = _capacity(result, "offloaded")
     return dict(device=int(last["device_bytes"]), tokens=int(last["tokens"]), formula=int(last["formula_bytes"]),
                 offloaded=int(last["offloaded_bytes"]), capacity=capacity,
                 holds=int(last["device_bytes"]) < int(last["formula_bytes"]))
@@ -170,9 +174,14 @@ def _real_demo():
     from ..experiments.real_model import real_model_demo, try_real_model
     from ..model.tiny_checkpoint import save_tiny_checkpoint
 
-    folder = save_tiny_checkpoint(tempfile.mkdtemp(prefix="kvlab-tiny-"), "llama")
+    folder = save_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="kvlab-")) / "tiny-llama", "llama")
     model, _note = try_real_model(folder)
     return real_model_demo(model, new_tokens=24, slowdown_prompt_tokens=32, slowdown_tokens=24, threads=1)
+
+
+def _model_name(demo: Any) -> str:
+    """The model's short name (a hub name's last part, or a local folder's name)."""
+    return Path(str(demo.text["model"].iloc[0])).name
 
 
 @claim(NOTEBOOK, clock="deterministic", example=_real_demo,
@@ -182,7 +191,7 @@ def _real_demo():
                  "dimension, dtype) in demo.memory.attrs.")
 def real_model_cache_is_the_formula(demo: Any) -> dict:
     m = demo.memory.set_index("cache").loc["dynamic"]
-    return dict(model=str(demo.text["model"].iloc[0]), used=int(m["used_bytes"]), tokens=int(m["tokens"]),
+    return dict(model=_model_name(demo), used=int(m["used_bytes"]), tokens=int(m["tokens"]),
                 formula=int(m["formula_bytes"]), kib=float(m["kib_per_token"]),
                 holds=int(m["used_bytes"]) == int(m["formula_bytes"]))
 
@@ -194,4 +203,4 @@ def real_model_cache_is_the_formula(demo: Any) -> dict:
 def real_model_is_slower_without_a_cache(demo: Any) -> dict:
     s = demo.speed.set_index("cache")
     ratio = float(s.loc["none", "x_dynamic"])
-    return dict(model=str(demo.text["model"].iloc[0]), ratio=ratio, holds=ratio > 1.0)
+    return dict(model=_model_name(demo), ratio=ratio, holds=ratio > 1.0)

@@ -16,18 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "03_cache_strategies.ipynb"
 
 
-def _frame(result: Any) -> pd.DataFrame:
-    """The per-(setting, context) frame of a run: a panel result (``.frame``) or the frame itself."""
-    return getattr(result, "frame", result)
-
-
 def _accuracy(result: Any) -> pd.DataFrame:
-    acc = _frame(result).attrs.get("accuracy")
+    acc = frame_of(result).attrs.get("accuracy")
     if acc is None or not len(acc):
         raise ValueError("this run has no recall accuracy (frame.attrs['accuracy'])")
     return acc
@@ -86,7 +81,7 @@ def _listing(items: list[str]) -> str:
                  "window at full precision). Look at the payload, scale and residual columns of the frame: "
                  "one of them is not what the format says.")
 def quantized_memory_follows_the_format(result: Any) -> dict:
-    frame = _frame(result)
+    frame = frame_of(result)
     q = frame[frame["strategy"] == "quantized"]
     if not len(q):
         raise ValueError("no quantized setting in this run")
@@ -102,7 +97,7 @@ def quantized_memory_follows_the_format(result: Any) -> dict:
        otherwise="the reserved bytes differ from (max_len − stored tokens) × bytes per token: the cache "
                  "allocated something the formula does not count.")
 def static_reserves_what_shorter_contexts_leave_empty(result: Any) -> dict:
-    frame = _frame(result)
+    frame = frame_of(result)
     st = frame[frame["strategy"] == "static"].sort_values("context_tokens")
     if not len(st):
         raise ValueError("no static setting in this run")
@@ -125,7 +120,7 @@ def static_reserves_what_shorter_contexts_leave_empty(result: Any) -> dict:
                  "On a busy machine one median can be inflated by other programs: look at the p95 whiskers, "
                  "and Run again. On a GPU the dequantizing can also overlap with other work.")
 def quantized_slower_at_every_context(result: Any) -> dict:
-    frame = _frame(result)
+    frame = frame_of(result)
     q = frame[frame["strategy"] == "quantized"].dropna(subset=["latency_ratio"])
     if not len(q):
         raise ValueError("no quantized setting with a dynamic baseline in this run")
@@ -142,7 +137,7 @@ def quantized_slower_at_every_context(result: Any) -> dict:
                  "slowed by another program can inflate one dynamic point; compare the lines in the plot of "
                  "time inside the cache, and Run again.")
 def quantized_time_goes_into_the_cache(result: Any) -> dict:
-    frame = _frame(result).dropna(subset=["cache_ms_per_step"])
+    frame = frame_of(result).dropna(subset=["cache_ms_per_step"])
     q, d = frame[frame["strategy"] == "quantized"], frame[frame["setting"] == "dynamic"]
     if not len(q) or not len(d):
         raise ValueError("time inside the cache was not measured (it is on CPU only), or no quantized/dynamic rows")
@@ -270,7 +265,7 @@ def few_prompt_metrics_miss_lost_answers(result: Any) -> dict:
 
 
 def _offloaded(result: Any) -> pd.DataFrame:
-    frame = _frame(result)
+    frame = frame_of(result)
     off = frame[frame["strategy"] == "offloaded"]
     if not len(off):
         raise ValueError("no offloaded setting in this run")
@@ -285,7 +280,7 @@ def _offloaded(result: Any) -> pd.DataFrame:
 def offloaded_bytes_follow_the_count(result: Any) -> dict:
     from ..plots.strategies import expected_bytes_moved
 
-    frame = _frame(result)
+    frame = frame_of(result)
     bpt = int(frame.attrs["bytes_per_token"])
     off = _offloaded(result)
     expected = [expected_bytes_moved(c, s, bpt) for c, s in zip(off["context_tokens"], off["stored_tokens"])]

@@ -13,7 +13,7 @@ from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_fr
 from ..experiments.slowdown import slowdown_model
 from ..experiments.tokens_words import (BPE, BYTE, REFERENCE, count_tokens, lesson_tokenizers, tokens_per_second,
                                         words_per_second)
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "04_four_clocks.ipynb"
 
@@ -22,7 +22,7 @@ def _requests(result: Any) -> pd.DataFrame:
     """The requests frame of a panel result (``.frame``), a ServingRun (``.requests``) or the frame itself."""
     if isinstance(result, ServingRun):
         return result.requests
-    return getattr(result, "frame", result)
+    return frame_of(result)
 
 
 def _watched(frame: pd.DataFrame) -> pd.Series:

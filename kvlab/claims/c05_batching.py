@@ -13,7 +13,7 @@ import pandas as pd
 from ..experiments.batching import batch_wait_runs, batching_table, compare_policies
 from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
 from ..experiments.slowdown import slowdown_model
-from .framework import claim
+from .framework import claim, frame_of
 
 NOTEBOOK = "05_batching.ipynb"
 KNOB_PRICES = dict(step_s=0.004, token_s=0.0001)  # the exact knob's executor (notebook 05's cell uses the same)
@@ -24,6 +24,12 @@ def _table(result: Any) -> pd.DataFrame:
     if isinstance(result, pd.DataFrame):
         return result.set_index("run", drop=False)
     return batching_table(list(result)).set_index("run", drop=False)
+
+
+def _policies(result: Any, lengths: str) -> tuple[pd.Series, pd.Series]:
+    """The continuous and the static run's rows for ``lengths`` ("mixed" or "equal")."""
+    t = _table(result)
+    return t.loc[f"continuous, {lengths} lengths"], t.loc[f"static, {lengths} lengths"]
 
 
 def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
@@ -44,7 +50,7 @@ def _panel_example(seed: int = 0) -> pd.DataFrame:
                  "already busy with other programs each step's time is mostly noise: press Run again; with "
                  "equal lengths there are no one-sequence steps to compare.")
 def a_batched_step_costs_less_than_separate_steps(result: Any) -> dict:
-    frame = getattr(result, "frame", result)
+    frame = frame_of(result)
     trace = frame.attrs["trace"] if isinstance(frame, pd.DataFrame) else frame.trace
     decode = trace[trace["num_prefill_seqs"] == 0]
     b = int(decode["num_seqs"].max())
@@ -77,11 +83,10 @@ def _noise(t: pd.DataFrame) -> str:
                  "equal-length pair shows by how much. Run the cell again on a quieter machine; the exact runs "
                  "below show the policies without the noise.")
 def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
-    t = _table(result)
-    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    c, s = _policies(result, "mixed")
     times = float(c["output_tokens_per_s"] / s["output_tokens_per_s"])
     return dict(times=times, c=c["output_tokens_per_s"], s=s["output_tokens_per_s"], c_steps=int(c["steps"]),
-                s_steps=int(s["steps"]), noise=_noise(t), holds=times > 1.05)
+                s_steps=int(s["steps"]), noise=_noise(_table(result)), holds=times > 1.05)
 
 
 @claim(NOTEBOOK, clock="wall", example=_policies_example,
@@ -91,8 +96,7 @@ def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
                  "free up is the same on every machine (the exact runs below), so one run was slowed by other "
                  "programs more than the other: run the cell again.")
 def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
-    t = _table(result)
-    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    c, s = _policies(result, "mixed")
     return dict(c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]),
                 holds=c["ttft_p50_s"] < s["ttft_p50_s"])
 
@@ -103,8 +107,7 @@ def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
        otherwise="with equal lengths the two schedules differed. They should not: every request arrives at once "
                  "and finishes in the same step. A changed workload (arrivals, lengths) explains it.")
 def equal_lengths_same_schedule(result: Any) -> dict:
-    t = _table(result)
-    c, s = t.loc["continuous, equal lengths"], t.loc["static, equal lengths"]
+    c, s = _policies(result, "equal")
     diff = abs(c["output_tokens_per_s"] - s["output_tokens_per_s"]) / max(c["output_tokens_per_s"],
                                                                         s["output_tokens_per_s"])
     return dict(steps=int(c["steps"]), mb=c["mean_batch"], diff=diff,
@@ -140,8 +143,7 @@ def static_steps_are_the_sum_of_longest_outputs(result: Sequence[ServingRun]) ->
        otherwise="with equal lengths the two policies did different things: check that every request arrives at "
                  "once and asks for the same number of tokens.")
 def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
-    t = _table(result)
-    c, s = t.loc["continuous, equal lengths"], t.loc["static, equal lengths"]
+    c, s = _policies(result, "equal")
     same = all(abs(c[k] - s[k]) < 1e-9 for k in ("steps", "mean_batch", "ttft_p50_s", "output_tokens_per_s"))
     return dict(steps=int(c["steps"]), mb=c["mean_batch"], c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3,
                 n=int(c["ttft_n"]), ct=c["output_tokens_per_s"], st=s["output_tokens_per_s"], holds=same)
@@ -154,8 +156,7 @@ def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
        otherwise="continuous batching did not beat static batching on mixed lengths: with lengths this mixed, "
                  "that means the scheduler did not refill freed slots.")
 def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> dict:
-    t = _table(result)
-    c, s = t.loc["continuous, mixed lengths"], t.loc["static, mixed lengths"]
+    c, s = _policies(result, "mixed")
     holds = (c["steps"] < s["steps"] and c["mean_batch"] > s["mean_batch"] and c["ttft_p50_s"] < s["ttft_p50_s"]
              and c["output_tokens_per_s"] > s["output_tokens_per_s"])
     return dict(c_steps=int(c["steps"]), c_mb=c["mean_batch"], s_steps=int(s["steps"]), s_mb=s["mean_batch"],

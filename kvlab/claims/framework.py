@@ -32,7 +32,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "verdicts"]
+__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "verdicts"]
 
 Clock = Literal["deterministic", "wall"]
 
@@ -132,3 +132,8 @@ def verdicts(result: Any, *names: str) -> Verdicts:
     if unknown:
         raise ValueError(f"no claim named {unknown}; registered: {sorted(CLAIMS)}")
     return Verdicts(CLAIMS[n].on(result) for n in names)
+
+
+def frame_of(result: Any) -> Any:
+    """The table a claim reads: a panel result's ``.frame``, or the result itself (already a frame)."""
+    return getattr(result, "frame", result)

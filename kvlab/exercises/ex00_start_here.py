@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..experiments.slowdown import tokens_processed
-from .framework import Feedback, _is_number, check_choice, exercise, right, wrong
+from .framework import Feedback, _is_number, exercise, multiple_choice, right, wrong
 
 
 @exercise("00_start_here.ipynb", solution=(32, 1), wrong=(1, 1),
@@ -38,30 +38,30 @@ def check_prefill_and_decode(answer: Any) -> Feedback:
     return wrong("token 0 is right. For token 5: with a KV cache, what does a decode step feed through the model?")
 
 
-@exercise("00_start_here.ipynb", solution="d", wrong="b",
-          title='comparing with a neighbour',
-          question="""Your neighbour runs the same panel with the same settings, and every step takes half as long as
-yours. Which is right?
-
-- **a** one of you has a bug;
-- **b** their model, prompt or seed must differ from yours, since the same settings on the same code always take the same time;
-- **c** their machine must have a GPU;
-- **d** times belong to a machine: compare the shapes of the curves, and quote the setup report with any number.""",
-          code="""answer = None   # a letter: "a", "b", "c" or "d"
-check_comparing_machines(answer)""",
-          explanation="""```python
+check_comparing_machines = multiple_choice(
+    "00_start_here.ipynb", "check_comparing_machines",
+    title='comparing with a neighbour',
+    stem="""Your neighbour runs the same panel with the same settings, and every step takes half as long as
+yours. Which is right?""",
+    options={
+        "a": ("one of you has a bug;",
+              "a bug would change the tokens, not only the time. Same settings, same tokens, different machine: "
+              "different time is expected."),
+        "b": ("their model, prompt or seed must differ from yours, since the same settings on the same code always "
+              "take the same time;",
+              "the model, the prompt and the seed are the same, so the work is the same. Time depends on the "
+              "machine doing the work: its device, cores, threads and what else is running."),
+        "c": ("their machine must have a GPU;",
+              "a GPU is one way to be faster, not the only one: faster cores, more threads, or fewer other "
+              "programs competing for the CPU halve a step too. The setup report says which."),
+        "d": ("times belong to a machine: compare the shapes of the curves, and quote the setup report with any "
+              "number.", None),
+    },
+    correct="d", wrong_example="b",
+    confirm="times belong to a machine. Compare the shapes of the curves (flat vs climbing, ratios "
+            "between settings), and quote the setup report with any number you share.",
+    explanation="""```python
 answer = "d"
 ```
 Same settings means the same model, prompt and tokens: the same work. How long that work takes
 depends on the device, the cores, the threads and whatever else runs on the machine.""")
-def check_comparing_machines(answer: Any) -> Feedback:
-    """Multiple choice: a neighbour's step times are half of yours for the same settings. What follows?"""
-    return check_choice(answer, "d", {
-        "a": "a bug would change the tokens, not only the time. Same settings, same tokens, different machine: "
-             "different time is expected.",
-        "b": "the model, the prompt and the seed are the same, so the work is the same. Time depends on the "
-             "machine doing the work: its device, cores, threads and what else is running.",
-        "c": "a GPU is one way to be faster, not the only one: faster cores, more threads, or fewer other "
-             "programs competing for the CPU halve a step too. The setup report says which.",
-    }, confirm="times belong to a machine. Compare the shapes of the curves (flat vs climbing, ratios "
-               "between settings), and quote the setup report with any number you share.")

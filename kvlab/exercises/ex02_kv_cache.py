@@ -14,7 +14,7 @@ from ..model.config import tiny_llama
 from ..model.decoder import Decoder
 from ..model.tokenizer import ByteTokenizer
 from ..experiments.memory import GIB, max_sequences, resolve_config
-from .framework import Feedback, exercise, check_number, check_choice, right, wrong, _is_number
+from .framework import Feedback, exercise, check_number, multiple_choice, right, wrong, _is_number
 
 
 def _kv_bytes(model: str, tokens: int, batch: int = 1, bytes_per_element: float = 2, kv_heads: int | None = None) -> int:
@@ -94,32 +94,32 @@ def check_sequences_that_fit(answer: Any) -> Feedback:
                 "not the weights, decides how many conversations one GPU can hold.")
 
 
-@exercise("02_kv_cache.ipynb", solution="a", wrong="b",
-          title='what the cache keeps',
-          question="""Two users send exactly the same prompt, one after the other, to a server that uses a KV cache.
-What does the first request's KV cache do for the second?
-
-- **a** nothing by itself: it held the keys and values of the first generation only, and was freed when that ended;
-- **b** the second user gets the stored answer back without the model running, because the cache keeps finished answers;
-- **c** it guarantees the second answer is identical, because it stores the sampled tokens.""",
-          code="""answer = None   # a letter: "a", "b" or "c"
-check_what_the_cache_keeps(answer)""",
-          explanation="""```python
+check_what_the_cache_keeps = multiple_choice(
+    "02_kv_cache.ipynb", "check_what_the_cache_keeps",
+    title='what the cache keeps',
+    stem="""Two users send exactly the same prompt, one after the other, to a server that uses a KV cache.
+What does the first request's KV cache do for the second?""",
+    options={
+        "a": ("nothing by itself: it held the keys and values of the first generation only, and was freed when that "
+              "ended;", None),
+        "b": ("the second user gets the stored answer back without the model running, because the cache keeps "
+              "finished answers;",
+              "a KV cache is not a cache of answers: it holds the keys and values of one ongoing generation "
+              "and is freed when that generation ends. Nothing returns a stored answer."),
+        "c": ("it guarantees the second answer is identical, because it stores the sampled tokens.",
+              "the cache holds keys and values, not the sampled tokens; with sampling the second answer can "
+              "differ, and it is generated token by token either way."),
+    },
+    correct="a",
+    confirm="the KV cache is the working memory of one generation. A server with prefix caching "
+            "(notebook 07) can reuse the keys and values of a shared prompt prefix and skip part of the "
+            "prefill, but every token of the answer is still generated.",
+    explanation="""```python
 answer = "a"
 ```
 A KV cache is the working memory of one generation, not a cache of responses. Servers with
 **prefix caching** (notebook 07) can keep the keys and values of a shared prompt prefix for later
 requests and skip part of their prefill; every token of every answer is still generated.""")
-def check_what_the_cache_keeps(answer: Any) -> Feedback:
-    """Multiple choice: two users send the same prompt one after the other; what does the first one's KV cache do?"""
-    return check_choice(answer, "a", {
-        "b": "a KV cache is not a cache of answers: it holds the keys and values of one ongoing generation "
-             "and is freed when that generation ends. Nothing returns a stored answer.",
-        "c": "the cache holds keys and values, not the sampled tokens; with sampling the second answer can "
-             "differ, and it is generated token by token either way.",
-    }, confirm="the KV cache is the working memory of one generation. A server with prefix caching "
-               "(notebook 07) can reuse the keys and values of a shared prompt prefix and skip part of the "
-               "prefill, but every token of the answer is still generated.")
 
 
 # -- exercise: write the cache ------------------------------------------------------------------------

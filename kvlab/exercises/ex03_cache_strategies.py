@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..cache.base import kv_cache_bytes
-from .framework import Feedback, check_choice, check_number, exercise
+from .framework import Feedback, check_number, exercise, multiple_choice
 
 
 @exercise("03_cache_strategies.ipynb", solution=4 / 32 + 2 / 32, wrong=4 / 32,
@@ -72,35 +72,38 @@ def check_offloaded_bytes(answer: Any) -> Feedback:
                 "every token: offloading turns context length into traffic on every step.")
 
 
-@exercise("03_cache_strategies.ipynb", solution="b", wrong="d",
-          title='which constraint dominates',
-          question="""An assistant answers questions about long contracts: prompts of 30,000 tokens, short answers
+check_dominant_constraint = multiple_choice(
+    "03_cache_strategies.ipynb", "check_dominant_constraint",
+    title='which constraint dominates',
+    stem="""An assistant answers questions about long contracts: prompts of 30,000 tokens, short answers
 that must quote clause numbers exactly, streamed at reading speed. The GPU's memory is full at 6
-conversations while its compute is mostly idle. What do you try first?
-
-- **a** a 2-bit quantized cache with no residual window, because it cuts the bytes per token the most and memory is what runs out;
-- **b** 8 or 4 bits with a residual window, kept only if task accuracy at 30,000 tokens matches the exact cache's;
-- **c** a static cache of 30,000 tokens reserved for each conversation, so that every decode step has the same shapes and can be compiled;
-- **d** offloading every conversation's cache to host memory, which frees GPU memory so that many more conversations fit at once.""",
-          code="""answer = None   # a letter: "a", "b", "c" or "d"
-check_dominant_constraint(answer)""",
-          explanation="""```python
+conversations while its compute is mostly idle. What do you try first?""",
+    options={
+        "a": ("a 2-bit quantized cache with no residual window, because it cuts the bytes per token the most and "
+              "memory is what runs out;",
+              "2 bits saves the most memory, but look at what it did to the recall answers in your run (the "
+              "accuracy by bits). Quoting clause numbers is exactly this kind of recall: check before trading it "
+              "away."),
+        "b": ("8 or 4 bits with a residual window, kept only if task accuracy at 30,000 tokens matches the exact "
+              "cache's;", None),
+        "c": ("a static cache of 30,000 tokens reserved for each conversation, so that every decode step has the "
+              "same shapes and can be compiled;",
+              "a static cache reserves the full maximum length for every conversation: it adds reserved bytes, it "
+              "does not remove any. What fixed shapes buy (compiled steps) helps compute, and compute is idle."),
+        "d": ("offloading every conversation's cache to host memory, which frees GPU memory so that many more "
+              "conversations fit at once.",
+              "offloading frees GPU memory, but every decode step then moves each layer's whole history over the "
+              "host link: time between tokens grows with the 30,000-token context (what the slow link above "
+              "models), and steady streaming is a requirement here."),
+    },
+    correct="b", wrong_example="d",
+    confirm="memory is the constraint, so shrink the bytes per token, but quality is a requirement too: "
+            "start with 8 or 4 bits and a residual window, and measure task accuracy at the real context length "
+            "against the exact cache before adopting it.",
+    explanation="""```python
 answer = "b"
 ```
 Memory binds, so fewer bytes per token is the lever; quality is a requirement, so the saving is
 adopted only after measuring the outputs. A static cache adds reserved bytes; offloading moves the
 whole 30,000-token history every step, which breaks steady streaming; and look at what 2 bits
 without a window did to the recall answers in your own run above.""")
-def check_dominant_constraint(answer: Any) -> Feedback:
-    """Multiple choice: long contracts, memory full, compute idle, exact quotes, steady streaming: what first?"""
-    return check_choice(answer, "b", {
-        "a": "2 bits saves the most memory, but look at what it did to the recall answers in your run (the "
-             "accuracy by bits). Quoting clause numbers is exactly this kind of recall: check before trading it away.",
-        "c": "a static cache reserves the full maximum length for every conversation: it adds reserved bytes, it "
-             "does not remove any. What fixed shapes buy (compiled steps) helps compute, and compute is idle.",
-        "d": "offloading frees GPU memory, but every decode step then moves each layer's whole history over the "
-             "host link: time between tokens grows with the 30,000-token context (what the slow link above models), "
-             "and steady streaming is a requirement here.",
-    }, confirm="memory is the constraint, so shrink the bytes per token, but quality is a requirement too: "
-               "start with 8 or 4 bits and a residual window, and measure task accuracy at the real context length "
-               "against the exact cache before adopting it.")

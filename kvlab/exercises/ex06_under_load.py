@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .framework import Feedback, check_choice, check_function, exercise
+from .framework import Feedback, check_function, exercise, multiple_choice
 
 
 EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves
@@ -73,21 +73,35 @@ def check_knee(answer: Any) -> Feedback:
     return check_function(answer, cases, what="knee", explain=explain)
 
 
-@exercise("06_under_load.ipynb", solution="c", wrong="a",
-          title='reading the A/B example',
-          question="""The A/B example ran both rules at two loads. Below capacity, both kept up. Overloaded, B
+check_ab_reading = multiple_choice(
+    "06_under_load.ipynb", "check_ab_reading",
+    title='reading the A/B example',
+    stem="""The A/B example ran both rules at two loads. Below capacity, both kept up. Overloaded, B
 streamed more output tokens per second and, once an answer had started, produced its tokens far
-faster than A; but B's p95 time to first token was higher. Which statement is right?
-
-- **a** B is the better service at every load and for every user: it wins on throughput and on time
-  per output token, and a later first token only changes when the answer starts to appear.
-- **b** The gap is noise: run the cell again and the order may reverse.
-- **c** Past capacity, B trades later first tokens for throughput; which is better depends on the SLOs.
-- **d** A is the better service: its first tokens come sooner, and below capacity it also completes
-  more requests in the window.""",
-          code="""answer = None   # "a", "b", "c" or "d"
+faster than A; but B's p95 time to first token was higher. Which statement is right?""",
+    options={
+        "a": ("B is the better service at every load and for every user: it wins on throughput and on time\n"
+              "  per output token, and a later first token only changes when the answer starts to appear.",
+              "B wins on throughput and on time per output token, but a person waiting for an answer sees the "
+              "first token first, and B's p95 TTFT is the worse one. Whether that matters depends on the TTFT "
+              "target; below capacity the two rules hardly differ at all."),
+        "b": ("The gap is noise: run the cell again and the order may reverse.",
+              "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
+              "(a test checks it). The difference comes from the two scheduling rules."),
+        "c": ("Past capacity, B trades later first tokens for throughput; which is better depends on the SLOs.",
+              None),
+        "d": ("A is the better service: its first tokens come sooner, and below capacity it also completes\n"
+              "  more requests in the window.",
+              "below capacity both rules completed the same requests in the window (both kept up); overloaded, A "
+              "completed fewer, because its prompt-only steps pause every running answer."),
+    },
+    correct="c",
+    confirm="throughput, time to first token and time per output token are different clocks. Past capacity "
+            "B finishes more answers per minute and streams them faster, A starts each answer sooner. "
+            "Which is better depends on the targets (the SLOs) you set for each clock.",
+    code="""answer = None   # "a", "b", "c" or "d"
 check_ab_reading(answer)""",
-          explanation="""```python
+    explanation="""```python
 answer = "c"
 ```
 Throughput, time to first token and time per output token are different clocks; overloaded, the
@@ -95,16 +109,3 @@ two rules trade one for the others, and an SLO on each clock decides which trade
 (a) a person waiting for an answer sees the first token first: B's p95 TTFT is the worse one;
 (b) the run is in virtual time on a cost model: the same numbers every time; (d) below capacity
 both rules completed the same requests, and overloaded A completed fewer.""")
-def check_ab_reading(answer: Any) -> Feedback:
-    """Multiple choice: what the A/B example (two loads; overloaded, B streams more but starts later) says."""
-    return check_choice(answer, "c", {
-        "a": "B wins on throughput and on time per output token, but a person waiting for an answer sees the "
-             "first token first, and B's p95 TTFT is the worse one. Whether that matters depends on the TTFT "
-             "target; below capacity the two rules hardly differ at all.",
-        "b": "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
-             "(a test checks it). The difference comes from the two scheduling rules.",
-        "d": "below capacity both rules completed the same requests in the window (both kept up); overloaded, A "
-             "completed fewer, because its prompt-only steps pause every running answer.",
-    }, confirm="throughput, time to first token and time per output token are different clocks. Past capacity "
-               "B finishes more answers per minute and streams them faster, A starts each answer sooner. "
-               "Which is better depends on the targets (the SLOs) you set for each clock.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from .framework import Feedback, check_choice, check_frame_function, exercise
+from .framework import Feedback, check_frame_function, exercise, multiple_choice
 
 
 def _overhead_ms(frame) -> float:
@@ -131,31 +131,33 @@ def check_output_tokens_per_s(answer: Any) -> Feedback:
                 "delivered. What one person saw is another clock (TTFT, TPOT, E2E).")
 
 
-@exercise("09_measure_a_real_server.ipynb", solution="c", wrong="d",
-          title='fewer answers, better numbers?',
-          question="""A colleague runs this panel and reports: "TTFT p90 stays under a second even at 128 requests
+check_rejections_and_quantiles = multiple_choice(
+    "09_measure_a_real_server.ipynb", "check_rejections_and_quantiles",
+    title='fewer answers, better numbers?',
+    stem="""A colleague runs this panel and reports: "TTFT p90 stays under a second even at 128 requests
 per second." The table shows that a large share of the requests at that rate were rejected
-with 429. What follows?
-
-- **a** The server handles 128 requests per second with a good TTFT; a 429 only tells the client to slow down, so they can be left out of the report.
-- **b** The load generator dropped the rejected requests, so they are missing from the counts as well as from the quantiles.
-- **c** The p90 covers completed requests only; report it with the count of rejected ones.
-- **d** A rejected request enters the quantiles with a TTFT of zero, which pulls the p90 down.""",
-          code='check_rejections_and_quantiles(None)   # replace None with "a", "b", "c" or "d"',
-          explanation="""**c.** A rejected user got no answer at all, so there is no TTFT to put in a quantile: the p90
+with 429. What follows?""",
+    options={
+        "a": ("The server handles 128 requests per second with a good TTFT; a 429 only tells the client to slow "
+              "down, so they can be left out of the report.",
+              "the server answered only part of that load; the rest got 429 and no answer at all. A report that "
+              "leaves them out describes a server that does not exist."),
+        "b": ("The load generator dropped the rejected requests, so they are missing from the counts as well as "
+              "from the quantiles.",
+              "the load generator keeps a record of every request it was asked to send, rejected ones included "
+              "(fail_reason http_429): that is how you could count them."),
+        "c": ("The p90 covers completed requests only; report it with the count of rejected ones.", None),
+        "d": ("A rejected request enters the quantiles with a TTFT of zero, which pulls the p90 down.",
+              "a rejected request has no first token, so it has no TTFT at all: it is left out of the quantiles, "
+              "not counted as zero. Its absence is what flatters the p90."),
+    },
+    correct="c", wrong_example="d",
+    confirm="latency quantiles are computed over completed requests only. A rejected user got no answer at "
+            "all, so the counts (completed, rejected, failed) belong next to every quantile, and goodput "
+            "(requests/s that met a target) is the number to compare across loads.",
+    code='check_rejections_and_quantiles(None)   # replace None with "a", "b", "c" or "d"',
+    explanation="""**c.** A rejected user got no answer at all, so there is no TTFT to put in a quantile: the p90
 describes only the requests that got in. The load generator keeps a record of every request (a
 rejection has `fail_reason` `http_429:queue_full`), which is how the counts above could be checked
 against the server's own. To compare loads with one number, count the requests that completed *and*
 met a target (goodput: `result.summary(slo=kvlab.clocks.SLO(ttft_s=0.5))`).""")
-def check_rejections_and_quantiles(answer: Any) -> Feedback:
-    """Multiple choice: a good TTFT p90 is reported at a rate where many requests got 429. What follows?"""
-    return check_choice(answer, "c", {
-        "a": "the server answered only part of that load; the rest got 429 and no answer at all. A report that "
-             "leaves them out describes a server that does not exist.",
-        "b": "the load generator keeps a record of every request it was asked to send, rejected ones included "
-             "(fail_reason http_429): that is how you could count them.",
-        "d": "a rejected request has no first token, so it has no TTFT at all: it is left out of the quantiles, "
-             "not counted as zero. Its absence is what flatters the p90.",
-    }, confirm="latency quantiles are computed over completed requests only. A rejected user got no answer at "
-               "all, so the counts (completed, rejected, failed) belong next to every quantile, and goodput "
-               "(requests/s that met a target) is the number to compare across loads.")

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 __all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "check_frame_function", "check_function", "check_number",
-           "exercise", "exercises_for", "lazy", "right", "wrong"]
+           "exercise", "exercises_for", "lazy", "multiple_choice", "right", "wrong"]
 
 
 
@@ -214,6 +214,36 @@ def check_choice(answer: Any, correct: str, explanations: Mapping[str, str], *, 
     if letter == correct:
         return right(confirm)
     return wrong(explanations[letter])
+
+
+def multiple_choice(notebook: str, name: str, *, title: str, stem: str,
+                    options: Mapping[str, tuple[str, str | None]], correct: str, confirm: str, explanation: str,
+                    wrong_example: str | None = None, code: str | None = None) -> Callable[..., Feedback]:
+    """Register a multiple-choice exercise ``name`` for ``notebook`` and return its checker.
+
+    ``options`` maps each letter to (option text, explanation shown when it is chosen wrongly; None for
+    ``correct``). The question is ``stem``, a blank line and one ``- **a** text`` line per option; the
+    answer cell is ``answer = None   # a letter: ...`` and a call of the checker, unless ``code`` says
+    otherwise. ``wrong_example`` is the wrong answer the tests feed the checker (default: the first wrong
+    letter).
+    """
+    if correct not in options or options[correct][1] is not None:
+        raise ValueError(f"{name}: the correct letter {correct!r} must be an option with no wrong-answer explanation")
+    explanations = {letter: why for letter, (_, why) in options.items() if letter != correct}
+    if any(why is None for why in explanations.values()):
+        raise ValueError(f"{name}: every wrong option needs an explanation")
+    letters = [f'"{letter}"' for letter in options]
+    question = stem + "\n\n" + "\n".join(f"- **{letter}** {text}" for letter, (text, _) in options.items())
+    if code is None:
+        code = f"answer = None   # a letter: {', '.join(letters[:-1])} or {letters[-1]}\n{name}(answer)"
+
+    def check(answer: Any) -> Feedback:
+        return check_choice(answer, correct, explanations, confirm=confirm)
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = f"Multiple choice: {title}."
+    return exercise(notebook, solution=correct, wrong=wrong_example or next(iter(explanations)), title=title,
+                    question=question, code=code, explanation=explanation)(check)
 
 
 def check_function(fn: Any, cases: Sequence[tuple[dict, Any]], *, what: str,

@@ -341,19 +341,24 @@ def parse_rates(text: str) -> list[float]:
     return rates
 
 
+def sweep_settings(args: argparse.Namespace) -> tuple[ModelConfig, CostModel, SchedulerConfig, SLO]:
+    """The model, its step prices, the scheduler and the SLO a sweep's options name (profiles or a trace)."""
+    config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
+    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
+    scheduler = scheduler_config(args.policy, args.priority, args.max_seqs, max(512, args.max_seqs),
+                                 args.max_waiting or None)
+    return config, cost_model, scheduler, SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+
+
 def main(args: argparse.Namespace) -> int:
     from ..results_io import save_results
 
     if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
         from .prefix_traces import trace_sweep_main
         return trace_sweep_main(args)
-    config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
+    config, cost_model, scheduler, slo = sweep_settings(args)
     profiles = args.profile or (list(PROFILE_NAMES) if args.simulate else ["short_short"])
     requests = args.requests or (500 if args.simulate else 30)
-    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
-    scheduler = scheduler_config(args.policy, args.priority, args.max_seqs, max(512, args.max_seqs),
-                                 args.max_waiting or None)
-    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
     try:
         fixed = parse_rates(args.rates) if args.rates else None
     except ValueError as e:

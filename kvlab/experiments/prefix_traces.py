@@ -32,7 +32,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,23 @@ SAMPLE_LENGTH_SCALE = 16  # the shipped sample's prompts (median ~3,800 tokens, 
 
 
 # -- 1. the ideal: every block ever seen kept -----------------------------------------------------
+def _block_hits(frame: pd.DataFrame) -> Iterator[tuple[tuple, list[tuple[int, int, int]]]]:
+    """Each request of the trace in order, with its blocks as (block id, tokens in it, tokens an earlier
+    request held there): the ideal cache's hits, found in the trie of chains (see ``prefix_sharing``)."""
+    children: dict[tuple[int, int], int] = {}  # (parent node, block id) -> node: the trie of chains
+    longest: dict[int, int] = {}  # node -> most tokens any earlier request held in that block
+    b = int(frame["block_tokens"].iloc[0]) if len(frame) else 1
+    for r in frame.itertuples(index=False):
+        node, blocks = -1, []
+        for i, block_id in enumerate(r.hash_ids):
+            node = children.setdefault((node, block_id), len(children))
+            size = min(b, r.prompt_tokens - i * b)  # the last block may be partial
+            seen = longest.get(node, 0)
+            blocks.append((block_id, size, min(seen, size)))
+            longest[node] = max(seen, size)
+        yield r, blocks
+
+
 def prefix_sharing(frame: pd.DataFrame) -> pd.DataFrame:
     """Per request of a ``mooncake_frame`` (in arrival order), what an ideal prefix cache reuses.
 
@@ -62,19 +79,10 @@ def prefix_sharing(frame: pd.DataFrame) -> pd.DataFrame:
     request held that chain with at least as many tokens in block i, and its hit tokens are at most
     what the longest earlier copy held (a partial block reuses only what was there).
     """
-    children: dict[tuple[int, int], int] = {}  # (parent node, block id) -> node: the trie of chains
-    longest: dict[int, int] = {}  # node -> most tokens any earlier request held in that block
-    b = int(frame["block_tokens"].iloc[0]) if len(frame) else 1
     rows = []
-    for r in frame.itertuples(index=False):
-        node, hit_blocks, hit_tokens = -1, 0, 0
-        for i, block_id in enumerate(r.hash_ids):
-            node = children.setdefault((node, block_id), len(children))
-            size = min(b, r.prompt_tokens - i * b)  # the last block may be partial
-            seen = longest.get(node, 0)
-            hit_blocks += seen >= size
-            hit_tokens += min(seen, size)
-            longest[node] = max(seen, size)
+    for r, blocks in _block_hits(frame):
+        hit_blocks = sum(hit == size for _, size, hit in blocks)
+        hit_tokens = sum(hit for _, _, hit in blocks)
         rows.append((r.request_id, r.arrival_s, r.prompt_tokens, len(r.hash_ids), hit_blocks, hit_tokens))
     return pd.DataFrame(rows, columns=["request_id", "arrival_s", "prompt_tokens", "blocks", "hit_blocks",
                                        "hit_tokens"])
@@ -110,21 +118,10 @@ def hit_sources(frame: pd.DataFrame, shared_min_requests: int = SHARED_MIN_REQUE
     for ids in frame["hash_ids"]:
         for h in set(ids):
             popularity[h] = popularity.get(h, 0) + 1
-    children: dict[tuple[int, int], int] = {}  # the same trie of chains as prefix_sharing
-    longest: dict[int, int] = {}
-    b = int(frame["block_tokens"].iloc[0]) if len(frame) else 1
     rows = []
-    for r in frame.itertuples(index=False):
-        node, shared, own = -1, 0, 0
-        for i, block_id in enumerate(r.hash_ids):
-            node = children.setdefault((node, block_id), len(children))
-            size = min(b, r.prompt_tokens - i * b)
-            seen = longest.get(node, 0)
-            if popularity[block_id] >= shared_min_requests:
-                shared += min(seen, size)
-            else:
-                own += min(seen, size)
-            longest[node] = max(seen, size)
+    for r, blocks in _block_hits(frame):
+        shared = sum(hit for block_id, _, hit in blocks if popularity[block_id] >= shared_min_requests)
+        own = sum(hit for block_id, _, hit in blocks if popularity[block_id] < shared_min_requests)
         kind = "later turn" if own else ("first turn under a shared prompt" if shared else "nothing reused")
         rows.append((r.request_id, r.prompt_tokens, shared + own, shared, own, kind))
     return pd.DataFrame(rows, columns=["request_id", "prompt_tokens", "hit_tokens", "shared_hit_tokens",
@@ -353,14 +350,10 @@ def trace_sweep_main(args) -> int:
     """``python -m kvlab sweep --trace PATH``: the options of ``kvlab.experiments.load``, a trace for the workload."""
     from ..model.decoder import build_model
     from ..results_io import save_results
-    from .load import _config, parse_rates
+    from .load import parse_rates, sweep_settings
     from .threads import torch_threads
 
-    config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
-    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
-    scheduler = scheduler_config(args.policy, args.priority, args.max_seqs, max(512, args.max_seqs),
-                                 args.max_waiting or None)
-    slo = SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
+    config, cost_model, scheduler, slo = sweep_settings(args)
     try:
         rates = parse_rates(args.rates) if args.rates else None
         trace_format = args.trace_format or detect_format(args.trace)

@@ -27,6 +27,15 @@ def _axes(ax: Axes | None, size: tuple[float, float] = (6.5, 4.2)) -> Axes:
     return Figure(figsize=size, layout="constrained").subplots()
 
 
+def _finish(ax: Axes, legend: bool, loc: str = "upper left", **labels) -> Figure:
+    """How every panel here ends: its title and axis labels, a light grid and (if asked) the legend."""
+    ax.set(**labels)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7, loc=loc)
+    return ax.figure
+
+
 def _bits_of(setting: str, default: float = np.nan) -> float:
     m = re.search(r"bits=(\d+)", setting)
     return float(m.group(1)) if m else default
@@ -97,12 +106,8 @@ def plot_memory_vs_context(frame: pd.DataFrame, bytes_per_token: int | None = No
             ax.annotate(f"static: {first['reserved_bytes'] / 1024:,.0f} KiB reserved, empty",
                         (first["stored_tokens"], first["allocated_bytes"] / 1024), textcoords="offset points",
                         xytext=(4, -14), fontsize=7, color=cache_color("static"))
-    ax.set(title="Memory vs context", xlabel="tokens in the cache", ylabel="KiB allocated")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="upper left")
-    return ax.figure
+    return _finish(ax, legend, title="Memory vs context", xlabel="tokens in the cache", ylabel="KiB allocated")
 
 
 def plot_latency_vs_context(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -117,13 +122,9 @@ def plot_latency_vs_context(frame: pd.DataFrame, ax: Axes | None = None, legend:
         p50, p95 = rows["token_ms_p50"].to_numpy(), rows["token_ms_p95"].to_numpy()
         ax.errorbar(x, p50, yerr=[np.zeros_like(p50), p95 - p50], color=st["color"], marker=st["marker"],
                     ls=st["ls"], lw=1.4, ms=5, capsize=3, elinewidth=0.8, label=_label_of(setting))
-    ax.set(title="Time per token vs context (p50, whisker to p95)", xlabel="prompt tokens",
-           ylabel="ms per decode step")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="upper left")
-    return ax.figure
+    return _finish(ax, legend, title="Time per token vs context (p50, whisker to p95)", xlabel="prompt tokens",
+                   ylabel="ms per decode step")
 
 
 def plot_cache_time(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -143,13 +144,9 @@ def plot_cache_time(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = 
     if not len(measured):
         ax.text(0.5, 0.5, "not measured on this device\n(timing inside update needs CPU)", ha="center",
                 va="center", transform=ax.transAxes, fontsize=9, color="#555")
-    ax.set(title="Time inside the cache per step", xlabel="prompt tokens",
-           ylabel="ms per step in update()")
     ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="upper left")
-    return ax.figure
+    return _finish(ax, legend, title="Time inside the cache per step", xlabel="prompt tokens",
+                   ylabel="ms per step in update()")
 
 
 def expected_bytes_moved(context_tokens: int, stored_tokens: int, bytes_per_token: int) -> float:
@@ -232,14 +229,10 @@ def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool 
     for r in first.itertuples():
         ax.annotate(f"{r.context_tokens} tok", (r.bytes_moved_per_step / 1024, dyn.get(r.context_tokens, np.nan)),
                     textcoords="offset points", xytext=(0, -12), ha="center", fontsize=7, color="#555")
-    ax.set(title="Offloaded: step time vs bytes moved (p50)", xlabel="KiB moved per decode step",
-           ylabel="ms per decode step")
     ax.set_ylim(bottom=0)
     ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="upper left")
-    return ax.figure
+    return _finish(ax, legend, title="Offloaded: step time vs bytes moved (p50)", xlabel="KiB moved per decode step",
+                   ylabel="ms per decode step")
 
 
 def _summary(accuracy: pd.DataFrame) -> pd.DataFrame:
@@ -278,13 +271,10 @@ def plot_accuracy_vs_bits(accuracy: pd.DataFrame, ax: Axes | None = None, legend
     ax.set_ylim(-0.03, 1.05)
     pairs = accuracy["pairs"].iloc[0] if "pairs" in accuracy else None
     n = int(accuracy.groupby("setting", sort=False)["examples"].sum().iloc[0]) if len(accuracy) else 0
-    ax.set(title=f"Recall accuracy vs bits ({n} questions" + (f", {pairs} pairs)" if pairs else ")"),
-           xlabel="bits per stored key/value element", ylabel="exact answers")
     ax.yaxis.set_major_formatter(lambda y, _p: f"{y:.0%}")
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="best")
-    return ax.figure
+    return _finish(ax, legend, "best", title=f"Recall accuracy vs bits ({n} questions"
+                   + (f", {pairs} pairs)" if pairs else ")"),
+                   xlabel="bits per stored key/value element", ylabel="exact answers")
 
 
 def plot_accuracy_by_distance(accuracy: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -307,13 +297,9 @@ def plot_accuracy_by_distance(accuracy: pd.DataFrame, ax: Axes | None = None, le
     first = acc.drop_duplicates("distance_mid")
     ax.set_xticks(first["distance_mid"], [f"{m:.0f}\nn={n}" for m, n in zip(first["distance_mid"], first["examples"])])
     ax.set_ylim(-0.03, 1.05)
-    ax.set(title="Recall accuracy by distance", ylabel="exact answers",
-           xlabel="tokens between the fact and the query (bucket middle, n questions)")
     ax.yaxis.set_major_formatter(lambda y, _p: f"{y:.0%}")
-    ax.grid(alpha=0.3)
-    if legend:
-        ax.legend(fontsize=7, loc="best")
-    return ax.figure
+    return _finish(ax, legend, "best", title="Recall accuracy by distance", ylabel="exact answers",
+                   xlabel="tokens between the fact and the query (bucket middle, n questions)")
 
 
 def plot_strategies(frame: pd.DataFrame, accuracy: pd.DataFrame | None = None,
