@@ -55,19 +55,27 @@ class CompiledDecodeStep:
 
     def _first_call(self, key: tuple, token: torch.Tensor, positions: torch.Tensor,
                     cache: FixedShapeStaticCache) -> torch.Tensor:
+        backend = getattr(self.backend, "__name__", self.backend)
         print(f"kvlab: compiling the decode step for a {cache.max_len}-token static cache with torch.compile "
-              f"({self.backend}); once per model and cache length...", file=sys.stderr, flush=True)
+              f"({backend}); once per model and cache length...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
             logits = self.compiled(token, positions, cache)
         except Exception as e:  # no compiler, or one that fails on this machine: run the same step eagerly
-            self.fallback = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+            self.fallback = short_reason(e)
             print(f"kvlab: torch.compile failed ({self.fallback}); decode steps run uncompiled (same tokens, "
                   "no speed-up)", file=sys.stderr, flush=True)
             return self.step(token, positions, cache)  # rewrites the same slot: safe after a partial run
         self.compile_s[key] = time.perf_counter() - t0
         print(f"kvlab: compiled in {self.compile_s[key]:.1f} s", file=sys.stderr, flush=True)
         return logits
+
+
+def short_reason(e: Exception, limit: int = 300) -> str:
+    """One line saying why compiling failed: the exception's type and its first lines, without torch's hints."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(("Set TORCH", "You can suppress", "For even more"))]
+    return f"{type(e).__name__}: {' '.join(lines[:2])}"[:limit]
 
 
 _STEPS: "weakref.WeakKeyDictionary[Decoder, dict[tuple, CompiledDecodeStep]]" = weakref.WeakKeyDictionary()
@@ -81,4 +89,4 @@ def compiled_step(model: Decoder, backend: str = "inductor", mode: str | None = 
     return steps[(backend, mode)]
 
 
-__all__ = ["CompiledDecodeStep", "compiled_step"]
+__all__ = ["CompiledDecodeStep", "compiled_step", "short_reason"]

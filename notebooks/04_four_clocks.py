@@ -187,7 +187,7 @@ display(mean_vs_tail(mixed.requests).round(3))
 plot_clock_distribution(mixed.requests, "ttft_s")
 
 # %%
-verdicts(mixed, "fewer_than_half_wait_longer_than_the_mean", "ttft_tail_is_well_above_the_mean")
+verdicts(mixed, "share_waiting_longer_than_the_mean", "ttft_tail_is_well_above_the_mean")
 
 # %% [markdown]
 # **Reading the figure.** When the bars pile up on the left with a thin tail to the right, a few

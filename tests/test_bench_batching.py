@@ -1,9 +1,14 @@
-"""The batching benchmark, shrunk to a tiny model: every run reported with the agreed schema (not its speed)."""
+"""The batching benchmark, shrunk to a tiny model: every run reported with the agreed schema (not its speed).
+
+Its ratios come from interleaved rounds: the tests recompute them from the per-round throughputs the
+report keeps, so a ratio is always the median of paired per-round ratios, with its spread.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,7 +22,7 @@ from kvlab.serving.reservation import ReservationEngine, ReservingBlockManager
 from kvlab.workload import Request
 
 TINY = BenchSettings(config="tiny", requests=5, prompt_tokens=(8, 40), output_tokens=(2, 10), max_seqs=2,
-                     max_batch_tokens=64, max_model_len=128, spreads=((6, 6), (2, 10)), threads=1)
+                     max_batch_tokens=64, max_model_len=128, spreads=((6, 6), (2, 10)), threads=1, repeats=3)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +51,37 @@ def test_report_has_ratios_spreads_paging_and_the_environment(report):
     assert report["spread"][0]["mean_output"] == report["spread"][1]["mean_output"] == 6  # only the spread differs
     assert "generate_batch takes one max_new_tokens" in report["settings"]["transformers_note"]
     assert {"versions", "cpu", "threads"} <= set(report["env"]) and report["env"]["threads"] == 1
+    assert set(report["load_average"]) == {"before", "after"} and "1m" in report["load_average"]["before"]
     json.loads(to_json(report))  # what --json writes: strict JSON
+
+
+def test_cells_run_in_rotated_rounds_and_ratios_are_paired_within_rounds(report):
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert len({tuple(r["order"][0]) for r in rounds}) == 3  # a different cell first in each round
+    assert all(sorted(map(tuple, r["order"])) == sorted(map(tuple, rounds[0]["order"])) for r in rounds)
+    cell = {(r["impl"], r["policy"], r["outputs"]): r for r in report["results"]}
+    for r in report["results"]:
+        tps = r["runs_output_tokens_per_s"]
+        assert r["repeats"] == len(tps) == 3
+        assert r["output_tokens_per_s"] == sorted(tps)[1]  # the median run stands for its cell
+        sp = r["spread_output_tokens_per_s"]
+        assert (sp["min"], sp["median"], sp["max"]) == pytest.approx((min(tps), np.median(tps), max(tps)))
+    ratios = report["summary"]["ratios"]
+    assert ratios, "every summary ratio is listed with its spread"
+    for r in ratios:
+        a, b = cell[tuple(r["a"])], cell[tuple(r["b"])]
+        per_round = [x / y for x, y in zip(a["runs_output_tokens_per_s"], b["runs_output_tokens_per_s"])]
+        s = r["output_tokens_per_s"]
+        assert s["values"] == pytest.approx(per_round) and s["n"] == 3
+        assert s["median"] == pytest.approx(np.median(per_round))
+        assert (s["min"], s["q1"], s["q3"], s["max"]) == pytest.approx(
+            (min(per_round), np.percentile(per_round, 25), np.percentile(per_round, 75), max(per_round)))
+    by_pair = {(tuple(r["a"]), tuple(r["b"])): r["output_tokens_per_s"]["median"] for r in ratios}
+    assert report["summary"]["ratio_continuous_static"] == by_pair[
+        (("kvlab", "continuous", "mixed 2-10"), ("kvlab", "static", "mixed 2-10"))]
+    assert report["summary"]["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] == by_pair[
+        (("kvlab", "continuous", "fixed 10"), ("transformers", "generate_batch", "fixed 10"))]
 
 
 def test_paging_fits_more_sequences_than_max_length_reservation_and_wastes_less():
@@ -85,5 +120,6 @@ def test_cli_writes_the_report_as_json(tmp_path, monkeypatch):
     assert batching.main(args) == 0
     doc = json.loads(path.read_text())
     assert doc["benchmark"] == "batching" and len(doc["results"]) == 2 and doc["spread"] == []
+    assert len(doc["settings"]["load_average_1m"]) == 2  # before and after
     assert all(set(ENTRY_KEYS) <= set(r) for r in doc["results"])
     assert torch.get_num_threads() >= 1

@@ -1,7 +1,7 @@
 """Batching benchmark: static vs continuous batching in kvlab, and transformers' generate_batch, on the same weights.
 
 ``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8]
-[--threads 1] [--repeats N] [--no-spread] [--no-transformers]``
+[--threads 1] [--rounds 5] [--no-spread] [--no-transformers]``
 
 One fixed, seeded, mixed workload: ``--requests`` requests (prompts 32-512 tokens, outputs
 16-128), all arriving at once, greedy, every request running to its own output length (no stop
@@ -20,10 +20,14 @@ token). It is served by:
 Every run is timed at the client side on one clock: all requests are handed over at t = 0,
 tokens stamped as they are produced (kvlab: the engine's wall clock; transformers: its
 ``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
-warm-up of each implementation runs first and is not counted. With ``--repeats N`` every cell
-runs N times, round-robin over the cells, and the run with the median throughput is reported
-(all N are kept). Threads default to 1 for every implementation: on a shared 2-core machine a
-step split over both cores waits for the slower one (see kvlab/threads.py).
+warm-up of each implementation runs first and is not counted. Every cell then runs once per
+*round* (``--rounds``, default 5), in an order rotated from round to round
+(``kvlab/benchmarks/rounds.py``); the run with the median throughput stands for its cell (all are
+kept, with their spread), and every ratio is the median over rounds of the ratio *within* a round,
+reported with its IQR and min-max: a busy spell on a shared machine slows both sides of a round
+alike. The load average is recorded before and after. Threads default to 1 for every
+implementation: on a shared 2-core machine a step split over both cores waits for the slower one
+(see kvlab/threads.py).
 
 Two extra measurements:
 
@@ -41,7 +45,6 @@ Two extra measurements:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -60,6 +63,8 @@ from ..serving.scheduler import SchedulerConfig
 from ..results_io import write_json
 from ..threads import torch_threads
 from ..workload import Request
+from .rounds import format_load, format_spread, load_average, paired_ratio, rotated
+from .rounds import spread as spread_of  # run_benchmark has an argument named spread
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths spread evenly over [lo, hi]: one mean (72), wider spread
@@ -80,7 +85,7 @@ class BenchSettings:
     block_size: int = 16
     max_model_len: int = 1024
     seed: int = 0
-    repeats: int = 1  # runs of every cell, round-robin; the median one is reported
+    repeats: int = 5  # interleaved rounds: every cell runs once per round, in a rotated order
     threads: int | None = 1  # the lab's default on a shared machine (kvlab/threads.py)
     spreads: tuple[tuple[int, int], ...] = SPREADS
 
@@ -265,6 +270,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
     from ..env import environment
 
     s.check()
+    load_before = load_average()
     config = CONFIGS[s.config]()
     model = build_model(config, seed=s.seed)
     vocab = config.vocab_size
@@ -300,23 +306,31 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
         plan += [("kvlab", policy, f"{lo}-{hi}", kvlab_run(reqs, policy))
                  for (lo, hi), reqs in spread_sets.items() for policy in ("static", "continuous")]
         runs: dict[tuple, list[dict]] = {p[:3]: [] for p in plan}
-        for rep in range(s.repeats):  # round-robin: a busy moment on a shared machine hits every run alike
-            for impl, policy, outputs, fn in plan:
-                log(f"  [{rep + 1}/{s.repeats}] {impl:<13}{policy:<50}{outputs}")
+        rounds = []
+        for rnd in range(s.repeats):  # interleaved rounds: a busy moment on a shared machine hits every cell alike
+            order = rotated(plan, rnd)
+            rounds.append({"round": rnd + 1, "order": [list(p[:3]) for p in order],
+                           "load_1m_before": load_average()["1m"]})
+            for impl, policy, outputs, fn in order:
+                log(f"  [{rnd + 1}/{s.repeats}] {impl:<13}{policy:<50}{outputs}")
                 records, wall = fn()
                 runs[(impl, policy, outputs)].append(entry(impl, policy, outputs, records, wall))
     results = []
     for key, rs in runs.items():  # the run with the median throughput stands for its cell; all are kept
         ordered = sorted(rs, key=lambda r: r["output_tokens_per_s"])
-        results.append({**ordered[(len(ordered) - 1) // 2], "repeats": len(rs),
-                        "runs_output_tokens_per_s": [r["output_tokens_per_s"] for r in rs]})
+        tps = [r["output_tokens_per_s"] for r in rs]
+        results.append({**ordered[(len(ordered) - 1) // 2], "repeats": len(rs), "runs_output_tokens_per_s": tps,
+                        "spread_output_tokens_per_s": spread_of(tps)})
     cell = {(r["impl"], r["policy"], r["outputs"]): r for r in results}
     cost_model = cost_model or load_calibration(config.name)
+    ratios: list[dict] = []
 
     def ratio(a: tuple, b: tuple) -> float:
-        """Median over repeats of a/b, each pair from the same round (a slow spell hits both alike)."""
-        return float(np.median([x / y for x, y in zip(cell[a]["runs_output_tokens_per_s"],
-                                                      cell[b]["runs_output_tokens_per_s"])]))
+        """Median over rounds of a/b, each pair from the same round (a slow spell hits both alike); the
+        spread goes into ``ratios``."""
+        r = paired_ratio(cell[a]["runs_output_tokens_per_s"], cell[b]["runs_output_tokens_per_s"])
+        ratios.append({"a": list(a), "b": list(b), "output_tokens_per_s": r})
+        return r["median"]
 
     spreads = []
     for lo, hi in (s.spreads if spread else ()):
@@ -337,7 +351,8 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
             ("kvlab", "continuous", f"fixed {fixed_len}"), ("transformers", "generate_batch", f"fixed {fixed_len}"))
         summary["ratio_kvlab_continuous_vs_transformers_continuous_mixed"] = ratio(
             continuous, ("transformers", "continuous (manager, per-request max_new_tokens)", label))
-    summary["ratio_method"] = "median over repeats of the ratio within each round (paired)"
+    summary["ratio_method"] = "median over rounds of the ratio within each round (paired); spreads in 'ratios'"
+    summary["ratios"] = ratios
     paging = paged_vs_reservation(mixed, cost_model, s, kv_budget_tokens)
     env = environment()
     env.update(threads=threads, device_used="cpu")
@@ -350,6 +365,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
                                                "manager API with per-request max_new_tokens") if hf is not None else
                          "transformers not run", "spreads": [list(x) for x in s.spreads] if spread else []},
             "env": env, "results": results, "summary": summary, "spread": spreads, "paged_vs_reservation": paging,
+            "rounds": rounds, "load_average": {"before": load_before, "after": load_average()},
             "created_unix_s": time.time()}
 
 
@@ -360,12 +376,21 @@ def model_to_transformers(model: Decoder):
 
 
 def print_report(report: dict) -> None:
-    cols = ["impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
-            "e2e_p95_s", "completed", "failed"]
-    with pd.option_context("display.width", 220, "display.max_colwidth", 50):
-        print(pd.DataFrame(report["results"])[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    rounds = len(report.get("rounds", [])) or report["settings"].get("repeats", 1)
+    cols = ["impl", "policy", "outputs", "output_tokens_per_s", "tok/s min-max", "ttft_p50_s", "ttft_p95_s",
+            "tpot_p50_s", "e2e_p95_s", "completed", "failed"]
+    frame = pd.DataFrame(report["results"])
+    frame["tok/s min-max"] = [f"{s['min']:.1f}-{s['max']:.1f}" for s in frame["spread_output_tokens_per_s"]]
+    print(f"each cell: the run with the median output tokens/s over {rounds} interleaved rounds (min-max beside it)")
+    with pd.option_context("display.width", 240, "display.max_colwidth", 50):
+        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"\npaired ratios of output tokens/s: A / B within each round, median over {rounds} rounds [IQR, min-max]")
+    for r in report["summary"].get("ratios", []):
+        a, b = " ".join(r["a"]), " ".join(r["b"])
+        print(f"  {a:<40} / {b:<58} {format_spread(r['output_tokens_per_s'], unit='x')}")
     for k, v in report["summary"].items():
-        print(f"{k}: {v:.2f}x" if isinstance(v, float) else f"({k}: {v})")
+        if k.startswith("expected_"):
+            print(f"{k}: {v:.2f}x (virtual time on the cost model: no noise)")
     if report["spread"]:
         print(pd.DataFrame(report["spread"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     p = report["paged_vs_reservation"]
@@ -375,6 +400,8 @@ def print_report(report: dict) -> None:
               f"waste {r['waste_fraction']:.1%}, preemptions {r['preemptions']}")
     print(f"  paged / reserve max_model_len: {p['ratio_mean_running']:.2f}x mean concurrent sequences, "
           f"{p['ratio_peak_running']:.2f}x peak")
+    if "load_average" in report:
+        print(format_load(report["load_average"]["before"], report["load_average"]["after"]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -387,8 +414,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch threads for every implementation (default 1: on a shared machine a step split "
                              "over both cores waits for the slower one; 0 = torch's own choice)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of every cell, round-robin; the median is reported (default 1)")
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=5,
+                        help="interleaved rounds: every cell runs once per round, in a rotated order; the median "
+                             "run is reported and ratios are paired within rounds (default 5)")
     parser.add_argument("--no-spread", action="store_true", help="skip the sweep over output-length spreads")
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' runs")
     parser.add_argument("--kv-budget-tokens", type=int, help="KV budget of the paged-vs-reservation part "
@@ -397,18 +425,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     s = BenchSettings(config=args.config, requests=args.requests, max_seqs=args.max_seqs,
-                      threads=args.threads or None, seed=args.seed, repeats=args.repeats)
+                      threads=args.threads or None, seed=args.seed, repeats=args.rounds)
     try:
         s.check()
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    load = os.getloadavg()[0]
+    load = load_average()
     print(f"kvlab bench batching: {s.config}, {s.requests} requests (prompts {s.prompt_tokens[0]}-"
           f"{s.prompt_tokens[1]}, outputs {s.output_tokens[0]}-{s.output_tokens[1]}, all at once), max batch "
-          f"{s.max_seqs}; machine load average {load:.1f}", file=sys.stderr)
+          f"{s.max_seqs}, {s.repeats} rounds; {format_load(load, load)}", file=sys.stderr)
+    if s.repeats < 5:
+        print(f"  note: {s.repeats} round(s): spreads over fewer than 5 rounds say little", file=sys.stderr)
     report = run_benchmark(s, spread=not args.no_spread, transformers=not args.no_transformers,
                            kv_budget_tokens=args.kv_budget_tokens, log=lambda m: print(m, file=sys.stderr, flush=True))
-    report["settings"]["load_average_1m"] = [load, os.getloadavg()[0]]  # before, after: others share the machine
+    report["settings"]["load_average_1m"] = [report["load_average"]["before"]["1m"],
+                                             report["load_average"]["after"]["1m"]]  # others share the machine
     print_report(report)
     if args.json:
         write_json(args.json, report)

@@ -138,16 +138,16 @@ def _ttft(result: Any) -> tuple[dict, int]:
     return row.to_dict(), int((done > row["mean"]).sum())
 
 
-@claim(NOTEBOOK, clock="wall", example=_mixed_example,
-       says="the mean TTFT ({mean:.1f} ms) is above the median ({p50:.1f} ms): {k} of {n} requests ({share:.0%}) "
-            "waited longer than the mean",
-       otherwise="at least half the requests waited longer than the mean: this run has no long tail to pull the "
-                 "mean up. That happens when almost nobody queued (a fast machine: TTFT is then each prompt's "
-                 "prefill), or when nearly everybody did (an overloaded one): try run_mixed_load(model, rate=12).")
-def fewer_than_half_wait_longer_than_the_mean(result: Any) -> dict:
+@claim(NOTEBOOK, clock="wall", example=_mixed_example, asserts=False,
+       says="the mean TTFT is {mean:.1f} ms and the median {p50:.1f} ms: {k} of {n} requests ({share:.0%}) waited "
+            "longer than the mean",
+       otherwise="the run could not be read.")
+def share_waiting_longer_than_the_mean(result: Any) -> dict:
+    """Shown, not asserted: with a long tail (bursts that queue) the share is well under half; when almost
+    nobody queued (a fast machine) or nearly everybody did (overload), it is near half or above."""
     row, k = _ttft(result)
     return dict(mean=row["mean"] * 1e3, p50=row["p50"] * 1e3, k=k, n=int(row["n"]), share=row["share_above_mean"],
-                holds=row["mean"] > row["p50"] and row["share_above_mean"] < 0.5)
+                holds=True)
 
 
 @claim(NOTEBOOK, clock="wall", example=_mixed_example,

@@ -52,6 +52,8 @@ class Verdict:
     def __str__(self) -> str:
         if self.holds is None:
             return f"· not checked on your run: {self.text}"
+        if not self.claim.asserts:
+            return f"• on your run: {self.text}"
         if self.holds:
             return f"✓ on your run: {self.text}"
         return f"✗ not on your run: {self.text} — {self.claim.otherwise}"
@@ -59,7 +61,7 @@ class Verdict:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds]
+        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds if self.claim.asserts else None]
         return f'<div class="kvlab-claim" style="color:{color}">{html.escape(str(self))}</div>'
 
 
@@ -86,6 +88,7 @@ class Claim:
     otherwise: str  # what to look at when it does not hold, and why that can happen
     clock: Clock
     example: Callable[[], Any] | None = None  # a small result to check the claim on (tests)
+    asserts: bool = True  # False: a measurement shown with its n, not a fact that could fail (too run-dependent)
 
     def on(self, result: Any) -> Verdict:
         """Check this claim on ``result``; never raises (a run it cannot read is "not checked")."""
@@ -104,9 +107,14 @@ class Claim:
 CLAIMS: dict[str, Claim] = {}
 
 
-def claim(notebook: str, *, says: str, otherwise: str, clock: Clock,
-          example: Callable[[], Any] | None = None) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
-    """Register the decorated measure as a claim of ``notebook`` (see the module docstring)."""
+def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, example: Callable[[], Any] | None = None,
+          asserts: bool = True) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
+    """Register the decorated measure as a claim of ``notebook`` (see the module docstring).
+
+    ``asserts=False`` makes it an observation: a run-dependent measurement shown with its n
+    (``• on your run: …``), never marked ✓ or ✗, because on some machines and loads it goes either way.
+    Its measure still returns ``holds`` (True when the run could be read).
+    """
     if clock not in ("deterministic", "wall"):
         raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")
 
@@ -114,7 +122,7 @@ def claim(notebook: str, *, says: str, otherwise: str, clock: Clock,
         name = measure.__name__
         if name in CLAIMS:
             raise ValueError(f"a claim named {name!r} is already registered (for {CLAIMS[name].notebook})")
-        c = Claim(name, notebook, says, measure, otherwise, clock, example)
+        c = Claim(name, notebook, says, measure, otherwise, clock, example, asserts)
         CLAIMS[name] = c
         return c
 

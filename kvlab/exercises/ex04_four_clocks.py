@@ -99,8 +99,8 @@ def share_above_mean(values):
 ```
 With a long tail, a few slow requests pull the mean above the median, so fewer than half the requests
 wait longer than the mean; how many fewer changes from run to run, and with a few dozen requests
-one request moves the share by a few points. The verdict under the figure gives the share on your
-run with its n. Either way the mean describes neither the typical request nor the unlucky one.""")
+one request moves the share by a few points. The line under the figure gives the share on your
+run with its n; without a tail (almost nobody queued, or nearly everybody did) it is near one half. Either way the mean describes neither the typical request nor the unlucky one.""")
 def check_share_above_mean(answer: Any) -> Feedback:
     """A function share_above_mean(values) -> the fraction of values strictly above their mean."""
     cases = [({"values": [10, 11, 12, 13, 400]}, 0.2), ({"values": [1, 2, 3, 4]}, 0.5),
