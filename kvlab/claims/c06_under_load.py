@@ -141,7 +141,8 @@ def real_and_simulated_rise_with_load(check: Any) -> dict:
 
     values = {f"{c}_{s[:4].rstrip('u')}": growth(f"{c}_p95_s", s) for c in ("ttft", "e2e")
               for s in ("real", "simulated")}
-    return dict(**values, holds=all(v > 1.2 for v in values.values()))
+    # The direction, not the size: with a dozen requests per level a p95 rests on one or two of them.
+    return dict(**values, holds=all(v > 1.05 for v in values.values()))
 
 
 # -- the service curves (virtual time on the shipped calibration) ------------------------------------------
