@@ -196,9 +196,8 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
     if old is not None:
         _carry_over(old, new, keep_outputs=text_only)
     detail = ""
-    if text_only:
-        if "kvlab" in old.metadata:
-            new.metadata["kvlab"] = old.metadata["kvlab"]
+    if text_only:  # the saved run's metadata (language_info, run time) stays with its outputs
+        new.metadata.update({k: v for k, v in old.metadata.items() if k != "widgets"})
     else:
         seconds = execute(new, notebook.parent)
         detail = f"executed in {seconds:.1f} s"
