@@ -76,7 +76,7 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each), counted by hand and by the "
            "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 15,
-           modules=("kvlab.experiments.capacity", "kvlab.plots.capacity")),
+           modules=("kvlab.experiments.capacity", "kvlab.plots.capacity", "kvlab.widgets.paged_capacity")),
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "

@@ -80,6 +80,18 @@ verdicts(table, "reservation_fits_budget_over_context", "paging_fits_more_sequen
          "paging_wastes_only_last_blocks")
 
 # %% [markdown]
+# ### Your own budget
+#
+# The same count for the budget, context limit, block size and queue you choose. Press **Run**, then
+# halve the budget, or raise the max context: which scheme loses more sequences?
+
+# %%
+from kvlab.widgets.paged_capacity import capacity_panel
+
+panel = capacity_panel(cfg)
+panel
+
+# %% [markdown]
 # **Reading the figure.** Reserving the maximum fills the budget with as many sequences as the
 # context divides into it, and most of what those reservations hold is space no token will ever
 # use. Paging fits several times as many in the same bytes; what it wastes is the empty ends of

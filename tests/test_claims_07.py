@@ -45,3 +45,18 @@ def test_the_levers_claims_read_the_smallest_cap_and_the_longest_context():
     assert v.holds is False and "cuts 0 of the 40 prompts" in v.text  # nothing to cut: the sentence says so
     with pytest.raises(ValueError):
         verdicts(levers, "no_such_claim")
+
+
+def test_the_capacity_panel_counts_what_the_notebook_counts():
+    from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
+    from kvlab.experiments.serving_run import lesson_model
+    from kvlab.widgets.paged_capacity import capacity_panel
+
+    cfg = lesson_model().config
+    panel = capacity_panel(cfg)
+    assert "kvlab-run" in panel.button._dom_classes
+    result = panel.run(budget_tokens=4096, block_size=32)
+    expected = paged_vs_reserved(cfg, capacity_workload(cfg, n=64, max_context=1024), budget_for_tokens(cfg, 4096),
+                                 block_size=32, max_model_len=1024)
+    assert result.frame["sequences_fit"].tolist() == expected["sequences_fit"].tolist()
+    assert result.figure is not None
