@@ -11,7 +11,8 @@ code, so an editor, a linter and ``grep`` see them. ``build`` turns a source int
 - when every code cell is unchanged, the outputs of the committed notebook are kept and no kernel
   starts (a text-only edit changes only its own cells in the ``.ipynb``);
 - when a code cell changed, the notebook is executed top to bottom (as nbval will) and saved with
-  its new outputs; nothing is ever written with its outputs silently wiped.
+  its new outputs, and the README's course map gets its new run time; nothing is ever written
+  with its outputs silently wiped.
 
     python -m kvlab notebooks                 # rebuild every notebook whose source changed
     python -m kvlab notebooks 03 06           # only these (name prefixes)
@@ -219,6 +220,19 @@ def selected(prefixes: list[str], folder: Path | None = None) -> list[Path]:
     return [folder / n for n in chosen]
 
 
+def update_course_map() -> None:
+    """Rewrite the README's course map, whose run-time column comes from the notebooks just executed."""
+    from .course import with_course_map
+
+    readme = notebook_dir().parent / "README.md"
+    if readme.exists():
+        text = readme.read_text(encoding="utf-8")
+        updated = with_course_map(text)
+        if updated != text:
+            readme.write_text(updated, encoding="utf-8")
+            print("README.md: course map updated with the new run times")
+
+
 def add_arguments(parser) -> None:
     """The options of ``python -m kvlab notebooks``."""
     parser.add_argument("only", nargs="*", help="notebook name prefixes, e.g. 03 06 (default: all)")
@@ -228,11 +242,14 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     """Rebuild (or ``--check``) the selected notebooks from their sources; 1 when ``--check`` finds drift."""
-    stale = 0
+    stale = executed = 0
     for path in selected(args.only):
         result = build(path, force_execute=args.execute, check=args.check)
         stale += result.action == "out of date"
+        executed += result.action == "executed"
         print(f"{result.notebook}: {result.action}" + (f" ({result.detail})" if result.detail else ""), flush=True)
+    if executed:
+        update_course_map()
     if stale:
         print(f"{stale} notebook(s) differ from their source: run python -m kvlab notebooks", file=sys.stderr)
     return 1 if stale else 0

@@ -59,7 +59,7 @@ print(f"expected answer: {ex.answer}   model's answer: {out.text}   "
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.threads import torch_threads
+from kvlab.threads import torch_threads
 
 held_out = make_examples(100, 16, seed=1000)
 with torch_threads(1):

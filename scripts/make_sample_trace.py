@@ -37,7 +37,7 @@ of first appearance.
 
 A bigger trace of the same kind, e.g. one hour of ~20,000 requests for timing the simulator:
 
-    python scripts/make_sample_trace.py --format mooncake --n 20000 --rate 5.5 --out /tmp/mooncake_20k.jsonl
+    python scripts/make_sample_trace.py --format mooncake --n 20000 --rate 5.5 --out results/mooncake_20k.jsonl
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from ..cache import check_cache_options, make_cache
 from ..model.decoder import Decoder
 from ..quality import EXACT, compare_to_exact, describe_cache
 from .progress import Progress, no_progress
-from .threads import torch_threads
+from ..threads import torch_threads
 
 
 def _options(setting: dict) -> dict:

@@ -33,7 +33,7 @@ from ..serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_s
 from ..workload import PROFILE_NAMES, Request, make_workload
 from .progress import Progress, no_progress
 from .slowdown import slowdown_config
-from .threads import torch_threads
+from ..threads import torch_threads
 
 CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token

@@ -22,7 +22,7 @@ from ..model.config import PUBLISHED_CONFIGS, ModelConfig, tiny_llama
 from ..model.decoder import Decoder, build_model
 from .progress import Progress, no_progress
 from .slowdown import prompt_ids
-from .threads import torch_threads
+from ..threads import torch_threads
 
 GIB = 2**30
 

@@ -351,7 +351,7 @@ def trace_sweep_main(args) -> int:
     from ..model.decoder import build_model
     from ..results_io import save_results
     from .load import parse_rates, sweep_settings
-    from .threads import torch_threads
+    from ..threads import torch_threads
 
     config, cost_model, scheduler, slo = sweep_settings(args)
     try:

@@ -21,7 +21,7 @@ from ..generate import check_generation_args, generate
 from ..model.config import ModelConfig, tiny_llama
 from ..model.decoder import Decoder, build_model
 from .progress import Progress, no_progress
-from .threads import torch_threads
+from ..threads import torch_threads
 
 
 def slowdown_config(**overrides) -> ModelConfig:

@@ -36,7 +36,7 @@ from ..generate import generate
 from ..model.decoder import Decoder
 from ..quality import EXACT, compare_to_exact, describe_cache
 from .progress import Progress, no_progress
-from .threads import torch_threads
+from ..threads import torch_threads
 
 DEFAULT_PAIRS: tuple[int, ...] = (4, 8, 16)  # 37, 69 and 133 prompt tokens
 DEFAULT_SETTINGS: tuple[dict, ...] = (
