@@ -185,7 +185,7 @@ def test_missing_checkpoint_directory_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("threads", [1, 2, 3, 4])
 def test_split_products_equal_the_plain_product(threads):
     """The decoder's weight products split their inner dimension across threads: same result up to rounding."""
-    from kvlab.model.decoder import matvec
+    from kvlab.model.matvec import matvec
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -198,5 +198,28 @@ def test_split_products_equal_the_plain_product(threads):
         wide = torch.randn(512, 2752, generator=gen)  # llama-30m's fused gate/up: the split serves wide outputs too
         x = torch.randn(1, 1, 512, generator=gen)
         torch.testing.assert_close(matvec(x, wide), x @ wide, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_compiled_split_product_stays_one_operator_and_equals_the_plain_product():
+    """Under torch.compile the split product is the opaque kvlab::split_matvec (so inductor cannot
+    rewrite it into a slower multiply-and-sum), with the eager result."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from kvlab.model.matvec import matvec
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(512, 1536, generator=gen), torch.randn(1, 1, 512, generator=gen)
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(matvec, backend=counter, fullgraph=True)
+        torch.testing.assert_close(compiled(x, w), x @ w, atol=1e-4, rtol=1e-5)
+        graph = counter.graphs[0]
+        targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+        assert any("split_matvec" in t for t in targets), targets
+        assert not any("bmm" in t for t in targets), targets
     finally:
         torch.set_num_threads(before)

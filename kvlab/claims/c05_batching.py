@@ -353,7 +353,7 @@ def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
             "step is not at the memory floor; the rest is the fixed cost of running each operation",
        otherwise="the step read its weights faster than the bandwidth measured here. The weights are small enough "
                  "to stay in the processor's cache between steps, which is faster than the main memory the "
-                 "bandwidth test reads (a 64 MB matrix): on a model this small, the memory floor is not the "
+                 "bandwidth test reads (a 256 MB matrix): on a model this small, the memory floor is not the "
                  "main memory's.")
 def batch_one_decode_reads_below_the_bandwidth(result: Any) -> dict:
     d = _decode_rows(result)

@@ -9,7 +9,7 @@ measured in the same run:
 
 - ``memory_floor_s``: the bytes a step must read (the weights it streams, ``weight_bytes_per_step``,
   plus the stored K/V it attends over) / this machine's memory bandwidth (``machine_bandwidth``: a
-  matrix-vector product over a 64 MB matrix, the way decode reads memory);
+  matrix-vector product over a 256 MB matrix, the way decode reads memory);
 - ``compute_floor_s``: the step's arithmetic (2 x weights x batch) / this machine's speed on a
   large matrix product (``matmul_gflops``).
 

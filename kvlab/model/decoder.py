@@ -7,40 +7,17 @@ import torch.nn.functional as F
 
 from ..cache.base import KVCache
 from .config import ModelConfig
+from .matvec import matvec
 
 # Weights are stored as [in, out] and applied as x @ W. A single row times a contiguous [in, out]
 # matrix streams memory markedly faster on CPU than F.linear's x @ W.T over an [out, in] matrix,
 # and batch-1 decoding is bound by how fast the weights stream. q/k/v are fused into one matrix and
-# gate/up into another, so a Llama layer does four matrix products, each through ``matvec``.
-
-SPLIT_MAX_ROWS = 16  # products of up to this many rows (decode steps) are split by their inner dimension
+# gate/up into another, so a Llama layer does four matrix products, each through ``matvec``
+# (matvec.py: split across threads by the inner dimension for a decode step's few rows).
 
 
 def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
-
-
-def matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x (..., K) @ w (K, N), the weight products of a decode step: a few rows against a big matrix.
-
-    On CPU, torch splits a product of a few rows with an [in, out] matrix across threads by output
-    columns, so each thread reads a piece of every row of the weight (1 KB of each 2 KB row when
-    N = 512) and memory streams at 13-24 GB/s on 2 cores. Splitting the inner dimension K instead
-    hands each thread one contiguous block of rows (one batched product) and sums the partial
-    results: 23-37 GB/s on the same shapes (llama-30m's, measured on 2 cores); the 33 products of a
-    llama-30m decode step took 4.4 ms instead of 7.0 ms. Same products, added in another order (fp32
-    results differ in the last bits). More than SPLIT_MAX_ROWS rows (a prompt) are compute-bound, not
-    memory-bound: they take the plain product, as does a single thread.
-    """
-    if torch.compiler.is_compiling():  # under torch.compile the compiler chooses the product's kernels itself
-        return x @ w
-    splits, (K, N) = torch.get_num_threads(), w.shape
-    rows = x.numel() // K
-    if x.device.type != "cpu" or splits < 2 or K % splits or not 0 < rows <= SPLIT_MAX_ROWS:
-        return x @ w
-    parts = x.reshape(-1, splits, K // splits).transpose(0, 1)  # (splits, rows, K/splits)
-    y = torch.bmm(parts, w.view(splits, K // splits, N)).sum(0)  # (rows, N): partial products summed
-    return y.view(*x.shape[:-1], N)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
