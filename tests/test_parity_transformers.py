@@ -202,24 +202,24 @@ def test_split_products_equal_the_plain_product(threads):
         torch.set_num_threads(before)
 
 
-def test_compiled_split_product_stays_one_operator_and_equals_the_plain_product():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_split_product_stays_one_operator_and_equals_the_plain_product(threads):
     """Under torch.compile the split product is the opaque kvlab::split_matvec (so inductor cannot
-    rewrite it into a slower multiply-and-sum), with the eager result."""
+    rewrite it into a slower multiply-and-sum), with the eager result; one thread has nothing to split."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from kvlab.model.matvec import matvec
 
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     try:
         gen = torch.Generator().manual_seed(0)
         w, x = torch.randn(512, 1536, generator=gen), torch.randn(1, 1, 512, generator=gen)
         counter = CompileCounterWithBackend("aot_eager")
         compiled = torch.compile(matvec, backend=counter, fullgraph=True)
         torch.testing.assert_close(compiled(x, w), x @ w, atol=1e-4, rtol=1e-5)
-        graph = counter.graphs[0]
-        targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
-        assert any("split_matvec" in t for t in targets), targets
+        targets = [str(n.target) for n in counter.graphs[0].graph.nodes if n.op == "call_function"]
+        assert any("split_matvec" in t for t in targets) == (threads > 1), targets
         assert not any("bmm" in t for t in targets), targets
     finally:
         torch.set_num_threads(before)

@@ -52,6 +52,26 @@ def test_generate_compiles_the_static_step_once_and_says_how_long_it_took(model,
     assert "compiling the decode step for a 40-token static cache" in capsys.readouterr().err
 
 
+def test_a_compiled_step_on_two_threads_keeps_the_split_product_and_the_tokens(model):
+    """With two threads the compiled step's weight products are kvlab::split_matvec (kvlab/model/matvec.py):
+    "aot_eager" traces it through its fake implementation and runs it, and the tokens stay the dynamic cache's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    prompt, backend = list(range(5, 29)), CompileCounterWithBackend("aot_eager")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference = kvlab.generate(model, prompt, cache="dynamic", max_new_tokens=8).tokens
+        got = kvlab.generate(model, prompt, cache="static", max_new_tokens=8, max_len=41, compile=True,
+                             compile_backend=backend)
+    finally:
+        torch.set_num_threads(before)
+    assert got.settings["compiled"] and got.tokens == reference
+    targets = [str(n.target) for g in backend.graphs for n in g.graph.nodes if n.op == "call_function"]
+    products = 4 * model.config.num_layers + (model.lm_head is not None)
+    assert sum("split_matvec" in t for t in targets) == products, targets
+
+
 def test_a_compiler_that_fails_falls_back_to_the_plain_step_and_says_why(capsys):
     def broken_backend(graph, example_inputs):
         raise RuntimeError("no C++ compiler on this machine")

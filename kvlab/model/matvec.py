@@ -21,35 +21,40 @@ import torch
 SPLIT_MAX_ROWS = 16  # products of up to this many rows (decode steps) are split by their inner dimension
 
 
-def split_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x (..., K) @ w (K, N) as one contiguous block of w's rows per thread, the partial results summed."""
-    splits, (K, N) = torch.get_num_threads(), w.shape
-    if splits < 2 or K % splits:
-        return x @ w
+@torch.compiler.assume_constant_result
+def _threads() -> int:
+    """torch's CPU threads; under torch.compile a constant of the compiled program, read when it is built."""
+    return torch.get_num_threads()
+
+
+def split_product(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+    """x (..., K) @ w (K, N) as ``splits`` contiguous blocks of w's rows (one per thread), the partial results summed."""
+    K, N = w.shape
     parts = x.reshape(-1, splits, K // splits).transpose(0, 1)  # (splits, rows, K/splits)
     y = torch.bmm(parts, w.view(splits, K // splits, N)).sum(0)  # (rows, N): partial products summed
     return y.view(*x.shape[:-1], N)
 
 
 @torch.library.custom_op("kvlab::split_matvec", mutates_args=())
-def split_matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def split_matvec(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
     """``split_product`` as one operator the compiler calls but does not rewrite."""
-    return split_product(x, w)
+    return split_product(x, w, splits)
 
 
 @split_matvec.register_fake
-def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[1])
 
 
 def matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (..., K) @ w (K, N): split by K across threads for a decode step's few rows on CPU, else plain."""
-    rows = x.numel() // w.shape[0]
-    if x.device.type != "cpu" or not 0 < rows <= SPLIT_MAX_ROWS:
-        return x @ w
+    splits, K = _threads(), w.shape[0]
+    rows = x.numel() // K
+    if x.device.type != "cpu" or splits < 2 or K % splits or not 0 < rows <= SPLIT_MAX_ROWS:
+        return x @ w  # a prompt, one thread, or another device: the plain product (the compiler may rewrite it)
     if torch.compiler.is_compiling():
-        return split_matvec(x, w)
-    return split_product(x, w)
+        return split_matvec(x, w, splits)
+    return split_product(x, w, splits)
 
 
 __all__ = ["SPLIT_MAX_ROWS", "matvec", "split_matvec", "split_product"]
