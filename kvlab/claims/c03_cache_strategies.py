@@ -358,7 +358,8 @@ def memory_tier_copies_outrun_the_link(result: Any) -> dict:
 
 @claim(NOTEBOOK, clock="wall", example=_compile_example,
        says="after {compile_s:.1f} s of compiling, a decode step took {compiled:.2f} ms compiled against {eager:.2f} ms "
-            "eager ({speedup:.2f}×); at that saving the compile pays for itself {breakeven}",
+            "eager ({speedup:.2f}× [min–max {lo:.2f}–{hi:.2f}] over {rounds} paired rounds); at that saving the "
+            "compile pays for itself {breakeven}",
        otherwise="the compiled step was not clearly faster than the eager one (by a fifth). On CPU a tiny model's "
                  "step is mostly fixed overhead the compiler may not remove; on a busy machine, Run again.")
 def compiled_step_is_faster(compiled: dict) -> dict:
@@ -368,7 +369,8 @@ def compiled_step_is_faster(compiled: dict) -> dict:
     breakeven = (f"after about {1e3 * compiled['compile_s'] / saved_ms:,.0f} tokens" if saved_ms > 0
                  else "never (it saved no time)")
     return dict(compile_s=compiled["compile_s"], compiled=compiled["compiled_ms"], eager=compiled["eager_ms"],
-                speedup=compiled["speedup"], breakeven=breakeven, holds=compiled["speedup"] > 1.2)
+                speedup=compiled["speedup"], lo=compiled["speedup_min"], hi=compiled["speedup_max"],
+                rounds=compiled["rounds"], breakeven=breakeven, holds=compiled["speedup"] > 1.2)
 
 
 # -- offloading under load: the serving engine's paged pool on the device vs in a slower tier ----------

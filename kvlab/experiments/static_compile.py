@@ -50,18 +50,24 @@ def _decode_greedy(model: Decoder, prompt_ids: list[int], new_tokens: int, cache
 
 @torch.inference_mode()
 def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 32, mode: str | None = None,
-                    backend: str = "inductor") -> dict:
+                    backend: str = "inductor", rounds: int = 5) -> dict:
     """Greedy decoding three ways on the same prompt: dynamic cache (the reference), the fixed-shape
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
-    Returns the tokens' agreement, the median ms per decode step of each, and the seconds the first
-    compiled call took (tracing + code generation + building). Raises whatever torch.compile raises.
+    After the compiling call, eager and compiled decode the prompt once per round, for ``rounds``
+    rounds in alternating order. ``speedup`` is the median over rounds of eager / compiled median
+    step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
+    slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
+    each over all rounds, and the seconds the first compiled call took (tracing + code generation +
+    building). Raises whatever torch.compile raises.
     ``backend="eager"`` traces the step without generating code (seconds, not minutes; no speed-up):
     the tests use it to check this function's bookkeeping.
     """
     prompt_ids = encode_prompt(model, prompt)
     if new_tokens < 3:
         raise ValueError(f"new_tokens must be >= 3 to time decode steps after the compiling one, got {new_tokens}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1 (paired eager/compiled runs), got {rounds}")
     cfg = model.config
     max_len = len(prompt_ids) + new_tokens
     if max_len > cfg.max_position_embeddings:
@@ -74,22 +80,31 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     def step(token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return model(token, cache, positions=positions, last_only=True)  # (1, 1, V)
 
-    eager_tokens, eager_s = _decode_greedy(model, prompt_ids, new_tokens, cache, step)
     compiled = torch.compile(step, mode=mode, backend=backend, dynamic=False, fullgraph=False)
     t0 = time.perf_counter()
     _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles
     compile_s = time.perf_counter() - t0
-    compiled_tokens, compiled_s = _decode_greedy(model, prompt_ids, new_tokens, cache, compiled)
-    eager_ms, compiled_ms = 1e3 * float(np.median(eager_s)), 1e3 * float(np.median(compiled_s))
+    runs: dict[str, list[tuple[list[int], list[float]]]] = {"eager": [], "compiled": []}
+    for r in range(rounds):
+        for name in (("eager", "compiled") if r % 2 == 0 else ("compiled", "eager")):
+            runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache,
+                                             step if name == "eager" else compiled))
+    ratios = [float(np.median(e[1]) / np.median(c[1])) for e, c in zip(runs["eager"], runs["compiled"])]
+    eager_ms = 1e3 * float(np.median([t for _, s in runs["eager"] for t in s]))
+    compiled_ms = 1e3 * float(np.median([t for _, s in runs["compiled"] for t in s]))
+    same = all(tokens == reference.tokens for name in runs for tokens, _ in runs[name])
+    speedup, lo, hi = float(np.median(ratios)), min(ratios), max(ratios)
     return dict(status="compiled", new_tokens=new_tokens, prompt_tokens=len(prompt_ids), max_len=max_len,
-                dynamic_tokens=reference.tokens, eager_tokens=eager_tokens, compiled_tokens=compiled_tokens,
-                same_tokens=reference.tokens == eager_tokens == compiled_tokens,
+                dynamic_tokens=reference.tokens, eager_tokens=runs["eager"][0][0],
+                compiled_tokens=runs["compiled"][0][0], same_tokens=same,
                 dynamic_ms=1e3 * float(np.median(reference.timeline.step_s[1:])),
-                eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=eager_ms / compiled_ms,
+                eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=speedup, speedup_min=lo, speedup_max=hi,
+                speedup_per_round=ratios, rounds=rounds,
                 compile_s=compile_s, backend=backend, torch=torch.__version__, device=str(model.device),
                 threads=torch.get_num_threads(),
                 message=f"compiled in {compile_s:.1f} s; one decode step: {eager_ms:.2f} ms eager, "
-                        f"{compiled_ms:.2f} ms compiled ({eager_ms / compiled_ms:.2f}x)")
+                        f"{compiled_ms:.2f} ms compiled; eager / compiled {speedup:.2f}x "
+                        f"[min-max {lo:.2f}-{hi:.2f} over {rounds} paired rounds]")
 
 
 def try_compiled_decode(budget_s: float = 30.0, pairs: int = 8, new_tokens: int = 32, threads: int = 1) -> dict:
