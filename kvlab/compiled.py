@@ -25,6 +25,7 @@ import torch
 
 from .cache.static import FixedShapeStaticCache
 from .model.decoder import Decoder
+from .model.matvec import prepare_compile
 
 
 class CompiledDecodeStep:
@@ -35,6 +36,7 @@ class CompiledDecodeStep:
 
     def __init__(self, model: Decoder, backend: str = "inductor", mode: str | None = None) -> None:
         self.model, self.backend, self.mode = model, backend, mode
+        prepare_compile()  # the thread count is a constant of the program (kvlab/model/matvec.py)
         self.compiled = torch.compile(self.step, backend=backend, mode=mode, dynamic=False)
         self.compile_s: dict[tuple, float] = {}  # shape key -> seconds its first (compiling) call took
         self.fallback: str | None = None  # why compiled steps could not run (then they run eagerly)

@@ -208,8 +208,9 @@ def test_compiled_split_product_stays_one_operator_and_equals_the_plain_product(
     rewrite it into a slower multiply-and-sum), with the eager result; one thread has nothing to split."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from kvlab.model.matvec import matvec
+    from kvlab.model.matvec import matvec, prepare_compile
 
+    prepare_compile()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

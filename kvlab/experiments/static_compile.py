@@ -27,6 +27,7 @@ import torch
 from ..cache.static import FixedShapeStaticCache  # lives beside StaticCache; re-exported here
 from ..generate import encode_prompt, generate, prefill
 from ..model.decoder import Decoder
+from ..model.matvec import prepare_compile
 from ..threads import set_torch_threads
 
 
@@ -80,6 +81,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     def step(token: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return model(token, cache, positions=positions, last_only=True)  # (1, 1, V)
 
+    prepare_compile()  # the thread count is a constant of the program (kvlab/model/matvec.py)
     compiled = torch.compile(step, mode=mode, backend=backend, dynamic=False, fullgraph=False)
     t0 = time.perf_counter()
     _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles

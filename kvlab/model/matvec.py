@@ -12,7 +12,9 @@ memory-bound: they take the plain product, as does a single thread or another de
 Under ``torch.compile`` the split product is one opaque operator (``kvlab::split_matvec``): left
 visible, inductor rewrites a one-row batched product into a multiply and a sum of its own, which
 streams the weights at half the speed, and a compiled decode step came out slower than the eager
-one. Kept whole, the compiler fuses the small operations around it and calls it as it is.
+one. Kept whole, the compiler fuses the small operations around it and calls it as it is. With
+one thread there is nothing to split, and the plain product is left to the compiler (after
+``prepare_compile``, which kvlab's compile entry points call).
 """
 from __future__ import annotations
 
@@ -21,40 +23,56 @@ import torch
 SPLIT_MAX_ROWS = 16  # products of up to this many rows (decode steps) are split by their inner dimension
 
 
-@torch.compiler.assume_constant_result
+_THREADS_ARE_CONSTANT = False  # set by prepare_compile: torch.compile may read torch's threads while tracing
+
+
 def _threads() -> int:
-    """torch's CPU threads; under torch.compile a constant of the compiled program, read when it is built."""
     return torch.get_num_threads()
 
 
-def split_product(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
-    """x (..., K) @ w (K, N) as ``splits`` contiguous blocks of w's rows (one per thread), the partial results summed."""
-    K, N = w.shape
+def prepare_compile() -> None:
+    """Let torch.compile read torch's thread count as a constant of the program it builds.
+
+    kvlab's compile entry points call it (kvlab/compiled.py, kvlab.experiments.static_compile). It
+    imports torch._dynamo, about a second, which is why importing kvlab does not. Then a one-thread
+    program leaves the products to the compiler; without it every decode product is the operator.
+    """
+    global _THREADS_ARE_CONSTANT
+    torch.compiler.assume_constant_result(_threads)
+    _THREADS_ARE_CONSTANT = True
+
+
+def split_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (..., K) @ w (K, N) as one contiguous block of w's rows per thread, the partial results summed."""
+    splits, (K, N) = torch.get_num_threads(), w.shape
+    if splits < 2 or K % splits:
+        return x @ w
     parts = x.reshape(-1, splits, K // splits).transpose(0, 1)  # (splits, rows, K/splits)
     y = torch.bmm(parts, w.view(splits, K // splits, N)).sum(0)  # (rows, N): partial products summed
     return y.view(*x.shape[:-1], N)
 
 
 @torch.library.custom_op("kvlab::split_matvec", mutates_args=())
-def split_matvec(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+def split_matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``split_product`` as one operator the compiler calls but does not rewrite."""
-    return split_product(x, w, splits)
+    return split_product(x, w)
 
 
 @split_matvec.register_fake
-def _(x: torch.Tensor, w: torch.Tensor, splits: int) -> torch.Tensor:
+def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[1])
 
 
 def matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (..., K) @ w (K, N): split by K across threads for a decode step's few rows on CPU, else plain."""
-    splits, K = _threads(), w.shape[0]
-    rows = x.numel() // K
-    if x.device.type != "cpu" or splits < 2 or K % splits or not 0 < rows <= SPLIT_MAX_ROWS:
-        return x @ w  # a prompt, one thread, or another device: the plain product (the compiler may rewrite it)
-    if torch.compiler.is_compiling():
-        return split_matvec(x, w, splits)
-    return split_product(x, w, splits)
+    rows = x.numel() // w.shape[0]
+    if x.device.type != "cpu" or not 0 < rows <= SPLIT_MAX_ROWS:
+        return x @ w  # a prompt, or another device: the plain product
+    if not torch.compiler.is_compiling():
+        return split_product(x, w)
+    if _THREADS_ARE_CONSTANT and _threads() < 2:
+        return x @ w  # one thread, nothing to split: the compiler may fuse the product with its neighbours
+    return split_matvec(x, w)
 
 
-__all__ = ["SPLIT_MAX_ROWS", "matvec", "split_matvec", "split_product"]
+__all__ = ["SPLIT_MAX_ROWS", "matvec", "prepare_compile", "split_matvec", "split_product"]
