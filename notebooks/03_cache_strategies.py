@@ -169,6 +169,8 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
 # take far longer than the decoding it speeds up (later runs reuse its on-disk cache). The cell below
 # gives it a budget and prints how long compiling took on your machine; if the compiler is missing,
 # fails or runs out of time, it says that it skipped the compiled step, and the notebook moves on.
+# Eager and compiled then decode the same prompt in alternating rounds, and the speed-up printed is
+# the median of the per-round ratios with its min–max: a busy moment slows both runs of a round alike.
 
 # %%
 from kvlab.experiments.static_compile import try_compiled_decode
