@@ -257,9 +257,11 @@ class MatvecProbe:
 
     The matrix is 256 MB, several times any CPU's last-level cache (and a GPU's L2), as the decoder's
     weights are: a decode step streams them all before it reads the first again. A 64 MB matrix,
-    this probe's earlier size, was read in part from a 32 MB L3 on the authors' machine: its best
-    of five came out at 47-54 GB/s while a plain sum over 512 MB read 34 GB/s, a roofline no
-    decode step can reach.
+    this probe's earlier size, came in part from a 32 MB L3: measured one after the other on the
+    authors' 2-core machine, its best of 15 read 41-45 GB/s, a 256 MB matrix's 25-34 GB/s and a
+    plain sum over 256 MB 33-34 GB/s. On a shared machine the bandwidth itself also moves from
+    minute to minute (33-56 GB/s for the same sum over an afternoon), which is why it is measured
+    in every round.
     """
 
     def __init__(self, device: torch.device, n: int = 8192) -> None:
