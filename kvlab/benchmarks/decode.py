@@ -30,8 +30,8 @@ Both implementations are timed the same way:
 - Roofline: ``achieved_GBps`` = bytes one decode step must read (the weights it streams + the K/V
   it attends over) / the run's median decode step; ``roofline_fraction`` = that / the machine's
   matrix-vector bandwidth measured *in the same round* (the faster of a plain and a K-split product
-  of a (1, 8192) row with a 256 MB [in, out] matrix,
-  several times the last-level cache, as the weights are). K/V read per step: the formula at the mean
+  of a (1, 8192) row with a 256 MB [in, out] matrix, several times the last-level cache, as the
+  weights are: ``MatvecProbe``). K/V read per step: the formula at the mean
   position for caches that attend over what is stored; every slot (prompt + new) for fixed-shape
   static caches (they attend over all slots, masked); the packed bytes for quantized; none for "none".
 
@@ -289,8 +289,9 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
     x = y = None  # free the 2 x 512 MB before the matvec matrix
     out.update(MatvecProbe(device).measure(repeats))
     out["note"] = ("sum: bytes read / time; copy: (read + write) / time into a preallocated tensor; "
-                   "matvec: a (1, 8192) row times a 256 MB [in, out] matrix (several times the last-level cache), bytes of the matrix / time, the faster "
-                   "of the plain product and the K-split one kvlab's decoder uses (kvlab.model.matvec)")
+                   "matvec: a (1, 8192) row times a 256 MB [in, out] matrix (several times the last-level "
+                   "cache), bytes of the matrix / time, the faster of the plain product and the K-split one "
+                   "kvlab's decoder uses (kvlab.model.matvec)")
     return out
 
 

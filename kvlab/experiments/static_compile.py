@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from ..benchmarks.rounds import paired_ratio, rotated
 from ..cache.static import FixedShapeStaticCache  # lives beside StaticCache; re-exported here
 from ..generate import encode_prompt, generate, prefill
 from ..model.decoder import Decoder
@@ -56,7 +57,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
     After the compiling call, eager and compiled decode the prompt once per round, for ``rounds``
-    rounds in alternating order. ``speedup`` is the median over rounds of eager / compiled median
+    rounds in alternating order (kvlab/benchmarks/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
     step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
     slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
     each over all rounds, and the seconds the first compiled call took (tracing + code generation +
@@ -86,22 +87,22 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     t0 = time.perf_counter()
     _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles
     compile_s = time.perf_counter() - t0
-    runs: dict[str, list[tuple[list[int], list[float]]]] = {"eager": [], "compiled": []}
+    steps = {"eager": step, "compiled": compiled}
+    runs: dict[str, list[tuple[list[int], list[float]]]] = {name: [] for name in steps}  # (tokens, step seconds)
     for r in range(rounds):
-        for name in (("eager", "compiled") if r % 2 == 0 else ("compiled", "eager")):
-            runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache,
-                                             step if name == "eager" else compiled))
-    ratios = [float(np.median(e[1]) / np.median(c[1])) for e, c in zip(runs["eager"], runs["compiled"])]
+        for name in rotated(list(steps), r):
+            runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache, steps[name]))
+    ratio = paired_ratio([np.median(s) for _, s in runs["eager"]], [np.median(s) for _, s in runs["compiled"]])
     eager_ms = 1e3 * float(np.median([t for _, s in runs["eager"] for t in s]))
     compiled_ms = 1e3 * float(np.median([t for _, s in runs["compiled"] for t in s]))
     same = all(tokens == reference.tokens for name in runs for tokens, _ in runs[name])
-    speedup, lo, hi = float(np.median(ratios)), min(ratios), max(ratios)
+    speedup, lo, hi = ratio["median"], ratio["min"], ratio["max"]
     return dict(status="compiled", new_tokens=new_tokens, prompt_tokens=len(prompt_ids), max_len=max_len,
                 dynamic_tokens=reference.tokens, eager_tokens=runs["eager"][0][0],
                 compiled_tokens=runs["compiled"][0][0], same_tokens=same,
                 dynamic_ms=1e3 * float(np.median(reference.timeline.step_s[1:])),
                 eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=speedup, speedup_min=lo, speedup_max=hi,
-                speedup_per_round=ratios, rounds=rounds,
+                speedup_per_round=ratio["values"], rounds=rounds,
                 compile_s=compile_s, backend=backend, torch=torch.__version__, device=str(model.device),
                 threads=torch.get_num_threads(),
                 message=f"compiled in {compile_s:.1f} s; one decode step: {eager_ms:.2f} ms eager, "
