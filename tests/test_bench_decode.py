@@ -114,6 +114,40 @@ def test_roofline_fraction_divides_by_the_same_rounds_matvec_bandwidth(report):
         assert r["roofline_fraction"] == pytest.approx(np.median([a / m for a, m in zip(achieved, matvec)]))
 
 
+def test_the_step_is_split_into_its_weight_products_and_the_rest_round_by_round(report):
+    products = [r["products_ms"] for r in report["rounds"]]
+    weights = report["summary"]["weight_bytes_per_step"]
+    for rnd in report["rounds"]:  # the products stream exactly the weights a step streams
+        assert rnd["products_GBps"] == pytest.approx(weights / rnd["products_ms"] / 1e6)
+    sp = report["summary"]["step_products"]
+    assert sp["ms"]["values"] == pytest.approx(products) and sp["ms"]["n"] == ROUNDS
+    assert sp["share_of_matvec"]["values"] == pytest.approx(
+        [r["products_GBps"] / r["matvec_GBps"] for r in report["rounds"]])
+    for r in report["results"]:
+        if r["status"] != "ok":
+            continue
+        step_ms = [(weights + r["kv_bytes_per_step"]) / a / 1e6 for a in r["spread"]["achieved_GBps"]["values"]]
+        assert r["spread"]["outside_products_ms"]["values"] == pytest.approx([s - p for s, p in zip(step_ms, products)])
+        assert r["outside_products_ms"] == pytest.approx(np.median([s - p for s, p in zip(step_ms, products)]))
+
+
+def test_step_products_probe_runs_every_weight_matrix_of_the_step_once():
+    from kvlab.benchmarks.decode import StepProductsProbe, weight_bytes_per_step
+    from kvlab.model.config import tiny_gpt2, tiny_llama
+    from kvlab.model.decoder import build_model
+
+    for config in (tiny_llama(), tiny_gpt2()):  # untied lm_head; tied head applied as F.linear on the embedding
+        model = build_model(config)
+        probe = StepProductsProbe(model)
+        streamed = sum(w.nbytes for w in probe.weights) + (probe.head.nbytes if probe.head is not None else 0)
+        looked_up = {"pos_embed"} | ({"embed"} if model.lm_head is not None else set())  # rows fetched, not streamed
+        matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and n not in looked_up]
+        assert streamed == sum(p.nbytes for p in matrices)  # every matrix of the step, the embedding only when tied
+        assert streamed <= weight_bytes_per_step(model)  # the rest: norms and biases, read but not multiplied
+        m = probe.measure(repeats=2)
+        assert m["products_ms"] > 0 and m["products_GBps"] == pytest.approx(probe.nbytes / m["products_ms"] / 1e6)
+
+
 def test_environment_settings_load_and_summary(report):
     env = report["env"]
     assert {"versions", "device", "device_used", "threads", "model_config", "cpu_count"} <= set(env)

@@ -34,6 +34,12 @@ Both implementations are timed the same way:
   weights are: ``MatvecProbe``). K/V read per step: the formula at the mean
   position for caches that attend over what is stored; every slot (prompt + new) for fixed-shape
   static caches (they attend over all slots, masked); the packed bytes for quantized; none for "none".
+- Where the step goes: in every round ``StepProductsProbe`` also times the step's weight products
+  alone (the same matrices, one row each, back to back). ``outside_products_ms`` = a mode's decode
+  step - that: attention, the cache's update (a dynamic cache copies its history every step), the
+  small operations between products and sampling. ``summary.step_products.share_of_matvec`` is
+  what products of these shapes reach of the matvec bandwidth: a ceiling no step of this model
+  passes with this product.
 
 ``compile_s`` is the cold run's compiling time. inductor keeps what it built on disk
 (``TORCHINDUCTOR_CACHE_DIR``, by default under the temp folder), so a second run on the same machine
@@ -52,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ..cache import CACHE_NAMES, cache_class
 from ..device import now, pick_device
@@ -277,6 +284,38 @@ class MatvecProbe:
         return {"matvec_GBps": max(plain, split), "matvec_plain_GBps": plain, "matvec_split_GBps": split}
 
 
+class StepProductsProbe:
+    """A decode step's weight products alone: the same matrices, one row each, in forward order, back to back.
+
+    What a step made of nothing but its weight stream would take, with kvlab's own product
+    (``kvlab.model.matvec``; a tied head through ``F.linear`` as the decoder does). Next to the
+    step's time it splits the step in two: streaming the weights, and everything else (attention,
+    the cache's update, the small operations between products, sampling). Next to ``MatvecProbe``
+    it says how much of the machine's matvec bandwidth products of these smaller shapes reach.
+    """
+
+    def __init__(self, model: Decoder) -> None:
+        tied = model.lm_head is None
+        self.weights = [p for name, p in model.named_parameters()
+                        if p.dim() == 2 and name not in ("embed", "pos_embed")]  # [in, out] matrices
+        self.rows = [torch.randn(1, 1, w.shape[0], device=w.device, dtype=w.dtype) for w in self.weights]
+        self.head = model.embed if tied else None  # (V, C), applied as F.linear like the decoder's tied head
+        self.head_row = torch.randn(1, 1, model.config.hidden_size, device=model.device, dtype=model.dtype)
+        self.nbytes = weight_bytes_per_step(model)
+        self.device = model.device
+
+    def _products(self) -> None:
+        for x, w in zip(self.rows, self.weights):
+            matvec(x, w)
+        if self.head is not None:
+            F.linear(self.head_row, self.head)
+
+    def measure(self, repeats: int = 5) -> dict:
+        with torch.inference_mode():
+            seconds = _best(self._products, self.device, repeats)
+        return {"products_ms": seconds * 1e3, "products_GBps": self.nbytes / seconds / 1e9}
+
+
 def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> dict:
     """The machine's own memory bandwidth in GB/s (best of ``repeats``), measured the way decode reads memory."""
     n = megabytes * 2**20 // 4
@@ -296,7 +335,8 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
 
 
 def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int], weights: int,
-              matvec_per_round: list[float], reference: list[int] | None) -> dict:
+              matvec_per_round: list[float], reference: list[int] | None,
+              products_ms_per_round: list[float] | None = None) -> dict:
     """One JSON row: medians over the rounds with their spread, the cold run apart."""
     row = {"impl": mode.impl, "cache": mode.cache, "compiled": mode.compiled, "options": mode.options,
            "status": "ok" if runs else "unavailable", "reason": mode.reason}
@@ -307,6 +347,8 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
     decode_tps = [(len(r.tokens) - 1) / sum(r.step_s[1:]) for r in runs]
     achieved = [(weights + r.kv_read_bytes) / r.decode_s / 1e9 for r in runs]
     fraction = [a / m for a, m in zip(achieved, matvec_per_round)]
+    # the step minus its weight products alone, measured in the same round: attention, cache, small ops
+    outside = [r.decode_s * 1e3 - p for r, p in zip(runs, products_ms_per_round or [])]
     row.update(
         tokens_per_s=med(tps),
         decode_tokens_per_s=med(decode_tps),
@@ -318,8 +360,10 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
         kv_bytes_per_step=runs[-1].kv_read_bytes,
         achieved_GBps=med(achieved),
         roofline_fraction=med(fraction),
+        outside_products_ms=med(outside) if outside else None,
         spread={"tokens_per_s": spread(tps), "decode_tokens_per_s": spread(decode_tps),
-                "achieved_GBps": spread(achieved), "roofline_fraction": spread(fraction)},
+                "achieved_GBps": spread(achieved), "roofline_fraction": spread(fraction),
+                "outside_products_ms": spread(outside)},
         runs_tokens_per_s=tps,
         cold={"tokens_per_s": len(cold.tokens) / cold.wall_s, "prefill_ms": cold.step_s[0] * 1e3,
               "wall_s": cold.wall_s} if cold else None,
@@ -431,6 +475,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"  note: {args.rounds} round(s): spreads over fewer than 5 rounds say little", file=sys.stderr)
     bandwidth = machine_bandwidth(device, args.bandwidth_mb)
     probe = MatvecProbe(device)
+    products = StepProductsProbe(model)
     kv_per_token = config.kv_bytes_per_token(torch.empty(0, dtype=model.dtype).element_size())
     weights = weight_bytes_per_step(model)
 
@@ -453,6 +498,7 @@ def main(args: argparse.Namespace) -> int:
         info = {"round": rnd, "order": [m.label for m in order], "load_1m_before": load_average()["1m"]}
         if rnd > 0:
             info.update(probe.measure())
+            info.update(products.measure())
         for mode in order:
             which = "cold" if rnd == 0 else f"round {rnd}/{args.rounds}"
             print(f"  {mode.label:<28} {which}", file=sys.stderr, flush=True)
@@ -471,12 +517,13 @@ def main(args: argparse.Namespace) -> int:
             rounds_log.append(info)
     # a mode that failed mid-way has fewer runs than rounds: keep only the rounds every runnable mode completed
     matvec_per_round = [r["matvec_GBps"] for r in rounds_log]
+    products_ms_per_round = [r["products_ms"] for r in rounds_log]
 
     reference = cold["kvlab/dynamic"].tokens if "kvlab/dynamic" in cold else None  # greedy tokens to agree with
     results = []
     for mode in modes:
         row = summarise(mode, cold.get(mode.label), runs[mode.label], positions, weights,
-                        matvec_per_round, reference)
+                        matvec_per_round, reference, products_ms_per_round)
         if mode.reason and mode.reason.startswith("failed"):
             row["status"] = "error"
         results.append(row)
@@ -495,6 +542,12 @@ def main(args: argparse.Namespace) -> int:
                "ratio_method": "per round: A's tokens/s / B's tokens/s from the same round; median over rounds, "
                                "with IQR and min-max",
                "matvec_GBps": spread(matvec_per_round),
+               "step_products": {"ms": spread(products_ms_per_round),
+                                 "GBps": spread([r["products_GBps"] for r in rounds_log]),
+                                 "share_of_matvec": spread([r["products_GBps"] / r["matvec_GBps"]
+                                                            for r in rounds_log]),
+                                 "what": "the decode step's weight products alone (same matrices, one row "
+                                         "each, forward order, kvlab's matvec), best of 5, in every round"},
                "load_average": {"before": load_before, "after": load_after}}
     headline = next((r for r in ratios if (r["a"], r["b"]) == ("kvlab/dynamic", "transformers/dynamic")), None)
     if headline:
@@ -514,7 +567,14 @@ def main(args: argparse.Namespace) -> int:
             r = by[key]
             print(f"  {key[0]}/{key[1]}{' compiled' if key[2] else ''}: {r['achieved_GBps']:.1f} GB/s = "
                   f"{r['bytes_per_step'] / 1e6:.1f} MB / {r['decode_ms_median']:.2f} ms per step, "
-                  f"{format_spread(r['spread']['roofline_fraction'], '{:.0%}')} of matvec")
+                  f"{format_spread(r['spread']['roofline_fraction'], '{:.0%}')} of matvec; "
+                  f"{format_spread(r['spread']['outside_products_ms'], '{:.2f}', ' ms')} of each step outside "
+                  "the weight products")
+    sp = summary["step_products"]
+    print(f"  the step's weight products alone: {format_spread(sp['ms'], '{:.2f}', ' ms')} = "
+          f"{format_spread(sp['GBps'], '{:.1f}', ' GB/s')}, {format_spread(sp['share_of_matvec'], '{:.0%}')} of "
+          "matvec: the least a step of these shapes takes with this product, before attention, cache and "
+          "the operations between products")
     print(f"machine: sum {bandwidth['sum_read_GBps']:.1f} GB/s, copy {bandwidth['copy_GBps']:.1f} GB/s, "
           f"matvec {bandwidth['matvec_GBps']:.1f} GB/s (plain {bandwidth['matvec_plain_GBps']:.1f}, "
           f"K-split {bandwidth['matvec_split_GBps']:.1f}) before the rounds")
