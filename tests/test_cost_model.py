@@ -1,6 +1,8 @@
 """The cost model: its fit recovers known costs, its executor prices what is scheduled, it predicts the machine."""
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,8 @@ from kvlab.serving.calibrate import (BatchShape, calibrate, design_shapes, measu
 from kvlab.serving.cost_model import (FEATURES, CostModel, CostModelExecutor, calibration_path, features,
                                       fit_coefficients, load_calibration, rows_of)
 from kvlab.workload import make_workload
+
+calibrate_module = importlib.import_module("kvlab.serving.calibrate")  # the module; kvlab.serving.calibrate is also a function
 
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)
@@ -113,3 +117,21 @@ def test_calibrated_on_tiny_it_predicts_unseen_shapes_within_a_loose_margin(mode
     times = measure_step_times(model, [BatchShape(prefill=((32, 32),)), BatchShape(prefill=((512, 512),))], 3)
     assert times["measured_s"].iloc[1] > times["measured_s"].iloc[0]
     assert cm.prefill_s(512) > cm.prefill_s(32)
+
+
+def test_calibrate_refuses_a_place_it_cannot_save_to_before_timing_anything(tmp_path, monkeypatch):
+    from kvlab.cli import main
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("calibrate started timing before checking where it saves")
+
+    monkeypatch.setattr(calibrate_module, "calibrate", no_timing)
+    with pytest.raises(SystemExit, match="folder .* does not exist; create it or pass another --out"):
+        main(["calibrate", "--config", "tiny", "--out", str(tmp_path / "missing" / "fit.json")])
+    with pytest.raises(SystemExit, match="does not exist; create it or pass another --json"):
+        main(["calibrate", "--config", "tiny", "--out", str(tmp_path / "fit.json"), "--json", str(tmp_path / "no" / "v.json")])
+    # a read-only target (an installed kvlab's data folder): os.access answers as for a non-root user
+    monkeypatch.setattr(calibrate_module.os, "access", lambda path, mode: False)
+    with pytest.raises(SystemExit, match="not writable here.*pass --out PATH"):
+        main(["calibrate", "--config", "tiny"])
+    assert not (tmp_path / "fit.json").exists()

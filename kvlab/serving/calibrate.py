@@ -287,9 +287,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-
     model = _model_for(args.config)
     out = args.out or calibration_path(model.config.name)
+    check_writable(out, "--out")  # before minutes of timing, not after
+    if args.json:
+        check_writable(args.json, "--json")
     print(f"calibrating {model.config.name} ({model.num_parameters() / 1e6:.1f}M parameters) on "
           f"{len(design_shapes(min(model.config.max_position_embeddings, 1024)))} shapes, "
           f"{args.threads} thread(s)", file=sys.stderr)
@@ -315,6 +317,16 @@ def main(args: argparse.Namespace) -> int:
                                    "rows": v["rows"], "coefficients": cm.coefficients, "settings": cm.settings,
                                    "env": environment()})
     return 0
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """Refuse, before any timing, a file that could not be written: its folder missing or read-only."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise SystemExit(f"cannot save to {path}: the folder {folder} does not exist; create it or pass another {flag}")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise SystemExit(f"cannot save to {path}: not writable here (an installed kvlab's own data folder usually "
+                         f"is not); pass {flag} PATH to save the calibration elsewhere")
 
 
 def shapes_frame(shapes: Iterable[BatchShape], block_size: int = 16) -> pd.DataFrame:
