@@ -261,6 +261,10 @@ print(f"this machine, {m['threads']} thread(s): memory {m['bandwidth_GBps']:.1f}
 display(scaling.decode[["batch", "n", "step_s", "per_seq_s", "achieved_GBps", "memory_floor_s",
                         "compute_floor_s"]].round(5))
 display(scaling.prefill.round(4))
+one = scaling.decode.iloc[0]  # batch 1
+print(f"one sequence: a step took {one.step_s * 1e3:.2f} ms, its weight products alone {m['products_ms']:.2f} ms "
+      f"({m['products_ms'] / (one.step_s * 1e3):.0%} of the step); the rest is attention, the cache and the "
+      "fixed cost of each small operation")
 plot_batch_scaling(scaling)
 
 # %%
@@ -277,7 +281,8 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # memory-bound. Top right, the same per token: each sequence's share of a step falls as the batch
 # grows, steeply while the step is flat, slowly after. Bottom left: bytes read per second of step,
 # beside what the memory delivered in the bandwidth tests. A small model's step sits well above both
-# floors at small batches, because the fixed cost of each operation is a large part of it; the
+# floors at small batches, because the fixed cost of each operation is a large part of it (the line
+# under the tables times the step's weight products alone: how much of your step is left around them?); the
 # bigger the model, the more each operation has to read and the closer a one-sequence step comes to
 # the memory floor (`python -m kvlab bench decode --config llama-30m` measures a bigger one).
 #

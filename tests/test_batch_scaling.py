@@ -68,3 +68,10 @@ def test_the_figure_has_four_panels(scaling):
 def test_bad_settings_are_refused_before_anything_runs(model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         batch_scaling(model, **kwargs)
+
+
+def test_the_machine_also_times_the_models_weight_products_alone(scaling, model):
+    m = scaling.machine
+    assert m["products_ms"] > 0
+    # the products stream exactly the bytes a step's weights take: GB/s and ms describe the same time
+    assert m["products_GBps"] == pytest.approx(weight_bytes_per_step(model) / m["products_ms"] / 1e6)

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..benchmarks.decode import machine_bandwidth, weight_bytes_per_step
+from ..benchmarks.decode import StepProductsProbe, machine_bandwidth, weight_bytes_per_step
 from ..cache.static import StaticCache
 from ..device import now
 from ..model.decoder import Decoder
@@ -50,7 +50,10 @@ class BatchScaling:
     - ``prefill``: one row per way (``"one by one"``, ``"batched"``): ``prompts``, ``prompt_tokens``, ``n``
       repeats, medians of ``all_first_s`` (until every prompt has its first token), ``mean_ttft_s`` and
       ``first_ttft_s`` (the first prompt's);
-    - ``machine``: this machine's bandwidth (GB/s) and matrix-product speed (GFLOP/s), measured in the run.
+    - ``machine``: this machine's bandwidth (GB/s) and matrix-product speed (GFLOP/s), measured in the run,
+      and ``products_ms``: this model's weight products of a one-sequence step alone, back to back
+      (``StepProductsProbe``), to set beside the batch-1 step: the rest of it is attention, the cache and
+      the fixed cost of the small operations between products.
     """
 
     decode: pd.DataFrame
@@ -192,6 +195,7 @@ def batch_scaling(model: Decoder | None = None, batch_sizes: Sequence[int] = BAT
     sizes = _check(model, batch_sizes, prompt_tokens, steps, repeats, threads)
     with torch_threads(threads):
         machine = measure_machine(model.device, bandwidth_mb)
+        machine.update(StepProductsProbe(model).measure(repeats))
         decode, _ = decode_scaling(model, sizes, prompt_tokens, steps, repeats, seed)
         prefill = prefill_batching(model, prompts, prefill_tokens, repeats, seed)
         machine["threads"] = torch.get_num_threads()
