@@ -33,6 +33,8 @@ COMMANDS: dict[tuple[str, ...], Command] = {
     ("notebooks",): Command("kvlab.authoring", "rebuild the notebooks from their sources, notebooks/NN_*.py"),
     ("bench", "decode"): Command("kvlab.benchmarks.decode",
                                  "one prompt through every kvlab cache and transformers' generate"),
+    ("bench", "step"): Command("kvlab.benchmarks.step_budget",
+                               "where a decode step's time goes: the step with one part left out at a time"),
     ("bench", "strategies"): Command("kvlab.benchmarks.strategies",
                                      "every KV cache's memory, latency and quality on the recall model"),
     ("bench", "batching"): Command("kvlab.benchmarks.batching",
