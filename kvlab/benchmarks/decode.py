@@ -336,7 +336,7 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
 
 def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int], weights: int,
               matvec_per_round: list[float], reference: list[int] | None,
-              products_ms_per_round: list[float] | None = None) -> dict:
+              products_ms_per_round: list[float]) -> dict:
     """One JSON row: medians over the rounds with their spread, the cold run apart."""
     row = {"impl": mode.impl, "cache": mode.cache, "compiled": mode.compiled, "options": mode.options,
            "status": "ok" if runs else "unavailable", "reason": mode.reason}
@@ -348,7 +348,7 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
     achieved = [(weights + r.kv_read_bytes) / r.decode_s / 1e9 for r in runs]
     fraction = [a / m for a, m in zip(achieved, matvec_per_round)]
     # the step minus its weight products alone, measured in the same round: attention, cache, small ops
-    outside = [r.decode_s * 1e3 - p for r, p in zip(runs, products_ms_per_round or [])]
+    outside = [r.decode_s * 1e3 - p for r, p in zip(runs, products_ms_per_round)]
     row.update(
         tokens_per_s=med(tps),
         decode_tokens_per_s=med(decode_tps),
@@ -360,7 +360,7 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
         kv_bytes_per_step=runs[-1].kv_read_bytes,
         achieved_GBps=med(achieved),
         roofline_fraction=med(fraction),
-        outside_products_ms=med(outside) if outside else None,
+        outside_products_ms=med(outside),
         spread={"tokens_per_s": spread(tps), "decode_tokens_per_s": spread(decode_tps),
                 "achieved_GBps": spread(achieved), "roofline_fraction": spread(fraction),
                 "outside_products_ms": spread(outside)},
@@ -441,22 +441,28 @@ def print_ratios(ratios: list[dict]) -> None:
               f"decode steps only {format_spread(r['decode_tokens_per_s'], unit='x')}")
 
 
+def checked_config(args: argparse.Namespace) -> ModelConfig:
+    """The model config of ``--config``, once ``--prompt``, ``--new`` and ``--rounds`` are known to fit it."""
+    if args.prompt < 1 or args.new < 2 or args.rounds < 1:
+        raise SystemExit(f"need --prompt >= 1, --new >= 2 and --rounds >= 1; got {args.prompt}, {args.new}, "
+                         f"{args.rounds}")
+    config = CONFIGS[args.config]()
+    if args.prompt + args.new > config.max_position_embeddings:
+        raise SystemExit(f"--prompt {args.prompt} + --new {args.new} exceeds the {config.name} context of "
+                         f"{config.max_position_embeddings}; lower them")
+    return config
+
+
 def main(args: argparse.Namespace) -> int:
     import transformers
 
     transformers.logging.set_verbosity_error()
     set_torch_threads(args.threads or None)
-    if args.prompt < 1 or args.new < 2 or args.rounds < 1:
-        raise SystemExit(f"need --prompt >= 1, --new >= 2 and --rounds >= 1; got {args.prompt}, {args.new}, "
-                         f"{args.rounds}")
+    config = checked_config(args)
     names = [c.strip() for c in args.caches.split(",") if c.strip()]
     unknown = sorted(set(names) - set(CACHE_NAMES))
     if unknown:
         raise SystemExit(f"unknown cache(s) {unknown} in --caches; choose from {','.join(CACHE_NAMES)}")
-    config = CONFIGS[args.config]()
-    if args.prompt + args.new > config.max_position_embeddings:
-        raise SystemExit(f"--prompt {args.prompt} + --new {args.new} exceeds the {config.name} context of "
-                         f"{config.max_position_embeddings}; lower them")
     load_before = load_average()
     if args.compile and args.fresh_compile_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvlab-inductor-")  # read lazily by inductor

@@ -36,14 +36,13 @@ from ..cache.dynamic import DynamicCache
 from ..device import pick_device
 from ..generate import generate
 from ..model import decoder as decoder_module
-from ..model.config import llama_30m, tiny_llama
 from ..model.decoder import Decoder, build_model
 from ..model.matvec import SPLIT_MAX_ROWS
 from ..results_io import write_json
 from ..threads import set_torch_threads
+from .decode import CONFIGS, checked_config
 from .rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 
-CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 PARTS = ("weight products", "cache and attention", "rope")  # what can be left out, in the table's order
 
 
@@ -146,13 +145,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.prompt < 1 or args.new < 2 or args.rounds < 1:
-        raise SystemExit(f"need --prompt >= 1, --new >= 2 and --rounds >= 1; got {args.prompt}, {args.new}, "
-                         f"{args.rounds}")
-    config = CONFIGS[args.config]()
-    if args.prompt + args.new > config.max_position_embeddings:
-        raise SystemExit(f"--prompt {args.prompt} + --new {args.new} exceeds the {config.name} context of "
-                         f"{config.max_position_embeddings}; lower them")
+    config = checked_config(args)
     set_torch_threads(args.threads or None)
     load_before = load_average()
     model = build_model(config, seed=args.seed, device=pick_device())

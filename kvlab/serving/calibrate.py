@@ -321,7 +321,7 @@ def main(args: argparse.Namespace) -> int:
 
 def check_writable(path: Path, flag: str) -> None:
     """Refuse, before any timing, a file that could not be written: its folder missing or read-only."""
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent  # Path("fit.json").parent is Path(".")
     if not folder.is_dir():
         raise SystemExit(f"cannot save to {path}: the folder {folder} does not exist; create it or pass another {flag}")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
