@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from . import __version__
 
-REPO_URL = "https://github.com/kvlab/kvlab"
-REPO_REF = f"v{__version__}"  # the tag Colab installs from: notebooks and package move together
-BRANCH = "main"  # what the Colab and Binder badges open
+# Where the course lives: the one place to change for a fork or a pinned workshop (then rebuild the
+# notebooks: `python -m kvlab notebooks`). The badges open REPO_REF and Colab's setup cell installs
+# REPO_REF, so the notebook a learner opens and the package it installs are the same commit's.
+REPO_URL, REPO_REF = "https://github.com/kvlab/kvlab", "main"
 
 
 @dataclass(frozen=True)
@@ -93,21 +94,24 @@ NOTEBOOKS: list[Lesson] = [
 ]
 
 
-def pip_spec(ref: str = REPO_REF) -> str:
-    """What Colab's first cell installs: kvlab from the repository at a pinned tag."""
-    return f"kvlab @ git+{REPO_URL}@{ref}"
+def _github_path() -> str:
+    """``owner/name`` of REPO_URL (Colab and Binder open GitHub repositories by that path)."""
+    return REPO_URL.removeprefix("https://github.com/").removesuffix(".git").strip("/")
 
 
-def colab_url(notebook: str, branch: str = BRANCH) -> str:
-    """Open ``notebook`` (a file in notebooks/) on Google Colab."""
-    return f"https://colab.research.google.com/github/{REPO_URL.removeprefix('https://github.com/')}" \
-           f"/blob/{branch}/notebooks/{notebook}"
+def pip_spec(ref: str | None = None) -> str:
+    """What Colab's first cell installs: kvlab with its server extra, from the repository at REPO_REF."""
+    return f"kvlab[serve] @ git+{REPO_URL}@{ref or REPO_REF}"
 
 
-def binder_url(notebook: str, branch: str = BRANCH) -> str:
-    """Open ``notebook`` in JupyterLab on mybinder.org."""
-    return f"https://mybinder.org/v2/gh/{REPO_URL.removeprefix('https://github.com/')}/{branch}" \
-           f"?urlpath=lab/tree/notebooks/{notebook}"
+def colab_url(notebook: str, ref: str | None = None) -> str:
+    """Open ``notebook`` (a file in notebooks/) on Google Colab, at REPO_REF."""
+    return f"https://colab.research.google.com/github/{_github_path()}/blob/{ref or REPO_REF}/notebooks/{notebook}"
+
+
+def binder_url(notebook: str, ref: str | None = None) -> str:
+    """Open ``notebook`` in JupyterLab on mybinder.org, at REPO_REF."""
+    return f"https://mybinder.org/v2/gh/{_github_path()}/{ref or REPO_REF}?urlpath=lab/tree/notebooks/{notebook}"
 
 
 def lesson(notebook: str) -> Lesson:
@@ -118,19 +122,31 @@ def lesson(notebook: str) -> Lesson:
     raise ValueError(f"{notebook!r} is not in kvlab.course.NOTEBOOKS; add a Lesson for it there")
 
 
-def setup_cell(ref: str = REPO_REF) -> str:
-    """The source of every notebook's first code cell: install kvlab where it is missing (Colab), then report.
+def setup_cell(ref: str | None = None) -> str:
+    """The source of every notebook's first code cell: install kvlab where it does not import (Colab), then report.
 
-    Locally and on Binder kvlab is already installed, so the cell only reports where it runs.
+    Locally and on Binder kvlab imports, so the cell installs nothing and only reports where it runs.
+    Where the install fails (no network, a wrong address) it prints one line that says what to do,
+    never a traceback.
     """
-    return f'''# Setup: runs as is locally, on Binder and on Colab (where it first installs kvlab).
-import importlib, importlib.util, subprocess, sys
-if importlib.util.find_spec("kvlab") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "{pip_spec(ref)}"])
+    spec = pip_spec(ref)
+    return f'''# Setup: installs kvlab only where it does not import yet (Colab), then says where this notebook runs.
+import importlib, subprocess, sys
+why = ""
+try:
+    import kvlab
+except ImportError:
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "{spec}"], capture_output=True, text=True)
+    why = (pip.stderr.strip().splitlines() or ["pip failed"])[-1] if pip.returncode else ""
     importlib.invalidate_caches()
-import kvlab
-from kvlab.course import setup_report
-print(setup_report())'''
+except Exception as err:
+    why = f"{{type(err).__name__}}: {{err}}"
+try:
+    from kvlab.course import setup_report
+    print(setup_report())
+except Exception as err:
+    print(f"kvlab is not ready ({{why or err}}): check that this runtime is online and run this cell again, "
+          f"or install it yourself: pip install '{spec}'")'''
 
 
 def header(entry: Lesson, number: str) -> str:
@@ -171,25 +187,50 @@ _NO_GPU = {
 }
 
 
+def checked_device():
+    """The device the lessons will use, and the start-up check's verdict when that is a GPU (else None).
+
+    When ``pick_device()`` gives CUDA, ``kvlab.serving.device_check`` compares it with the CPU first;
+    if anything differs or raises, KVLAB_DEVICE is set to "cpu" for this kernel (and the processes it
+    starts), so every lesson after the setup cell runs on the CPU. KVLAB_DEVICE_CHECK=0 skips the check.
+    """
+    from .device import pick_device
+
+    device = pick_device()
+    if device.type != "cuda" or os.environ.get("KVLAB_DEVICE_CHECK") == "0":
+        return device, None
+    from .serving.device_check import device_check
+
+    check = device_check(device)
+    if not check.ok:
+        os.environ["KVLAB_DEVICE"] = "cpu"
+        device = pick_device()
+    return device, check
+
+
 def setup_report() -> str:
     """A few lines on where this notebook runs: place, versions, device, threads, and what to do without a GPU."""
-    from .device import lesson_scale, pick_device
+    from .device import lesson_scale
     from .env import environment
 
+    device, check = checked_device()
     env = environment()
-    device = pick_device()
     v = env["versions"]
     place = where()
     lines = [
         f"running {'on ' + place.capitalize() if place != 'local' else 'locally'} · kvlab {v.get('kvlab')} · "
         f"torch {v.get('torch')} · transformers {v.get('transformers')} · Python {env['python']}",
-        f"device: {device} ({env['device']}), {env.get('torch_threads')} torch threads on "
+        f"device: {device} ({env['device'] if device.type == 'cuda' else env['cpu']}), {env.get('torch_threads')} torch threads on "
         f"{env['cpu_count']} CPU cores",
     ]
-    if device.type == "cpu":
+    if check is not None and not check.ok:
+        lines.append(f"⚠ {check.line()}. So this notebook runs on the CPU, with the CPU sizes (every lesson "
+                     "does). To skip the check and use the GPU anyway: KVLAB_DEVICE_CHECK=0, then restart the kernel.")
+    elif device.type == "cpu":
         lines.append(_NO_GPU[place])
     else:
-        lines.append(f"A GPU is in use, so the lessons are sized for it: {lesson_scale(device).describe()}. "
+        lines.append(f"A GPU is in use ({check.line() if check else 'not checked: KVLAB_DEVICE_CHECK=0'}), so the "
+                     f"lessons are sized for it: {lesson_scale(device).describe()}. "
                      "Set KVLAB_DEVICE=cpu before starting Jupyter to run on CPU (with the CPU sizes) instead.")
     return "\n".join(lines)
 

@@ -56,9 +56,12 @@ def _torch_info() -> dict:
     except Exception:
         return {}
     info: dict = {"torch_threads": torch.get_num_threads(), "cuda_device": None}
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name(0)
-        info["cuda_version"] = torch.version.cuda
+    try:  # a broken CUDA set-up is reported, not raised: the setup cell must still say where it runs
+        if torch.cuda.is_available():
+            info["cuda_device"] = torch.cuda.get_device_name(0)
+            info["cuda_version"] = torch.version.cuda
+    except Exception as exc:
+        info["cuda_error"] = f"{type(exc).__name__}: {exc}"
     return info
 
 

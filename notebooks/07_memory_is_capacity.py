@@ -91,6 +91,10 @@ from kvlab.widgets.paged_capacity import capacity_panel
 panel = capacity_panel(cfg)
 panel
 
+# %%
+result = panel.run()   # the same as pressing Run
+result.show()
+
 # %% [markdown]
 # **Reading the figure.** Reserving the maximum fills the budget with as many sequences as the
 # context divides into it, and most of what those reservations hold is space no token will ever

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from colab_twin import REPO, build_wheel
+from colab_twin import run as _run
+
 NOTEBOOK_DIR = REPO / "notebooks"
-BUILD_FILES = ("pyproject.toml", "README.md", "setup.py", "setup.cfg", "MANIFEST.in", "LICENSE")
 
 
 def _notebooks() -> list[Path]:
@@ -40,14 +41,6 @@ def _notebooks() -> list[Path]:
         return every
     prefixes = [p.strip() for p in chosen.split(",") if p.strip() and p.strip() != "none"]
     return [nb for nb in every if nb.name.startswith(tuple(prefixes))] if prefixes else []
-
-
-def _run(cmd: list, cwd: Path, env: dict | None = None, timeout: float = 300) -> str:
-    """Run ``cmd``; on failure the assertion shows the command and the end of its output."""
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{out[-6000:]}"
-    return out
 
 
 def _learner_env(venv_dir: Path) -> dict:
@@ -64,16 +57,7 @@ def wheel_venv(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("wheel-install")
     assert not root.resolve().is_relative_to(REPO), f"{root} is inside the checkout; pytest would collect it"
 
-    # Build from a copy: an in-tree build would reuse (and package) stale files from build/.
-    src = root / "src"
-    shutil.copytree(REPO / "kvlab", src / "kvlab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in BUILD_FILES:
-        if (REPO / name).is_file():
-            shutil.copy2(REPO / name, src / name)
-    wheels = root / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", src, "--no-deps", "--no-build-isolation", "--no-index",
-          "--disable-pip-version-check", "-q", "-w", wheels], cwd=root)
-    (wheel,) = wheels.glob("kvlab-*.whl")
+    wheel = build_wheel(root)
 
     # A bare venv gets the wheel first (so pip sees no other kvlab), then the test venv's dependencies.
     venv_dir = root / "venv"

@@ -75,6 +75,18 @@ def error_message(exc: BaseException) -> str:
     return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
 
 
+def widget_bundle(widget: widgets.Widget, text: str) -> dict:
+    """What a notebook shows for ``widget``: its view, with ``text`` for a front end without widgets.
+
+    Written out rather than taken from the widget, because ipywidgets 7 (Colab's) and 8 display
+    widgets through different methods (``_ipython_display_`` vs ``_repr_mimebundle_``); the view
+    they send is the same in both: protocol 2.0, the widget's model id.
+    """
+    return {"text/plain": text,
+            "application/vnd.jupyter.widget-view+json": {"version_major": 2, "version_minor": 0,
+                                                         "model_id": widget.model_id}}
+
+
 @dataclass
 class PanelResult:
     """One run of a panel: its parameters, the data, the figure, the summary and how long it took."""
@@ -288,4 +300,4 @@ class ExperimentPanel:
             self._set_status(f"done in {result.seconds:.1f} s")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        return self.widget._repr_mimebundle_(include=include, exclude=exclude)
+        return widget_bundle(self.widget, "ExperimentPanel: " + ", ".join(self.controls))

@@ -1,0 +1,69 @@
+"""kvlab on Colab's own packages: installed from its wheel with its dependencies, it changes none of them,
+each lower bound pyproject.toml declares is a version installed here, and every notebook runs under nbval
+in a folder outside the checkout (the twin: tests/colab_twin.py, Colab's list: tests/environments/colab.txt)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from colab_twin import REPO, changed, colab_packages, declared_requirements, lower_bound, run
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_colabs_list_names_its_source_date_and_python():
+    text = (REPO / "tests" / "environments" / "colab.txt").read_text()
+    python, packages = colab_packages()
+    assert "googlecolab/backend-info" in text and "2026-" in text
+    assert python and {"torch", "ipywidgets", "transformers", "numpy", "pandas"} <= set(packages)
+
+
+def test_every_declared_dependency_admits_colabs_version():
+    from packaging.requirements import Requirement
+
+    _, colab = colab_packages()
+    refused = {n: (r, colab[n]) for n, r in declared_requirements().items()
+               if n in colab and not Requirement(r).specifier.contains(colab[n], prereleases=True)}
+    assert not refused, f"pyproject.toml would replace Colab's version (requirement, Colab's): {refused}"
+
+
+def test_the_twin_holds_colabs_python_and_packages(colab_twin):
+    print(f"twin Python: {colab_twin.python_source}")
+    if "no Python" in colab_twin.python_source:
+        pytest.skip(colab_twin.python_source)
+    version = run([colab_twin.python, "-c", "import sys; print(sys.version.split()[0])"], cwd=colab_twin.root,
+                  env=colab_twin.env).strip()
+    assert version.startswith(colab_twin.colab_python + ".")
+    differ = changed(colab_twin.colab, colab_twin.freeze["colab"], colab_twin.colab)
+    assert not differ, f"the twin did not get Colab's versions (Colab's, the twin's): {differ}"
+
+
+def test_installing_kvlab_into_colab_changes_none_of_colabs_packages(colab_twin):
+    would = {p["metadata"]["name"]: p["metadata"]["version"] for p in colab_twin.would_install}
+    print("pip install --dry-run kvlab[serve] would install:", ", ".join(f"{n}-{v}" for n, v in would.items()))
+    touched = sorted(n for n in would if n.lower().replace("_", "-") in colab_twin.colab)
+    assert not touched, f"installing kvlab would replace Colab's {touched}: {would}"
+    for step in ("kvlab", "test tools"):
+        differ = changed(colab_twin.freeze["colab"], colab_twin.freeze[step], colab_twin.colab)
+        assert not differ, f"after installing {step}, Colab's packages changed (before, after): {differ}"
+    assert "kvlab" in colab_twin.freeze["kvlab"]
+
+
+def test_each_declared_lower_bound_is_the_version_the_twin_installed(colab_twin):
+    installed = colab_twin.freeze["kvlab"]
+    rows = {n: (lower_bound(r), installed.get(n)) for n, r in declared_requirements().items()}
+    print("\n".join(f"{n:14} declared >= {lo:10} installed {got}" for n, (lo, got) in rows.items()))
+    untested = {n: v for n, v in rows.items() if v[0] is None or v[1] is None or Version(v[0]) != Version(v[1])}
+    assert not untested, f"a lower bound no test installs (declared, installed in the twin): {untested}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda nb: nb.stem)
+def test_the_notebook_runs_in_the_colab_twin_outside_the_checkout(colab_twin, notebook, tmp_path):
+    assert not tmp_path.resolve().is_relative_to(REPO)
+    shutil.copy2(notebook, tmp_path / notebook.name)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no config from above
+    run([colab_twin.python, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider", "-q",
+         notebook.name], cwd=tmp_path, env=colab_twin.env, timeout=900)
