@@ -220,8 +220,8 @@ def setup_report() -> str:
     lines = [
         f"running {'on ' + place.capitalize() if place != 'local' else 'locally'} · kvlab {v.get('kvlab')} · "
         f"torch {v.get('torch')} · transformers {v.get('transformers')} · Python {env['python']}",
-        f"device: {device} ({env['device'] if device.type == 'cuda' else env['cpu']}), {env.get('torch_threads')} torch threads on "
-        f"{env['cpu_count']} CPU cores",
+        f"device: {device} ({env['device'] if device.type == 'cuda' else env.get('cpu', env['device'])}), "
+        f"{env.get('torch_threads')} torch threads on {env['cpu_count']} CPU cores",
     ]
     if check is not None and not check.ok:
         lines.append(f"⚠ {check.line()}. So this notebook runs on the CPU, with the CPU sizes (every lesson "

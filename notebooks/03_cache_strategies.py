@@ -167,15 +167,17 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
 #
 # Compiling takes time: on CPU, torch's inductor writes and builds C++ code, which the first time can
 # take far longer than the decoding it speeds up (later runs reuse its on-disk cache). The cell below
-# gives it a budget and prints how long compiling took on your machine; if the compiler is missing,
-# fails or runs out of time, it says that it skipped the compiled step, and the notebook moves on.
+# gives it a budget (`default_budget_s()`: longer on a GPU, where a cold CUDA context and Triton's
+# kernels take longer) and prints how long compiling took on your machine; if the compiler is
+# missing, fails or runs out of time, it says that it skipped the compiled step, and the notebook
+# moves on.
 # Eager and compiled then decode the same prompt in alternating rounds, and the speed-up printed is
 # the median of the per-round ratios with its min–max: a busy moment slows both runs of a round alike.
 
 # %%
 from kvlab.experiments.static_compile import try_compiled_decode
 
-compiled = try_compiled_decode(budget_s=20)
+compiled = try_compiled_decode()  # the budget suits the device: 20 s on CPU, 120 s on CUDA
 print(compiled["message"])
 if compiled["status"] == "compiled":
     print(f"same tokens as the dynamic cache (eager and compiled): {compiled['same_tokens']}; "
@@ -252,9 +254,10 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 # ## Offloaded: bytes moved every step
 #
 # An offloaded cache keeps the keys and values of every layer in a slower, larger memory and keeps
-# only one layer's worth on the compute device. Each decode step copies every layer's history back
-# in, computes, and writes the new token out. The bytes moved therefore grow with the context, on
-# every single step.
+# on the compute device only working buffers, each with room for one layer's history at the full
+# `max_len`: one buffer on CPU, two on CUDA with prefetch (the next layer fills one while the
+# current layer reads the other). Each decode step copies every layer's history back in, computes,
+# and writes the new token out. The bytes moved therefore grow with the context, on every single step.
 #
 # What "slower memory" means depends on the machine, and it changes what you measure:
 #
@@ -431,7 +434,7 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # - Set the **slow link** to each of its rates in turn. Predict the step time at the longest context
 #   from the table's bytes moved before you press Run: dynamic's step plus bytes / rate.
 # - Raise **recall questions** to 200. Which accuracy differences survive, and which were noise?
-# - Give the compiler more time: `try_compiled_decode(budget_s=120)`. Is the compiled step faster
+# - Give the compiler more time: `try_compiled_decode(budget_s=300)`. Is the compiled step faster
 #   than the eager one? Is the speed-up worth the compile time for a 16-token answer? For 1,000 answers?
 #
 # ## Summary

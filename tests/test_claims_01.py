@@ -70,3 +70,23 @@ def test_a_claim_reads_a_panel_result_as_well_as_a_frame():
         frame = run()
 
     assert CLAIMS["cached_steps_stay_flat"].on(PanelResult()).holds
+
+
+@pytest.mark.parametrize("kind, sizes", [("cpu", (32, 80)), ("cuda", (512, 400))])
+def test_the_example_run_is_sized_for_the_device(monkeypatch, kind, sizes):
+    """On a GPU the 90M lesson model's short steps are launch-bound and uncached tokens barely slow down: the
+    example takes the device's lesson sizes (kvlab.device.lesson_scale), not the CPU's."""
+    import kvlab.claims.c01_the_slowdown as c01
+    from kvlab.device import LESSON_SCALES
+
+    calls = []
+    monkeypatch.setattr(c01, "lesson_scale", lambda device=None: LESSON_SCALES[kind])
+    monkeypatch.setattr(c01, "slowdown_model", lambda: "the lesson model")
+    monkeypatch.setattr(c01, "run_slowdown", lambda model, **kw: calls.append((model, kw)) or "a run")
+    c01._example.cache_clear()
+    try:
+        assert c01._example() == "a run"
+    finally:
+        c01._example.cache_clear()  # the next example is a real run again
+    prompt, new = sizes
+    assert calls == [("the lesson model", dict(prompt_tokens=prompt, max_new_tokens=new, repeats=2))]

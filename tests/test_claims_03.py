@@ -65,3 +65,26 @@ def test_the_link_claims_need_a_slow_link_in_the_run():
 def test_a_skipped_compile_is_not_checked():
     v = verdicts({"status": "timeout", "message": "skipped"}, "compiled_step_is_faster")[0]
     assert v.holds is None and "did not run" in v.text
+
+
+def test_the_tier_claim_reads_the_offloaded_setting_whose_copies_were_timed():
+    """On CUDA the plain offloaded cache prefetches, untimed (NaN); the claim reads the prefetch=False twin,
+    and says why it cannot be checked when the run has none."""
+    frame = _copy(_example())
+    plain = frame["setting"] == "offloaded"
+    twin = frame[plain].copy()
+    twin["setting"] = "offloaded(prefetch=False)"
+    twin.attrs = {}  # concat would compare the attrs' frames
+    frame.loc[plain, ["copy_gb_per_s", "copy_ms_per_step"]] = float("nan")  # what a CUDA run's prefetch row holds
+    cuda_like = pd.concat([frame, twin], ignore_index=True)
+    cuda_like.attrs = frame.attrs
+    expected = verdicts(_example(), "memory_tier_copies_outrun_the_link")[0]
+    got = verdicts(cuda_like, "memory_tier_copies_outrun_the_link")[0]
+    assert got.holds is not None and got.values["fast"] == expected.values["fast"]
+    v = verdicts(frame, "memory_tier_copies_outrun_the_link")[0]
+    assert v.holds is None and "prefetch" in v.text and "side stream" in v.text
+
+
+def test_the_cache_time_claim_reads_any_run_that_timed_the_cache():
+    v = verdicts(_example(), "quantized_time_goes_into_the_cache")[0]
+    assert v.holds is not None, v.text

@@ -78,3 +78,44 @@ def test_the_predicted_memory_ratio_is_read_at_the_longest_context(table):
     assert quantized_memory_ratio(frame, bits=2) == q2["memory_ratio"].item()
     with pytest.raises(ValueError, match="no 8-bit quantized cache in this run .*choose quantized with 8 bits"):
         quantized_memory_ratio(frame, bits=8)
+
+
+def test_time_inside_the_cache_is_measured_on_cuda_with_the_compute_stream_synchronised(monkeypatch):
+    """On CUDA an update returns before its kernels ran: each update is timed between two waits for the compute
+    stream, so 'ms in cache/step' exists there too. No GPU needed: the stream is a fake that records the waits."""
+    import torch
+
+    from kvlab.experiments.strategies import _timed_updates
+
+    events = []
+
+    class Stream:
+        def synchronize(self):
+            events.append("sync")
+
+    class FakeCudaCache:
+        device = torch.device("cuda")
+        copy_s_total = 0.0
+
+        def update(self, layer_idx, k, v):
+            events.append("update")
+            self.copy_s_total += 0.5
+            return k, v
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    cache = FakeCudaCache()
+    spent, copied = _timed_updates(cache)
+    cache.update(0, "k", "v")
+    assert events == ["sync", "update", "sync"]
+    assert len(spent) == 1 and spent[0] >= 0 and copied == [0.5]
+
+
+def test_on_cuda_the_panel_also_runs_offloaded_without_prefetch():
+    """Prefetched copies overlap compute on a side stream, untimed; the synchronous twin times the tier's copies."""
+    from kvlab.widgets.strategies import strategy_settings
+
+    cpu = strategy_settings(("offloaded",), link_gbps=1.0)
+    cuda = strategy_settings(("offloaded",), link_gbps=1.0, device="cuda")
+    assert {"cache": "offloaded", "prefetch": False} not in cpu
+    assert cuda == [{"cache": "dynamic"}, {"cache": "offloaded"}, {"cache": "offloaded", "prefetch": False},
+                    {"cache": "offloaded", "link_gbps": 1.0}]

@@ -35,7 +35,7 @@ def runs(model):
     cfg = model.config
     out = {}
     for name, link in (("fast", None), ("slow", RATE_GBPS)):
-        cache = make_cache("offloaded", cfg, max_len=len(PROMPT) + NEW, link_gbps=link)
+        cache = make_cache("offloaded", cfg, device=model.device, max_len=len(PROMPT) + NEW, link_gbps=link)
         out[name] = (kvlab.generate(model, PROMPT, cache=cache, max_new_tokens=NEW), cache)
     yield out
     for _, cache in out.values():
@@ -103,3 +103,29 @@ def test_a_slow_link_on_cuda_syncs_each_chunk_and_keeps_the_tokens():
     assert slow.tokens == exact.tokens and slow.cache.prefetch is False
     link_s = np.array(by_hand(model.config, len(PROMPT), NEW)) / (RATE_GBPS * 1e9)
     assert (np.array(slow.timeline.step_s[1:]) >= link_s - 1e-6).all()
+
+
+def test_the_copy_clock_starts_only_after_the_device_is_synchronised(monkeypatch):
+    """On CUDA a blocking copy first waits for the kernels queued before it: the clock of a synchronous copy
+    must start after a synchronise (kvlab.device.now), or copy_s reads as compute and hides link time. Faked
+    here: the order of synchronise, clock read and copy is recorded."""
+    import time
+    from types import SimpleNamespace
+
+    import kvlab.device
+
+    events: list[str] = []
+    monkeypatch.setattr(kvlab.device, "synchronize", lambda device: events.append("sync"))
+    monkeypatch.setattr(kvlab.device, "time", SimpleNamespace(
+        perf_counter=lambda: events.append("clock") or time.perf_counter()))
+    cache = OffloadedCache(2, 2, 8, max_len=16, link_gbps=100.0)
+    inner = cache._paced_copy
+    monkeypatch.setattr(cache, "_paced_copy", lambda dst, src: events.append("copy") or inner(dst, src))
+    k = v = torch.randn(1, 2, 4, 8)  # (B, nkv, T, hs)
+    cache.update(0, k, v)  # a prompt: no history to fetch, its 4 tokens written out
+    cache.update(0, k[:, :, :1], v[:, :, :1])  # the next token: history fetched, the token written out
+    copies = [i for i, e in enumerate(events) if e == "copy"]
+    assert len(copies) == 3, events
+    for i in copies:
+        assert events[i - 2:i] == ["sync", "clock"], events
+    cache.close()

@@ -124,3 +124,28 @@ def test_block_runs_are_consecutive_distinct_ids():
 def test_bad_options_are_refused_before_anything_is_allocated(kwargs, match):
     with pytest.raises(ValueError, match=match):
         OffloadedPagedKVCache(2, 2, 8, **kwargs)
+
+
+def test_the_copy_clock_starts_only_after_the_device_is_synchronised(monkeypatch):
+    """On CUDA the layer's first blocking copy waits for its queued kernels: the start time must be taken after
+    a synchronise (kvlab.device.now), or copy_s reads as the layer's compute and wait_for_link hides part of
+    the link's time behind it. Faked here: the order of synchronise, clock read and copy is recorded."""
+    import time
+    from types import SimpleNamespace
+
+    import kvlab.device
+    from kvlab.cache.paged import PagedAttentionMetadata
+
+    events: list[str] = []
+    monkeypatch.setattr(kvlab.device, "synchronize", lambda device: events.append("sync"))
+    monkeypatch.setattr(kvlab.device, "time", SimpleNamespace(
+        perf_counter=lambda: events.append("clock") or time.perf_counter()))
+    cache = OffloadedPagedKVCache(2, 2, 8, num_blocks=4, block_size=4, link_gbps=100.0)
+    inner = cache._fetch
+    monkeypatch.setattr(cache, "_fetch", lambda layer, runs: events.append("copy") or inner(layer, runs))
+    k = v = torch.randn(1, 2, 1, 8)  # (1, nkv, N, hs): one sequence's next token after 5 stored
+    cache.metadata = PagedAttentionMetadata.build([1], [6], [[1, 2]], block_size=4)
+    cache.update(0, k, v)
+    assert events.index("copy") >= 2 and events[events.index("copy") - 2:events.index("copy")] == ["sync", "clock"]
+    assert cache.bytes_read_last_step == 2 * 2 * cache.block_bytes  # blocks 1 and 2, K and V: a real fetch
+    cache.close()

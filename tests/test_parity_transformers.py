@@ -224,3 +224,65 @@ def test_compiled_split_product_stays_one_operator_and_equals_the_plain_product(
         assert not any("bmm" in t for t in targets), targets
     finally:
         torch.set_num_threads(before)
+
+
+# -- half precision: weights in bf16 / fp16, RoPE's angles in fp32 (as transformers keeps them) -------------
+
+HALF_ATOL = {torch.bfloat16: 0.5, torch.float16: 0.05}  # max abs logit difference (logits reach ~6 here)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope_angles_stay_fp32_in_a_half_precision_model(dtype):
+    """``model.to(dtype)`` casts floating buffers; RoPE's frequencies must not follow. In bf16, positions 512,
+    513 and 514 would all get cos -0.996 (fp32: -0.997, -0.606, 0.343)."""
+    from kvlab.model.decoder import rope_cos_sin
+
+    cfg = kvlab.tiny_llama()
+    full, half = kvlab.build_model(cfg, device="cpu"), kvlab.build_model(cfg, device="cpu", dtype=dtype)
+    assert half.embed.dtype == dtype and half.inv_freq.dtype == torch.float32
+    assert torch.equal(half.inv_freq, full.inv_freq)
+    assert half.half().inv_freq.dtype == torch.float32  # any later cast too
+    positions = torch.tensor([[512, 513, 514]])  # (1, 3)
+    cos32, sin32 = rope_cos_sin(positions, full.inv_freq)  # (1, 1, 3, hs)
+    cos, sin = rope_cos_sin(positions, half.inv_freq, dtype)
+    assert cos.dtype == sin.dtype == dtype
+    assert torch.equal(cos, cos32.to(dtype)) and torch.equal(sin, sin32.to(dtype))
+    assert cos32[0, 0, :, 0].tolist() == pytest.approx([-0.997, -0.606, 0.343], abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory):
+    """A saved fp32 Llama with room for long positions, loaded below in half precision by both libraries."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                   initializer_range=0.2)
+    path = tmp_path_factory.mktemp("llama-1k")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("start", [0, 512])  # 512: where angles computed in bf16 were off by radians
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.inference_mode()
+def test_half_precision_logits_match_transformers(llama_checkpoint, dtype, start):
+    """kvlab and transformers load the same checkpoint in bf16 / fp16: logits agree within HALF_ATOL at
+    positions 0.. and 512.. (before RoPE stayed fp32, bf16 differed by 7.6 and fp16 by 0.38 at 512)."""
+    hf = transformers.AutoModelForCausalLM.from_pretrained(llama_checkpoint, dtype=dtype).eval()
+    model = kvlab.from_pretrained(llama_checkpoint, device="cpu", dtype=dtype)
+    ids, positions = prompt(), torch.arange(start, start + 12)[None]  # (1, 12) each
+    expected = hf(ids, position_ids=positions).logits  # (1, T, V)
+    got = model(ids, kvlab.make_cache("dynamic", model.config, dtype=dtype), positions=positions)
+    assert got.dtype == expected.dtype == dtype
+    diff = (got.float() - expected.float()).abs().max().item()
+    assert diff <= HALF_ATOL[dtype], f"max abs logit difference {diff:.3f} in {dtype} from position {start}"
+
+
+def test_a_model_cast_to_bf16_before_conversion_keeps_fp32_rope_frequencies():
+    """``hf.to(bf16)`` casts transformers' own inv_freq buffer; the conversion recomputes it in fp32."""
+    torch.manual_seed(0)
+    hf = llama()
+    expected = hf.model.rotary_emb.inv_freq.clone()
+    model = kvlab.from_transformers(hf.to(torch.bfloat16), device="cpu", dtype=torch.bfloat16)
+    assert hf.model.rotary_emb.inv_freq.dtype == torch.bfloat16
+    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, expected)

@@ -89,3 +89,90 @@ def test_compile_needs_the_static_cache(model):
     with pytest.raises(ValueError, match="compile=True compiles the static cache's fixed-shape decode step; "
                                          "pass cache='static' \\(got cache='dynamic'\\)"):
         kvlab.generate(model, [1, 2, 3], cache="dynamic", compile=True)
+
+
+# -- the compile budget and the child process, per device ------------------------------------------------
+
+@pytest.mark.parametrize("device, budget", [("cpu", 20.0), ("cuda", 120.0)])
+def test_the_compile_budget_suits_the_device(monkeypatch, device, budget):
+    """A cold CUDA context plus Triton compiling its kernels outlasts the CPU's 20 s: CUDA gets 120 s."""
+    from kvlab.experiments.static_compile import default_budget_s, timeout_message
+
+    monkeypatch.delenv("KVLAB_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device == "cuda")  # a "cuda-like" machine, no GPU
+    assert default_budget_s() == budget
+    message = timeout_message(budget)
+    assert f"within the {budget:.0f} s budget" in message and "skipped" in message and "\n" not in message
+    assert ("Triton" in message) == (device == "cuda") and ("C++" in message) == (device == "cpu")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_child_pins_compile_threads_only_on_cpu(monkeypatch, device):
+    """On CPU one compile thread leaves no pool of workers behind; on CUDA Triton's kernels compile in parallel."""
+    from kvlab.experiments.static_compile import child_env
+
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.delenv("KVLAB_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device == "cuda")  # a "cuda-like" machine, no GPU
+    env = child_env(threads=2)
+    assert env["OMP_NUM_THREADS"] == "2"
+    assert env.get("TORCHINDUCTOR_COMPILE_THREADS") == ("1" if device == "cpu" else None)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "7")  # the learner's own setting
+    assert child_env(threads=2)["TORCHINDUCTOR_COMPILE_THREADS"] == ("1" if device == "cpu" else "7")
+
+
+def test_a_compile_out_of_budget_is_stopped_without_posix_only_calls(monkeypatch):
+    """Windows has no os.killpg and no SIGKILL: the time-out still stops the child (Popen.terminate there) and
+    comes back as the one-line message."""
+    import os
+    import signal
+    import subprocess
+
+    monkeypatch.delattr(os, "killpg", raising=False)
+    monkeypatch.delattr(signal, "SIGKILL", raising=False)
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    result = try_compiled_decode(budget_s=0.5)
+    assert result["status"] == "timeout" and "skipped" in result["message"] and "\n" not in result["message"]
+    assert len(started) == 1 and started[0].poll() is not None  # the child really was stopped
+
+
+# -- CUDA graphs: the cache's tensors are static inputs, and the result says whether a graph was captured --
+
+def test_the_fixed_shape_cache_marks_its_tensors_as_static_inputs():
+    """K/V, slots and position are written in place by the compiled step: unmarked, CUDA graph trees would skip
+    the graph silently (pytorch #103985); marked, their addresses are static inputs of the graph."""
+    cache = FixedShapeStaticCache(2, 2, 8, max_len=16)
+    tensors = [*cache.keys, *cache.values, cache.slots, cache.position]
+    assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded" for t in tensors)
+    cache.reset()  # rewinds position only: the same tensors, still marked
+    assert all(getattr(t, "_dynamo_static_input_type", None) == "unguarded"
+               for t in [*cache.keys, *cache.values, cache.slots, cache.position])
+
+
+def test_the_compiled_step_says_why_no_cuda_graph_was_captured_on_cpu(model):
+    from kvlab.experiments.static_compile import compiled_decode, cuda_graph_reason
+
+    result = compiled_decode(model, list(range(5, 29)), new_tokens=4, backend="eager", rounds=1)
+    assert result["cuda_graph"] == "cpu: CUDA graphs are CUDA only"
+    assert cuda_graph_reason("cpu", "reduce-overhead", "inductor") == "cpu: CUDA graphs are CUDA only"
+    assert cuda_graph_reason("cuda", None, "inductor") == "not requested: mode=None"
+    assert cuda_graph_reason("cuda", "default", "inductor") == "not requested: mode=default"
+    assert cuda_graph_reason("cuda", "reduce-overhead", "eager") == "not requested: backend=eager"
+    assert cuda_graph_reason("cuda", "reduce-overhead", "inductor") is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_reduce_overhead_captures_a_cuda_graph_of_the_fixed_shape_step():
+    from kvlab.experiments.static_compile import compiled_decode
+
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
+    result = compiled_decode(model, list(range(5, 29)), new_tokens=8, mode="reduce-overhead", rounds=1)
+    assert result["cuda_graph"] == "captured", result["cuda_graph"]
+    assert result["same_tokens"]

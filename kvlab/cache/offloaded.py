@@ -10,6 +10,7 @@ import weakref
 
 import torch
 
+from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from .base import CacheMemory, KVCache
 
 
@@ -152,8 +153,12 @@ class OffloadedCache(KVCache):
 
     # -- moving bytes between the tier and the working buffers ------------------------------------
     def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """The one place bytes cross tiers: a contiguous block copy, counted (and paced, with ``link_gbps``)."""
-        t0 = time.perf_counter()
+        """The one place bytes cross tiers: a contiguous block copy, counted (and paced, with ``link_gbps``).
+
+        A synchronous copy's clock starts once the device is idle (``devices.now``): on CUDA a blocking copy
+        first waits for the kernels queued before it, which would be counted as copying (and hide part of
+        the link's time in ``wait_for_link``). A prefetching copy is asynchronous and is not waited for."""
+        t0 = time.perf_counter() if self.prefetch else devices.now(self.device)
         if self.link_gbps is None:
             dst.copy_(src, non_blocking=self.prefetch)
         else:

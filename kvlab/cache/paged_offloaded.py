@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from .base import CacheMemory, KVCache
 from .offloaded import check_link_and_storage, make_tier, wait_for_link
 from .paged import PagedAttentionMetadata, PagedKVCache
@@ -138,7 +139,9 @@ class OffloadedPagedKVCache(PagedKVCache):
             self.bytes_read_last_step = self.bytes_written_last_step = 0  # a new step starts with layer 0
         runs, slots_cpu = self._step_plan(md)
         k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (N, nkv, hs)
-        start = time.perf_counter()
+        # The clock starts once the layer's queued kernels are done: on CUDA the first blocking copy would
+        # otherwise wait for them, and copy_s would read as the layer's compute (hiding link time behind it).
+        start = devices.now(self.device)
         read = self._fetch(layer_idx, runs)
         written = self._write_back(layer_idx, slots_cpu, k_new, v_new)
         if self.cuda:

@@ -72,6 +72,10 @@ class FixedShapeStaticCache(StaticCache):
     ``position`` (a 1-element tensor) is the slot the next decode step writes; it lives on the
     device so a compiled step reads it as data, not as a Python constant baked into the program.
     Call ``sync()`` after a prefill and ``advance()`` after each decode step (outside the compiled function).
+
+    The K/V tensors, ``slots`` and ``position`` are marked as static addresses (``mark_static``): a CUDA
+    graph may then replay a step that writes into them in place. Unmarked, they are ordinary inputs that
+    the step mutates, and CUDA graph trees silently skip such a graph (pytorch #103985, #123231).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
@@ -80,6 +84,15 @@ class FixedShapeStaticCache(StaticCache):
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device, max_len)
         self.slots = torch.arange(max_len, device=self.device)  # (max_len,)
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)  # (1,)
+        self.mark_static()
+
+    def mark_static(self) -> None:
+        """Tell torch.compile that these tensors keep their addresses from call to call (``reset`` keeps
+        them: it only rewinds ``position``), so CUDA graphs capture the in-place writes instead of skipping."""
+        from torch._dynamo import mark_static_address
+
+        for t in (*self.keys, *self.values, self.slots, self.position):
+            mark_static_address(t)  # sets t._dynamo_static_input_type
 
     def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if q.size(2) != 1:  # prefill: its length varies anyway; fill the prefix as StaticCache does

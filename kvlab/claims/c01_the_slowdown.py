@@ -13,15 +13,31 @@ from typing import Any
 
 import pandas as pd
 
+from ..device import LessonScale, lesson_scale
 from ..experiments.slowdown import run_slowdown, slowdown_fit, slowdown_model, slowdown_summary, step_curves
 from .framework import claim, frame_of
 
 NOTEBOOK = "01_the_slowdown.ipynb"
 
 
+EXAMPLE_NEW_TOKENS_CPU = 80  # on CPU the example is shorter than the lesson's run (seconds, not a minute)
+
+
+def example_sizes(scale: LessonScale | None = None) -> dict:
+    """The example run's prompt and new tokens, from the lesson sizes of this device (``lesson_scale()``).
+
+    On CPU: the lesson's prompt and 80 new tokens. On a GPU: the lesson's own sizes (512 + 400 on the
+    90M model), since short steps there cost their kernel launches whatever they hold, and uncached
+    tokens would not slow down.
+    """
+    scale = lesson_scale() if scale is None else scale
+    new = min(scale.max_new_tokens, EXAMPLE_NEW_TOKENS_CPU) if scale.device == "cpu" else scale.max_new_tokens
+    return dict(prompt_tokens=scale.prompt_tokens, max_new_tokens=new)
+
+
 @functools.lru_cache(maxsize=1)
 def _example() -> pd.DataFrame:
-    return run_slowdown(slowdown_model(), prompt_tokens=32, max_new_tokens=80, repeats=2)
+    return run_slowdown(slowdown_model(), **example_sizes(), repeats=2)
 
 
 def _row(result: Any, cache: str) -> pd.Series:

@@ -6,15 +6,16 @@ token into its slot with ``index_copy_`` at a position held in a tensor and atte
 ``max_len`` slots, masking the empty ones: token 1 and token 500 run with identical shapes, which
 is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it (gpt-fast's trick).
 
-Compiling can take from seconds to minutes (inductor writes and builds C++ on CPU), so the
-notebook calls ``try_compiled_decode(budget_s=...)``: the measurement runs in a child process that
-is stopped when the budget runs out, and the answer is always a dict with a one-line ``message``,
-never a traceback. ``python -m kvlab.experiments.static_compile`` runs the measurement and prints
-the JSON.
+Compiling can take from seconds to minutes (inductor writes and builds C++ on CPU; on CUDA a cold
+context and Triton's kernels), so the notebook calls ``try_compiled_decode()``: the measurement
+runs in a child process that is stopped when the budget (``default_budget_s()``, per device) runs
+out, and the answer is always a dict with a one-line ``message``, never a traceback.
+``python -m kvlab.experiments.static_compile`` runs the measurement and prints the JSON.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import torch
 
 from ..benchmarks.rounds import paired_ratio, rotated
 from ..cache.static import FixedShapeStaticCache  # lives beside StaticCache; re-exported here
+from ..device import pick_device
 from ..generate import encode_prompt, generate, prefill
 from ..model.decoder import Decoder
 from ..model.matvec import prepare_compile
@@ -50,6 +52,86 @@ def _decode_greedy(model: Decoder, prompt_ids: list[int], new_tokens: int, cache
     return tokens, seconds
 
 
+def cuda_graph_reason(device: torch.device | str, mode: str | None, backend) -> str | None:
+    """Why no CUDA graph will be captured for this device, mode and backend; None where one may be."""
+    if torch.device(device).type != "cuda":
+        return f"{torch.device(device).type}: CUDA graphs are CUDA only"
+    if backend != "inductor":
+        return f"not requested: backend={getattr(backend, '__name__', backend)}"
+    from torch._inductor import list_mode_options
+
+    if mode is None or not list_mode_options(mode).get("triton.cudagraphs"):
+        return f"not requested: mode={mode}"  # "reduce-overhead" and "max-autotune" ask for them
+    return None
+
+
+def _graphs_recorded(device: torch.device) -> int | None:
+    """CUDA graphs recorded so far by torch.compile's CUDA graph trees on ``device`` (None: not found here)."""
+    try:
+        from torch._inductor import cudagraph_trees
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        manager = cudagraph_trees.get_manager(index, create_if_none_exists=False)
+        nodes = [node for roots in (manager.roots if manager is not None else {}).values() for node in roots]
+    except (ImportError, AttributeError, RuntimeError):  # another torch's internals
+        return None
+    count = 0
+    while nodes:  # every recorded graph is a node of the tree: the roots and their children
+        node = nodes.pop()
+        count += 1
+        nodes.extend(child for children in node.children.values() for child in children)
+    return count
+
+
+class _Messages(logging.Handler):
+    """Keeps what a logger warns (here: inductor's reasons for skipping a CUDA graph)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class CudaGraphWatch:
+    """Over a block of compiled calls: did torch.compile record a CUDA graph, and if not, why not.
+
+    Skipping is silent unless one looks: inductor logs it on its "cudagraphs" logger and counts it in
+    ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``; a recorded graph is a node of the
+    CUDA graph tree manager. ``result`` is "captured" or a short reason.
+    """
+
+    def __init__(self, device: torch.device | str, mode: str | None, backend) -> None:
+        self.device, self.reason = torch.device(device), cuda_graph_reason(device, mode, backend)
+        self.result = self.reason
+
+    def __enter__(self) -> "CudaGraphWatch":
+        if self.reason is None:
+            from torch._dynamo.utils import counters
+            from torch._inductor.cudagraph_utils import cudagraphs_log
+
+            self._log, self._heard = cudagraphs_log, _Messages()
+            self._log.addHandler(self._heard)
+            self._counters = counters["inductor"]
+            self._skips, self._graphs = self._counters["cudagraph_skips"], _graphs_recorded(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.reason is not None:
+            return
+        self._log.removeHandler(self._heard)
+        graphs, heard = _graphs_recorded(self.device), self._heard.messages
+        if self._counters["cudagraph_skips"] > self._skips:
+            self.result = f"skipped: {heard[0].splitlines()[0][:200] if heard else 'see torch cudagraphs log'}"
+        elif graphs is None or self._graphs is None:
+            self.result = f"unknown: no CUDA graph tree manager found in torch {torch.__version__}"
+        elif graphs > self._graphs:
+            self.result = "captured"
+        else:
+            self.result = "skipped: no CUDA graph was recorded (and torch logged no reason)"
+
+
 @torch.inference_mode()
 def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 32, mode: str | None = None,
                     backend: str = "inductor", rounds: int = 5) -> dict:
@@ -61,7 +143,9 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
     slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
     each over all rounds, and the seconds the first compiled call took (tracing + code generation +
-    building). Raises whatever torch.compile raises.
+    building), and ``cuda_graph``: "captured" when a CUDA graph was recorded (CUDA, mode "reduce-overhead"),
+    else why not ("not requested: mode=None", "cpu: CUDA graphs are CUDA only", "skipped: <torch's reason>").
+    Raises whatever torch.compile raises.
     ``backend="eager"`` traces the step without generating code (seconds, not minutes; no speed-up):
     the tests use it to check this function's bookkeeping.
     """
@@ -84,14 +168,15 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
 
     prepare_compile()  # the thread count is a constant of the program (kvlab/model/matvec.py)
     compiled = torch.compile(step, mode=mode, backend=backend, dynamic=False, fullgraph=False)
-    t0 = time.perf_counter()
-    _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles
-    compile_s = time.perf_counter() - t0
-    steps = {"eager": step, "compiled": compiled}
-    runs: dict[str, list[tuple[list[int], list[float]]]] = {name: [] for name in steps}  # (tokens, step seconds)
-    for r in range(rounds):
-        for name in rotated(list(steps), r):
-            runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache, steps[name]))
+    with CudaGraphWatch(model.device, mode, backend) as graphs:
+        t0 = time.perf_counter()
+        _decode_greedy(model, prompt_ids, 3, cache, compiled)  # the first call compiles
+        compile_s = time.perf_counter() - t0
+        steps = {"eager": step, "compiled": compiled}
+        runs: dict[str, list[tuple[list[int], list[float]]]] = {name: [] for name in steps}  # (tokens, step s)
+        for r in range(rounds):
+            for name in rotated(list(steps), r):
+                runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache, steps[name]))
     ratio = paired_ratio([np.median(s) for _, s in runs["eager"]], [np.median(s) for _, s in runs["compiled"]])
     eager_ms = 1e3 * float(np.median([t for _, s in runs["eager"] for t in s]))
     compiled_ms = 1e3 * float(np.median([t for _, s in runs["compiled"] for t in s]))
@@ -103,37 +188,87 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
                 dynamic_ms=1e3 * float(np.median(reference.timeline.step_s[1:])),
                 eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=speedup, speedup_min=lo, speedup_max=hi,
                 speedup_per_round=ratio["values"], rounds=rounds,
-                compile_s=compile_s, backend=backend, torch=torch.__version__, device=str(model.device),
+                compile_s=compile_s, backend=backend, mode=mode, cuda_graph=graphs.result,
+                torch=torch.__version__, device=str(model.device),
                 threads=torch.get_num_threads(),
                 message=f"compiled in {compile_s:.1f} s; one decode step: {eager_ms:.2f} ms eager, "
                         f"{compiled_ms:.2f} ms compiled; eager / compiled {speedup:.2f}x "
                         f"[min-max {lo:.2f}-{hi:.2f} over {rounds} paired rounds]")
 
 
-def try_compiled_decode(budget_s: float = 30.0, pairs: int = 8, new_tokens: int = 32, threads: int = 1) -> dict:
-    """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``.
+COMPILE_BUDGET_S = {"cpu": 20.0, "cuda": 120.0}  # seconds a first compile may take, per device kind
+
+
+def default_budget_s(device: torch.device | str | None = None) -> float:
+    """The compile budget for ``device`` (default: ``pick_device()``): 20 s on CPU; 120 s on CUDA, where
+    a cold CUDA context and Triton compiling its kernels take longer than the CPU's C++ on a small model."""
+    return COMPILE_BUDGET_S["cuda" if pick_device(device).type == "cuda" else "cpu"]
+
+
+def timeout_message(budget_s: float, device: torch.device | str | None = None) -> str:
+    """The one line a compile that ran out of budget comes back with, naming what is slow on this device."""
+    if pick_device(device).type == "cuda":
+        why = ("on CUDA, the first compile starts the CUDA context and has Triton generate and build GPU "
+               "kernels, which can take minutes on a small or shared GPU")
+        hint = "Raise budget_s (a second run reuses the compile cache and is much faster)."
+    else:
+        why = "on CPU, inductor generates and builds C++ code, which takes long on a few busy cores"
+        hint = "Raise budget_s, or try it on a GPU machine."
+    return (f"torch.compile did not finish within the {budget_s:.0f} s budget on this machine ({why}); "
+            f"skipped. {hint}")
+
+
+def child_env(threads: int, device: torch.device | str | None = None) -> dict[str, str]:
+    """The environment of the compiling child: ``threads`` OpenMP threads, and on CPU one compile thread (no
+    pool of compile workers left behind). On CUDA inductor keeps its default: Triton's kernels compile in
+    parallel worker processes."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if pick_device(device).type != "cuda":
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    return env
+
+
+def stop_process_tree(child: subprocess.Popen) -> None:
+    """Stop the child and what it started: its process group where the OS has them (POSIX: ``os.killpg``
+    with SIGKILL), else the child itself (``Popen.kill``; ``terminate`` where there is no SIGKILL, which on
+    Windows is the same TerminateProcess). Then reap it."""
+    killpg, sigkill = getattr(os, "killpg", None), getattr(signal, "SIGKILL", None)
+    try:
+        if killpg is not None and sigkill is not None:
+            killpg(child.pid, sigkill)
+        elif sigkill is not None:
+            child.kill()
+        else:
+            child.terminate()
+    except (ProcessLookupError, PermissionError):  # it ended on its own meanwhile
+        pass
+    try:
+        child.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # never hang the notebook on a child that will not stop
+        pass
+
+
+def try_compiled_decode(budget_s: float | None = None, pairs: int = 8, new_tokens: int = 32,
+                        threads: int = 1) -> dict:
+    """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``
+    (default: ``default_budget_s()``, 20 s on CPU and 120 s on CUDA).
 
     Never raises: a compiler that is missing, fails or is too slow here comes back as
     ``{"status": "timeout" | "failed", "message": ...}``. ``threads`` torch threads in the child.
     """
+    budget_s = default_budget_s() if budget_s is None else budget_s
     if budget_s <= 0:
         raise ValueError(f"budget_s must be positive (seconds the compile may take), got {budget_s!r}")
-    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS="1",  # no pool of compile workers left behind
-               OMP_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "kvlab.experiments.static_compile", "--pairs", str(pairs),
            "--new", str(new_tokens), "--threads", str(threads)]
     start = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)  # its own process group: stopped as one on timeout
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(threads),
+                             start_new_session=hasattr(os, "killpg"))  # its own process group: stopped as one
     try:
         out, err = child.communicate(timeout=budget_s)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        return dict(status="timeout", seconds=time.perf_counter() - start,
-                    message=f"torch.compile did not finish within the {budget_s:.0f} s budget on this machine "
-                            "(on CPU, inductor generates and builds C++ code, which takes long on a few busy "
-                            "cores); skipped. Raise budget_s, or try it on a GPU machine.")
+        stop_process_tree(child)
+        return dict(status="timeout", seconds=time.perf_counter() - start, message=timeout_message(budget_s))
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if child.returncode != 0 or not lines:
         last = next((line for line in reversed(err.strip().splitlines()) if line.strip()), "no message")
@@ -167,4 +302,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["FixedShapeStaticCache", "compiled_decode", "try_compiled_decode"]
+__all__ = ["COMPILE_BUDGET_S", "CudaGraphWatch", "FixedShapeStaticCache", "child_env", "compiled_decode",
+           "cuda_graph_reason", "default_budget_s", "stop_process_tree", "timeout_message", "try_compiled_decode"]

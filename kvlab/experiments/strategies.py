@@ -7,7 +7,8 @@ a few context lengths and returns one tidy DataFrame, one row per (setting, cont
   part on the compute device and the part offloaded, and the ratio to dynamic's allocation beside
   the ideal ratio of the quantized format (bits / element bits + scale and zero-point per group);
 - latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's
-  ``update`` (quantizing, dequantizing, copying between tiers; CPU only), bytes moved per step;
+  ``update`` (quantizing, dequantizing, copying between tiers; on CUDA timed with the compute stream
+  synchronised), bytes moved per step;
 - for the offloaded cache, the link: the ms per step its copies took (waiting for a throttled
   link included: ``link_gbps``, see kvlab.cache.offloaded), the ms the stated link needs for the
   mean bytes moved (bytes / rate), and bytes moved per second of copying and per second of a whole
@@ -76,18 +77,30 @@ def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes:
     return ((tokens - window) * packed + window) / tokens
 
 
+def _clock(device: torch.device) -> float:
+    """``perf_counter()`` once the kernels queued on the compute stream have run (CUDA), so an update's time
+    is its own work, not the layer's compute before it. Only the compute stream is waited for: copies an
+    offloaded cache prefetches on a side stream keep overlapping, as they do untimed."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    return time.perf_counter()
+
+
 def _timed_updates(cache: KVCache) -> tuple[list[float], list[float]]:
     """Wrap the cache's ``update`` so each call's seconds are recorded (attend() calls self.update),
-    and, for a cache that counts its copies between tiers (``copy_s_total``), the seconds of copying."""
+    and, for a cache that counts its copies between tiers (``copy_s_total``), the seconds of copying.
+    On CUDA every update is timed between two waits for the compute stream (``_clock``); the step times
+    then include those waits (and lose the overlap of launching kernels with running them), for every
+    setting alike."""
     spent: list[float] = []
     copied: list[float] = []
     inner = cache.update
 
     @functools.wraps(inner)
     def update(layer_idx, k, v):
-        c0, t0 = getattr(cache, "copy_s_total", 0.0), time.perf_counter()
+        c0, t0 = getattr(cache, "copy_s_total", 0.0), _clock(cache.device)
         out = inner(layer_idx, k, v)
-        spent.append(time.perf_counter() - t0)
+        spent.append(_clock(cache.device) - t0)
         copied.append(getattr(cache, "copy_s_total", 0.0) - c0)
         return out
 
@@ -105,9 +118,9 @@ def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int
     if setting["cache"] in ("static", "offloaded"):
         opts.setdefault("max_len", max_len)
     cache = make_cache(setting["cache"], model.config, batch=1, dtype=model.dtype, device=model.device, **opts)
-    on_cpu = model.device.type == "cpu"  # on CUDA, timing inside update would need a sync per layer
-    # copies are timed where they are synchronous: on CPU, and over a throttled link (which syncs)
-    copies_timed = hasattr(cache, "copy_s_total") and (on_cpu or getattr(cache, "link_gbps", None) is not None)
+    # Copies are timed where they are synchronous (the cache synchronises before its clock starts): on CPU,
+    # over a throttled link, and on CUDA without prefetch. Prefetched copies run on a side stream, untimed.
+    copies_timed = hasattr(cache, "copy_s_total") and not getattr(cache, "prefetch", False)
     spent, copied = _timed_updates(cache)
     try:
         layers = model.config.num_layers
@@ -115,7 +128,7 @@ def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int
         steps = result.timeline.step_s
         mem = cache.memory()
         extra = cache.memory_breakdown() if hasattr(cache, "memory_breakdown") else {}
-        return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=_per_step(spent, layers)[1:] if on_cpu else [],
+        return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=_per_step(spent, layers)[1:],
                     copy_s=_per_step(copied, layers)[1:] if copies_timed else [],
                     moved=result.timeline.bytes_moved[1:], memory=mem, breakdown=extra)
     finally:

@@ -20,11 +20,17 @@ def _param(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape))
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotary angles for integer positions (B, T) -> cos, sin of shape (B, 1, T, hs)."""
-    freqs = positions[..., None].to(inv_freq.dtype) * inv_freq  # (B, T, hs/2)
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary angles for integer positions (B, T) -> cos, sin of shape (B, 1, T, hs), in ``dtype``.
+
+    The angles are computed in fp32 whatever ``dtype`` is: bf16 keeps 8 significant bits, so from
+    position 256 on, position x frequency would round to steps of 2 radians (4 from 512: positions
+    512, 513 and 514 would share one angle). Only cos and sin are cast, as transformers' Llama does.
+    """
+    freqs = positions[..., None].float() * inv_freq.float()  # (B, T, hs/2), fp32
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (B, 1, T, hs)
-    return emb.cos(), emb.sin()
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -129,12 +135,21 @@ class Decoder(nn.Module):
         else:
             self.pos_embed = None
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
-            self.register_buffer("inv_freq", inv_freq, persistent=False)  # (hs/2,)
+            self.register_buffer("inv_freq", inv_freq, persistent=False)  # (hs/2,), fp32 always (see _apply)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.final_norm = Norm(cfg)
         # Untied: lm_head stored [in, out] = (C, V). Tied: reuse the embedding (V, C).
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.hidden_size, cfg.vocab_size)
         self.tokenizer = None  # set by the loaders; a ByteTokenizer or the checkpoint's own
+
+    def _apply(self, fn, recurse=True):
+        """``.to()``, ``.half()``, ``.cuda()`` ... move ``inv_freq`` with the weights but never change its
+        dtype: ``Module.to(dtype)`` casts floating buffers, and RoPE's frequencies must stay fp32."""
+        inv_freq = getattr(self, "inv_freq", None)
+        super()._apply(fn, recurse)
+        if inv_freq is not None and self.inv_freq.dtype != torch.float32:
+            self.inv_freq = inv_freq.to(device=self.inv_freq.device)  # the fp32 values, on the new device
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -170,7 +185,7 @@ class Decoder(nn.Module):
             x = x + F.embedding(positions, self.pos_embed)  # learned absolute positions
             rope = None
         else:
-            rope = rope_cos_sin(positions, self.inv_freq)  # (B, 1, T, hs) each
+            rope = rope_cos_sin(positions, self.inv_freq, x.dtype)  # (B, 1, T, hs) each, angles in fp32
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache, rope)  # (B, T, C)
         if last_only:

@@ -121,7 +121,10 @@ def from_transformers(hf_model, device: torch.device | str | None = None,
             if rotary is not None and getattr(rotary, "attention_scaling", 1.0) != 1.0:
                 raise _unsupported("RoPE scaling with attention_scaling != 1 (e.g. YaRN)")
             if rotary is not None:
-                model.inv_freq.copy_(rotary.inv_freq.float())
+                inv_freq = rotary.inv_freq  # (hs/2,)
+                if inv_freq.dtype != torch.float32:  # cast by hf_model.to(dtype): recompute it in fp32
+                    inv_freq = type(rotary)(hf_model.config).inv_freq
+                model.inv_freq.copy_(inv_freq.float())
     model.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     return model.to(device=pick_device(device), dtype=dtype or torch.float32).eval()
 
@@ -187,7 +190,8 @@ def from_pretrained(name_or_path: str | Path, device: torch.device | str | None 
     before any weights are read. The checkpoint's own tokenizer (transformers' AutoTokenizer,
     behind kvlab's small tokenizer interface) becomes ``model.tokenizer``, so
     ``kvlab.generate(model, "some text")`` takes and returns text; a checkpoint without tokenizer
-    files gets the built-in ByteTokenizer. Weights are converted to ``dtype`` (fp32 by default).
+    files gets the built-in ByteTokenizer. Weights are converted to ``dtype`` (fp32 by default); RoPE's
+    frequencies and angles stay fp32 whatever it is (``Decoder._apply``), as in transformers.
     ``local_files_only=True`` reads a hub name from the local cache only, never the network
     (default: True for a directory, else transformers' own rule).
     """

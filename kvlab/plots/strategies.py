@@ -142,7 +142,7 @@ def plot_cache_time(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = 
         ax.plot(exact["context_tokens"], exact["token_ms_p50"], color="#999", lw=6, alpha=0.35,
                 label="a whole dynamic step (p50)", zorder=0)
     if not len(measured):
-        ax.text(0.5, 0.5, "not measured on this device\n(timing inside update needs CPU)", ha="center",
+        ax.text(0.5, 0.5, "not measured in this run\n(no cache_ms_per_step column values)", ha="center",
                 va="center", transform=ax.transAxes, fontsize=9, color="#555")
     ax.set_ylim(bottom=0)
     return _finish(ax, legend, title="Time inside the cache per step", xlabel="prompt tokens",

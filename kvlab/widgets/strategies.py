@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from ..cache.base import kv_cache_bytes
+from ..device import pick_device
 from ..experiments.cache_accuracy import accuracy_by_distance, accuracy_summary
 from ..experiments.progress import Progress, no_progress
 from ..experiments.strategies import run_strategies
@@ -22,12 +23,15 @@ _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="
 
 
 def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2), residual: int = 0,
-                      group_size: int | None = None, link_gbps: float | None = None) -> list[dict]:
+                      group_size: int | None = None, link_gbps: float | None = None,
+                      device: torch.device | str = "cpu") -> list[dict]:
     """The settings ``run_strategies`` takes, from the panel's choices: one quantized setting per bits value.
 
     dynamic always comes first (every ratio is taken against it), whether chosen or not. With
     ``link_gbps``, offloaded runs twice: over the tier's own speed and over a link of that many GB/s
-    (``OffloadedCache(link_gbps=...)``), the same bytes moved at two speeds.
+    (``OffloadedCache(link_gbps=...)``), the same bytes moved at two speeds. On a CUDA ``device``
+    offloaded also runs with ``prefetch=False``: prefetched copies overlap compute on a side stream and
+    go untimed, synchronous ones are timed (the tier's own speed, which a claim of notebook 03 reads).
     """
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -48,6 +52,8 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
                 settings.append(s)
         else:
             settings.append({"cache": name})
+            if name == "offloaded" and torch.device(device).type == "cuda":
+                settings.append({"cache": "offloaded", "prefetch": False})
             if name == "offloaded" and link_gbps is not None:
                 settings.append({"cache": "offloaded", "link_gbps": float(link_gbps)})
     return settings
@@ -62,6 +68,7 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
     """Memory and latency of every chosen setting at every context (``run_strategies``), and recall
     accuracy of the dynamic and quantized settings at the longest context (``accuracy_by_distance``).
     ``link_gbps``: offloaded also runs over a link of that many GB/s (None: only at the tier's speed).
+    On CUDA offloaded also runs with ``prefetch=False`` (``strategy_settings``).
 
     The frame is run_strategies' with the accuracy columns filled in at the longest context
     (static and offloaded are exact strategies and are not scored again; their quality columns
@@ -71,7 +78,8 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
     """
     from ..tasks.recall import load_recall_model, make_examples
 
-    settings = strategy_settings(strategies, bits, residual, group_size, link_gbps)
+    settings = strategy_settings(strategies, bits, residual, group_size, link_gbps,
+                                 device=model.device if model is not None else pick_device())
     pairs = sorted(set(pairs))
     if not pairs:
         raise ValueError("choose at least one context length")
