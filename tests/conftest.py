@@ -1,9 +1,13 @@
-"""What the tests share: one torch thread, tiny seeded models per architecture, teacher-forced logits, sequences.
+"""What the tests share: the device, one torch thread, tiny seeded models per architecture, teacher-forced logits.
 
-Every model here is built on the CPU with seed 0, so a test sees the same weights on every
-machine; GPU paths have their own tests, marked to skip without CUDA.
+Every model here is built with seed 0 on the CPU and then moved, so a test sees the same weights on
+every machine. The device is the CPU unless $KVLAB_TEST_DEVICE (or else $KVLAB_DEVICE) names another:
+``KVLAB_TEST_DEVICE=cuda pytest tests/test_generate.py`` runs the same tests on the GPU, which is
+what scripts/gpu_check.py does. Tests of a GPU-only path have their own, marked to skip without CUDA.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -23,16 +27,31 @@ def one_thread():
         yield
 
 
+def requested_device() -> str:
+    """The device the shared fixtures run on: $KVLAB_TEST_DEVICE, else $KVLAB_DEVICE, else cpu."""
+    return os.environ.get("KVLAB_TEST_DEVICE") or os.environ.get("KVLAB_DEVICE") or "cpu"
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """The device models and caches of the tests live on (see the module docstring); cuda without CUDA skips."""
+    dev = torch.device(requested_device())
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"tests asked for device {str(dev)!r} (KVLAB_TEST_DEVICE / KVLAB_DEVICE) but CUDA is not "
+                    "available here; unset the variable or set it to cpu")
+    return dev
+
+
 @pytest.fixture(scope="module")
-def model() -> kvlab.Decoder:
-    """The tiny Llama (2 layers, grouped-query attention), seeded, on the CPU; one per test module."""
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+def model(device) -> kvlab.Decoder:
+    """The tiny Llama (2 layers, grouped-query attention), seeded, on ``device``; one per test module."""
+    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device=device)
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))
-def each_model(request) -> kvlab.Decoder:
-    """The tiny model of each architecture in turn (the test runs once per entry of ARCHITECTURES)."""
-    return kvlab.build_model(ARCHITECTURES[request.param](), seed=0, device="cpu")
+def each_model(request, device) -> kvlab.Decoder:
+    """The tiny model of each architecture in turn (the test runs once per entry of ARCHITECTURES), on ``device``."""
+    return kvlab.build_model(ARCHITECTURES[request.param](), seed=0, device=device)
 
 
 def _teacher_forced_logits(model, cache, prompt_len: int = 48, steps: int = 24, seed: int = 0) -> torch.Tensor:
@@ -64,3 +83,21 @@ def _sequence(rid: int, prompt, max_new_tokens: int = 8, arrival_s: float = 0.0,
 def make_sequence():
     """``make_sequence(rid, prompt, max_new_tokens=8, arrival_s=0.0, stop=())`` -> a waiting Sequence."""
     return _sequence
+
+
+@pytest.fixture(scope="session")
+def colab_twin(tmp_path_factory):
+    """Colab's package set in a fresh venv, kvlab's wheel installed into it (tests/colab_twin.py); built once."""
+    import json
+    import os
+    from pathlib import Path
+
+    if os.environ.get("KVLAB_SKIP_COLAB_TWIN") == "1":
+        pytest.skip("KVLAB_SKIP_COLAB_TWIN=1: the Colab twin is skipped on request")
+    from colab_twin import build_twin
+
+    twin = build_twin(tmp_path_factory.mktemp("colab-twin"))
+    artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "colab-twin.json").write_text(json.dumps(twin.report(), indent=1))
+    return twin

@@ -176,3 +176,18 @@ def test_bad_benchmark_settings_are_refused_before_running():
         main(["bench", "decode", "--config", "tiny", "--caches", "dynamic,paged"])
     with pytest.raises(SystemExit, match=r"--prompt 1000 \+ --new 128 exceeds the tiny-llama context of 1024"):
         main(["bench", "decode", "--config", "tiny", "--prompt", "1000"])
+
+
+def test_transformers_rows_read_a_prompt_holding_the_pad_token_id_like_kvlab():
+    # transformers' generate masks every prompt token equal to pad_token_id (0 here) unless it is given a mask
+    import kvlab
+    from kvlab.benchmarks.decode import Mode, run_kvlab, run_transformers
+    from kvlab.model.loading import to_transformers
+
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+    prompt = [5, 0, 17, 0, 9, 3, 0, 11]
+    mode = Mode("transformers", "dynamic")
+    hf = to_transformers(model)
+    ours = run_kvlab(model, prompt, Mode("kvlab", "dynamic"), 8, model.config.kv_bytes_per_token(), "inductor")
+    theirs = run_transformers(hf, prompt, mode, 8, model.device, model.config.kv_bytes_per_token())
+    assert theirs.tokens == ours.tokens, (theirs.tokens, ours.tokens)

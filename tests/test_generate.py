@@ -16,8 +16,9 @@ PROMPT = "The KV cache"
 
 
 @pytest.fixture(scope="module")
-def model():
-    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu").init_weights(seed=0, std=0.2)
+def model(device):
+    """The tiny Llama with larger weights (std 0.2), so greedy and sampled tokens differ; on the test device."""
+    return kvlab.build_model(kvlab.tiny_llama(), seed=0, device=device).init_weights(seed=0, std=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +104,12 @@ def test_timeline_has_one_entry_per_token_and_adds_up(model, cache):
     assert tl.bytes_moved == [0] * n  # only the offloaded cache moves bytes between tiers
 
 
-def test_settings_record_what_produced_the_result(model):
+def test_settings_record_what_produced_the_result(model, device):
     result = kvlab.generate(model, PROMPT, cache="static", max_new_tokens=4, temperature=0.7, top_k=5, seed=9)
     s = result.settings
     assert (s["cache"], s["max_new_tokens"], s["temperature"], s["top_k"], s["seed"]) == ("static", 4, 0.7, 5, 9)
-    assert s["max_len"] == len(PROMPT) + 4 and s["device"] == "cpu" and s["model"] == "tiny-llama"
+    assert s["max_len"] == len(PROMPT) + 4 and s["model"] == "tiny-llama"
+    assert s["device"] == str(model.device) and torch.device(s["device"]).type == device.type
 
 
 @settings(max_examples=200, deadline=None)

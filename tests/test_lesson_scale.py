@@ -78,6 +78,9 @@ def test_the_setup_report_states_the_gpu_sizes(cuda_like, monkeypatch):
     import kvlab.env
     from kvlab.course import setup_report
 
+    # a machine that only says it has CUDA cannot pass the start-up check (kvlab.course.checked_device), which
+    # would switch the report (and KVLAB_DEVICE) to the CPU: the sizes are what is tested here, not the check
+    monkeypatch.setenv("KVLAB_DEVICE_CHECK", "0")
     monkeypatch.setattr(kvlab.env, "environment", lambda: {
         "versions": {"kvlab": kvlab.__version__, "torch": torch.__version__, "transformers": "x"},
         "python": "3", "device": "NVIDIA H200", "torch_threads": 2, "cpu_count": 16})

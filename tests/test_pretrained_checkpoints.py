@@ -4,7 +4,9 @@ Each folder is what ``save_pretrained`` writes for a tiny random GPT-2, Llama or
 a byte-level BPE tokenizer trained here (``kvlab.model.tiny_checkpoint``): the same files as
 ``openai-community/gpt2``, ``HuggingFaceTB/SmolLM2-135M`` or ``Qwen/Qwen2.5-0.5B``, at a
 thousandth of the size. transformers, loading the same folder, is the oracle
-(tests/test_parity_transformers.py checks the conversion itself on in-memory models).
+(tests/test_parity_transformers.py checks the conversion itself on in-memory models). kvlab's
+model is loaded on the test device (``device``, tests/conftest.py); transformers stays on the CPU,
+so inputs go to the kvlab model's device and its logits come back to the CPU to be compared.
 """
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ TEXTS = ["The cache keeps keys and values.", "a server batches 12 requests, whos
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def checkpoint(request, tmp_path_factory):
+def checkpoint(request, tmp_path_factory, device):
     """(family, folder, transformers model, transformers tokenizer, kvlab model) for one saved checkpoint."""
     folder = save_tiny_checkpoint(tmp_path_factory.mktemp(request.param), request.param, seed=0)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=torch.float32).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return request.param, folder, hf, hf_tok, kvlab.from_pretrained(folder, device="cpu")
+    return request.param, folder, hf, hf_tok, kvlab.from_pretrained(folder, device=device)
 
 
 def test_a_saved_checkpoint_loads_with_its_own_tokenizer(checkpoint):
@@ -53,8 +55,8 @@ def test_the_checkpoint_tokenizer_round_trips_text(checkpoint, text):
 def test_logits_of_the_loaded_checkpoint_equal_transformers(checkpoint):
     *_, hf, hf_tok, model = checkpoint
     ids = torch.tensor([hf_tok.encode(TEXTS[1], add_special_tokens=False)])  # (1, T)
-    expected = hf(ids).logits  # (1, T, V)
-    got = model(ids, kvlab.make_cache("dynamic", model.config))
+    expected = hf(ids).logits  # (1, T, V), on the CPU
+    got = model(ids.to(model.device), kvlab.make_cache("dynamic", model.config, device=model.device)).cpu()
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= ATOL
 
@@ -106,9 +108,9 @@ def test_ids_past_the_tokenizer_vocabulary_decode_as_markers(checkpoint):
     assert model.tokenizer.decode([*ids, padded, *ids]) == f"keys<{padded}>keys"
 
 
-def test_a_broken_tokenizer_file_is_reported_and_bytes_are_used(tmp_path):
+def test_a_broken_tokenizer_file_is_reported_and_bytes_are_used(tmp_path, device):
     folder = save_tiny_checkpoint(tmp_path, "llama")
     (folder / "tokenizer.json").write_text("{ not json")
     with pytest.warns(UserWarning, match="could not load the tokenizer.*ByteTokenizer"):
-        model = kvlab.from_pretrained(folder, device="cpu")
+        model = kvlab.from_pretrained(folder, device=device)
     assert isinstance(model.tokenizer, kvlab.ByteTokenizer)

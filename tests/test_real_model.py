@@ -75,15 +75,15 @@ def checkpoint(tmp_path_factory):
     return save_tiny_checkpoint(tmp_path_factory.mktemp("smol-like"), "llama", seed=0)
 
 
-def test_a_checkpoint_directory_loads_without_the_network(checkpoint, online_env, monkeypatch):
+def test_a_checkpoint_directory_loads_without_the_network(checkpoint, online_env, monkeypatch, device):
     monkeypatch.setattr(real_model, "hub_reachable", lambda *a, **k: pytest.fail("probed the network for a folder"))
-    model, note = try_real_model(checkpoint, device="cpu")
+    model, note = try_real_model(checkpoint, device=device)
     assert isinstance(model, kvlab.Decoder) and isinstance(model.tokenizer, HFTokenizer)
     assert note.startswith(f"loaded the checkpoint at {checkpoint}") and "KV heads" in note and "\n" not in note
 
 
-def test_the_demonstration_returns_text_speed_and_memory_tables(checkpoint):
-    model, _ = try_real_model(checkpoint, device="cpu")
+def test_the_demonstration_returns_text_speed_and_memory_tables(checkpoint, device):
+    model, _ = try_real_model(checkpoint, device=device)
     demo = real_model_demo(model, prompt="The cache keeps", new_tokens=12, slowdown_prompt_tokens=16,
                            slowdown_tokens=16, threads=1)
     assert set(demo.tables()) == {"text", "speed", "memory", "scale"}
@@ -113,8 +113,8 @@ def test_the_demonstration_returns_text_speed_and_memory_tables(checkpoint):
     assert (scale["bytes_per_element"] == 2).all()
 
 
-def test_the_demonstration_refuses_too_few_tokens_for_a_slowdown_summary(checkpoint):
-    model, _ = try_real_model(checkpoint, device="cpu")
+def test_the_demonstration_refuses_too_few_tokens_for_a_slowdown_summary(checkpoint, device):
+    model, _ = try_real_model(checkpoint, device=device)
     with pytest.raises(ValueError, match="slowdown_tokens must be an integer >= 16"):
         real_model_demo(model, slowdown_tokens=8)
 

@@ -75,8 +75,9 @@ def test_bad_sizes_are_refused():
 
 # -- the shipped checkpoint --------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def shipped():
-    return load_recall_model(device="cpu")
+def shipped(device):
+    """The shipped recall checkpoint on the test device (tests/conftest.py)."""
+    return load_recall_model(device=device)
 
 
 def test_the_checkpoint_ships_as_small_safetensors_with_its_record():
@@ -87,9 +88,9 @@ def test_the_checkpoint_ships_as_small_safetensors_with_its_record():
     assert (RECALL_MODEL_DIR / "README.md").is_file()
 
 
-def test_the_checkpoint_loads_offline_with_the_byte_tokenizer(shipped, monkeypatch):
+def test_the_checkpoint_loads_offline_with_the_byte_tokenizer(shipped, monkeypatch, device):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model = kvlab.from_pretrained(RECALL_MODEL_DIR, device="cpu")  # the same loader as every model
+    model = kvlab.from_pretrained(RECALL_MODEL_DIR, device=device)  # the same loader as every model
     assert isinstance(model.tokenizer, kvlab.ByteTokenizer)
     record = json.loads((RECALL_MODEL_DIR / "training.json").read_text())
     for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size"):

@@ -222,7 +222,9 @@ def run_transformers(hf, prompt: list[int], mode: Mode, new: int, device: torch.
     ids = torch.tensor([prompt], device=device)  # (1, T)
     try:
         t0 = now(device)
-        out = hf.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+        # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0,
                           cache_implementation=mode.cache, logits_processor=transformers.LogitsProcessorList([Stamp()]),
                           return_dict_in_generate=True, **extra)
         wall = now(device) - t0
