@@ -54,27 +54,27 @@ LAB_SETTINGS = {
 }
 
 
-def missing_tools() -> str | None:
-    """Why the browser tests cannot run here, or None when they can."""
+def missing_tools(frontend: str | None = "jupyterlab") -> str | None:
+    """Why the browser tests cannot run here, or None when they can (``frontend``: a module they also need)."""
     if os.environ.get("KVLAB_SKIP_BROWSER") == "1":
         return "KVLAB_SKIP_BROWSER=1: browser tests skipped on request"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
         return "Playwright for Python is not installed (pip install -r requirements.txt)"
-    try:
-        import jupyterlab  # noqa: F401
-    except ImportError:
-        return "JupyterLab is not installed (pip install -r requirements.txt)"
+    if frontend is not None:
+        try:
+            __import__(frontend)
+        except ImportError:
+            return f"{frontend} is not installed (pip install -r requirements.txt)"
     if shutil.which("chromium") is None:
         return ("no `chromium` on PATH: the browser tests drive a real Chromium "
                 "(Debian/Ubuntu: sudo apt-get install chromium)")
     return None
 
 
-@pytest.fixture(scope="session")
-def tools() -> None:
-    reason = missing_tools()
+def require_tools(reason: str | None) -> None:
+    """Skip for ``reason``, or fail instead when KVLAB_REQUIRE_BROWSER=1 (CI); nothing when it is None."""
     if reason is None:
         return
     if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1" and "KVLAB_SKIP_BROWSER" not in reason:
@@ -82,11 +82,24 @@ def tools() -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def tools() -> None:
+    require_tools(missing_tools())
+
+
 @dataclass
-class Lab:
+class JupyterServer:
+    """A Jupyter server this test started: its address, its token, its log (JupyterLab here, Notebook 6 in
+    tests/test_browser_classic.py)."""
+
     url: str
     token: str
     log: Path
+
+    def get(self, path: str) -> bytes:
+        req = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.read()
 
     def api(self, method: str, path: str) -> object:
         req = urllib.request.Request(f"{self.url}{path}", method=method,
@@ -104,6 +117,19 @@ class Lab:
         for session in self.api("GET", "/api/sessions") or []:
             self.api("DELETE", f"/api/sessions/{session['id']}")
 
+    def stop(self, proc: subprocess.Popen) -> None:
+        """Shut down its kernels, then the server process (bounded waits)."""
+        try:
+            self.shutdown_sessions()
+        except (urllib.error.URLError, OSError):
+            pass
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -112,7 +138,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def lab(tools, tmp_path_factory) -> Lab:
+def lab(tools, tmp_path_factory) -> JupyterServer:
     """One JupyterLab server for the whole session, on 127.0.0.1 with a free port and a token."""
     home = tmp_path_factory.mktemp("jupyter")
     settings = home / "lab-settings"
@@ -130,7 +156,7 @@ def lab(tools, tmp_path_factory) -> Lab:
            f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]  # not .ipynb_checkpoints/ in the repo
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Lab(f"http://127.0.0.1:{port}", token, log)
+    server = JupyterServer(f"http://127.0.0.1:{port}", token, log)
     deadline = time.monotonic() + SERVER_START_S
     while True:
         if proc.poll() is not None:
@@ -144,16 +170,7 @@ def lab(tools, tmp_path_factory) -> Lab:
                 pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{server.log_tail()}")
             time.sleep(0.5)
     yield server
-    try:
-        server.shutdown_sessions()
-    except (urllib.error.URLError, OSError):
-        pass
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=30)
+    server.stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -260,15 +277,15 @@ NOTEBOOK_HEIGHT = """() => {
 }"""
 
 
-def record_timing(name: str, timings: dict) -> None:
-    path = ARTIFACTS / "browser-timings.json"
+def record_timing(name: str, timings: dict, file: str = "browser-timings.json") -> None:
+    path = ARTIFACTS / file
     data = json.loads(path.read_text()) if path.exists() else {}
     data[name] = timings
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_in_a_real_browser(notebook: Path, lab: Lab, browser) -> None:
+def test_notebook_runs_in_a_real_browser(notebook: Path, lab: JupyterServer, browser) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     saved = notebook.read_bytes()
