@@ -1,18 +1,19 @@
 """kvlab: a hands-on lab about KV caches, batching, and why a fast AI service can keep people waiting."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .cache import CACHE_NAMES, CacheMemory, KVCache, kv_cache_bytes, make_cache
 from .clocks import SLO, RequestRecord, requests_frame, summarize
 from .device import pick_device
-from .generate import GenerationResult, Timeline, TokenEvent, generate, stream
+from .generate import GenerationConfig, GenerationResult, Timeline, TokenEvent, generate, stream
 from .model.config import PUBLISHED_CONFIGS, ModelConfig, llama_30m, tiny_gpt2, tiny_llama
 from .model.decoder import Decoder, build_model
 from .model.loading import from_pretrained, from_transformers, to_transformers
 from .model.tokenizer import ByteTokenizer
 from .serving import BlockManager, Engine, SamplingParams, SchedulerConfig
-from .workload import Request, make_workload, replay_trace
+from .traces import replay_trace
+from .workload import Request, make_workload
 
 # Lesson layers (ipywidgets, matplotlib) are imported explicitly by notebooks:
 #   from kvlab.experiments import ...; from kvlab.plots import ...; from kvlab.widgets import ...
@@ -20,8 +21,8 @@ from .workload import Request, make_workload, replay_trace
 __all__ = [
     "SLO", "BlockManager", "Engine", "Request", "RequestRecord", "SamplingParams", "SchedulerConfig",
     "make_workload", "replay_trace", "requests_frame", "summarize",
-    "CACHE_NAMES", "ByteTokenizer", "CacheMemory", "Decoder", "GenerationResult", "KVCache", "ModelConfig",
-    "PUBLISHED_CONFIGS", "Timeline", "TokenEvent", "__version__", "build_model", "from_pretrained",
+    "CACHE_NAMES", "ByteTokenizer", "CacheMemory", "Decoder", "GenerationConfig", "GenerationResult", "KVCache",
+    "ModelConfig", "PUBLISHED_CONFIGS", "Timeline", "TokenEvent", "__version__", "build_model", "from_pretrained",
     "from_transformers", "generate", "kv_cache_bytes", "llama_30m", "make_cache", "pick_device", "stream",
     "tiny_gpt2", "tiny_llama", "to_transformers",
 ]

@@ -12,12 +12,18 @@ code, so an editor, a linter and ``grep`` see them. ``build`` turns a source int
   starts (a text-only edit changes only its own cells in the ``.ipynb``);
 - when a code cell changed, the notebook is executed top to bottom (as nbval will) and saved with
   its new outputs, and the README's course map gets its new run time; nothing is ever written
-  with its outputs silently wiped.
+  with its outputs silently wiped;
+- an executed notebook records in its metadata (``metadata.kvlab.sources``) a hash of each source
+  file behind it: the modules its ``Lesson.modules`` names (:mod:`kvlab.course`) and its claims
+  module ``kvlab/claims/cNN_*.py``. When its cells are unchanged but one of those files is not,
+  its outputs may be stale: it is re-executed, or with ``--check`` named in a warning line (a
+  refactor that moves code changes no output, so that is not a failure unless ``--strict``).
 
-    python -m kvlab notebooks                 # rebuild every notebook whose source changed
+    python -m kvlab notebooks                 # rebuild every notebook whose source or modules changed
     python -m kvlab notebooks 03 06           # only these (name prefixes)
     python -m kvlab notebooks --execute 01    # re-run 01 even if only text changed
     python -m kvlab notebooks --check         # exit 1 when a notebook differs from its source
+    python -m kvlab notebooks --check --strict  # ... or when its outputs are older than its modules
 """
 from __future__ import annotations
 
@@ -52,6 +58,48 @@ def notebook_dir() -> Path:
 def source_path(notebook: Path) -> Path:
     """``NN_name.ipynb`` -> its source ``NN_name.py`` in the same folder."""
     return notebook.with_suffix(".py")
+
+
+def module_files(modules: tuple[str, ...] | list[str], root: Path | None = None) -> list[Path]:
+    """The source files of kvlab modules named by dotted name: a module's ``.py``, or every ``.py`` of a package.
+
+    ``root`` is the folder holding ``kvlab/`` (default: this checkout's).
+    """
+    root = root or Path(__file__).resolve().parent.parent
+    files: set[Path] = set()
+    for name in modules:
+        base = root.joinpath(*name.split("."))
+        if base.with_suffix(".py").is_file():
+            files.add(base.with_suffix(".py"))
+        elif (base / "__init__.py").is_file():
+            files.update(base.rglob("*.py"))
+        else:
+            raise ValueError(f"module {name!r} (in kvlab.course.NOTEBOOKS, Lesson.modules) has no source file "
+                             f"{base.relative_to(root)}.py; fix its name there")
+    return sorted(files)
+
+
+def source_hashes(notebook: str, root: Path | None = None) -> dict[str, str]:
+    """``{path: sha256[:16]}`` of every file behind ``notebook``'s outputs: its Lesson.modules and its claims module.
+
+    Paths are relative to ``root``, the folder holding ``kvlab/`` (``kvlab/experiments/load.py``);
+    line endings are normalised, so a checkout with CRLF endings hashes the same.
+    """
+    root = root or Path(__file__).resolve().parent.parent
+    claims = (root / "kvlab" / "claims").glob(f"c{notebook[:2]}_*.py")
+    files = set(module_files(lesson(notebook).modules, root)) | set(claims)
+    return {f.relative_to(root).as_posix():
+            hashlib.sha256(f.read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:16] for f in sorted(files)}
+
+
+def stale_sources(recorded: dict[str, str] | None, current: dict[str, str]) -> list[str]:
+    """The files whose hash differs from when the outputs were made (changed, added or removed), sorted.
+
+    ``recorded`` None (a notebook executed before hashes were recorded) says nothing: never stale.
+    """
+    if recorded is None:
+        return []
+    return sorted(path for path in set(recorded) | set(current) if recorded.get(path) != current.get(path))
 
 
 def _read_source(path: Path) -> nbformat.NotebookNode:
@@ -180,20 +228,30 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> float:
 @dataclass
 class BuildResult:
     notebook: str
-    action: str  # "unchanged", "text", "executed", "out of date"
+    action: str  # "unchanged", "text", "executed", "out of date", "stale" (only with check)
     detail: str = ""
+
+
+def _stale_note(files: list[str]) -> str:
+    return f"outputs older than {', '.join(files)}"
 
 
 def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -> BuildResult:
     """Bring ``notebook`` in line with its source (see the module docstring); ``check`` only compares."""
     new = from_source(source_path(notebook))
     old = nbformat.read(notebook, as_version=4) if notebook.exists() else None
-    if old is not None and not differences(old, new) and not force_execute:
+    sources = source_hashes(notebook.name)
+    stale = stale_sources(old.metadata.get("kvlab", {}).get("sources"), sources) if old is not None else []
+    in_line = old is not None and not differences(old, new)
+    if in_line and not stale and not force_execute:
         return BuildResult(notebook.name, "unchanged")
     if check:
+        if in_line:
+            return BuildResult(notebook.name, "stale", _stale_note(stale))
         return BuildResult(notebook.name, "out of date",
                            "\n".join(differences(old, new)) if old is not None else "no .ipynb yet")
-    text_only = old is not None and code_sources(old) == code_sources(new) and not force_execute
+    text_only = (old is not None and code_sources(old) == code_sources(new) and not stale
+                 and not force_execute)
     if old is not None:
         _carry_over(old, new, keep_outputs=text_only)
     detail = ""
@@ -201,9 +259,10 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
         new.metadata.update({k: v for k, v in old.metadata.items() if k != "widgets"})
     else:
         seconds = execute(new, notebook.parent)
-        detail = f"executed in {seconds:.1f} s"
-        # what the course map quotes as the run time (see kvlab.course.run_seconds)
-        new.metadata["kvlab"] = {"run_s": round(seconds), "cpu_count": os.cpu_count()}
+        detail = f"executed in {seconds:.1f} s" + (f"; {_stale_note(stale)}" if stale else "")
+        # run_s is what the course map quotes as the run time (see kvlab.course.run_seconds);
+        # sources, what these outputs were made from (see stale_sources)
+        new.metadata["kvlab"] = {"run_s": round(seconds), "cpu_count": os.cpu_count(), "sources": sources}
     lighten(new)
     nbformat.validate(new)
     nbformat.write(new, notebook)
@@ -238,21 +297,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("only", nargs="*", help="notebook name prefixes, e.g. 03 06 (default: all)")
     parser.add_argument("--execute", action="store_true", help="re-run even when only text changed")
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a notebook is out of date")
+    parser.add_argument("--strict", action="store_true",
+                        help="with --check: also exit 1 when a notebook's outputs are older than its modules")
 
 
 def main(args) -> int:
-    """Rebuild (or ``--check``) the selected notebooks from their sources; 1 when ``--check`` finds drift."""
-    stale = executed = 0
+    """Rebuild (or ``--check``) the selected notebooks; 1 when ``--check`` finds drift (or, ``--strict``, staleness)."""
+    drift = stale = executed = 0
     for path in selected(args.only):
         result = build(path, force_execute=args.execute, check=args.check)
-        stale += result.action == "out of date"
+        drift += result.action == "out of date"
+        stale += result.action == "stale"
         executed += result.action == "executed"
         print(f"{result.notebook}: {result.action}" + (f" ({result.detail})" if result.detail else ""), flush=True)
     if executed:
         update_course_map()
+    if drift:
+        print(f"{drift} notebook(s) differ from their source: run python -m kvlab notebooks", file=sys.stderr)
     if stale:
-        print(f"{stale} notebook(s) differ from their source: run python -m kvlab notebooks", file=sys.stderr)
-    return 1 if stale else 0
+        print(f"warning: {stale} notebook(s) have outputs older than the modules behind them (a refactor that "
+              f"changes no output is fine): run python -m kvlab notebooks to re-execute them", file=sys.stderr)
+    return 1 if drift or (stale and getattr(args, "strict", False)) else 0
 
 
 if __name__ == "__main__":

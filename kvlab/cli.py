@@ -11,7 +11,7 @@ import argparse
 import importlib
 from typing import NamedTuple, Sequence
 
-from . import __version__
+from .version import __version__
 
 
 class Command(NamedTuple):
@@ -66,17 +66,6 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         if tuple(argv[:len(words)]) == words:
             importlib.import_module(command.module).add_arguments(leaf)
     return parser
-
-
-def parse_command(words: tuple[str, ...], args: argparse.Namespace | Sequence[str] | None = None) -> argparse.Namespace:
-    """``args`` for command ``words``: a Namespace as it is, else a list (default: sys.argv[1:]) parsed as
-    ``python -m kvlab <words> <args>`` would parse it (for a command module run on its own, or from a test)."""
-    import sys
-
-    if isinstance(args, argparse.Namespace):
-        return args
-    argv = [*words, *(sys.argv[1:] if args is None else args)]
-    return build_parser(argv).parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

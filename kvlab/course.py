@@ -11,8 +11,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-from . import __version__
-
 # Where the course lives: the one place to change for a fork or a pinned workshop (then rebuild the
 # notebooks: `python -m kvlab notebooks`). The badges open REPO_REF and Colab's setup cell installs
 # REPO_REF, so the notebook a learner opens and the package it installs are the same commit's.
@@ -83,7 +81,7 @@ NOTEBOOKS: list[Lesson] = [
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
            "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
            "capacity, caching on vs off on the four clocks", 20,
-           modules=("kvlab.experiments.capacity", "kvlab.plots.kv_blocks", "kvlab.plots.gantt",
+           modules=("kvlab.experiments.prefix_and_chunks", "kvlab.plots.kv_blocks", "kvlab.plots.gantt",
                     "kvlab.plots.token_gaps", "kvlab.widgets.capacity", "kvlab.traces",
                     "kvlab.experiments.prefix_traces", "kvlab.plots.prefix_traces", "kvlab.widgets.prefix_traces")),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
@@ -210,8 +208,8 @@ def checked_device():
 
 def setup_report() -> str:
     """A few lines on where this notebook runs: place, versions, device, threads, and what to do without a GPU."""
-    from .device import lesson_scale
     from .env import environment
+    from .model.lessons import lesson_scale
 
     device, check = checked_device()
     env = environment()

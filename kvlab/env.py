@@ -8,11 +8,12 @@ produced it (tiny-llm does the same for its benchmark JSON).
 from __future__ import annotations
 
 import datetime as _dt
-import importlib
 import importlib.metadata
 import os
 import platform
 import sys
+
+from .version import __version__
 
 _PACKAGES = ("kvlab", "torch", "transformers", "numpy", "pandas")
 
@@ -20,17 +21,11 @@ _PACKAGES = ("kvlab", "torch", "transformers", "numpy", "pandas")
 def package_version(name: str) -> str | None:
     """Installed version of `name`, or None when it is not installed.
 
-    kvlab's own version comes from `kvlab.__version__` when the package
-    imports, else from its installed metadata, else "unknown".
+    kvlab's own version is the running package's (`kvlab/version.py`), not the
+    installed metadata's, which an editable install can leave behind.
     """
     if name == "kvlab":
-        try:
-            return str(getattr(importlib.import_module("kvlab"), "__version__"))
-        except Exception:  # kvlab/__init__ missing or broken: still describe the machine
-            try:
-                return importlib.metadata.version("kvlab")
-            except importlib.metadata.PackageNotFoundError:
-                return "unknown"
+        return __version__
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Sequence
 
 import pandas as pd
 import torch
 
-from .cache import KVCache, NoCache, check_cache_options, make_cache
+from .cache import KVCache, NoCache
+from .cache.registry import FIXED_SHAPE, check_cache_options, make_cache, sized_options
+from .compiled import CompiledDecodeStep, compiled_step
 from .device import now
 from .model.decoder import Decoder
+from .sampling import check_sampling, sample
 
 
 @dataclass
@@ -98,48 +101,58 @@ def encode_prompt(model: Decoder, prompt: str | Sequence[int] | torch.Tensor) ->
     return ids
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Next token from logits (B, V): greedy when temperature is 0, else seeded sampling. -> (B,)."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # (B, V)
-        drop_sorted = cum - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest set reaching top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+@dataclass(frozen=True)
+class GenerationConfig:
+    """The settings of one generation, apart from the cache; checked once, when it is built.
+
+    ``generate(model, prompt, max_new_tokens=64, temperature=0.8)`` builds one from its keyword
+    arguments; ``generate(model, prompt, config=GenerationConfig(...))`` passes one ready-made.
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0: greedy (argmax); above 0: sampling (seeded by ``seed``)
+    top_k: int | None = None  # sample among the k most likely tokens only
+    top_p: float | None = None  # sample among the smallest set of tokens whose probability reaches top_p
+    seed: int | None = None  # the sampler's seed (None: torch's global generator)
+    stop_tokens: tuple[int, ...] = ()  # generation ends after any of these (the stop token is kept)
+    compile: bool = False  # decode steps through one torch.compile'd program over a fixed-shape cache
+    compile_backend: str = "inductor"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_tokens", tuple(self.stop_tokens or ()))
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
 
 
-def check_generation_args(model: Decoder, prompt_ids: list[int], cache: str | KVCache, max_new_tokens: int,
-                          temperature: float, top_k: int | None, top_p: float | None,
-                          cache_options: dict) -> None:
-    """Every check that can fail, done before any work."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    total = len(prompt_ids) + max_new_tokens
+SETTINGS: tuple[str, ...] = tuple(f.name for f in fields(GenerationConfig))
+
+
+def split_settings(config: GenerationConfig | None, kwargs: dict) -> tuple[GenerationConfig, dict]:
+    """``generate``'s keyword arguments -> (the generation settings, checked; the cache's options)."""
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"config= takes a GenerationConfig, got {type(config).__name__}")
+    settings = {k: v for k, v in kwargs.items() if k in SETTINGS}
+    options = {k: v for k, v in kwargs.items() if k not in SETTINGS}
+    return (GenerationConfig(**settings) if config is None else replace(config, **settings)), options
+
+
+def check_generation(model: Decoder, prompt_ids: list[int], cache: str | KVCache, config: GenerationConfig,
+                     cache_options: dict | None = None) -> None:
+    """Every check that needs the model, the prompt or the cache, done before any work (the settings
+    alone were checked when ``config`` was built)."""
+    cache_options = cache_options or {}
+    total = len(prompt_ids) + config.max_new_tokens
     if total > model.config.max_position_embeddings:
-        raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) = {total} exceeds the "
-                         f"model's context of {model.config.max_position_embeddings} tokens; "
+        raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({config.max_new_tokens}) = {total} exceeds "
+                         f"the model's context of {model.config.max_position_embeddings} tokens; "
                          "shorten the prompt or lower max_new_tokens")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if isinstance(cache, str):
         check_cache_options(cache, cache_options)
         cap = cache_options.get("max_len")
         if cap is not None and total > cap:
             raise ValueError(f"{cache} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + max_new_tokens "
-                             f"({max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
+                             f"({config.max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
     else:
         cfg = model.config
         built = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.batch)
@@ -155,8 +168,16 @@ def check_generation_args(model: Decoder, prompt_ids: list[int], cache: str | KV
         cap = getattr(cache, "max_len", None)
         if cap is not None and total > cap:
             raise ValueError(f"{cache.name} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + "
-                             f"max_new_tokens ({max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
+                             f"max_new_tokens ({config.max_new_tokens}) = {total}; raise max_len or lower "
+                             "max_new_tokens")
+    if config.compile and not (isinstance(cache, str) and cache in FIXED_SHAPE):
+        names = " or ".join(FIXED_SHAPE)
+        choices = " or ".join(f"cache={n!r}" for n in FIXED_SHAPE)
+        raise ValueError(f"compile=True compiles the {names} cache's fixed-shape decode step; pass {choices} "
+                         f"(got cache={cache if isinstance(cache, str) else cache.name!r})")
 
+
+# -- the phases (gpt-fast's names): prefill, one decode step, and a decode loop per path -------------------
 
 def prefill(model: Decoder, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the whole prompt (1, T) through the model, filling the cache. -> last logits (1, V)."""
@@ -168,118 +189,148 @@ def decode_one_token(model: Decoder, token: torch.Tensor, cache: KVCache) -> tor
     return model(token, cache, last_only=True)[:, -1]
 
 
+class TokenLog:
+    """What one generation has produced so far: its tokens, its timeline, and whether to go on.
+
+    ``take(logits)`` ends a step: it samples the step's token, stamps the clock (a step's time
+    includes its sampling) and returns the TokenEvent. The clock starts when the log is made,
+    just before the prefill; the time a streaming caller spends between tokens falls in the next step.
+    """
+
+    def __init__(self, model: Decoder, prompt_tokens: int, cache: KVCache, config: GenerationConfig) -> None:
+        self.device, self.tokenizer, self.cache, self.config = model.device, model.tokenizer, cache, config
+        self.stops = set(config.stop_tokens)
+        self.generator = torch.Generator().manual_seed(config.seed) if config.seed is not None else None
+        self.timeline = Timeline(prompt_tokens=prompt_tokens)
+        self.tokens: list[int] = []
+        self.next_token: torch.Tensor | None = None  # (1,): the last sampled token, the next step's input
+        self.stop_reason = "max_new_tokens"
+        self.start = self.last = now(self.device)
+
+    def more(self) -> bool:
+        """Whether another decode step runs: fewer than max_new_tokens so far and no stop token."""
+        return len(self.tokens) < self.config.max_new_tokens and self.stop_reason != "stop_token"
+
+    def take(self, logits: torch.Tensor) -> TokenEvent:
+        """Sample the token of this step's logits (1, V), time the step and record it."""
+        c = self.config
+        self.next_token = sample(logits, c.temperature, c.top_k, c.top_p, self.generator)  # (1,)
+        token_id = int(self.next_token.item())
+        t = now(self.device)
+        i = len(self.tokens)
+        self.tokens.append(token_id)
+        mem = self.cache.memory()
+        moved = int(getattr(self.cache, "bytes_moved_last_step", 0))
+        tl = self.timeline
+        tl.token_time_s.append(t - self.start)
+        tl.step_s.append(t - self.last)
+        tl.cache_bytes.append(mem.allocated_bytes)
+        tl.bytes_moved.append(moved)
+        if i == 0:
+            tl.prefill_s = t - self.start
+        self.last = t
+        if token_id in self.stops:
+            self.stop_reason = "stop_token"
+        return TokenEvent(index=i, token_id=token_id, text=self.tokenizer.decode([token_id]) if self.tokenizer else "",
+                          time_s=t - self.start, step_s=tl.step_s[-1], seq_len=tl.prompt_tokens + i + 1,
+                          cache_bytes=mem.allocated_bytes, bytes_moved=moved)
+
+
+def decode_n_tokens_uncached(model: Decoder, ids: torch.Tensor, cache: KVCache, log: TokenLog) -> Iterator[TokenEvent]:
+    """No cache: every step reprocesses the prompt (1, T) and every token generated so far."""
+    while log.more():
+        seq = torch.cat([ids, torch.tensor([log.tokens], device=ids.device)], dim=1)  # (1, T + tokens so far)
+        yield log.take(prefill(model, seq, cache))  # (1, V)
+
+
+def decode_n_tokens_compiled(step: CompiledDecodeStep, cache: KVCache, log: TokenLog) -> Iterator[TokenEvent]:
+    """Each token through the compiled program over the fixed-shape cache: the same shapes every token."""
+    while log.more():
+        yield log.take(step(log.next_token[:, None], cache))  # (1, V)
+
+
+def decode_n_tokens(model: Decoder, cache: KVCache, log: TokenLog) -> Iterator[TokenEvent]:
+    """Each token (1, 1) run eagerly against the stored history."""
+    while log.more():
+        yield log.take(decode_one_token(model, log.next_token[:, None], cache))  # (1, V)
+
+
+# -- the entry points -------------------------------------------------------------------------------------
+
 def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: str | KVCache = "dynamic",
-           max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, seed: int | None = None, stop_tokens: Sequence[int] | None = None,
-           compile: bool = False, compile_backend: str = "inductor", **cache_options) -> Iterator[TokenEvent]:
+           config: GenerationConfig | None = None, **settings_and_cache_options) -> Iterator[TokenEvent]:
     """Generate token by token, yielding a TokenEvent as each token is ready.
 
     ``cache`` is a strategy name ("none", "dynamic", "static", "quantized", "offloaded") with its
     options as keyword arguments (e.g. bits=4, residual=32), or a cache object built beforehand.
+    The other keyword arguments are the settings (``GenerationConfig``'s fields: max_new_tokens,
+    temperature, top_k, top_p, seed, stop_tokens, compile, compile_backend), or pass ``config``.
     ``compile=True`` (static cache only) runs every decode step through one ``torch.compile``'d
     program over fixed shapes (``kvlab/compiled.py``); the first use per model and length compiles
     and says so. The generator's return value (StopIteration.value) is the GenerationResult. Bad
     arguments raise here, when ``stream`` is called, before any token is computed.
     """
     prompt_ids = encode_prompt(model, prompt)
-    check_generation_args(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, cache_options)
-    step = None
-    if compile:
-        if cache != "static":
-            raise ValueError(f"compile=True compiles the static cache's fixed-shape decode step; pass "
-                             f"cache='static' (got cache={cache if isinstance(cache, str) else cache.name!r})")
-        from .cache.static import FixedShapeStaticCache
-        from .compiled import compiled_step
-
-        cfg = model.config
-        cache = FixedShapeStaticCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, batch=1, dtype=model.dtype,
-                                      device=model.device,
-                                      max_len=cache_options.get("max_len", len(prompt_ids) + max_new_tokens))
-        step = compiled_step(model, compile_backend)
-    elif isinstance(cache, str):
-        if cache in ("static", "offloaded"):
-            cache_options.setdefault("max_len", len(prompt_ids) + max_new_tokens)
-        cache = make_cache(cache, model.config, batch=1, dtype=model.dtype, device=model.device, **cache_options)
-    return _steps(model, prompt_ids, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens,
-                  cache_options, step)
+    config, cache_options = split_settings(config, settings_and_cache_options)
+    check_generation(model, prompt_ids, cache, config, cache_options)
+    if isinstance(cache, str):  # the registry sizes a preallocating strategy to prompt + max_new_tokens
+        cache_options = sized_options(cache, cache_options, len(prompt_ids) + config.max_new_tokens)
+        cache = make_cache(cache, model.config, batch=1, dtype=model.dtype, device=model.device,
+                           fixed_shape=config.compile, **cache_options)
+    step = compiled_step(model, config.compile_backend) if config.compile else None
+    return _generation(model, prompt_ids, cache, config, cache_options, step)
 
 
 @torch.inference_mode()
-def _steps(model: Decoder, prompt_ids: list[int], cache: KVCache, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None, seed: int | None, stop_tokens: Sequence[int] | None,
-           cache_options: dict, step=None) -> Iterator[TokenEvent]:
-    """The generation loop behind ``stream``, on checked arguments: prefill, then one decode step per token.
-
-    ``step``: a compiled decode step (``kvlab.compiled.CompiledDecodeStep``) over a fixed-shape cache, or None.
-    """
-    device = model.device
-    stops = set(stop_tokens or ())
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
-    tok = model.tokenizer
-    ids = torch.tensor([prompt_ids], device=device)  # (1, T)
-    timeline = Timeline(prompt_tokens=len(prompt_ids))
-    tokens: list[int] = []
-    uncached = isinstance(cache, NoCache)
-    stop_reason = "max_new_tokens"
+def _generation(model: Decoder, prompt_ids: list[int], cache: KVCache, config: GenerationConfig,
+                cache_options: dict, step: CompiledDecodeStep | None) -> Iterator[TokenEvent]:
+    """Behind ``stream``, on checked arguments: the prefill, then this path's decode loop; returns the result."""
+    ids = torch.tensor([prompt_ids], device=model.device)  # (1, T)
     shape_key = None if step is None else (cache.max_len, cache.batch, cache.dtype, str(cache.device))
     compiled_before = step is not None and shape_key in step.compile_s  # this shape's program already built
+    log = TokenLog(model, len(prompt_ids), cache, config)
 
-    start = last = now(device)
-    for i in range(max_new_tokens):
-        if i == 0 or uncached:
-            # No cache: every step reprocesses the prompt and every token generated so far.
-            seq = ids if i == 0 else torch.cat([ids, torch.tensor([tokens], device=device)], dim=1)
-            logits = prefill(model, seq, cache)  # (1, V)
-            if step is not None:
-                cache.sync()  # the fixed-shape cache's next slot follows the prompt
-        elif step is not None:
-            logits = step(next_tok[:, None], cache)  # (1, V): the compiled program, same shapes every token
-        else:
-            logits = decode_one_token(model, next_tok[:, None], cache)  # (1, V)
-        next_tok = sample(logits, temperature, top_k, top_p, gen)  # (1,)
-        token_id = int(next_tok.item())
-        t = now(device)
-        tokens.append(token_id)
-        mem = cache.memory()
-        moved = int(getattr(cache, "bytes_moved_last_step", 0))
-        timeline.token_time_s.append(t - start)
-        timeline.step_s.append(t - last)
-        timeline.cache_bytes.append(mem.allocated_bytes)
-        timeline.bytes_moved.append(moved)
-        if i == 0:
-            timeline.prefill_s = t - start
-        last = t
-        yield TokenEvent(index=i, token_id=token_id, text=tok.decode([token_id]) if tok else "",
-                         time_s=t - start, step_s=timeline.step_s[-1], seq_len=len(prompt_ids) + i + 1,
-                         cache_bytes=mem.allocated_bytes, bytes_moved=moved)
-        if token_id in stops:
-            stop_reason = "stop_token"
-            break
-    settings = dict(cache=cache.name, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                    top_p=top_p, seed=seed, stop_tokens=sorted(stops), device=str(device), dtype=str(model.dtype),
-                    model=model.config.name, **{k: v for k, v in cache_options.items() if k != "storage_dir"})
+    logits = prefill(model, ids, cache)  # (1, V): step 0, the first token
+    if step is not None:
+        cache.sync()  # the fixed-shape cache's next slot follows the prompt
+    yield log.take(logits)
+    if isinstance(cache, NoCache):
+        yield from decode_n_tokens_uncached(model, ids, cache, log)
+    elif step is not None:
+        yield from decode_n_tokens_compiled(step, cache, log)
+    else:
+        yield from decode_n_tokens(model, cache, log)
+
+    settings = dict(cache=cache.name, max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                    top_k=config.top_k, top_p=config.top_p, seed=config.seed, stop_tokens=sorted(log.stops),
+                    device=str(model.device), dtype=str(model.dtype), model=model.config.name,
+                    **{k: v for k, v in cache_options.items() if k != "storage_dir"})
     if step is not None:  # compile_s: seconds this call spent compiling (0 when it reused the program)
         settings.update(compiled=step.fallback is None, compile_backend=step.backend,
                         compile_s=0.0 if compiled_before else step.compile_s.get(shape_key),
                         compile_fallback=step.fallback)
-    return GenerationResult(prompt_ids=prompt_ids, tokens=tokens, text=tok.decode(tokens) if tok else "",
-                            timeline=timeline, cache=cache, stop_reason=stop_reason, settings=settings)
+    tok = model.tokenizer
+    return GenerationResult(prompt_ids=prompt_ids, tokens=log.tokens, text=tok.decode(log.tokens) if tok else "",
+                            timeline=log.timeline, cache=cache, stop_reason=log.stop_reason, settings=settings)
 
 
 def generate(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: str | KVCache = "dynamic",
-             max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
-             top_p: float | None = None, seed: int | None = None, stop_tokens: Sequence[int] | None = None,
-             compile: bool = False, compile_backend: str = "inductor", **cache_options) -> GenerationResult:
+             config: GenerationConfig | None = None, **settings_and_cache_options) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens and return them with a per-token timeline.
+
+    Keyword arguments are the settings (``GenerationConfig``'s fields) and the cache's options, as in ``stream``.
 
     >>> result = generate(model, "Hello", cache="dynamic", max_new_tokens=20)
     >>> result.timeline.to_frame()   # one row per token: time, step duration, cache bytes
     >>> generate(model, "Hello", cache="static", compile=True).settings["compile_s"]   # seconds, first time only
     """
-    it = stream(model, prompt, cache, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, compile,
-                compile_backend, **cache_options)
+    it = stream(model, prompt, cache, config, **settings_and_cache_options)
     while True:
         try:
             next(it)
         except StopIteration as done:
             return done.value
+
+
+__all__ = ["GenerationConfig", "GenerationResult", "Timeline", "TokenEvent", "check_generation", "decode_one_token",
+           "encode_prompt", "generate", "prefill", "stream"]

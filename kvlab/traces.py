@@ -1,14 +1,16 @@
 """Trace files: the Azure and Mooncake request-trace formats, and replaying a trace's shared prefixes as token ids.
 
-Two public formats (shared/reference/traces.md has their sources):
+Two public formats (a downloaded trace goes in data/traces/; data/README.md says where to get one):
 
-- **Azure** LLM inference trace: CSV with TIMESTAMP, ContextTokens, GeneratedTokens. Lengths and
+- **Azure** LLM inference trace 2023 (github.com/Azure/AzurePublicDataset, from the Splitwise
+  paper; a "code" and a "conversation" file, one hour each): CSV with TIMESTAMP, ContextTokens,
+  GeneratedTokens. Lengths and
   arrivals only; ``kvlab.workload.read_trace`` / ``replay_trace`` read it, and prompts get random
   token ids, so no two prompts share a prefix.
-- **Mooncake** (FAST'25): JSON lines ``{"timestamp": ms, "input_length": n, "output_length": m,
-  "hash_ids": [...]}``. ``hash_ids[i]`` names the i-th block of 512 prompt tokens (the last block
-  may be partial, so there are ceil(input_length / 512) ids); equal ids mean the same block after
-  the same prefix. That is what a prefix cache reuses: system prompts, earlier turns, tool lists.
+- **Mooncake** (github.com/kvcache-ai/Mooncake, FAST'25): JSON lines ``{"timestamp": ms,
+  "input_length": n, "output_length": m, "hash_ids": [...]}``. ``hash_ids[i]`` names the i-th
+  block of 512 prompt tokens (the last block may be partial, so there are ceil(input_length / 512)
+  ids); equal ids mean the same block after the same prefix. That is what a prefix cache reuses: system prompts, earlier turns, tool lists.
 
 ``replay_mooncake`` turns every request into prompt token ids that share exactly what the trace
 shares. The block with id ``h`` is always the same tokens; different ids are different tokens *by
@@ -31,11 +33,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .data import MOONCAKE_SAMPLE_TRACE as MOONCAKE_SAMPLE_FILE, data_path, missing_message
-from .workload import (SAMPLE_TRACE, Request, _check_optional_int, _check_positive, _fit, read_trace,
-                       replay_trace)
+from .data import MOONCAKE_SAMPLE_TRACE as MOONCAKE_SAMPLE_FILE, SAMPLE_TRACE as SAMPLE_TRACE_FILE, data_path, \
+    missing_message
+from .workload import Request, _check_optional_int, _check_positive, _fit
 
+SAMPLE_TRACE = data_path(SAMPLE_TRACE_FILE)  # kvlab/data/traces/azure_conv_sample.csv, shipped inside the package
 MOONCAKE_SAMPLE_TRACE = data_path(MOONCAKE_SAMPLE_FILE)  # kvlab/data/traces/, shipped inside the package
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 SAMPLE_TRACES = {"azure": SAMPLE_TRACE, "mooncake": MOONCAKE_SAMPLE_TRACE}
 TRACE_FORMATS = tuple(SAMPLE_TRACES)
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
@@ -63,10 +67,61 @@ def _existing(path: str | Path) -> Path:
     path = Path(path)
     if path == MOONCAKE_SAMPLE_TRACE and not path.is_file():
         raise FileNotFoundError(missing_message(MOONCAKE_SAMPLE_FILE))
+    if path == SAMPLE_TRACE and not path.is_file():
+        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
     if not path.is_file():
         raise ValueError(f"trace file {str(path)!r} does not exist; download a trace there, or use one of "
                          f"kvlab.traces.SAMPLE_TRACES ({', '.join(TRACE_FORMATS)})")
     return path
+
+
+# -- reading an Azure trace -----------------------------------------------------------------------
+def read_trace(path: str | Path) -> pd.DataFrame:
+    """Read an Azure LLM trace CSV into columns arrival_s, prompt_tokens, output_tokens.
+
+    `TIMESTAMP` is a date-time (sub-second precision) or plain seconds;
+    arrivals are made relative to the first (earliest) request, rows sorted by time.
+    """
+    path = Path(path)
+    if path == SAMPLE_TRACE and not path.is_file():
+        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
+    if not path.is_file():
+        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, "
+                         "or use kvlab.traces.SAMPLE_TRACE")
+    try:
+        df = pd.read_csv(path, skipinitialspace=True, comment="#")
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"trace {path.name} is empty; it needs a header {','.join(AZURE_COLUMNS)} "
+                         "and one row per request") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in AZURE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"trace {path.name} lacks column(s) {missing}; the Azure format needs "
+                         f"{list(AZURE_COLUMNS)}, found {list(df.columns)}")
+    if df.empty:
+        raise ValueError(f"trace {path.name} has a header but no requests")
+    stamps = df["TIMESTAMP"]
+    if pd.api.types.is_numeric_dtype(stamps):
+        seconds = stamps.astype(float)
+    else:
+        try:
+            t = pd.to_datetime(stamps, format="ISO8601")
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"trace {path.name}: TIMESTAMP values must be date-times like "
+                             f"'2023-11-16 18:15:46.6805900' or seconds ({e})") from None
+        seconds = (t - t.min()).dt.total_seconds()
+    for c in ("ContextTokens", "GeneratedTokens"):
+        if not pd.api.types.is_numeric_dtype(df[c]) or df[c].isna().any() or (df[c] < 0).any():
+            raise ValueError(f"trace {path.name}: column {c} must hold token counts >= 0")
+    if seconds.isna().any():
+        raise ValueError(f"trace {path.name}: TIMESTAMP has empty values")
+    out = pd.DataFrame({
+        "arrival_s": seconds - seconds.min(),
+        "prompt_tokens": df["ContextTokens"].astype(int),
+        "output_tokens": df["GeneratedTokens"].astype(int),
+    })
+    return out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
+
 
 
 # -- reading a Mooncake trace ---------------------------------------------------------------------
@@ -231,34 +286,65 @@ def trace_requests(frame: pd.DataFrame, vocab_size: int = 256, seed: int = 0,
     return requests
 
 
+# -- replay: a trace file -> requests ------------------------------------------------------------------
+def replay_trace(path: str | Path = SAMPLE_TRACE, time_scale: float = 1.0, length_scale: float = 1.0,
+                 max_requests: int | None = None, vocab_size: int | None = None, max_context: int | None = None,
+                 seed: int = 0, trace_format: str | None = None,
+                 block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
+    """Requests from a trace of either format, scaled to fit a small model (``trace_format`` None: ``detect_format``).
+
+    - `time_scale`: arrival gaps are *multiplied* by it (2.0 plays the trace
+      at half its request rate).
+    - `length_scale`: prompt and output lengths are *divided* by it (rounded,
+      at least 1 token). Quote both factors next to every result.
+    - `max_requests`: keep only the first requests (by arrival).
+    - `vocab_size`, `max_context`, `seed`: as in `make_workload`.
+
+    Azure traces get random prompt ids (``vocab_size`` None: none, the engine draws them); Mooncake
+    traces get ids that share what the trace's hash_ids share (``vocab_size`` is required;
+    ``block_tokens`` is the trace's block size, which ``length_scale`` must divide).
+    """
+    trace_format = detect_format(path) if trace_format is None else trace_format
+    if trace_format not in TRACE_FORMATS:
+        raise ValueError(f"unknown trace format {trace_format!r}; choose one of {', '.join(TRACE_FORMATS)}")
+    if trace_format == "mooncake":
+        if vocab_size is None:
+            raise ValueError("a Mooncake replay needs vocab_size= (the model's vocabulary) to spell its shared blocks")
+        frame = mooncake_frame(path, time_scale, length_scale, max_requests, max_context, block_tokens)
+        return trace_requests(frame, vocab_size, seed)
+    _check_positive("time_scale", time_scale)
+    _check_positive("length_scale", length_scale)
+    _check_optional_int("max_requests", max_requests, 1)
+    _check_optional_int("vocab_size", vocab_size, 1)
+    _check_optional_int("max_context", max_context, 2)
+    trace = read_trace(path)
+    if max_requests is not None:
+        trace = trace.head(max_requests)
+    token_rng = np.random.default_rng(seed)
+    requests = []
+    for i, row in enumerate(trace.itertuples(index=False)):
+        p = max(1, round(row.prompt_tokens / length_scale))
+        o = max(1, round(row.output_tokens / length_scale))
+        p, o = _fit(p, o, max_context)
+        ids = token_rng.integers(0, vocab_size, size=p).tolist() if vocab_size is not None else None
+        requests.append(Request(i, p, o, float(row.arrival_s) * time_scale, "trace", ids))
+    return requests
+
+
+# The two former entry points, kept for tests/test_traces.py: each is one call to replay_trace.
 def replay_mooncake(path: str | Path = MOONCAKE_SAMPLE_TRACE, time_scale: float = 1.0, length_scale: float = 1.0,
                     max_requests: int | None = None, vocab_size: int = 256, max_context: int | None = None,
                     seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
-    """Requests from a Mooncake trace whose prompts share what the trace's hash_ids share.
-
-    The same arguments as ``kvlab.workload.replay_trace`` (quote ``time_scale`` and
-    ``length_scale`` next to every result), and ``block_tokens``, the trace's block size.
-    """
-    frame = mooncake_frame(path, time_scale, length_scale, max_requests, max_context, block_tokens)
-    return trace_requests(frame, vocab_size, seed)
+    """``replay_trace`` of a Mooncake trace (by default the shipped sample, with a 256-token vocabulary)."""
+    return replay_trace(path, time_scale, length_scale, max_requests, vocab_size, max_context, seed, "mooncake",
+                        block_tokens)
 
 
 def replay_trace_file(path: str | Path, trace_format: str | None = None, time_scale: float = 1.0,
                       length_scale: float = 1.0, max_requests: int | None = None, vocab_size: int | None = 256,
                       max_context: int | None = None, seed: int = 0) -> list[Request]:
-    """Replay a trace of either format (``trace_format`` None: ``detect_format``).
-
-    Azure traces get random prompt ids (``vocab_size`` None: none, the engine draws them);
-    Mooncake traces get ids that keep their prefix sharing (``vocab_size`` is required).
-    """
-    trace_format = detect_format(path) if trace_format is None else trace_format
-    if trace_format not in TRACE_FORMATS:
-        raise ValueError(f"unknown trace format {trace_format!r}; choose one of {', '.join(TRACE_FORMATS)}")
-    if trace_format == "azure":
-        return replay_trace(path, time_scale, length_scale, max_requests, vocab_size, max_context, seed)
-    if vocab_size is None:
-        raise ValueError("a Mooncake replay needs vocab_size= (the model's vocabulary) to spell its shared blocks")
-    return replay_mooncake(path, time_scale, length_scale, max_requests, vocab_size, max_context, seed)
+    """``replay_trace`` with the format second and a 256-token vocabulary by default."""
+    return replay_trace(path, time_scale, length_scale, max_requests, vocab_size, max_context, seed, trace_format)
 
 
 # -- the same requests, faster or slower -------------------------------------------------------------
@@ -293,7 +379,7 @@ def read_any_trace(path: str | Path, trace_format: str | None = None) -> pd.Data
     return read_trace(path) if trace_format == "azure" else read_mooncake_trace(path)
 
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "MOONCAKE_FIELDS", "MOONCAKE_SAMPLE_TRACE", "SAMPLE_TRACES", "TRACE_FORMATS",
-           "at_rate", "block_token_ids", "detect_format", "id_digits", "mooncake_frame", "read_any_trace",
-           "read_mooncake_trace", "replay_mooncake", "replay_trace_file", "scaled_block_tokens", "trace_rate",
-           "trace_requests"]
+__all__ = ["AZURE_COLUMNS", "MOONCAKE_BLOCK_TOKENS", "MOONCAKE_FIELDS", "MOONCAKE_SAMPLE_TRACE", "SAMPLE_TRACE",
+           "SAMPLE_TRACES", "TRACE_FORMATS", "at_rate", "block_token_ids", "detect_format", "id_digits",
+           "mooncake_frame", "read_any_trace", "read_mooncake_trace", "read_trace", "replay_mooncake",
+           "replay_trace", "replay_trace_file", "scaled_block_tokens", "trace_rate", "trace_requests"]

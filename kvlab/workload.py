@@ -4,8 +4,8 @@ A workload is a list of `Request`s, each with a prompt length, an output
 budget (`max_new_tokens`) and an arrival time in seconds from the start.
 Lengths come from named *profiles*; arrival times from an *arrival process*
 (vLLM `bench serve`'s set: all at once, constant, Poisson, Gamma with a
-burstiness factor), or both from a replayed trace in the Azure LLM trace CSV
-format. Everything is seeded: the same arguments give the same workload.
+burstiness factor); a replayed trace gives both (``kvlab/traces.py``: the Azure and Mooncake
+formats). Everything is seeded: the same arguments give the same workload.
 
 Default lengths are sized for a tiny CPU model with a 512-1024 token
 context; `scale` multiplies them, `max_context` clips them.
@@ -15,15 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from .data import SAMPLE_TRACE as SAMPLE_TRACE_FILE, data_path, missing_message
-
-SAMPLE_TRACE = data_path(SAMPLE_TRACE_FILE)  # kvlab/data/traces/azure_conv_sample.csv, shipped inside the package
-TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 @dataclass
@@ -250,91 +244,6 @@ def make_workload(
             ids = prefix + token_rng.integers(0, vocab_size, size=p - shared_prefix_tokens).tolist()
         requests.append(Request(i, p, o, float(arrivals[i]), names[i], ids,
                                 "system" if shared_prefix_tokens else None))
-    return requests
-
-
-# -- trace replay ------------------------------------------------------------------
-def read_trace(path: str | Path) -> pd.DataFrame:
-    """Read an Azure LLM trace CSV into columns arrival_s, prompt_tokens, output_tokens.
-
-    `TIMESTAMP` is a date-time (sub-second precision) or plain seconds;
-    arrivals are made relative to the first (earliest) request, rows sorted by time.
-    """
-    path = Path(path)
-    if path == SAMPLE_TRACE and not path.is_file():
-        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
-    if not path.is_file():
-        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, "
-                         "or use kvlab.workload.SAMPLE_TRACE")
-    try:
-        df = pd.read_csv(path, skipinitialspace=True, comment="#")
-    except pd.errors.EmptyDataError:
-        raise ValueError(f"trace {path.name} is empty; it needs a header {','.join(TRACE_COLUMNS)} "
-                         "and one row per request") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"trace {path.name} lacks column(s) {missing}; the Azure format needs "
-                         f"{list(TRACE_COLUMNS)}, found {list(df.columns)}")
-    if df.empty:
-        raise ValueError(f"trace {path.name} has a header but no requests")
-    stamps = df["TIMESTAMP"]
-    if pd.api.types.is_numeric_dtype(stamps):
-        seconds = stamps.astype(float)
-    else:
-        try:
-            t = pd.to_datetime(stamps, format="ISO8601")
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"trace {path.name}: TIMESTAMP values must be date-times like "
-                             f"'2023-11-16 18:15:46.6805900' or seconds ({e})") from None
-        seconds = (t - t.min()).dt.total_seconds()
-    for c in ("ContextTokens", "GeneratedTokens"):
-        if not pd.api.types.is_numeric_dtype(df[c]) or df[c].isna().any() or (df[c] < 0).any():
-            raise ValueError(f"trace {path.name}: column {c} must hold token counts >= 0")
-    if seconds.isna().any():
-        raise ValueError(f"trace {path.name}: TIMESTAMP has empty values")
-    out = pd.DataFrame({
-        "arrival_s": seconds - seconds.min(),
-        "prompt_tokens": df["ContextTokens"].astype(int),
-        "output_tokens": df["GeneratedTokens"].astype(int),
-    })
-    return out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-
-
-def replay_trace(
-    path: str | Path = SAMPLE_TRACE,
-    time_scale: float = 1.0,
-    length_scale: float = 1.0,
-    max_requests: int | None = None,
-    vocab_size: int | None = None,
-    max_context: int | None = None,
-    seed: int = 0,
-) -> list[Request]:
-    """Requests from an Azure-format trace, scaled to fit a small model.
-
-    - `time_scale`: arrival gaps are *multiplied* by it (2.0 plays the trace
-      at half its request rate).
-    - `length_scale`: prompt and output lengths are *divided* by it (rounded,
-      at least 1 token). Quote both factors next to every result.
-    - `max_requests`: keep only the first requests (by arrival).
-    - `vocab_size`, `max_context`, `seed`: as in `make_workload`.
-    """
-    _check_positive("time_scale", time_scale)
-    _check_positive("length_scale", length_scale)
-    _check_optional_int("max_requests", max_requests, 1)
-    _check_optional_int("vocab_size", vocab_size, 1)
-    _check_optional_int("max_context", max_context, 2)
-    trace = read_trace(path)
-    if max_requests is not None:
-        trace = trace.head(max_requests)
-    token_rng = np.random.default_rng(seed)
-    requests = []
-    for i, row in enumerate(trace.itertuples(index=False)):
-        p = max(1, round(row.prompt_tokens / length_scale))
-        o = max(1, round(row.output_tokens / length_scale))
-        p, o = _fit(p, o, max_context)
-        ids = token_rng.integers(0, vocab_size, size=p).tolist() if vocab_size is not None else None
-        requests.append(Request(i, p, o, float(row.arrival_s) * time_scale, "trace", ids))
     return requests
 
 

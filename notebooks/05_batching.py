@@ -293,7 +293,7 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # prefill_tokens=8)` and then `prefill_tokens=128`: when does batching prompts stop paying?
 #
 # Behind this section: `kvlab.experiments.batch_scaling` (`batch_scaling`, `decode_scaling`,
-# `prefill_batching`, `crossover_batch`), the bandwidth test of `kvlab.benchmarks.decode`
+# `prefill_batching`, `crossover_batch`), the bandwidth test of `kvlab.measure.bandwidth`
 # (`machine_bandwidth`, `weight_bytes_per_step`) and `kvlab.plots.batch_scaling`; the claims in
 # `kvlab.claims.c05_batching`; tests in `tests/test_batch_scaling.py`.
 

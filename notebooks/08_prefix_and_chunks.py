@@ -56,7 +56,7 @@ result.show()
 # sequences at their full context of 256 tokens):
 
 # %%
-from kvlab.experiments.capacity import preemption_runs, preemption_table
+from kvlab.experiments.prefix_and_chunks import preemption_runs, preemption_table
 from kvlab.plots.kv_blocks import plot_kv_blocks
 
 ample = preemption_runs(model, kv_blocks=(None,))
@@ -94,7 +94,7 @@ verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer
 # sharing a 256-token system prompt, arriving eight per second, with caching off and on:
 
 # %%
-from kvlab.experiments.capacity import prefix_caching_runs, prefix_caching_table
+from kvlab.experiments.prefix_and_chunks import prefix_caching_runs, prefix_caching_table
 from kvlab.plots.gantt import plot_gantts
 
 prefix = prefix_caching_runs(model)
@@ -267,7 +267,7 @@ verdicts(on_off, "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_
 # over several steps, each also carrying one token of every running answer.
 
 # %%
-from kvlab.experiments.capacity import chunked_prefill_runs, chunked_prefill_table
+from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, chunked_prefill_table
 from kvlab.plots.token_gaps import plot_token_gaps
 
 chunked = chunked_prefill_runs(model)
@@ -313,9 +313,9 @@ verdicts(chunked, "chunks_cap_the_longest_gap", "chunks_delay_the_long_prompt")
 #   that prompt's own first token.
 # - The verdicts say whether your run showed each of these; the counts on the virtual clock are the
 #   same on every machine.
-# - Behind this notebook: `kvlab.serving.BlockManager` and `Scheduler`, `kvlab.experiments.capacity`
+# - Behind this notebook: `kvlab.serving.BlockManager` and `Scheduler`, `kvlab.experiments.prefix_and_chunks`
 #   (`preemption_runs`, `prefix_caching_runs`, `chunked_prefill_runs`), `kvlab.traces` (`mooncake_frame`,
-#   `replay_mooncake`), `kvlab.experiments.prefix_traces` (`ideal_hit_ratio`, `hit_sources`, `capacity_curve`,
+#   `replay_trace`), `kvlab.experiments.prefix_traces` (`ideal_hit_ratio`, `hit_sources`, `capacity_curve`,
 #   `caching_on_off`, `trace_curve`), `kvlab.plots.kv_blocks`, `kvlab.plots.token_gaps`,
 #   `kvlab.plots.prefix_traces`, `kvlab.widgets.capacity`, `kvlab.widgets.prefix_traces`, the claims in
 #   `kvlab/claims/c08_prefix_and_chunks.py`; tests in `tests/test_experiments_serving.py`,

@@ -36,7 +36,7 @@ What it runs, in order (each section timed; an error in one is recorded and the 
    decode time falls with the batch, a batched prefill beats one-by-one.
 8. lessons: the notebooks' start-up check (``kvlab.serving.device_check``: the device against the CPU),
    then, with KVLAB_DEVICE set to the device, the lessons' experiments at their device defaults
-   (``kvlab.device.lesson_scale``): the slowdown (01), cache memory (02), strategies (03), a journey
+   (``kvlab.model.lessons.lesson_scale``): the slowdown (01), cache memory (02), strategies (03), a journey
    (04), batching policies (05), prefix caching and chunked prefill (08); then every notebook claim on
    its example (``kvlab.claims``), with its verdict, as long as the budget lasts.
 9. pytest: the cache, generate, engine, checkpoint (tiny, real-model, recall) and lesson-scale tests
@@ -820,10 +820,10 @@ def lesson_experiments(device: torch.device, quick: bool) -> dict:
     """The notebooks' own experiments at the device's lesson sizes, each summarised in a few numbers."""
     from kvlab.claims import verdicts
     from kvlab.course import setup_report
-    from kvlab.device import lesson_scale
+    from kvlab.model.lessons import lesson_scale
     from kvlab.experiments import measure_cache_memory, run_slowdown, slowdown_model, slowdown_summary
     from kvlab.experiments.batching import batching_table, compare_policies
-    from kvlab.experiments.capacity import chunked_prefill_runs, prefix_caching_table, prefix_caching_runs
+    from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, prefix_caching_table, prefix_caching_runs
     from kvlab.experiments.four_clocks import journey_clocks, run_journey
     from kvlab.experiments.serving_run import lesson_model
     from kvlab.experiments.strategies import default_settings, run_strategies

@@ -1,7 +1,9 @@
 """Write kvlab's sample traces, one per trace format, into kvlab/data/traces/: small, *synthetic* and seeded.
 
 Neither is a slice of a public trace: kvlab makes them, so tests and notebooks can replay a trace
-offline (shared/reference/traces.md names the public ones).
+offline. The public traces they imitate are the Azure LLM inference trace 2023
+(github.com/Azure/AzurePublicDataset) and Mooncake's traces (github.com/kvcache-ai/Mooncake);
+data/README.md says where to put a downloaded one.
 
 **azure_conv_sample.csv** (Azure LLM trace format: TIMESTAMP, ContextTokens, GeneratedTokens) follows
 the shape of the public 2023 "conversation" trace (Azure/AzurePublicDataset, from the Splitwise

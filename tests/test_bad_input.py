@@ -5,8 +5,6 @@ nothing" by handing in a static cache and checking it is still empty (seq_len 0,
 """
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 import transformers
@@ -27,11 +25,6 @@ def forward_calls(model):
 
 def untouched(cache: kvlab.KVCache) -> bool:
     return cache.seq_len == 0 and all(not t.any() for t in cache.keys + cache.values)
-
-
-def needs(module: str) -> None:
-    if importlib.util.find_spec(f"kvlab.cache.{module}") is None:
-        pytest.skip(f"kvlab/cache/{module}.py does not exist yet")
 
 
 # (what is wrong, generate's keyword arguments, the message expected: the value and the fix)
@@ -142,7 +135,6 @@ def test_unknown_cache_name_in_make_cache():
 
 @pytest.mark.parametrize("bits", [1, 3, 16, True])
 def test_bits_outside_2_4_8_are_refused(model, forward_calls, bits):
-    needs("quantized")
     with pytest.raises(ValueError, match=rf"bits {bits!r} is not supported; use 2, 4 or 8"):
         kvlab.generate(model, "hello", cache="quantized", bits=bits, max_new_tokens=3)
     with pytest.raises(ValueError, match=rf"bits {bits!r} is not supported"):
@@ -152,7 +144,6 @@ def test_bits_outside_2_4_8_are_refused(model, forward_calls, bits):
 
 @pytest.mark.parametrize("group_size", [5, 32])
 def test_group_size_must_divide_head_dim(model, forward_calls, group_size):
-    needs("quantized")
     with pytest.raises(ValueError, match=rf"group_size {group_size} does not divide head_dim 16; use one of "
                                          r"\[1, 2, 4, 8, 16\]"):
         kvlab.generate(model, "hello", cache="quantized", bits=4, group_size=group_size, max_new_tokens=3)

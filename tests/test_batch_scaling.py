@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.benchmarks.decode import weight_bytes_per_step
+from kvlab.measure.bandwidth import weight_bytes_per_step
 from kvlab.claims import CLAIMS
 from kvlab.experiments.batch_scaling import batch_scaling, crossover_batch
 from kvlab.plots.batch_scaling import plot_batch_scaling

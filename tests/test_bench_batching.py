@@ -14,7 +14,8 @@ import torch
 
 import kvlab
 from kvlab.benchmarks import batching
-from kvlab.benchmarks.batching import ENTRY_KEYS, BenchSettings, make_requests, paged_vs_reservation, run_benchmark
+from kvlab.benchmarks.batching import ENTRY_KEYS, BenchSettings, make_requests, run_benchmark
+from kvlab.benchmarks.kv_allocation import paged_vs_reservation
 from kvlab.serving import SchedulerConfig
 from kvlab.results_io import to_json
 from kvlab.serving.cost_model import load_calibration

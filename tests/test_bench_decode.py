@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.benchmarks.rounds import paired_ratio, rotated, spread
+from kvlab.measure.rounds import paired_ratio, rotated, spread
 from kvlab.cli import main
 
 ROUNDS = 3
@@ -132,7 +132,7 @@ def test_the_step_is_split_into_its_weight_products_and_the_rest_round_by_round(
 
 
 def test_step_products_probe_runs_every_weight_matrix_of_the_step_once():
-    from kvlab.benchmarks.decode import StepProductsProbe, weight_bytes_per_step
+    from kvlab.measure.bandwidth import StepProductsProbe, weight_bytes_per_step
     from kvlab.model.config import tiny_gpt2, tiny_llama
     from kvlab.model.decoder import build_model
 
@@ -181,7 +181,8 @@ def test_bad_benchmark_settings_are_refused_before_running():
 def test_transformers_rows_read_a_prompt_holding_the_pad_token_id_like_kvlab():
     # transformers' generate masks every prompt token equal to pad_token_id (0 here) unless it is given a mask
     import kvlab
-    from kvlab.benchmarks.decode import Mode, run_kvlab, run_transformers
+    from kvlab.benchmarks.decode_runs import Mode, run_kvlab
+    from kvlab.benchmarks.transformers_runs import run_transformers
     from kvlab.model.loading import to_transformers
 
     model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")

@@ -117,6 +117,23 @@ class JupyterServer:
         for session in self.api("GET", "/api/sessions") or []:
             self.api("DELETE", f"/api/sessions/{session['id']}")
 
+    def start(self, cmd: list, cwd: Path, env: dict, what: str) -> subprocess.Popen:
+        """Launch the server (its output to ``self.log``) and wait until it answers, at most SERVER_START_S."""
+        with open(self.log, "wb") as out:
+            proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"{what} exited with code {proc.returncode} before answering:\n{self.log_tail()}")
+            try:
+                self.api("GET", "/api/status")
+                return proc
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    proc.terminate()
+                    pytest.fail(f"{what} did not answer within {SERVER_START_S} s:\n{self.log_tail()}")
+                time.sleep(0.5)
+
     def stop(self, proc: subprocess.Popen) -> None:
         """Shut down its kernels, then the server process (bounded waits)."""
         try:
@@ -154,21 +171,8 @@ def lab(tools, tmp_path_factory) -> JupyterServer:
            "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}", f"--ServerApp.root_dir={ROOT}",
            "--allow-root", "--LabApp.expose_app_in_browser=True",
            f"--FileCheckpoints.checkpoint_dir={home / 'checkpoints'}"]  # not .ipynb_checkpoints/ in the repo
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = JupyterServer(f"http://127.0.0.1:{port}", token, log)
-    deadline = time.monotonic() + SERVER_START_S
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"JupyterLab exited with code {proc.returncode} before answering:\n{server.log_tail()}")
-        try:
-            server.api("GET", "/api/status")
-            break
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            if time.monotonic() > deadline:
-                proc.terminate()
-                pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s:\n{server.log_tail()}")
-            time.sleep(0.5)
+    proc = server.start(cmd, ROOT, env, "JupyterLab")
     yield server
     server.stop(proc)
 
@@ -277,6 +281,15 @@ NOTEBOOK_HEIGHT = """() => {
 }"""
 
 
+def full_page_screenshot(page, height: float, name: str) -> float:
+    """A screenshot of the whole notebook (``height`` px tall, capped) in test-artifacts/screenshots/NAME."""
+    page.set_viewport_size({"width": 1280, "height": max(900, min(int(height) + 20, 16000))})
+    page.wait_for_timeout(500)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+    return height
+
+
 def record_timing(name: str, timings: dict, file: str = "browser-timings.json") -> None:
     path = ARTIFACTS / file
     data = json.loads(path.read_text()) if path.exists() else {}
@@ -344,11 +357,7 @@ def test_notebook_runs_in_a_real_browser(notebook: Path, lab: JupyterServer, bro
         panels = page.evaluate(PANELS)
         errors = page.evaluate(MODEL_ERRORS)
 
-        height = page.evaluate(NOTEBOOK_HEIGHT)
-        page.set_viewport_size({"width": 1280, "height": max(900, min(int(height) + 20, 16000))})
-        page.wait_for_timeout(500)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / f"{notebook.stem}.png"), full_page=True)
+        height = full_page_screenshot(page, page.evaluate(NOTEBOOK_HEIGHT), f"{notebook.stem}.png")
         timings["total_s"] = time.monotonic() - t0
         timings.update(figures=figures, panels=len(panels), page_height_px=height)
         record_timing(notebook.stem, timings)

@@ -47,7 +47,8 @@ from pathlib import Path
 
 import pytest
 
-from test_browser import JupyterServer, browser, free_port, missing_tools, record_timing, require_tools  # noqa: F401
+from test_browser import (JupyterServer, browser, free_port, full_page_screenshot, missing_tools,  # noqa: F401
+                          record_timing, require_tools)
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -170,22 +171,9 @@ def server(overlay, colab_twin, tmp_path_factory) -> Server:
     cmd = [overlay.python, "-m", "notebook", "--no-browser", f"--port={port}", "--NotebookApp.port_retries=0",
            "--NotebookApp.ip=127.0.0.1", f"--NotebookApp.token={token}", f"--NotebookApp.notebook_dir={folder}",
            "--allow-root", "--NotebookApp.open_browser=False"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
     srv = Server(f"http://127.0.0.1:{port}", token, log, folder)
+    proc = srv.start(cmd, folder, env, "the classic Notebook server")
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the classic Notebook server exited with code {proc.returncode}:\n{srv.log_tail()}")
-            try:
-                srv.api("GET", "/api/status")
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"the classic Notebook server did not answer within {SERVER_START_S} s:\n"
-                                f"{srv.log_tail()}")
-                time.sleep(0.5)
         # It serves the overlay's widgetsnbextension (3.6.6), enabled for the notebook page.
         served = srv.get(f"/nbextensions/{NBEXTENSION}.js")
         assert served == (overlay.venv / "share" / "jupyter" / "nbextensions" / f"{NBEXTENSION}.js").read_bytes(), \
@@ -398,11 +386,7 @@ def test_notebook_widgets_under_ipywidgets7(tools, notebook: Path, server: Serve
         unrendered = page.evaluate(UNRENDERED)
         figures = page.locator(".output_area img").count()
 
-        height = page.evaluate(NOTEBOOK_HEIGHT)
-        page.set_viewport_size({"width": 1280, "height": max(900, min(int(height) + 20, 16000))})
-        page.wait_for_timeout(500)
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / f"classic-{notebook.stem}.png"), full_page=True)
+        height = full_page_screenshot(page, page.evaluate(NOTEBOOK_HEIGHT), f"classic-{notebook.stem}.png")
         timings["total_s"] = time.monotonic() - t0
         timings.update(figures=figures, panels=len(panels), page_height_px=height,
                        progress_bars=sum(p["bars"] for p in panels), kernel_panels=in_kernel)

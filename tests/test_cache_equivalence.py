@@ -6,8 +6,6 @@ position and generate identical greedy tokens.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -15,13 +13,6 @@ import kvlab
 
 ATOL = 1e-5
 PROMPT, NEW = 13, 24
-
-
-def _strategy(name: str) -> str:
-    """The cache name, skipped (with the reason) when its module has not landed yet."""
-    if importlib.util.find_spec(f"kvlab.cache.{name}") is None:
-        pytest.skip(f"kvlab/cache/{name}.py does not exist yet")
-    return name
 
 
 EXACT = [pytest.param(name, id=name) for name in ("dynamic", "static", "offloaded")]
@@ -39,7 +30,7 @@ def model(each_model):
 
 def make(name: str, model, batch: int = 1, max_len: int = 64) -> kvlab.KVCache:
     options = {"max_len": max_len} if name in ("static", "offloaded") else {}
-    return kvlab.make_cache(_strategy(name), model.config, batch=batch, **options)
+    return kvlab.make_cache(name, model.config, batch=batch, **options)
 
 
 def prompt_ids(batch: int = 1, length: int = PROMPT, seed: int = 0) -> torch.Tensor:
@@ -50,7 +41,7 @@ def prompt_ids(batch: int = 1, length: int = PROMPT, seed: int = 0) -> torch.Ten
 def test_cached_and_uncached_generate_the_same_tokens(model, name):
     ids = prompt_ids()[0].tolist()
     uncached = kvlab.generate(model, ids, cache="none", max_new_tokens=NEW)
-    cached = kvlab.generate(model, ids, cache=_strategy(name), max_new_tokens=NEW)
+    cached = kvlab.generate(model, ids, cache=name, max_new_tokens=NEW)
     assert cached.tokens == uncached.tokens
     assert len(set(uncached.tokens)) > 1, "a constant continuation would make this check weak"
 

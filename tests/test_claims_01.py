@@ -75,9 +75,9 @@ def test_a_claim_reads_a_panel_result_as_well_as_a_frame():
 @pytest.mark.parametrize("kind, sizes", [("cpu", (32, 80)), ("cuda", (512, 400))])
 def test_the_example_run_is_sized_for_the_device(monkeypatch, kind, sizes):
     """On a GPU the 90M lesson model's short steps are launch-bound and uncached tokens barely slow down: the
-    example takes the device's lesson sizes (kvlab.device.lesson_scale), not the CPU's."""
+    example takes the device's lesson sizes (kvlab.model.lessons.lesson_scale), not the CPU's."""
     import kvlab.claims.c01_the_slowdown as c01
-    from kvlab.device import LESSON_SCALES
+    from kvlab.model.lessons import LESSON_SCALES
 
     calls = []
     monkeypatch.setattr(c01, "lesson_scale", lambda device=None: LESSON_SCALES[kind])

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvlab.claims import CLAIMS, claims_for
-from kvlab.experiments.capacity import chunked_prefill_runs, preemption_runs, prefix_caching_runs
+from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, preemption_runs, prefix_caching_runs
 from kvlab.experiments.prefix_traces import caching_on_off, hit_sources, hit_sources_table
 from kvlab.experiments.serving_run import FixedStepCostExecutor
 from kvlab.traces import mooncake_frame

@@ -15,11 +15,12 @@ from kvlab.clocks import summarize
 from kvlab.experiments.batching import (batch_wait_runs, batching_table, compare_policies, idle_slots,
                                         policy_workload)
 from kvlab.experiments.capacity import (block_manager_fit, block_size_table, budget_for_tokens, capacity_levers,
-                                        chunked_prefill_runs, chunked_prefill_table, fit_in_order, paged_vs_reserved,
-                                        preemption_runs, preemption_table, prefix_caching_runs, prefix_caching_table,
-                                        recomputed_tokens, sequence_lengths)
+                                        fit_in_order, paged_vs_reserved, sequence_lengths)
 from kvlab.experiments.four_clocks import (cold_vs_warm, cold_warm_summary, journey_clocks, mean_vs_tail,
                                            run_journey, run_mixed_load, startup_phases)
+from kvlab.experiments.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table, preemption_runs,
+                                                 preemption_table, prefix_caching_runs, prefix_caching_table,
+                                                 recomputed_tokens)
 from kvlab.experiments.serving_run import (FixedStepCostExecutor, records_from_frame, runs_frame, runs_table, serve,
                                            tokens_frame)
 from kvlab.serving import SchedulerConfig

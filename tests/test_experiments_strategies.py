@@ -112,7 +112,7 @@ def test_time_inside_the_cache_is_measured_on_cuda_with_the_compute_stream_synch
 
 def test_on_cuda_the_panel_also_runs_offloaded_without_prefetch():
     """Prefetched copies overlap compute on a side stream, untimed; the synchronous twin times the tier's copies."""
-    from kvlab.widgets.strategies import strategy_settings
+    from kvlab.experiments.strategies import strategy_settings
 
     cpu = strategy_settings(("offloaded",), link_gbps=1.0)
     cuda = strategy_settings(("offloaded",), link_gbps=1.0, device="cuda")

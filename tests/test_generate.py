@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import kvlab
 from kvlab.device import pick_device
-from kvlab.generate import sample
+from kvlab.sampling import sample
 
 PROMPT = "The KV cache"
 

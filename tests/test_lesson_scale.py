@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.device import LESSON_SCALES, lesson_scale, pick_device
+from kvlab.device import pick_device
+from kvlab.model.lessons import LESSON_SCALES, lesson_scale
 from kvlab.experiments.slowdown import slowdown_config
 
 

@@ -18,7 +18,8 @@ from kvlab.plots.strategies import (expected_bytes_moved, plot_accuracy_by_dista
                                     plot_memory_vs_context, plot_offload_cost, plot_strategies)
 from kvlab.quality import recall_accuracy
 from kvlab.tasks.recall import load_recall_model, make_examples
-from kvlab.widgets.strategies import learner_table, run_strategy_comparison, strategies_panel, strategy_settings
+from kvlab.experiments.strategies import run_strategy_comparison, strategy_settings
+from kvlab.widgets.strategies import learner_table, strategies_panel
 
 PAIRS = (2, 4)
 

@@ -1,7 +1,6 @@
 """Quality vs the exact cache: KL, agreement, perplexity and recall accuracy are honest measures."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -135,9 +134,6 @@ def test_bad_arguments_are_refused_before_any_work(model):
 
 
 # -- on the shipped recall model --------------------------------------------------------------
-HAS_QUANTIZED = importlib.util.find_spec("kvlab.cache.quantized") is not None
-
-
 @pytest.fixture(scope="module")
 def recall():
     from kvlab.tasks.recall import load_recall_model, make_examples
@@ -153,7 +149,6 @@ def test_recall_accuracy_is_broken_down_by_distance(recall):
     assert frame["accuracy"].mean() < frame["exact_accuracy"].mean()
 
 
-@pytest.mark.skipif(not HAS_QUANTIZED, reason="kvlab/cache/quantized.py does not exist yet")
 def test_two_bit_cache_answers_measurably_worse_than_eight_bit(recall):
     from kvlab.tasks.recall import score
 
@@ -164,7 +159,6 @@ def test_two_bit_cache_answers_measurably_worse_than_eight_bit(recall):
     assert two <= eight - 0.2, f"2-bit accuracy {two:.2f} is not clearly below 8-bit {eight:.2f}"
 
 
-@pytest.mark.skipif(not HAS_QUANTIZED, reason="kvlab/cache/quantized.py does not exist yet")
 def test_perplexity_of_recall_text_rises_when_the_cache_loses_precision(recall):
     import random
 

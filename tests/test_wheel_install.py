@@ -90,7 +90,7 @@ def test_kvlab_imports_from_the_installed_wheel_not_the_checkout(wheel_venv):
         "import kvlab, kvlab.data as d\n"
         "from kvlab.tasks.recall import load_recall_model\n"
         "from kvlab.serving.cost_model import load_calibration\n"
-        "from kvlab.workload import SAMPLE_TRACE, read_trace\n"
+        "from kvlab.traces import SAMPLE_TRACE, read_trace\n"
         "print(kvlab.__file__); print(d.data_dir())\n"
         "load_recall_model(device='cpu'); load_calibration('llama-30m'); read_trace(SAMPLE_TRACE)")],
         cwd=away, env=wheel_venv["env"])

@@ -7,18 +7,16 @@ import math
 import numpy as np
 import pytest
 
+from kvlab.traces import SAMPLE_TRACE, read_trace, replay_trace
 from kvlab.workload import (
     MIXTURE_WEIGHTS,
     PROFILES,
-    SAMPLE_TRACE,
     Request,
     arrival_times,
     constant,
     gamma,
     make_workload,
     poisson,
-    read_trace,
-    replay_trace,
     workload_frame,
 )
 

@@ -22,7 +22,7 @@ tokens stamped as they are produced (kvlab: the engine's wall clock; transformer
 ``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
 warm-up of each implementation runs first and is not counted. Every cell then runs once per
 *round* (``--rounds``, default 5), in an order rotated from round to round
-(``kvlab/benchmarks/rounds.py``); the run with the median throughput stands for its cell (all are
+(``kvlab/measure/rounds.py``); the run with the median throughput stands for its cell (all are
 kept, with their spread), and every ratio is the median over rounds of the ratio *within* a round,
 reported with its IQR and min-max: a busy spell on a shared machine slows both sides of a round
 alike. The load average is recorded before and after. Threads default to 1 for every
@@ -40,7 +40,8 @@ Two extra measurements:
   (``kvlab.serving.reservation``): concurrent sequences (peak and time-weighted mean) and
   the waste of each (KV slots allocated but holding no token, time-weighted over steps). The
   block accounting does not depend on which executor prices a step, so this part runs in
-  virtual time on the shipped cost model, with ``max_seqs`` high enough that memory is the limit.
+  virtual time on the shipped cost model, with ``max_seqs`` high enough that memory is the limit
+  (``kvlab/benchmarks/kv_allocation.py``).
 """
 from __future__ import annotations
 
@@ -54,19 +55,18 @@ import numpy as np
 import pandas as pd
 
 from ..clocks import RequestRecord, summarize
-from ..model.config import llama_30m, tiny_llama
+from ..model.config import PRESETS, preset
 from ..model.decoder import Decoder, build_model
 from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
-from ..serving.reservation import ReservationEngine
 from ..serving.scheduler import SchedulerConfig
 from ..results_io import write_json
 from ..threads import torch_threads
 from ..workload import Request
-from .rounds import format_load, format_spread, load_average, paired_ratio, rotated
-from .rounds import spread as spread_of  # run_benchmark has an argument named spread
+from ..measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated
+from ..measure.rounds import spread as spread_of  # run_benchmark has an argument named spread
+from .kv_allocation import paged_vs_reservation, print_paging
 
-CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths spread evenly over [lo, hi]: one mean (72), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
               "e2e_p95_s", "completed", "failed")
@@ -91,8 +91,7 @@ class BenchSettings:
 
     def check(self) -> None:
         (p0, p1), (o0, o1) = self.prompt_tokens, self.output_tokens
-        if self.config not in CONFIGS:
-            raise ValueError(f"unknown config {self.config!r}; choose one of {', '.join(CONFIGS)}")
+        preset(self.config)  # raises for an unknown name, naming the presets
         if not (1 <= p0 <= p1 and 1 <= o0 <= o1):
             raise ValueError(f"need 1 <= low <= high for prompt_tokens {self.prompt_tokens} and "
                              f"output_tokens {self.output_tokens}")
@@ -217,52 +216,6 @@ def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSett
     return tps["continuous"] / tps["static"]
 
 
-# -- paged blocks vs max-length reservation ------------------------------------------------------------
-def kv_usage(engine: Engine) -> dict:
-    """Concurrency and waste over a finished run, from the engine's per-step trace (time-weighted by step)."""
-    t = engine.trace_frame()
-    w = t["duration_s"].to_numpy()
-    allocated = t["kv_blocks_used"].to_numpy() * engine.block_size
-    held = t["kv_tokens_held"].to_numpy()
-    return {"peak_running": int(t["num_running"].max()), "mean_running": float(np.average(t["num_running"], weights=w)),
-            "waste_fraction": float(1 - np.sum(held * w) / np.sum(allocated * w)),
-            "peak_blocks_used": int(t["kv_blocks_used"].max()), "num_blocks": engine.num_blocks,
-            "preemptions": engine.scheduler.num_preemptions, "steps": len(t), "makespan_s": float(t["end_s"].max())}
-
-
-def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: BenchSettings,
-                         kv_budget_tokens: int | None = None) -> dict:
-    """The same requests in the same KV budget: paged blocks vs reserving max_model_len (and prompt+max_new)."""
-    from ..model.config import ModelConfig
-    from ..serving.block_manager import bytes_per_block
-
-    config = ModelConfig(**cost_model.config)
-    tokens = kv_budget_tokens or 4 * s.max_model_len
-    budget = tokens // s.block_size * bytes_per_block(config, s.block_size)
-    sched = SchedulerConfig(max_seqs=len(requests), max_batch_tokens=max(s.max_batch_tokens, len(requests)),
-                            max_model_len=s.max_model_len)
-    rows = {}
-    for name, make in (("paged", lambda: Engine(config, block_size=s.block_size, kv_budget_bytes=budget,
-                                               scheduler=sched, executor=CostModelExecutor(cost_model),
-                                               enable_prefix_caching=False)),
-                       ("reserve_max_model_len", lambda: ReservationEngine(
-                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
-                           executor=CostModelExecutor(cost_model), reserve="max_model_len")),
-                       ("reserve_request", lambda: ReservationEngine(
-                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
-                           executor=CostModelExecutor(cost_model), reserve="request"))):
-        engine = make()
-        records = engine.run(requests, clock="virtual")
-        rows[name] = {**kv_usage(engine), "completed": sum(r.status == "completed" for r in records),
-                      "simulated_output_tokens_per_s": summarize(records).output_tokens_per_s}
-    p, r = rows["paged"], rows["reserve_max_model_len"]
-    return {"kv_budget_tokens": tokens, "kv_budget_bytes": budget, "max_model_len": s.max_model_len,
-            "accounting": "BlockManager (paged) vs ReservingBlockManager (kvlab.serving.reservation), "
-                          "same scheduler, virtual time on the cost model",
-            "runs": rows, "ratio_mean_running": p["mean_running"] / r["mean_running"],
-            "ratio_peak_running": p["peak_running"] / r["peak_running"]}
-
-
 # -- the whole benchmark ---------------------------------------------------------------------------------
 def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, transformers: bool = True,
                   cost_model: CostModel | None = None, kv_budget_tokens: int | None = None, log=print) -> dict:
@@ -271,7 +224,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
 
     s.check()
     load_before = load_average()
-    config = CONFIGS[s.config]()
+    config = preset(s.config)
     model = build_model(config, seed=s.seed)
     vocab = config.vocab_size
     mixed = make_requests(s, vocab=vocab)
@@ -393,20 +346,14 @@ def print_report(report: dict) -> None:
             print(f"{k}: {v:.2f}x (virtual time on the cost model: no noise)")
     if report["spread"]:
         print(pd.DataFrame(report["spread"]).to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    p = report["paged_vs_reservation"]
-    print(f"KV budget {p['kv_budget_tokens']} tokens (max_model_len {p['max_model_len']}):")
-    for name, r in p["runs"].items():
-        print(f"  {name:<22} peak {r['peak_running']:>3} sequences, mean {r['mean_running']:.1f}, "
-              f"waste {r['waste_fraction']:.1%}, preemptions {r['preemptions']}")
-    print(f"  paged / reserve max_model_len: {p['ratio_mean_running']:.2f}x mean concurrent sequences, "
-          f"{p['ratio_peak_running']:.2f}x peak")
+    print_paging(report["paged_vs_reservation"])
     if "load_average" in report:
         print(format_load(report["load_average"]["before"], report["load_average"]["after"]))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the report (results, summary, env) as JSON")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
+    parser.add_argument("--config", choices=sorted(PRESETS), default="llama-30m",
                         help="model config (default llama-30m)")
     parser.add_argument("--requests", type=int, default=32, help="requests (default 32)")
     parser.add_argument("--max-seqs", type=int, default=8, help="max batch size, the same for every run (default 8)")

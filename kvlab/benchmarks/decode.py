@@ -5,10 +5,12 @@
 
 Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in
 ``--rounds`` interleaved rounds: each round runs every mode once, in an order rotated from round to
-round (``kvlab/benchmarks/rounds.py``). A comparison is the median over rounds of the ratio *within*
+round (``kvlab/measure/rounds.py``). A comparison is the median over rounds of the ratio *within*
 each round, with its spread (IQR and min-max): on a shared machine a busy spell slows both runs of
 a round alike, while a ratio of two medians taken minutes apart would compare two moments. The load
-average is recorded before and after.
+average is recorded before and after. This file is the benchmark (its rounds, rows, ratios and report);
+one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the bandwidth probes
+``kvlab/measure/bandwidth.py``.
 
 Rows:
 
@@ -48,40 +50,35 @@ mostly reloads it: pass ``--fresh-compile-cache`` for the figure a first use see
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from ..cache import CACHE_NAMES, cache_class
-from ..device import now, pick_device
-from ..generate import generate
-from ..model.config import ModelConfig, llama_30m, tiny_llama
-from ..model.decoder import Decoder, build_model
-from ..model.matvec import matvec
+from ..cache import CACHE_NAMES
+from ..device import pick_device
+from ..measure.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
+from ..measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from ..model.config import PRESETS, ModelConfig
+from ..model.decoder import build_model
 from ..model.loading import to_transformers
 from ..results_io import write_json
 from ..threads import set_torch_threads
-from .rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from .decode_runs import Mode, Run, kvlab_modes, run_kvlab
+from .transformers_runs import compiled_transformers, run_transformers, transformers_modes
 
-CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 POSITIONS = (1, 32, 64, 127)  # tokens whose step time is reported (0 is the prefill)
-KVLAB_OPTIONS = {"quantized": {"bits": 4}}  # options per kvlab cache; the rest run with their defaults
-TRANSFORMERS_CACHES = ("dynamic", "static", "quantized", "offloaded")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results and environment as JSON here")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens (default 256)")
     parser.add_argument("--new", type=int, default=128, help="tokens to generate (default 128)")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
+    parser.add_argument("--config", choices=sorted(PRESETS), default="llama-30m",
                         help="model config (default llama-30m)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=5,
                         help="interleaved rounds after the cold one; every mode runs once per round (default 5)")
@@ -98,242 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(by default inductor reuses programs an earlier run left on disk)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the prompt (default 0)")
     parser.add_argument("--bandwidth-mb", type=int, default=512, help="tensor size for the machine's bandwidth (MB)")
-
-
-@dataclass
-class Mode:
-    """One thing to time: an implementation, a cache strategy, compiled or not, its options, why it cannot run."""
-
-    impl: str  # "kvlab" | "transformers"
-    cache: str
-    options: dict = field(default_factory=dict)
-    reason: str | None = None  # None: runnable
-    compiled: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{self.impl}/{self.cache}" + (" compiled" if self.compiled else "")
-
-
-@dataclass
-class Run:
-    """One timed generate call."""
-
-    wall_s: float
-    step_s: list[float]  # step 0 is the prefill
-    tokens: list[int]
-    cache_bytes: int
-    kv_read_bytes: float  # K/V bytes one decode step reads, at the mean position
-    compile_s: float | None = None
-
-    @property
-    def decode_s(self) -> float:
-        return statistics.median(self.step_s[1:])  # the median decode step (runs have >= 2 tokens)
-
-
-def kvlab_modes(names: list[str], compile_: bool) -> list[Mode]:
-    modes = []
-    for name in names:
-        try:
-            cache_class(name)
-            reason = None
-        except ImportError as e:  # the strategy's module has not landed
-            reason = f"kvlab/cache/{name}.py cannot be imported ({type(e).__name__}: {e})"
-        modes.append(Mode("kvlab", name, dict(KVLAB_OPTIONS.get(name, {})), reason))
-    if compile_ and "static" in names:
-        modes.append(Mode("kvlab", "static", {}, None, compiled=True))
-    return modes
-
-
-def installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing
-        return False
-
-
-def transformers_modes(device: torch.device, names: list[str], compile_: bool) -> list[Mode]:
-    modes = []
-    for name in TRANSFORMERS_CACHES:
-        if name not in names:
-            continue
-        options, reason = {}, None
-        if name == "quantized":
-            backend = "quanto" if installed("optimum.quanto") else "HQQ" if installed("hqq") else None
-            if backend is None:
-                reason = "transformers' quantized cache needs optimum-quanto or hqq; neither is installed"
-            options = {"backend": backend, "nbits": 4}
-        if name == "offloaded" and device.type != "cuda":
-            reason = ("transformers' offloaded cache needs CUDA (it copies on CUDA streams); "
-                      f"this run is on {device.type}")
-        modes.append(Mode("transformers", name, options, reason))
-    if compile_ and "static" in names:
-        modes.append(Mode("transformers", "static", {}, None, compiled=True))
-    return modes
-
-
-def kv_tokens_read(mode: Mode, prompt: int, new: int) -> float:
-    """Tokens of K/V one decode step reads, on average over the run (see the module docstring)."""
-    if mode.cache == "none":
-        return 0.0  # recomputes K/V from the tokens: reads no cache
-    if mode.cache == "static" and (mode.compiled or mode.impl == "transformers"):
-        return float(prompt + new)  # fixed shapes: attends over every slot, the empty ones masked
-    return prompt + new / 2  # what is stored, at the mean position
-
-
-def run_kvlab(model: Decoder, prompt: list[int], mode: Mode, new: int, kv_per_token: int, backend: str) -> Run:
-    extra = {"compile": True, "compile_backend": backend} if mode.compiled else {}
-    t0 = now(model.device)
-    result = generate(model, prompt, cache=mode.cache, max_new_tokens=new, **mode.options, **extra)
-    wall = now(model.device) - t0
-    bytes_ = result.cache.memory().allocated_bytes
-    if mode.cache == "quantized":  # what it stores (packed + full-precision residual), mid-run
-        kv_read = float(result.timeline.cache_bytes[len(result.timeline.cache_bytes) // 2])
-    else:
-        kv_read = kv_per_token * kv_tokens_read(mode, len(prompt), new)
-    if hasattr(result.cache, "close"):
-        result.cache.close()  # the offloaded cache's file
-    return Run(wall, list(result.timeline.step_s), result.tokens, bytes_, kv_read, result.settings.get("compile_s"))
-
-
-def compiled_transformers(model: Decoder, backend: str):
-    """transformers' documented fast path on the same weights: a static cache and a compiled forward."""
-    hf = to_transformers(model).to(model.device).eval()
-    hf.generation_config.cache_implementation = "static"
-    hf.forward = torch.compile(hf.forward, backend=backend, dynamic=False)  # as kvlab's step: fixed shapes
-    return hf
-
-
-def run_transformers(hf, prompt: list[int], mode: Mode, new: int, device: torch.device, kv_per_token: int) -> Run:
-    import transformers
-
-    stamps: list[float] = []
-    starts: list[float] = []
-
-    class Stamp(transformers.LogitsProcessor):
-        """Records the time each step's logits arrive (after CUDA work has finished)."""
-
-        def __call__(self, input_ids, scores):
-            stamps.append(now(device))
-            return scores
-
-    hook = hf.register_forward_pre_hook(lambda *_: starts.append(now(device)) if not starts else None)
-    extra = {"cache_config": dict(mode.options)} if mode.cache == "quantized" else {}  # generate edits it: fresh dict
-    ids = torch.tensor([prompt], device=device)  # (1, T)
-    try:
-        t0 = now(device)
-        # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                          do_sample=False, pad_token_id=0,
-                          cache_implementation=mode.cache, logits_processor=transformers.LogitsProcessorList([Stamp()]),
-                          return_dict_in_generate=True, **extra)
-        wall = now(device) - t0
-    finally:
-        hook.remove()
-    steps = [stamps[0] - starts[0]] + [b - a for a, b in zip(stamps, stamps[1:])]
-    return Run(wall, steps, out.sequences[0, len(prompt):].tolist(), transformers_cache_bytes(out.cache),
-               kv_per_token * kv_tokens_read(mode, len(prompt), new))
-
-
-def transformers_cache_bytes(cache) -> int:
-    """Bytes of the distinct tensors held by a transformers cache's layers."""
-    seen: dict[int, int] = {}
-    for layer in getattr(cache, "layers", []):
-        for value in vars(layer).values():
-            if isinstance(value, torch.Tensor) and value.numel():
-                seen[value.data_ptr()] = value.numel() * value.element_size()
-    return sum(seen.values())
-
-
-def weight_bytes_per_step(model: Decoder) -> int:
-    """Weight bytes one decode step streams: all of them except tables it only looks a row up in."""
-    looked_up = {"pos_embed"} | ({"embed"} if model.lm_head is not None else set())  # tied: embed is the lm_head
-    return sum(p.nbytes for name, p in model.named_parameters() if name not in looked_up)
-
-
-def _best(fn, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = now(device)
-        fn()
-        times.append(now(device) - t0)
-    return min(times)
-
-
-class MatvecProbe:
-    """The machine's matrix-vector bandwidth from memory, cheap enough to measure once per round (best of a few).
-
-    The matrix is 256 MB, several times any CPU's last-level cache (and a GPU's L2), as the decoder's
-    weights are: a decode step streams them all before it reads the first again. A 64 MB matrix,
-    this probe's earlier size, came in part from a 32 MB L3: measured one after the other on the
-    authors' 2-core machine, its best of 15 read 41-45 GB/s, a 256 MB matrix's 25-34 GB/s and a
-    plain sum over 256 MB 33-34 GB/s. On a shared machine the bandwidth itself also moves from
-    minute to minute (33-56 GB/s for the same sum over an afternoon), which is why it is measured
-    in every round.
-    """
-
-    def __init__(self, device: torch.device, n: int = 8192) -> None:
-        self.device = device
-        # 256 MB stored [in, out], as the decoder stores its weights; ones fill it faster than randn, and a
-        # product's speed does not depend on the values (no zeros skipped, no denormals)
-        self.W = torch.ones(n, n, device=device)
-        self.v = torch.randn(1, n, device=device)
-
-    def measure(self, repeats: int = 5) -> dict:
-        plain = self.W.nbytes / _best(lambda: self.v @ self.W, self.device, repeats) / 1e9
-        split = self.W.nbytes / _best(lambda: matvec(self.v, self.W), self.device, repeats) / 1e9
-        return {"matvec_GBps": max(plain, split), "matvec_plain_GBps": plain, "matvec_split_GBps": split}
-
-
-class StepProductsProbe:
-    """A decode step's weight products alone: the same matrices, one row each, in forward order, back to back.
-
-    What a step made of nothing but its weight stream would take, with kvlab's own product
-    (``kvlab.model.matvec``; a tied head through ``F.linear`` as the decoder does). Next to the
-    step's time it splits the step in two: streaming the weights, and everything else (attention,
-    the cache's update, the small operations between products, sampling). Next to ``MatvecProbe``
-    it says how much of the machine's matvec bandwidth products of these smaller shapes reach.
-    """
-
-    def __init__(self, model: Decoder) -> None:
-        tied = model.lm_head is None
-        self.weights = [p for name, p in model.named_parameters()
-                        if p.dim() == 2 and name not in ("embed", "pos_embed")]  # [in, out] matrices
-        self.rows = [torch.randn(1, 1, w.shape[0], device=w.device, dtype=w.dtype) for w in self.weights]
-        self.head = model.embed if tied else None  # (V, C), applied as F.linear like the decoder's tied head
-        self.head_row = torch.randn(1, 1, model.config.hidden_size, device=model.device, dtype=model.dtype)
-        self.nbytes = weight_bytes_per_step(model)
-        self.device = model.device
-
-    def _products(self) -> None:
-        for x, w in zip(self.rows, self.weights):
-            matvec(x, w)
-        if self.head is not None:
-            F.linear(self.head_row, self.head)
-
-    def measure(self, repeats: int = 5) -> dict:
-        with torch.inference_mode():
-            seconds = _best(self._products, self.device, repeats)
-        return {"products_ms": seconds * 1e3, "products_GBps": self.nbytes / seconds / 1e9}
-
-
-def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 5) -> dict:
-    """The machine's own memory bandwidth in GB/s (best of ``repeats``), measured the way decode reads memory."""
-    n = megabytes * 2**20 // 4
-    x = torch.rand(n, device=device)  # (n,) fp32, every page touched
-    y = torch.zeros_like(x)
-    nbytes = x.nbytes
-    out = {"tensor_MB": megabytes,
-           "sum_read_GBps": nbytes / _best(lambda: x.sum(), device, repeats) / 1e9,
-           "copy_GBps": 2 * nbytes / _best(lambda: y.copy_(x), device, repeats) / 1e9}  # read + write
-    x = y = None  # free the 2 x 512 MB before the matvec matrix
-    out.update(MatvecProbe(device).measure(repeats))
-    out["note"] = ("sum: bytes read / time; copy: (read + write) / time into a preallocated tensor; "
-                   "matvec: a (1, 8192) row times a 256 MB [in, out] matrix (several times the last-level "
-                   "cache), bytes of the matrix / time, the faster of the plain product and the K-split one "
-                   "kvlab's decoder uses (kvlab.model.matvec)")
-    return out
 
 
 def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int], weights: int,
@@ -448,7 +209,7 @@ def checked_config(args: argparse.Namespace) -> ModelConfig:
     if args.prompt < 1 or args.new < 2 or args.rounds < 1:
         raise SystemExit(f"need --prompt >= 1, --new >= 2 and --rounds >= 1; got {args.prompt}, {args.new}, "
                          f"{args.rounds}")
-    config = CONFIGS[args.config]()
+    config = PRESETS[args.config]()
     if args.prompt + args.new > config.max_position_embeddings:
         raise SystemExit(f"--prompt {args.prompt} + --new {args.new} exceeds the {config.name} context of "
                          f"{config.max_position_embeddings}; lower them")

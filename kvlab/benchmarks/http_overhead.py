@@ -17,10 +17,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from kvlab.cli import parse_command
 from kvlab.http.compare import measure_http_overhead, overhead_summary
 from kvlab.http.local import ServerProcess
 from kvlab.results_io import save_results
+from kvlab.command_args import command_args
 
 GOAL_S = 0.005
 
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run, print and save the comparison."""
-    args = parse_command(("bench", "http"), args)
+    args = command_args(args, "python -m kvlab bench http", __doc__, add_arguments)
     frame, row = run(args.requests, args.rate, args.tokens, args.model, args.chat, args.seed)
     cols = ["client_ttft_s", "client_ttft_from_sent_s", "engine_ttft_s", "ttft_overhead_s", "e2e_overhead_s"]
     print((frame[cols] * 1e3).describe(percentiles=[0.5, 0.9]).T.round(2).to_string())

@@ -27,10 +27,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from kvlab.cli import parse_command
 from kvlab.http.loadgen import http_workload, run_loadtest
 from kvlab.http.local import ServerProcess
 from kvlab.results_io import save_results
+from kvlab.command_args import command_args
 
 GOAL_RPS = 200.0
 
@@ -106,7 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run both scenarios, print them, and save them with `--json`."""
-    args = parse_command(("bench", "loadgen"), args)
+    args = command_args(args, "python -m kvlab bench loadgen", __doc__, add_arguments)
     frame = run(args.requests, args.tokens, args.max_connections, args.rate, args.paced_seconds, args.seed)
     cols = ["scenario", "requests", "completed", "failed", "wall_s", "achieved_rps", "client_cpu_ms_per_request",
             "client_capacity_rps", "server_cpu_s", "send_delay_p50_s", "send_delay_p99_s"]

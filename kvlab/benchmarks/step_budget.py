@@ -5,7 +5,7 @@
 
 An ablation on kvlab's dynamic cache. Every round generates ``--new`` tokens once per version
 below (greedy, the same prompt), in an order rotated from round to round
-(``kvlab/benchmarks/rounds.py``), and keeps each generation's median decode step:
+(``kvlab/measure/rounds.py``), and keeps each generation's median decode step:
 
 - ``whole``: the decoder as it is;
 - ``no weight products``: every one-row weight product returns what its first call computed,
@@ -37,11 +37,12 @@ from ..device import pick_device
 from ..generate import generate
 from ..model import decoder as decoder_module
 from ..model.decoder import Decoder, build_model
+from ..model.config import PRESETS
 from ..model.matvec import SPLIT_MAX_ROWS
 from ..results_io import write_json
 from ..threads import set_torch_threads
-from .decode import CONFIGS, checked_config
-from .rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from .decode import checked_config
+from ..measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 
 PARTS = ("weight products", "cache and attention", "rope")  # what can be left out, in the table's order
 
@@ -134,7 +135,7 @@ def step_budget(model: Decoder, prompt: list[int], new: int, rounds: int,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
+    parser.add_argument("--config", choices=sorted(PRESETS), default="llama-30m",
                         help="model config (default llama-30m)")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens (default 256)")
     parser.add_argument("--new", type=int, default=128, help="tokens to generate per run (default 128)")

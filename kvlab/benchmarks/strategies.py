@@ -47,7 +47,6 @@ def summarise(frame) -> list[dict]:
 
 def main(args: argparse.Namespace) -> int:
     import pandas as pd
-    import torch
 
     from ..env import environment
     from ..experiments.strategies import default_settings, run_strategies

@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
-from .base import CacheMemory, KVCache
+from .base import CacheMemory, KVCache, kv_cache_bytes
 
 
 def _remove_storage(path: str, owned_dir: str | None) -> None:
@@ -137,7 +137,8 @@ class OffloadedCache(KVCache):
         self.bytes_moved_total = 0
         self.copy_s_total = 0.0  # seconds inside _copy (on CPU or a throttled link: the copies' own time)
         self.link_wait_s_total = 0.0  # seconds slept waiting for the modelled link
-        self.row_bytes = 2 * batch * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+        # one token of one layer, K and V, for the whole batch: a row of the tier
+        self.row_bytes = kv_cache_bytes(1, num_kv_heads, head_dim, 1, batch, torch.empty(0, dtype=dtype).element_size())
 
         tier_shape = (num_layers, max_len, 2, batch, num_kv_heads, head_dim)
         self.tier, self.storage_path, self._finalizer = make_tier(self, tier_shape, dtype, self.cuda, storage_dir,

@@ -160,7 +160,8 @@ class PagedKVCache(KVCache):
         self.set_usage(0, 0)
 
     def bytes_per_token(self) -> int:
-        elem = self.key_cache[0].element_size()
+        """Bytes one token's K and V take across all layers (one slot of the pool: the batch does not apply)."""
+        elem = torch.tensor([], dtype=self.dtype).element_size()
         return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, 1, elem)
 
     def memory(self) -> CacheMemory:

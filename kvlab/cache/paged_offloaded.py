@@ -33,7 +33,7 @@ import time
 import torch
 
 from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
-from .base import CacheMemory, KVCache
+from .base import CacheMemory, KVCache, tensor_bytes
 from .offloaded import check_link_and_storage, make_tier, wait_for_link
 from .paged import PagedAttentionMetadata, PagedKVCache
 
@@ -91,7 +91,7 @@ class OffloadedPagedKVCache(PagedKVCache):
         self.work_k = torch.zeros(pool, dtype=dtype, device=self.device)
         self.work_v = torch.zeros(pool, dtype=dtype, device=self.device)
         self.key_cache = self.value_cache = None  # no on-device pool per layer: that is the point
-        self.block_bytes = block_size * num_kv_heads * head_dim * self.work_k.element_size()  # one block, K or V
+        self.block_bytes = tensor_bytes(self.work_k[0])  # one block of one layer, K or V: (bs, nkv, hs)
         self.metadata = None
         self.num_tokens_held = self.num_blocks_held = 0
         self._plan: tuple[PagedAttentionMetadata, list[tuple[int, int]], torch.Tensor] | None = None  # md, runs, slots
@@ -169,14 +169,11 @@ class OffloadedPagedKVCache(PagedKVCache):
         if self._finalizer is not None:
             self._finalizer()
 
-    def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.work_k.element_size()
-
     def memory(self) -> CacheMemory:
         """offloaded = the whole pool in the tier; device = the one-layer working pool; used = tokens held."""
         per_token = self.bytes_per_token()
         offloaded = self.num_blocks * self.block_size * per_token
-        device = 2 * self.work_k.numel() * self.work_k.element_size()
+        device = tensor_bytes(self.work_k, self.work_v)
         used = self.num_tokens_held * per_token
         return CacheMemory(allocated_bytes=offloaded + device, used_bytes=used,
                            reserved_bytes=offloaded + device - used, device_bytes=device, offloaded_bytes=offloaded)

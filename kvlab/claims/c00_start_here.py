@@ -6,7 +6,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..experiments.slowdown import prefill_vs_decode, run_slowdown, slowdown_model
+from ..experiments.slowdown import prefill_vs_decode, run_slowdown
+from ..model.lessons import lesson_model
 from .framework import claim, frame_of
 
 NOTEBOOK = "00_start_here.ipynb"
@@ -14,7 +15,7 @@ NOTEBOOK = "00_start_here.ipynb"
 
 @functools.lru_cache(maxsize=1)
 def _example() -> pd.DataFrame:
-    return run_slowdown(slowdown_model(), prompt_tokens=32, max_new_tokens=40, caches=("dynamic",), repeats=2)
+    return run_slowdown(lesson_model(), prompt_tokens=32, max_new_tokens=40, caches=("dynamic",), repeats=2)
 
 
 @claim(NOTEBOOK, clock="wall", example=_example,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..device import LessonScale, lesson_scale
 from ..experiments.slowdown import run_slowdown, slowdown_fit, slowdown_model, slowdown_summary, step_curves
+from ..model.lessons import LessonScale, lesson_scale
 from .framework import claim, frame_of
 
 NOTEBOOK = "01_the_slowdown.ipynb"

@@ -32,7 +32,7 @@ def _accuracy(result: Any) -> pd.DataFrame:
 def _example() -> pd.DataFrame:
     """A small run of the panel's experiment: two contexts, few tokens, 8 recall questions at 32 pairs."""
     from ..tasks.recall import load_recall_model
-    from ..widgets.strategies import run_strategy_comparison
+    from ..experiments.strategies import run_strategy_comparison
 
     return run_strategy_comparison(load_recall_model(device="cpu"), pairs=(4, 32), new_tokens=6, repeats=1,
                                    examples=8, quality_prompts=2, group_size=32, link_gbps=1.0)
@@ -43,8 +43,7 @@ def _timing_example(seed: int = 0) -> pd.DataFrame:
     """The timed half of the panel's experiment alone (no recall questions), at the shortest and longest
     context the panel offers: what the wall-clock claims read, in a second or two."""
     from ..tasks.recall import load_recall_model
-    from ..widgets.strategies import DEFAULT_LINK_GBPS, strategy_settings, with_bytes_per_token
-    from ..experiments.strategies import run_strategies
+    from ..experiments.strategies import DEFAULT_LINK_GBPS, run_strategies, strategy_settings, with_bytes_per_token
 
     model = load_recall_model(device="cpu")
     settings = strategy_settings(("dynamic", "quantized", "offloaded"), bits=(8, 4, 2), residual=0, group_size=32,
@@ -384,9 +383,9 @@ def compiled_step_is_faster(compiled: dict) -> dict:
 def _offload_load_example(seed: int = 0):
     """A smaller ``offload_under_load``: twelve requests through four slots, both runs in a few seconds."""
     from ..experiments.offload_load import offload_under_load
-    from ..experiments.slowdown import slowdown_model
+    from ..model.lessons import lesson_model
 
-    return offload_under_load(slowdown_model(), n=12, max_seqs=4, prompt_tokens=160, max_new_tokens=24, seed=seed)
+    return offload_under_load(lesson_model(), n=12, max_seqs=4, prompt_tokens=160, max_new_tokens=24, seed=seed)
 
 
 def _spread(result: Any, run: str, measure: str) -> dict:

@@ -10,9 +10,9 @@ import pandas as pd
 
 from ..experiments.four_clocks import cold_vs_warm, mean_vs_tail, run_journey, run_mixed_load
 from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
-from ..experiments.slowdown import slowdown_model
 from ..experiments.tokens_words import (BPE, BYTE, REFERENCE, count_tokens, lesson_tokenizers, tokens_per_second,
                                         words_per_second)
+from ..model.lessons import lesson_model
 from .framework import claim, frame_of
 
 NOTEBOOK = "04_four_clocks.ipynb"
@@ -33,7 +33,7 @@ def _watched(frame: pd.DataFrame) -> pd.Series:
 # -- one request's journey (wall clock, the panel's run) ----------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _journey_example(seed: int = 0) -> pd.DataFrame:
-    return runs_frame([run_journey(slowdown_model(), n_ahead=2, max_seqs=1, prompt_tokens=16, max_new_tokens=8,
+    return runs_frame([run_journey(lesson_model(), n_ahead=2, max_seqs=1, prompt_tokens=16, max_new_tokens=8,
                                    ahead_prompt_tokens=64, ahead_new_tokens=12, seed=seed)])
 
 
@@ -52,7 +52,7 @@ def watched_ttft_is_mostly_queue(result: Any) -> dict:
 # -- the same journey on a fixed step cost (virtual clock) ---------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _exact_example() -> ServingRun:
-    return run_journey(slowdown_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
+    return run_journey(lesson_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 
 
 @claim(NOTEBOOK, clock="deterministic", example=_exact_example,
@@ -128,7 +128,7 @@ def first_request_extra_is_small(frame: pd.DataFrame) -> dict:
 # -- why a mean hides the wait (wall clock) -----------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _mixed_example(seed: int = 1) -> ServingRun:
-    return run_mixed_load(slowdown_model(), n=16, seed=seed)
+    return run_mixed_load(lesson_model(), n=16, seed=seed)
 
 
 def _ttft(result: Any) -> tuple[dict, int]:

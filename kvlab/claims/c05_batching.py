@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..experiments.batching import batch_wait_runs, batching_table, compare_policies
 from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
-from ..experiments.slowdown import slowdown_model
+from ..model.lessons import lesson_model
 from .framework import claim, frame_of
 
 NOTEBOOK = "05_batching.ipynb"
@@ -39,7 +39,7 @@ def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
 # -- the panel's runs (wall clock) --------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _panel_example(seed: int = 0) -> pd.DataFrame:
-    return runs_frame(compare_policies(slowdown_model(), lengths=("mixed",), n=8, max_seqs=4, prompt_tokens=16,
+    return runs_frame(compare_policies(lesson_model(), lengths=("mixed",), n=8, max_seqs=4, prompt_tokens=16,
                                        max_new_tokens=12, seed=seed))
 
 
@@ -63,7 +63,7 @@ def a_batched_step_costs_less_than_separate_steps(result: Any) -> dict:
 
 @functools.lru_cache(maxsize=4)
 def _policies_example(seed: int = 0) -> pd.DataFrame:
-    return batching_table(compare_policies(slowdown_model(), n=8, max_seqs=4, prompt_tokens=32, max_new_tokens=24,
+    return batching_table(compare_policies(lesson_model(), n=8, max_seqs=4, prompt_tokens=32, max_new_tokens=24,
                                            seed=seed))
 
 
@@ -117,7 +117,7 @@ def equal_lengths_same_schedule(result: Any) -> dict:
 # -- the same runs on a fixed step cost (virtual clock) ------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _exact_example() -> list[ServingRun]:
-    return compare_policies(slowdown_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
+    return compare_policies(lesson_model(), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 
 
 @claim(NOTEBOOK, clock="deterministic", example=_exact_example,
@@ -183,7 +183,7 @@ def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[Servin
 # -- the batch-wait knob on the real model (wall clock) ------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _knob_example(seed: int = 0) -> list[ServingRun]:
-    return batch_wait_runs(slowdown_model(), waits=(0.0, 0.3), rate=12.0, n=8, max_seqs=4, max_new_tokens=8,
+    return batch_wait_runs(lesson_model(), waits=(0.0, 0.3), rate=12.0, n=8, max_seqs=4, max_new_tokens=8,
                            seed=seed)
 
 
@@ -237,7 +237,7 @@ def continuous_batches_only_what_has_arrived(result: Any) -> dict:
 # -- the batch-wait knob on a fixed step cost (virtual clock) ------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _exact_knob_example() -> list[ServingRun]:
-    return batch_wait_runs(slowdown_model(), waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6,
+    return batch_wait_runs(lesson_model(), waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6,
                            executor=FixedStepCostExecutor(**KNOB_PRICES), clock="virtual")
 
 
@@ -299,7 +299,7 @@ def exact_arrivals_set_the_pace(result: Any) -> dict:
 def _scaling_example(seed: int = 0):
     from ..experiments.batch_scaling import batch_scaling
 
-    return batch_scaling(slowdown_model(), batch_sizes=(1, 2, 4, 8, 16), steps=3, repeats=3, prompts=4,
+    return batch_scaling(lesson_model(), batch_sizes=(1, 2, 4, 8, 16), steps=3, repeats=3, prompts=4,
                          prefill_tokens=16, seed=seed)
 
 

@@ -28,13 +28,13 @@ PROFILE_WORDS = {"short_short": "short chats", "long_short": "long prompts", "lo
 # -- small results of each kind, for the tests ------------------------------------------------------------
 @lru_cache(maxsize=2)
 def _check_example(seed: int = 0) -> pd.DataFrame:
-    from ..experiments.slowdown import slowdown_config
+    from ..model.lessons import lesson_config
     from ..serving.calibrate import calibrate
 
     from ..serving.sweep import estimate_capacity_rps
     from ..workload import make_workload
 
-    small = slowdown_config()  # as in the notebook, smaller: a shorter calibration, fewer requests
+    small = lesson_config()  # as in the notebook, smaller: a shorter calibration, fewer requests
     cost = calibrate(small, budget_s=1)
     sample = make_workload("short_short", 12, arrival="all_at_once", seed=seed)
     capacity = estimate_capacity_rps(cost, sample, max_seqs=16)
@@ -49,12 +49,12 @@ def _curves_example(seed: int = 0) -> pd.DataFrame:
 
 @lru_cache(maxsize=1)
 def _exact_example() -> pd.DataFrame:
-    import kvlab
+    from ..model.config import llama_30m
     from ..serving.cost_model import CostModel
 
     round_model = CostModel(coefficients=dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4,
                                               decode_seqs=1e-3, decode_kv_slots=1e-5, prefill_attention=1e-6),
-                            config=kvlab.llama_30m().to_dict(), settings={"block_size": 16})
+                            config=llama_30m().to_dict(), settings={"block_size": 16})
     return service_curve("mixture", rates=[1.0, 3.0, 6.0], requests=100, cost_model=round_model,
                          scheduler=scheduler_config(max_seqs=16, max_waiting=16))
 

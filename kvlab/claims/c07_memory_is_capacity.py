@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..experiments.capacity import (block_size_table, budget_for_tokens, capacity_levers, capacity_workload,
                                     paged_vs_reserved)
-from ..experiments.slowdown import slowdown_config
+from ..model.lessons import lesson_config
 from .framework import claim
 
 NOTEBOOK = "07_memory_is_capacity.ipynb"
@@ -20,7 +20,7 @@ NOTEBOOK = "07_memory_is_capacity.ipynb"
 @lru_cache(maxsize=1)
 def _setting():
     """The notebook's setting: the lesson model's config, 64 mixed requests, a budget of 8,192 tokens."""
-    cfg = slowdown_config()
+    cfg = lesson_config()
     return cfg, capacity_workload(cfg, n=64), budget_for_tokens(cfg, 8 * 1024)
 
 

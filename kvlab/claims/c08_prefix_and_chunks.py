@@ -10,8 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..experiments.capacity import (chunked_prefill_runs, chunked_prefill_table, preemption_runs, preemption_table,
-                                    prefix_caching_runs, prefix_caching_table)
+from ..experiments.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table, preemption_runs,
+                                             preemption_table, prefix_caching_runs, prefix_caching_table)
 from ..experiments.serving_run import FixedStepCostExecutor, ServingRun, lesson_model
 from .framework import claim
 
@@ -197,13 +197,13 @@ def chunks_delay_the_long_prompt(result: Any) -> dict:
 
 @lru_cache(maxsize=1)
 def _sample_trace() -> pd.DataFrame:
-    from ..widgets.prefix_traces import sample_frame
+    from ..experiments.prefix_traces import sample_frame
     return sample_frame()
 
 
 @lru_cache(maxsize=1)
 def _sample_curve() -> pd.DataFrame:
-    from ..widgets.prefix_traces import sample_curve
+    from ..experiments.prefix_traces import sample_curve
     return sample_curve()
 
 

@@ -58,13 +58,15 @@ def shipped(relative: str) -> Path:
 
 
 def missing_message(relative: str) -> str:
-    """What to say when the shipped ``relative`` is missing: where it was looked for and how to get it back."""
-    from ..course import pip_spec
+    """What to say when the shipped ``relative`` is missing: where it was looked for and how to get it back.
 
+    The reinstall is said in words, not as the course's pip spec (kvlab.course.pip_spec): data sits below
+    the course and does not import it.
+    """
     remake = REMAKE.get(relative.split("/")[0], "pass the path of your own copy")
     return (f"kvlab's shipped {relative} is missing from {data_dir()} (kvlab/data/{relative} in the repository): "
-            f"reinstall kvlab (pip install --force-reinstall --no-deps \"{pip_spec()}\", or pip install -e . "
-            f"in a checkout), or {remake}")
+            f"reinstall kvlab the way it was installed (pip install --force-reinstall --no-deps with the spec a "
+            f"notebook's setup cell installs, or pip install -e . in a checkout), or {remake}")
 
 
 __all__ = ["CALIBRATION", "MOONCAKE_SAMPLE_TRACE", "RECALL_TINY", "SAMPLE_TRACE", "data_dir", "data_path",

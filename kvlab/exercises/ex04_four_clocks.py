@@ -13,9 +13,9 @@ def _journey_clocks_at(step_s: float) -> tuple[float, float]:
     """(TTFT, E2E) of lesson 04's watched request when every engine step costs ``step_s`` (virtual clock)."""
     from ..experiments.four_clocks import journey_workload
     from ..experiments.serving_run import FixedStepCostExecutor, serve
-    from ..experiments.slowdown import slowdown_config
+    from ..model.lessons import lesson_config
 
-    config = slowdown_config()
+    config = lesson_config()
     requests = journey_workload(config.vocab_size)
     run = serve(config, requests, clock="virtual", executor=FixedStepCostExecutor(step_s), threads=None,
                 scheduler=_journey_scheduler())

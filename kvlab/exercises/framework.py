@@ -33,8 +33,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
-
 __all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "check_frame_function", "check_function", "check_number",
            "exercise", "exercises_for", "lazy", "multiple_choice", "right", "wrong"]
 
@@ -292,22 +290,3 @@ def check_frame_function(fn: Any, frames: Iterable[Any], reference: Callable[[An
                 return wrong(why)
         return wrong(f"on a test frame your function gave {got:.4g} where {expected:.4g} was expected: {mismatch}")
     return right(confirm)
-
-
-def _say(correct: bool, message: str) -> Feedback:
-    """The verdict of a hand-written checker (shown as one line when the checker ends a cell)."""
-    return Feedback(bool(correct), message)
-
-
-def _number(answer: Any, what: str) -> float | None:
-    """``answer`` as a float, or None after printing why it is not a number (the checker then returns False)."""
-    if _is_number(answer) or (isinstance(answer, np.generic) and np.issubdtype(type(answer), np.number)):
-        return float(answer)
-    print(wrong(f"{what} should be a number, got {answer!r}"))
-    return None
-
-
-def _close(a: float, b: float, rel: float = 5e-3) -> bool:
-    """Equal up to rounding (relative tolerance ``rel``)."""
-    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
-

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..benchmarks.decode import StepProductsProbe, machine_bandwidth, weight_bytes_per_step
+from ..measure.bandwidth import StepProductsProbe, machine_bandwidth, weight_bytes_per_step
 from ..cache.static import StaticCache
 from ..device import now
 from ..model.decoder import Decoder

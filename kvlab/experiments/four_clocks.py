@@ -110,10 +110,10 @@ def _child(t0: float, params: dict) -> None:
     import torch  # noqa: F401  (imports are the first phase measured)
 
     from ..model.decoder import build_model
-    from .slowdown import slowdown_config
+    from ..model.lessons import lesson_config
     t_import = time.perf_counter()
     set_torch_threads(params["threads"])
-    model = build_model(slowdown_config(), seed=params["seed"])
+    model = build_model(lesson_config(), seed=params["seed"])
     t_build = time.perf_counter()
     from ..serving.engine import Engine
     engine = Engine(model, block_size=16, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256))

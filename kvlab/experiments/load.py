@@ -24,46 +24,26 @@ from typing import Sequence
 import pandas as pd
 
 from ..clocks import SLO, summarize
-from ..model.config import ModelConfig, llama_30m, tiny_llama
+from ..model.config import PRESETS, ModelConfig, preset
 from ..model.decoder import build_model
-from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from ..model.lessons import lesson_config
+from ..serving.cost_model import CostModel, load_calibration
 from ..serving.engine import Engine
 from ..serving.scheduler import SchedulerConfig
+from ..serving.scheduler_cli import add_scheduler_arguments
 from ..serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
 from ..workload import PROFILE_NAMES, Request, make_workload
 from .progress import Progress, no_progress
-from .slowdown import slowdown_config
+# the set-up lesson 08 shares (its home); DEFAULT_SLO, scheduler_config and simulator stay importable from here
+from .sweep_settings import (DEFAULT_SLO, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config, simulator,
+                             sweep_settings)
 from ..threads import torch_threads
 
-CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
-DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
 KEEPS_UP_RATIO = 0.9  # a level keeps up when >= 90% of the requests/s sent are served (as in mark_knee)
-MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
 
 
 def _config(config: str | ModelConfig) -> ModelConfig:
-    if isinstance(config, ModelConfig):
-        return config
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}; choose one of {', '.join(CONFIGS)}")
-    return CONFIGS[config]()
-
-
-def scheduler_config(policy: str = "continuous", priority: str = "decode_first", max_seqs: int = 16,
-                     max_batch_tokens: int = 512, max_waiting: int | None = 64, batch_wait_s: float = 0.0,
-                     max_model_len: int = MAX_MODEL_LEN) -> SchedulerConfig:
-    """The lesson's scheduler settings (a bounded queue by default, so overload shows up as failures)."""
-    return SchedulerConfig(policy=policy, priority=priority, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
-                           max_waiting=max_waiting, batch_wait_s=batch_wait_s, max_model_len=max_model_len)
-
-
-def simulator(cost_model: CostModel | None = None, scheduler: SchedulerConfig | None = None,
-              block_size: int | None = None, kv_budget_bytes: int | None = None) -> Engine:
-    """An Engine with no weights whose steps are priced by ``cost_model`` (default: the shipped llama-30m one)."""
-    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
-    config = ModelConfig(**cost_model.config)
-    return Engine(config, block_size=block_size or cost_model.block_size, kv_budget_bytes=kv_budget_bytes,
-                  scheduler=scheduler or scheduler_config(), executor=CostModelExecutor(cost_model))
+    return config if isinstance(config, ModelConfig) else preset(config)
 
 
 def _workload(profile: str, requests: int, seed: int, max_context: int, arrival: str = "all_at_once",
@@ -248,14 +228,14 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
                       progress: Progress = no_progress) -> pd.DataFrame:
     """The same load levels served by the real decoder (wall clock) and by the cost model (virtual clock).
 
-    ``config`` defaults to the serving lessons' ~3M-parameter Llama (``slowdown_config()``): its
+    ``config`` defaults to the serving lessons' ~3M-parameter Llama (``lesson_config()``): its
     steps take milliseconds, long enough that a busy machine's jitter does not drown them, short
     enough that a real level lasts seconds. ``cost_model`` should be calibrated on this machine
     for ``config`` (``calibrate(config)``; default: the shipped calibration of that config, if
     any). Rows carry ``source`` "real" or "simulated". Real levels run in real time: keep
     ``requests`` / rate small.
     """
-    config = slowdown_config() if config is None else _config(config)
+    config = lesson_config() if config is None else _config(config)
     cost_model = load_calibration(config.name) if cost_model is None else cost_model
     if cost_model.config_name != config.name:
         raise ValueError(f"the cost model was calibrated on {cost_model.config_name!r}, not {config.name!r}; "
@@ -312,14 +292,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--levels", type=int, default=10, help="levels when --rates is not given (default 10)")
     parser.add_argument("--requests", type=int, help="requests per level (default 500 simulated, 30 real; "
                                                      "with --trace: all of it simulated, its first 30 real)")
-    parser.add_argument("--config", choices=sorted(CONFIGS),
+    parser.add_argument("--config", choices=sorted(PRESETS),
                         help="model config (default llama-30m simulated, tiny real)")
     parser.add_argument("--calibration", type=Path, metavar="PATH",
                         help="cost model JSON (default: the one shipped in kvlab/data/calibration/)")
-    parser.add_argument("--policy", choices=("continuous", "static"), default="continuous")
-    parser.add_argument("--priority", choices=("decode_first", "prefill_first"), default="decode_first")
-    parser.add_argument("--max-seqs", type=int, default=16)
-    parser.add_argument("--max-waiting", type=int, default=64, help="queue bound; 0 = unbounded (default 64)")
+    # scheduler_config's bounded queue; the token budget and max_model_len are set in sweep_settings
+    add_scheduler_arguments(parser, ("policy", "priority", "max_seqs", "max_waiting"), max_waiting=MAX_WAITING)
     parser.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO.ttft_s, help="TTFT target, s")
     parser.add_argument("--slo-tpot", type=float, default=DEFAULT_SLO.tpot_s, help="TPOT target, s")
     parser.add_argument("--seed", type=int, default=0)
@@ -333,28 +311,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="divide the trace's lengths by this (Mooncake: 1, 2, 4, 8, 16, ...; default 1)")
 
 
-def parse_rates(text: str) -> list[float]:
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--rates {text!r}: give numbers separated by commas, e.g. 0.5,1,2,4") from None
-    return rates
-
-
-def sweep_settings(args: argparse.Namespace) -> tuple[ModelConfig, CostModel, SchedulerConfig, SLO]:
-    """The model, its step prices, the scheduler and the SLO a sweep's options name (profiles or a trace)."""
-    config = _config(args.config or ("llama-30m" if args.simulate else "tiny"))
-    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
-    scheduler = scheduler_config(args.policy, args.priority, args.max_seqs, max(512, args.max_seqs),
-                                 args.max_waiting or None)
-    return config, cost_model, scheduler, SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
-
-
 def main(args: argparse.Namespace) -> int:
     from ..results_io import save_results
 
     if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
-        from .prefix_traces import trace_sweep_main
         return trace_sweep_main(args)
     config, cost_model, scheduler, slo = sweep_settings(args)
     profiles = args.profile or (list(PROFILE_NAMES) if args.simulate else ["short_short"])
@@ -396,6 +356,57 @@ def main(args: argparse.Namespace) -> int:
                     "rates": args.rates or "auto", "engine": frames[0].attrs.get("settings"), "slo": slo.targets(),
                     "knee_rule": frame.attrs.get("knee_rule") or {"min_throughput_ratio": 0.9},
                     "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds, "load_average_1m": load,
+                    "cost_model_environment": cost_model.environment}
+        save_results(args.json, frame, settings)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def trace_sweep_main(args) -> int:
+    """``python -m kvlab sweep --trace PATH``: the options of ``sweep``, a trace (lesson 08's replay) for the workload."""
+    from ..results_io import save_results
+    from ..traces import detect_format
+    from .prefix_traces import clipped_requests, trace_curve
+
+    config, cost_model, scheduler, slo = sweep_settings(args)
+    try:
+        rates = parse_rates(args.rates) if args.rates else None
+        trace_format = args.trace_format or detect_format(args.trace)
+        clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if args.simulate:
+        engine = simulator(cost_model, scheduler)
+    else:
+        engine = Engine(build_model(config, seed=args.seed), scheduler=scheduler, block_size=cost_model.block_size)
+    requests = args.requests or (None if args.simulate else 30)
+    if clipped:
+        print(f"note: {clipped} requests of {args.trace} do not fit max_model_len={engine.max_model_len} at "
+              f"--length-scale {args.length_scale:g}; their prompts are cut (raise --length-scale to keep them whole)",
+              file=sys.stderr)
+    print(f"{args.trace} ({trace_format}, lengths / {args.length_scale:g}): "
+          f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        with torch_threads(args.threads):
+            frame = trace_curve(args.trace, rates, trace_format, args.length_scale, requests, engine, cost_model,
+                                args.levels, args.seed, slo, "virtual" if args.simulate else "wall")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    cols = ["offered_rps", "time_scale", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
+            "tpot_p50_s", "failure_rate", "token_hit_ratio", "prefill_tokens_computed", "keeps_up", "is_knee"]
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print(f"{len(frame)} levels x {frame.attrs['requests']} requests of {Path(args.trace).name} "
+          f"in {seconds:.1f} s wall, "
+          f"{cpu_seconds:.1f} s CPU ({'virtual time, cost model' if args.simulate else 'real time, ' + config.name})")
+    if args.json:
+        settings = {"simulate": args.simulate, "config": config.name, "trace": str(args.trace),
+                    "trace_format": trace_format, "length_scale": args.length_scale,
+                    "trace_rps": frame.attrs["trace_rps"], "requests": frame.attrs["requests"],
+                    "rates": args.rates or "auto", "engine": frame.attrs.get("settings"), "slo": slo.targets(),
+                    "knee_rule": frame.attrs.get("knee_rule"), "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds,
                     "cost_model_environment": cost_model.environment}
         save_results(args.json, frame, settings)
         print(f"wrote {args.json}", file=sys.stderr)

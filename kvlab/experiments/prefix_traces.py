@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
+from functools import lru_cache
 import time
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -44,10 +44,10 @@ from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
 from ..serving.scheduler import SchedulerConfig
 from ..serving.sweep import auto_rates, estimate_capacity_rps, level_row, mark_knee
-from ..traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncake_frame, read_any_trace,
-                      replay_trace_file, trace_rate, trace_requests)
+from ..traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncake_frame, read_any_trace, replay_trace,
+                      trace_rate, trace_requests)
 from ..workload import Request
-from .load import DEFAULT_SLO, MAX_MODEL_LEN, scheduler_config, simulator
+from .sweep_settings import DEFAULT_SLO, MAX_MODEL_LEN, scheduler_config, simulator
 from .progress import Progress, no_progress
 
 SAMPLE_LENGTH_SCALE = 16  # the shipped sample's prompts (median ~3,800 tokens, at most ~12,900) / 16 fit 1024
@@ -171,7 +171,7 @@ def reachable_hits(requests: Sequence[Request], block_size: int) -> pd.DataFrame
 # -- 3 and 4. the engine -----------------------------------------------------------------------------
 def trace_engine(kv_blocks: int | None = None, prefix_caching: bool = True, cost_model: CostModel | None = None,
                  scheduler: SchedulerConfig | None = None) -> Engine:
-    """The simulator (``kvlab.experiments.load.simulator``) with ``kv_blocks`` blocks of KV and an unbounded queue.
+    """The simulator (``kvlab.experiments.sweep_settings.simulator``) with ``kv_blocks`` blocks of KV and an unbounded queue.
 
     ``kv_blocks`` None: the default pool (max_seqs requests of max_model_len tokens).
     """
@@ -290,6 +290,22 @@ def caching_on_off(frame: pd.DataFrame | None = None, rate: float | None = None,
     return out[first + [c for c in out if c not in first]]
 
 
+# -- the shipped sample, as lesson 08 replays it -------------------------------------------------------
+def sample_frame() -> pd.DataFrame:
+    """The shipped Mooncake sample as replayed: lengths / 16, cut to the simulator's 1024-token context."""
+    return mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=SAMPLE_LENGTH_SCALE, max_context=MAX_MODEL_LEN)
+
+
+@lru_cache(maxsize=2)
+def _sample_curve(points: int) -> pd.DataFrame:
+    return capacity_curve(sample_frame(), points=points)
+
+
+def sample_curve(points: int = 8) -> pd.DataFrame:
+    """``capacity_curve`` of the sample at its own pace: the same on every run, so computed once (a copy each call)."""
+    return _sample_curve(points).copy()
+
+
 # -- a service curve of a trace ------------------------------------------------------------------------
 def trace_curve(path: str | Path, rates: Sequence[float] | None = None, trace_format: str | None = None,
                 length_scale: float = 1.0, requests: int | None = None, engine: Engine | None = None,
@@ -308,8 +324,8 @@ def trace_curve(path: str | Path, rates: Sequence[float] | None = None, trace_fo
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
     engine = simulator(cost_model, scheduler_config()) if engine is None else engine
     trace_format = detect_format(path) if trace_format is None else trace_format
-    base = replay_trace_file(path, trace_format, length_scale=length_scale, max_requests=requests,
-                             vocab_size=engine.config.vocab_size, max_context=engine.max_model_len, seed=seed)
+    base = replay_trace(path, trace_format=trace_format, length_scale=length_scale, max_requests=requests,
+                        vocab_size=engine.config.vocab_size, max_context=engine.max_model_len, seed=seed)
     native = trace_rate(base)
     if rates is None:  # around the capacity the cost model estimates for the prompt tokens a prefix cache leaves
         left = base
@@ -346,58 +362,6 @@ def clipped_requests(path: str | Path, trace_format: str | None, length_scale: f
     return int((prompt + out > max_context).sum())
 
 
-def trace_sweep_main(args) -> int:
-    """``python -m kvlab sweep --trace PATH``: the options of ``kvlab.experiments.load``, a trace for the workload."""
-    from ..model.decoder import build_model
-    from ..results_io import save_results
-    from .load import parse_rates, sweep_settings
-    from ..threads import torch_threads
-
-    config, cost_model, scheduler, slo = sweep_settings(args)
-    try:
-        rates = parse_rates(args.rates) if args.rates else None
-        trace_format = args.trace_format or detect_format(args.trace)
-        clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    if args.simulate:
-        engine = simulator(cost_model, scheduler)
-    else:
-        engine = Engine(build_model(config, seed=args.seed), scheduler=scheduler, block_size=cost_model.block_size)
-    requests = args.requests or (None if args.simulate else 30)
-    if clipped:
-        print(f"note: {clipped} requests of {args.trace} do not fit max_model_len={engine.max_model_len} at "
-              f"--length-scale {args.length_scale:g}; their prompts are cut (raise --length-scale to keep them whole)",
-              file=sys.stderr)
-    print(f"{args.trace} ({trace_format}, lengths / {args.length_scale:g}): "
-          f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    try:
-        with torch_threads(args.threads):
-            frame = trace_curve(args.trace, rates, trace_format, args.length_scale, requests, engine, cost_model,
-                                args.levels, args.seed, slo, "virtual" if args.simulate else "wall")
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    cols = ["offered_rps", "time_scale", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
-            "tpot_p50_s", "failure_rate", "token_hit_ratio", "prefill_tokens_computed", "keeps_up", "is_knee"]
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    print(f"{len(frame)} levels x {frame.attrs['requests']} requests of {Path(args.trace).name} "
-          f"in {seconds:.1f} s wall, "
-          f"{cpu_seconds:.1f} s CPU ({'virtual time, cost model' if args.simulate else 'real time, ' + config.name})")
-    if args.json:
-        settings = {"simulate": args.simulate, "config": config.name, "trace": str(args.trace),
-                    "trace_format": trace_format, "length_scale": args.length_scale,
-                    "trace_rps": frame.attrs["trace_rps"], "requests": frame.attrs["requests"],
-                    "rates": args.rates or "auto", "engine": frame.attrs.get("settings"), "slo": slo.targets(),
-                    "knee_rule": frame.attrs.get("knee_rule"), "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds,
-                    "cost_model_environment": cost_model.environment}
-        save_results(args.json, frame, settings)
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
-
-
 __all__ = ["SAMPLE_LENGTH_SCALE", "SHARED_MIN_REQUESTS", "caching_on_off", "capacity_curve", "clipped_requests",
            "engine_hits", "footprint_blocks", "hit_sources", "hit_sources_table", "ideal_hit_ratio", "prefix_sharing",
-           "reachable_hits", "replay_row", "trace_curve", "trace_engine"]
+           "reachable_hits", "replay_row", "sample_curve", "sample_frame", "trace_curve", "trace_engine"]

@@ -22,12 +22,12 @@ import pandas as pd
 from ..clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from ..model.config import ModelConfig
 from ..model.decoder import Decoder
+from ..model.lessons import lesson_model  # the serving lessons' model; notebooks 04, 05, 07, 08 import it here
 from ..serving.engine import Engine
 from ..serving.executor import Executor, StepResult
 from ..serving.scheduler import SchedulerConfig, SchedulerOutput
 from ..threads import torch_threads
 from ..workload import Request
-from .slowdown import slowdown_model
 
 
 class FixedStepCostExecutor(Executor):
@@ -109,14 +109,6 @@ def tokens_frame(requests: pd.DataFrame) -> pd.DataFrame:
         for i, t in enumerate(stamps):
             rows.append((getattr(row, "run", ""), row.request_id, i, t, t - stamps[i - 1] if i else np.nan))
     return pd.DataFrame(rows, columns=["run", "request_id", "token", "t_s", "gap_s"])
-
-
-def lesson_model() -> Decoder:
-    """The Llama of lesson 01 (random weights), built once: the serving lessons' model.
-
-    ~3M parameters on CPU; on a GPU the ~90M-parameter one of ``kvlab.device.lesson_scale()``.
-    """
-    return slowdown_model()
 
 
 def make_engine(model_or_config: Decoder | ModelConfig, *, executor: Executor | None = None,

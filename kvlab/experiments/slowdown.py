@@ -8,7 +8,6 @@ through the model) that explains it.
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import numpy as np
@@ -16,34 +15,12 @@ import pandas as pd
 import torch
 
 from ..cache import CACHE_NAMES
-from ..device import lesson_scale
-from ..generate import check_generation_args, generate
-from ..model.config import ModelConfig, tiny_llama
-from ..model.decoder import Decoder, build_model
+from ..generate import GenerationConfig, check_generation, generate
+from ..model.decoder import Decoder
+# lesson 01's names for the lesson model (notebooks 01 and 06 import them from here)
+from ..model.lessons import lesson_config as slowdown_config, lesson_model as slowdown_model, lesson_scale
 from .progress import Progress, no_progress
 from ..threads import torch_threads
-
-
-def slowdown_config(**overrides) -> ModelConfig:
-    """The ~3M-parameter Llama of lesson 01 (hidden 256, 4 layers, 8 heads, 4 KV heads).
-
-    Small enough that a run of 200 uncached tokens takes seconds, not minutes, on 2 CPU cores;
-    big enough that an uncached step over a few hundred tokens takes clearly longer than a
-    cached one (``run_slowdown`` measures both on the machine at hand). On a GPU the lesson
-    model is the ~90M-parameter one of ``kvlab.device.lesson_scale()`` instead (hidden 1024,
-    8 layers): at 3M parameters a GPU step costs its kernel launches whatever the context.
-    """
-    return tiny_llama(**{**lesson_scale().model, **overrides})
-
-
-def slowdown_model(seed: int = 0) -> Decoder:
-    """The lesson's model with seeded random weights, built once per seed (timing needs no training)."""
-    return _built_model(seed, lesson_scale().device)
-
-
-@functools.lru_cache(maxsize=4)
-def _built_model(seed: int, scale: str) -> Decoder:  # one per seed and device scale
-    return build_model(slowdown_config(), seed=seed)
 
 
 def prompt_ids(model: Decoder, prompt_tokens: int, seed: int = 0) -> list[int]:
@@ -77,7 +54,7 @@ def check_slowdown_args(model: Decoder, prompt_tokens: int, max_new_tokens: int,
         raise ValueError(f"caches is empty; give at least one of {', '.join(CACHE_NAMES)}")
     ids = [0] * prompt_tokens
     for cache in caches:
-        check_generation_args(model, ids, cache, max_new_tokens, 0.0, None, None, {})
+        check_generation(model, ids, cache, GenerationConfig(max_new_tokens=max_new_tokens))
 
 
 def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None, max_new_tokens: int | None = None,
@@ -92,7 +69,7 @@ def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None,
     ``threads`` CPU threads are used during the run (1 by default, see ``threads.py``; None keeps
     torch's setting); ``frame.attrs`` records it with the model, device and settings.
     ``prompt_tokens`` and ``max_new_tokens`` default to the model's device's lesson sizes
-    (``kvlab.device.lesson_scale``): 32 and 200 on CPU.
+    (``kvlab.model.lessons.lesson_scale``): 32 and 200 on CPU.
     """
     model = slowdown_model(seed) if model is None else model
     scale = lesson_scale(model.device)

@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from ..benchmarks.rounds import paired_ratio, rotated
+from ..measure.rounds import paired_ratio, rotated
 from ..cache.static import FixedShapeStaticCache  # lives beside StaticCache; re-exported here
 from ..device import pick_device
 from ..generate import encode_prompt, generate, prefill
@@ -139,7 +139,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
     After the compiling call, eager and compiled decode the prompt once per round, for ``rounds``
-    rounds in alternating order (kvlab/benchmarks/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
+    rounds in alternating order (kvlab/measure/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
     step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
     slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
     each over all rounds, and the seconds the first compiled call took (tracing + code generation +

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import httpx
-import numpy as np
 import pandas as pd
 
 from kvlab.clocks import RequestRecord, quantiles
@@ -87,9 +86,3 @@ def measure_http_overhead(url: str, num_requests: int = 40, rate: float = 4.0, m
     frame = compare_clocks(result, fetch_engine_records(url))
     frame.attrs["settings"] = {**result.settings, "rate": rate, "max_new_tokens": max_new_tokens}
     return frame
-
-
-def median_ms(values) -> float:
-    """Median in milliseconds (NaN if empty)."""
-    values = np.asarray(values, dtype=float)
-    return float(np.median(values) * 1e3) if values.size else float("nan")

@@ -64,7 +64,7 @@ from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from kvlab.http.client import ConnectionLanes, stream_request
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.results_io import save_results
-from kvlab.traces import replay_trace_file
+from kvlab.traces import replay_trace
 from kvlab.workload import Request, make_workload
 
 PROMPT_FORMATS = ("tokens", "text")
@@ -97,9 +97,9 @@ def http_workload(
     seed, scale=..., max_context=..., shared_prefix_tokens=...)`.
     """
     if trace is not None:
-        requests = replay_trace_file(trace, trace_format, time_scale=time_scale, length_scale=length_scale,
-                                     max_requests=num_requests, vocab_size=PRINTABLE_COUNT,
-                                     max_context=max_context, seed=seed)
+        requests = replay_trace(trace, trace_format=trace_format, time_scale=time_scale, length_scale=length_scale,
+                                max_requests=num_requests, vocab_size=PRINTABLE_COUNT, max_context=max_context,
+                                seed=seed)
     else:
         requests = make_workload(profile, num_requests, arrival=arrival, rate=rate, burstiness=burstiness,
                                  seed=seed, vocab_size=PRINTABLE_COUNT, max_context=max_context, scale=scale,

@@ -20,6 +20,7 @@ from kvlab.clocks import SLO, Summary
 from kvlab.http.loadgen import PROMPT_FORMATS, LoadTestResult, http_workload, run_loadtest
 from kvlab.traces import TRACE_FORMATS
 from kvlab.workload import ARRIVALS, PROFILE_NAMES, Request
+from kvlab.command_args import command_args
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,10 +91,7 @@ def format_summary(result: LoadTestResult, summary: Summary) -> str:
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """`python -m kvlab loadtest ...` (parsed options, or a list of words to parse)."""
-    if not isinstance(args, argparse.Namespace):
-        parser = argparse.ArgumentParser(prog="python -m kvlab loadtest", description=__doc__.splitlines()[0])
-        add_arguments(parser)
-        args = parser.parse_args(args)
+    args = command_args(args, "python -m kvlab loadtest", __doc__, add_arguments)
     requests, settings = workload_from_args(args)
     slo_targets = {k: v for k, v in (("ttft_s", args.slo_ttft), ("tpot_s", args.slo_tpot)) if v is not None}
     slo = SLO(**slo_targets) if slo_targets else None

@@ -42,12 +42,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvlab.http.engine_loop import AsyncEngine, EngineRejected, RequestStream
 from kvlab.http.protocol import APIError, CompletionRequest, ResponseShape, parse_request, sse
+from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.serving import Engine, POLICIES, PRIORITIES, SamplingParams, SchedulerConfig
+from kvlab.serving import Engine, SamplingParams
+from kvlab.serving.scheduler_cli import add_scheduler_arguments, scheduler_config_from_args
 from kvlab.workload import Request as WorkloadRequest
+from kvlab.command_args import command_args
 
 log = logging.getLogger("kvlab.serve")
-PRESETS = ("tiny_llama", "tiny_gpt2", "llama_30m")
 OUTCOMES = ("completed", "rejected_queue_full", "invalid_request", "model_not_found", "cancelled", "failed")
 
 
@@ -56,22 +58,23 @@ def load_model(model: str | None = None, seed: int = 0, device: str | None = Non
 
     Without `model`: the recall-tiny checkpoint shipped inside kvlab (kvlab/data/recall-tiny); if
     it is missing, FileNotFoundError says how to get it back (never a silent random stand-in). A
-    preset name (`tiny_llama`, `tiny_gpt2`, `llama_30m`) builds that config with seeded random
-    weights; anything else is loaded with `kvlab.from_pretrained`.
+    preset name (a key of `kvlab.model.config.PRESETS`, "_" or "-": `tiny_llama`, `tiny-gpt2`, `llama-30m`)
+    builds that config with seeded random weights; anything else is loaded with `kvlab.from_pretrained`.
     """
-    import kvlab
+    from kvlab.model.decoder import build_model
+    from kvlab.model.loading import from_pretrained
     from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
 
     if model is None:
         decoder = load_recall_model(device=device)  # raises, naming the fix, if the checkpoint is missing
         log.info("serving the shipped checkpoint %s", RECALL_MODEL_DIR)
         return decoder, "recall-tiny"
-    if model in PRESETS:
-        return kvlab.build_model(getattr(kvlab, model)(), seed=seed, device=device), model.replace("_", "-")
+    if model.replace("_", "-") in PRESETS:
+        return build_model(preset(model), seed=seed, device=device), model.replace("_", "-")
     path = Path(model)
     if not path.is_dir():
         raise ValueError(f"--model {model!r} is neither a checkpoint directory nor a preset ({', '.join(PRESETS)})")
-    return kvlab.from_pretrained(path, device=device), path.name
+    return from_pretrained(path, device=device), path.name
 
 
 class ServerState:
@@ -305,14 +308,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: kvlab.pick_device)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     s = p.add_argument_group("scheduling (kvlab.serving.SchedulerConfig)")
-    s.add_argument("--policy", choices=POLICIES, default="continuous")
-    s.add_argument("--priority", choices=PRIORITIES, default="decode_first")
-    s.add_argument("--max-seqs", type=int, default=16)
-    s.add_argument("--max-batch-tokens", type=int, default=512)
-    s.add_argument("--no-chunked-prefill", action="store_true")
-    s.add_argument("--max-waiting", type=int, default=64, help="queue bound; beyond it 429 + Retry-After")
-    s.add_argument("--max-model-len", type=int, default=None, help="prompt + max_tokens (default: the context)")
-    s.add_argument("--batch-wait-s", type=float, default=0.0, help="static batching: wait this long to fill")
+    # SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
+    add_scheduler_arguments(s, max_waiting=64, help={"max_waiting": "beyond it 429 + Retry-After"})
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--kv-budget-mb", type=float, default=None, help="KV pool size (default: max-seqs full requests)")
     s.add_argument("--no-prefix-caching", action="store_true")
@@ -327,10 +324,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
 
     set_torch_threads(args.threads or None)
     model, name = load_model(args.model, args.seed, args.device)
-    scheduler = SchedulerConfig(policy=args.policy, priority=args.priority, max_seqs=args.max_seqs,
-                                max_batch_tokens=args.max_batch_tokens, chunked_prefill=not args.no_chunked_prefill,
-                                max_waiting=args.max_waiting, max_model_len=args.max_model_len,
-                                batch_wait_s=args.batch_wait_s)
+    scheduler = scheduler_config_from_args(args)
     budget = int(args.kv_budget_mb * 2**20) if args.kv_budget_mb else None
     engine = Engine(model, block_size=args.block_size, kv_budget_bytes=budget, scheduler=scheduler,
                     enable_prefix_caching=not args.no_prefix_caching, seed=args.seed)
@@ -341,10 +335,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Serve until interrupted."""
     import uvicorn
 
-    if not isinstance(args, argparse.Namespace):
-        parser = argparse.ArgumentParser(prog="python -m kvlab serve", description=__doc__.splitlines()[0])
-        add_arguments(parser)
-        args = parser.parse_args(args)
+    args = command_args(args, "python -m kvlab serve", __doc__, add_arguments)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine, name = build_engine(args)
     app = create_app(engine, name, retry_after_s=args.retry_after)

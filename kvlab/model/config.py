@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from ..cache.base import kv_cache_bytes
 
 ARCHITECTURES = ("llama", "gpt2")
 
@@ -50,8 +53,11 @@ class ModelConfig:
         return self.hidden_size // self.num_heads
 
     def kv_bytes_per_token(self, bytes_per_element: int = 4) -> int:
-        """Bytes of K and V one token occupies across all layers: 2 x layers x kv_heads x head_dim x bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element
+        """Bytes of K and V one token occupies across all layers: 2 x layers x kv_heads x head_dim x bytes.
+
+        The memory formula itself is ``kvlab.cache.base.kv_cache_bytes``: this is its value for one token.
+        """
+        return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, 1, bytes_per_element)
 
     def num_parameters(self) -> int:
         """Parameter count implied by the config (embeddings counted once when tied)."""
@@ -94,6 +100,20 @@ def tiny_gpt2(**overrides) -> ModelConfig:
                 intermediate_size=256, max_position_embeddings=1024, tie_word_embeddings=True,
                 name="tiny-gpt2")
     return ModelConfig(**{**base, **overrides})
+
+
+# Every preset by the name the commands take (--config of sweep, calibrate and the benchmarks; serve's --model,
+# which also reads "_" as "-": tiny_llama). "tiny" is the short name the commands have always taken for tiny_llama.
+PRESETS: dict[str, Callable[..., ModelConfig]] = {"llama-30m": llama_30m, "tiny": tiny_llama,
+                                                  "tiny-llama": tiny_llama, "tiny-gpt2": tiny_gpt2}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """The config of the preset ``name`` (a key of ``PRESETS``; "_" reads as "-"), with ``overrides`` applied."""
+    factory = PRESETS.get(name.replace("_", "-")) if isinstance(name, str) else None
+    if factory is None:
+        raise ValueError(f"unknown config {name!r}; choose one of {', '.join(PRESETS)}")
+    return factory(**overrides)
 
 
 # Published configurations, for the memory calculator (no weights needed to count cache bytes).

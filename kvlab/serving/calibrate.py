@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..clocks import RequestRecord
-from ..model.config import ModelConfig, llama_30m, tiny_llama
+from ..model.config import PRESETS, ModelConfig, preset
 from ..model.decoder import Decoder, build_model
 from ..results_io import write_json
 from ..threads import torch_threads
@@ -38,7 +38,6 @@ from .executor import ModelExecutor
 from .scheduler import SchedulerOutput
 from .sequence import SamplingParams, Sequence
 
-CONFIGS = {"llama-30m": llama_30m, "tiny": tiny_llama}
 MIN_REPEATS, MAX_REPEATS = 3, 50
 
 
@@ -201,9 +200,7 @@ def _model_for(config: ModelConfig | Decoder | str, seed: int = 0) -> Decoder:
     if isinstance(config, Decoder):
         return config
     if isinstance(config, str):
-        if config not in CONFIGS:
-            raise ValueError(f"unknown config {config!r}; choose one of {', '.join(CONFIGS)}")
-        config = CONFIGS[config]()
+        config = preset(config)  # raises for an unknown name, naming the presets
     if not isinstance(config, ModelConfig):
         raise TypeError(f"calibrate takes a Decoder, a ModelConfig or a config name, got {type(config).__name__}")
     return build_model(config, seed=seed)  # random weights: a step's time does not depend on their values
@@ -271,7 +268,7 @@ def validate_cost_model(cost_model: CostModel, model: Decoder | None = None, sha
 
 # -- the command line --------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="llama-30m",
+    parser.add_argument("--config", choices=sorted(PRESETS), default="llama-30m",
                         help="model config to calibrate (default llama-30m)")
     parser.add_argument("--out", type=Path, metavar="PATH",
                         help="where to save the fit (default: the calibration shipped inside kvlab, kvlab/data/calibration/<config name>.json, which load_calibration reads)")

@@ -77,7 +77,9 @@ class Engine:
     executor=...)`` runs any other executor, e.g. a cost model, with no weights at all. The KV
     pool holds ``kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it must
     hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
-    them, so nothing is ever preempted).
+    them, so nothing is ever preempted). ``block_manager_factory(num_blocks, block_size,
+    max_model_len)`` builds the pool's allocator at every reset: by default the paged
+    ``BlockManager``; ``ReservationEngine`` passes one that reserves per request.
 
     Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the
     run started: arrival (scheduled), hand-over to the engine (sent), first admission, every
@@ -89,7 +91,8 @@ class Engine:
                  kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
                  executor: Executor | None = None, enable_prefix_caching: bool = True,
                  sampling: SamplingParams | None = None, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None,
+                 block_manager_factory: Callable[[int, int, int], BlockManager] | None = None) -> None:
         if isinstance(model_or_config, Decoder):
             self.model, self.config = model_or_config, model_or_config.config
             kv_dtype = kv_dtype or model_or_config.dtype
@@ -122,9 +125,10 @@ class Engine:
                 f"fewer than max_model_len={self.max_model_len}: a request that long could never run. Raise "
                 f"kv_budget_bytes to >= {blocks_per_request * per_block:,} or lower max_model_len to "
                 f"<= {num_blocks * block_size}")
-        cfg.check(block_size, self.max_model_len)
         self.block_size, self.num_blocks, self.kv_budget_bytes = block_size, num_blocks, kv_budget_bytes
         self.kv_dtype, self.enable_prefix_caching = kv_dtype, enable_prefix_caching
+        # (num_blocks, block_size, max_model_len) -> the KV pool's allocator, built anew at every reset
+        self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
         self.seed = seed
         self.executor = executor or ModelExecutor(self.model)
@@ -133,9 +137,14 @@ class Engine:
         self.executor.initialize_cache(num_blocks, block_size)
 
     # -- state ------------------------------------------------------------------------------
+    def paged_block_manager(self, num_blocks: int, block_size: int, max_model_len: int) -> BlockManager:
+        """The default allocator: blocks taken as sequences grow, prefix caching as the engine was asked."""
+        return BlockManager(num_blocks, block_size, self.enable_prefix_caching)
+
     def reset(self) -> None:
         """Forget every request, the prefix cache and the trace; restart the clock at 0."""
-        self.block_manager = BlockManager(self.num_blocks, self.block_size, self.enable_prefix_caching)
+        self.block_manager = self.block_manager_factory(self.num_blocks, self.block_size, self.max_model_len)
+        # the Scheduler checks its config against the block size and max_model_len (SchedulerConfig.check)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
         self.sequences: dict = {}  # request_id -> Sequence
         self.records: dict = {}  # request_id -> RequestRecord

@@ -14,8 +14,8 @@ import torch
 
 from ..cache.paged import PagedAttentionMetadata, PagedKVCache
 from ..device import now
-from ..generate import sample
 from ..model.decoder import Decoder
+from ..sampling import sample
 from .scheduler import SchedulerOutput, StepShape
 
 

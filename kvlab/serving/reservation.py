@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from .block_manager import BlockManager
 from .engine import Engine
-from .scheduler import Scheduler
 from .sequence import Sequence
 
 RESERVE_MODES = ("max_model_len", "request")
@@ -66,12 +65,11 @@ class ReservationEngine(Engine):
             raise ValueError(f"unknown reserve mode {reserve!r}; choose one of {', '.join(RESERVE_MODES)}")
         self.reserve = reserve
         kwargs["enable_prefix_caching"] = False
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, block_manager_factory=self.reserving_block_manager, **kwargs)
 
-    def reset(self) -> None:
-        super().reset()
-        self.block_manager = ReservingBlockManager(self.num_blocks, self.block_size, self.max_model_len, self.reserve)
-        self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
+    def reserving_block_manager(self, num_blocks: int, block_size: int, max_model_len: int) -> ReservingBlockManager:
+        """The engine's allocator: each request's whole reservation at admission."""
+        return ReservingBlockManager(num_blocks, block_size, max_model_len, self.reserve)
 
     def settings(self) -> dict:
         return {**super().settings(), "kv_allocation": f"reserve {self.reserve}"}

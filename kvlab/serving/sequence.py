@@ -7,6 +7,7 @@ from enum import Enum
 import torch
 
 from ..clocks import RequestRecord
+from ..sampling import check_sampling
 
 
 class SequenceStatus(Enum):
@@ -33,12 +34,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
 
     @property
     def greedy(self) -> bool:

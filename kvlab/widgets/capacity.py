@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from ..experiments.capacity import preemption_runs, preemption_table
+from ..experiments.prefix_and_chunks import preemption_runs, preemption_table
 from ..experiments.serving_run import runs_frame
 from ..model.decoder import Decoder
 from ..plots.kv_blocks import plot_kv_blocks

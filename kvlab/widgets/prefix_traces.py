@@ -1,15 +1,11 @@
 """The trace panel of lesson 08: a trace's shared prefixes replayed, hits against KV memory, caching on vs off."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import ipywidgets as widgets
 import pandas as pd
 
-from ..experiments.load import MAX_MODEL_LEN
-from ..experiments.prefix_traces import SAMPLE_LENGTH_SCALE, caching_on_off, capacity_curve
+from ..experiments.prefix_traces import caching_on_off, sample_curve, sample_frame
 from ..plots.prefix_traces import plot_prefix_cache
-from ..traces import MOONCAKE_SAMPLE_TRACE, mooncake_frame
 from .panel import ExperimentPanel
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "210px"}, layout=widgets.Layout(width="520px"))
@@ -17,21 +13,6 @@ BLOCK_TOKENS = 16  # the simulated engine's block (the shipped llama-30m calibra
 # KV pools for the on/off comparison, in blocks: from one request at full context (1024 tokens) up;
 # 1024 blocks is the engine's default pool (16 sequences of 1024 tokens)
 KV_BLOCKS = (64, 128, 256, 512, 1024, 2048, 4096)
-
-
-def sample_frame() -> pd.DataFrame:
-    """The shipped Mooncake sample as replayed: lengths / 16, cut to the simulator's 1024-token context."""
-    return mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=SAMPLE_LENGTH_SCALE, max_context=MAX_MODEL_LEN)
-
-
-@lru_cache(maxsize=2)
-def _sample_curve(points: int) -> pd.DataFrame:
-    return capacity_curve(sample_frame(), points=points)
-
-
-def sample_curve(points: int = 8) -> pd.DataFrame:
-    """``capacity_curve`` of the sample at its own pace: the same on every run, so computed once (a copy each call)."""
-    return _sample_curve(points).copy()
 
 
 def on_off_for_learners(on_off: pd.DataFrame) -> pd.DataFrame:
@@ -80,4 +61,4 @@ def prefix_trace_panel(rate: float = 5.0, kv_blocks: int = 1024) -> ExperimentPa
                            title="The Mooncake-format sample (synthetic) replayed with its shared prefixes")
 
 
-__all__ = ["KV_BLOCKS", "on_off_for_learners", "prefix_trace_panel", "sample_curve", "sample_frame"]
+__all__ = ["KV_BLOCKS", "on_off_for_learners", "prefix_trace_panel"]

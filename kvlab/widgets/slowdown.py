@@ -6,9 +6,9 @@ from typing import Sequence
 import ipywidgets as widgets
 import pandas as pd
 
-from ..device import lesson_scale
 from ..experiments.slowdown import run_slowdown, slowdown_summary
 from ..model.decoder import Decoder
+from ..model.lessons import lesson_scale
 from ..plots.slowdown import plot_slowdown
 from .panel import ExperimentPanel
 
@@ -37,11 +37,11 @@ def slowdown_panel(model: Decoder | None = None, prompt_tokens: int | None = Non
                    repeats: int = 3, title: str = "Time per token: no cache vs a KV cache") -> ExperimentPanel:
     """Sliders for prompt length, tokens to generate and repeats; Run times every token per cache.
 
-    ``model`` defaults to the lesson's Llama (``slowdown_model()``: ~3M parameters on CPU, ~90M on a GPU). Each cache runs
+    ``model`` defaults to the lesson's Llama (``lesson_model()``: ~3M parameters on CPU, ~90M on a GPU). Each cache runs
     ``repeats`` times and each step counts its fastest run, which keeps the curves readable on a
     busy machine. The result's frame is ``run_slowdown``'s, its summary ``slowdown_summary``'s in
     learner-friendly columns. ``prompt_tokens`` and ``max_new_tokens`` default to the device's
-    lesson sizes (``kvlab.device.lesson_scale``: 32 and 200 on CPU, longer on a GPU).
+    lesson sizes (``kvlab.model.lessons.lesson_scale``: 32 and 200 on CPU, longer on a GPU).
     """
     caches = tuple(caches)
     scale = lesson_scale(None if model is None else model.device)

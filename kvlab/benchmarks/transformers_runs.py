@@ -1,0 +1,98 @@
+"""transformers' side of `bench decode`: its caches as modes, its generate timed per step, its compiled fast path.
+
+The same weights as kvlab's decoder (``to_transformers``), timed the way kvlab's timeline times
+kvlab: a forward pre-hook stamps the start of the prefill and a LogitsProcessor stamps the time each
+step's logits arrive. Its documented fast path (``generation_config.cache_implementation = "static"``
+and ``model.forward = torch.compile(model.forward, ...)``) is compiled the way kvlab's decode step is.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ..device import now
+from ..model.decoder import Decoder
+from ..model.loading import to_transformers
+from .decode_runs import Mode, Run, kv_tokens_read
+
+TRANSFORMERS_CACHES = ("dynamic", "static", "quantized", "offloaded")
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+def transformers_modes(device: torch.device, names: list[str], compile_: bool) -> list[Mode]:
+    modes = []
+    for name in TRANSFORMERS_CACHES:
+        if name not in names:
+            continue
+        options, reason = {}, None
+        if name == "quantized":
+            backend = "quanto" if installed("optimum.quanto") else "HQQ" if installed("hqq") else None
+            if backend is None:
+                reason = "transformers' quantized cache needs optimum-quanto or hqq; neither is installed"
+            options = {"backend": backend, "nbits": 4}
+        if name == "offloaded" and device.type != "cuda":
+            reason = ("transformers' offloaded cache needs CUDA (it copies on CUDA streams); "
+                      f"this run is on {device.type}")
+        modes.append(Mode("transformers", name, options, reason))
+    if compile_ and "static" in names:
+        modes.append(Mode("transformers", "static", {}, None, compiled=True))
+    return modes
+
+
+def compiled_transformers(model: Decoder, backend: str):
+    """transformers' documented fast path on the same weights: a static cache and a compiled forward."""
+    hf = to_transformers(model).to(model.device).eval()
+    hf.generation_config.cache_implementation = "static"
+    hf.forward = torch.compile(hf.forward, backend=backend, dynamic=False)  # as kvlab's step: fixed shapes
+    return hf
+
+
+def run_transformers(hf, prompt: list[int], mode: Mode, new: int, device: torch.device, kv_per_token: int) -> Run:
+    import transformers
+
+    stamps: list[float] = []
+    starts: list[float] = []
+
+    class Stamp(transformers.LogitsProcessor):
+        """Records the time each step's logits arrive (after CUDA work has finished)."""
+
+        def __call__(self, input_ids, scores):
+            stamps.append(now(device))
+            return scores
+
+    hook = hf.register_forward_pre_hook(lambda *_: starts.append(now(device)) if not starts else None)
+    extra = {"cache_config": dict(mode.options)} if mode.cache == "quantized" else {}  # generate edits it: fresh dict
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    try:
+        t0 = now(device)
+        # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0,
+                          cache_implementation=mode.cache, logits_processor=transformers.LogitsProcessorList([Stamp()]),
+                          return_dict_in_generate=True, **extra)
+        wall = now(device) - t0
+    finally:
+        hook.remove()
+    steps = [stamps[0] - starts[0]] + [b - a for a, b in zip(stamps, stamps[1:])]
+    return Run(wall, steps, out.sequences[0, len(prompt):].tolist(), transformers_cache_bytes(out.cache),
+               kv_per_token * kv_tokens_read(mode, len(prompt), new))
+
+
+def transformers_cache_bytes(cache) -> int:
+    """Bytes of the distinct tensors held by a transformers cache's layers."""
+    seen: dict[int, int] = {}
+    for layer in getattr(cache, "layers", []):
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor) and value.numel():
+                seen[value.data_ptr()] = value.numel() * value.element_size()
+    return sum(seen.values())
+
+
+__all__ = ["TRANSFORMERS_CACHES", "compiled_transformers", "installed", "run_transformers", "transformers_cache_bytes", "transformers_modes"]
