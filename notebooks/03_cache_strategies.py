@@ -29,7 +29,7 @@
 #
 # A model with random weights is fine for timing, but its outputs mean nothing, so nothing could
 # visibly get worse. kvlab ships a tiny trained model instead (`load_recall_model()`; the cell below
-# prints its size), trained by `python scripts/train_recall.py` (about 11 CPU-minutes on the authors' machine).
+# prints its size), trained by `python scripts/train_recall.py` (it takes minutes on a laptop CPU, not seconds).
 # Its only skill is **associative recall**: the prompt lists key→value pairs, then asks for one key;
 # the answer is that key's value.
 # To answer, the model has to look back through its KV cache at exactly one earlier pair, so a cache

@@ -41,8 +41,9 @@ print("server packages:", "installed now" if missing else "present")
 # letting the line grow without end (*backpressure*).
 #
 # The cell starts it as a separate process with this notebook's Python, on `127.0.0.1` (only
-# this machine can reach it) and a free port. The model is the small Llama of the test suite, so
-# the text is noise but the timings are those of real work. The queue is set to 8, deliberately
+# this machine can reach it) and a free port. The model is the server's default, recall-tiny, the
+# small model shipped inside kvlab and trained only to look up key→value pairs, so the text it
+# writes for an ordinary prompt is no language, but the timings are those of real work. The queue is set to 8, deliberately
 # small, so that a burst of requests can overflow it. The server is stopped at the end of
 # the notebook, and also if the kernel exits before that.
 

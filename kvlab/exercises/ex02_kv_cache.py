@@ -112,13 +112,13 @@ What does the first request's KV cache do for the second?""",
     },
     correct="a",
     confirm="the KV cache is the working memory of one generation. A server with prefix caching "
-            "(notebook 07) can reuse the keys and values of a shared prompt prefix and skip part of the "
+            "(notebook 08) can reuse the keys and values of a shared prompt prefix and skip part of the "
             "prefill, but every token of the answer is still generated.",
     explanation="""```python
 answer = "a"
 ```
 A KV cache is the working memory of one generation, not a cache of responses. Servers with
-**prefix caching** (notebook 07) can keep the keys and values of a shared prompt prefix for later
+**prefix caching** (notebook 08) can keep the keys and values of a shared prompt prefix for later
 requests and skip part of their prefill; every token of every answer is still generated.""")
 
 
