@@ -19,10 +19,21 @@ code, so an editor, a linter and ``grep`` see them. ``build`` turns a source int
   its outputs may be stale: it is re-executed, or with ``--check`` named in a warning line (a
   refactor that moves code changes no output, so that is not a failure unless ``--strict``).
 
-    python -m kvlab notebooks                 # rebuild every notebook whose source or modules changed
+The same sources also give the *workshop edition*, ``notebooks/workshop/NN_name.ipynb``, the copy a
+learner opens (the badges and the README point at it): every output and execution count cleared
+(nothing measured on the authors' machine, nothing that answers a prediction or an exercise),
+exercise solutions folded as in the teacher's copy, a first line and ``metadata.kvlab.edition``
+saying which edition it is, links relative to ``notebooks/`` rewritten to resolve from
+``notebooks/workshop/`` (a link to another notebook of the course stays a sibling: the next
+notebook's workshop edition), and the ``# NBVAL_CHECK_OUTPUT`` markers left out (there is no saved
+output to compare; the teacher's copy checks them). It needs no kernel and is byte-for-byte
+deterministic, so ``--check`` compares it with a fresh build.
+
+    python -m kvlab notebooks                 # rebuild every notebook whose source or modules changed (+ workshop)
+    python -m kvlab notebooks --workshop      # only the workshop edition (no kernel, a second)
     python -m kvlab notebooks 03 06           # only these (name prefixes)
     python -m kvlab notebooks --execute 01    # re-run 01 even if only text changed
-    python -m kvlab notebooks --check         # exit 1 when a notebook differs from its source
+    python -m kvlab notebooks --check         # exit 1 when a notebook (either edition) differs from its source
     python -m kvlab notebooks --check --strict  # ... or when its outputs are older than its modules
 """
 from __future__ import annotations
@@ -39,7 +50,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from .course import NOTEBOOKS, header, lesson, navigation, setup_cell
+from .course import NOTEBOOKS, WORKSHOP_DIR, header, lesson, navigation, notebook_path, setup_cell
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -228,7 +239,7 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> float:
 @dataclass
 class BuildResult:
     notebook: str
-    action: str  # "unchanged", "text", "executed", "out of date", "stale" (only with check)
+    action: str  # "unchanged", "text", "executed", "written" (workshop), "out of date", "stale" (only with check)
     detail: str = ""
 
 
@@ -269,6 +280,91 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
     return BuildResult(notebook.name, "text" if text_only else "executed", detail)
 
 
+# --- the workshop edition ------------------------------------------------------------------------
+
+_LINK = re.compile(r"(\]\(<?|(?:href|src)=[\"'])([^)\"'\s>]+)")
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
+_CHECK_OUTPUT = re.compile(r"^# NBVAL_CHECK_OUTPUT[ \t]*(\n|$)", re.M)
+
+
+def workshop_path(notebook: Path) -> Path:
+    """``notebooks/NN_name.ipynb`` -> ``notebooks/workshop/NN_name.ipynb``, its workshop edition."""
+    return notebook.parent / WORKSHOP_DIR / notebook.name
+
+
+def workshop_links(markdown: str) -> str:
+    """``markdown`` with its links relative to notebooks/ rewritten to resolve from notebooks/workshop/.
+
+    A link to a notebook of the course stays as it is (its workshop edition is the sibling);
+    any other relative link (``../README.md``, ``TEACHING.md``) gets ``../``; URLs and anchors are kept.
+    """
+    course = {n.file for n in NOTEBOOKS}
+
+    def rewrite(m: re.Match) -> str:
+        target = m.group(2)
+        if _SCHEME.match(target) or target.startswith(("#", "/")) or target.split("#")[0] in course:
+            return m.group(0)
+        return f"{m.group(1)}../{target}"
+
+    return _LINK.sub(rewrite, markdown)
+
+
+def workshop_note(notebook: str) -> str:
+    """The first line of a workshop notebook: which edition it is, and where the teacher's copy is."""
+    return (f"> **Workshop edition.** Nothing here has been run yet, so every prediction, check and exercise "
+            f"waits for you; Run all is fine too (answers stay folded until you predict). The teacher's copy, "
+            f"with the outputs of the authors' run, is [`{notebook_path(notebook, 'teacher')}`](../{notebook}).")
+
+
+def workshop_edition(source: Path) -> nbformat.NotebookNode:
+    """The workshop edition of a source ``notebooks/NN_name.py`` (see the module docstring); no kernel runs."""
+    name = source.with_suffix(".ipynb").name
+    nb = from_source(source)
+    seen: set[str] = set()
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            cell.source = workshop_links(cell.source)
+        else:
+            cell.source = _CHECK_OUTPUT.sub("", cell.source)
+            cell.outputs, cell.execution_count = [], None
+        cid = hashlib.sha1(f"{i}:{cell.cell_type}:{cell.source}".encode()).hexdigest()[:8]
+        while cid in seen:  # a stable id from position and text, never a duplicate
+            cid = hashlib.sha1(cid.encode()).hexdigest()[:8]
+        cell["id"] = cid
+        seen.add(cid)
+    first = next(c for c in nb.cells if c.cell_type == "markdown")
+    first.source = f"{workshop_note(name)}\n\n{first.source}"
+    nb.metadata["kvlab"] = {"edition": "workshop", "teacher_copy": notebook_path(name, "teacher"),
+                            "source": notebook_path(name, "teacher").removesuffix(".ipynb") + ".py"}
+    nbformat.validate(nb)
+    return nb
+
+
+def workshop_text(source: Path) -> str:
+    """The workshop edition of ``source`` as the exact text of its file (what is committed and compared)."""
+    text = nbformat.writes(workshop_edition(source))
+    return text if text.endswith("\n") else text + "\n"
+
+
+def build_workshop(notebook: Path, *, check: bool = False) -> BuildResult:
+    """Write ``notebook``'s workshop edition from its source (``check``: only compare with the file on disk)."""
+    path = workshop_path(notebook)
+    label = f"{WORKSHOP_DIR}/{notebook.name}"
+    text = workshop_text(source_path(notebook))
+    old = path.read_text(encoding="utf-8") if path.exists() else None
+    if old == text:
+        return BuildResult(label, "unchanged")
+    if check:
+        detail = ("no workshop edition yet" if old is None else
+                  "\n".join(differences(nbformat.reads(old, as_version=4), nbformat.reads(text, as_version=4)))
+                  or "metadata, outputs or cell ids differ")
+        return BuildResult(label, "out of date", detail)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="\n") as f:  # the same bytes on every OS
+        f.write(text)
+    return BuildResult(label, "written")
+
+
 def selected(prefixes: list[str], folder: Path | None = None) -> list[Path]:
     """The course's notebooks whose names start with one of ``prefixes`` (all when empty)."""
     folder = folder or notebook_dir()
@@ -299,17 +395,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a notebook is out of date")
     parser.add_argument("--strict", action="store_true",
                         help="with --check: also exit 1 when a notebook's outputs are older than its modules")
+    parser.add_argument("--workshop", action="store_true",
+                        help=f"only the workshop edition, notebooks/{WORKSHOP_DIR}/ (no outputs; no kernel starts)")
 
 
 def main(args) -> int:
     """Rebuild (or ``--check``) the selected notebooks; 1 when ``--check`` finds drift (or, ``--strict``, staleness)."""
     drift = stale = executed = 0
+    workshop_only = getattr(args, "workshop", False)
     for path in selected(args.only):
-        result = build(path, force_execute=args.execute, check=args.check)
-        drift += result.action == "out of date"
-        stale += result.action == "stale"
-        executed += result.action == "executed"
-        print(f"{result.notebook}: {result.action}" + (f" ({result.detail})" if result.detail else ""), flush=True)
+        results = [] if workshop_only else [build(path, force_execute=args.execute, check=args.check)]
+        results.append(build_workshop(path, check=args.check))
+        for result in results:
+            drift += result.action == "out of date"
+            stale += result.action == "stale"
+            executed += result.action == "executed"
+            print(f"{result.notebook}: {result.action}" + (f" ({result.detail})" if result.detail else ""),
+                  flush=True)
     if executed:
         update_course_map()
     if drift:

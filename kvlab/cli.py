@@ -43,6 +43,8 @@ COMMANDS: dict[tuple[str, ...], Command] = {
                                   "how many streamed requests per second the load generator alone drives"),
     ("bench", "http"): Command("kvlab.benchmarks.http_overhead",
                                "what HTTP and streaming add to TTFT, client vs engine clocks"),
+    ("bench", "serve"): Command("kvlab.benchmarks.serve",
+                                "kvlab serve vs transformers serve --continuous-batching: same weights, workload, client"),
 }
 GROUPS = {"bench": "benchmarks, each writing JSON with its settings and machine"}
 

@@ -3,7 +3,9 @@
 ``REPO_URL`` is the one place the project's address is written; the notebook builder
 (:mod:`kvlab.authoring`) copies it into each notebook's badges and first cell, because that
 cell must install kvlab on Colab before kvlab can be imported. The pieces every notebook shares
-(header, setup cell, navigation) are written here once.
+(header, setup cell, navigation) are written here once. Each notebook comes in two editions built
+from one source: the teacher's copy with saved outputs, and the workshop edition with none, which is
+what the badges and the README's course map open (``notebook_path``, ``colab_url``, ``binder_url``).
 """
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ from dataclasses import dataclass
 # notebooks: `python -m kvlab notebooks`). The badges open REPO_REF and Colab's setup cell installs
 # REPO_REF, so the notebook a learner opens and the package it installs are the same commit's.
 REPO_URL, REPO_REF = "https://github.com/kvlab/kvlab", "main"
+
+# The two editions of every notebook, built from the one source notebooks/NN_name.py (kvlab.authoring):
+# the teacher's copy notebooks/NN_name.ipynb keeps the outputs of the authors' run; the workshop edition
+# notebooks/workshop/NN_name.ipynb has none (no answer before the learner predicts), and is the one the
+# badges, the README and a learner open.
+WORKSHOP_DIR = "workshop"
+EDITIONS = ("workshop", "teacher")
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,8 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("01_the_slowdown.ipynb", "The slowdown",
            "without a cache each token takes longer than the last; time per token and cumulative time, "
            "none vs dynamic; expected (work) vs measured ratio", 15,
-           modules=("kvlab.experiments.slowdown", "kvlab.plots.slowdown", "kvlab.widgets.slowdown")),
+           modules=("kvlab.experiments.slowdown", "kvlab.experiments.long_context", "kvlab.plots.slowdown",
+                    "kvlab.widgets.slowdown")),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
@@ -52,7 +62,9 @@ NOTEBOOKS: list[Lesson] = [
            "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 30,
            modules=("kvlab.experiments.strategies", "kvlab.experiments.cache_accuracy",
                     "kvlab.experiments.static_compile", "kvlab.plots.strategies", "kvlab.widgets.strategies",
-                    "kvlab.experiments.offload_load", "kvlab.plots.offload_load")),
+                    "kvlab.experiments.offload_load", "kvlab.plots.offload_load",
+                    "kvlab.experiments.transformers_caches", "kvlab.plots.transformers_caches",
+                    "kvlab.widgets.transformers_caches")),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
@@ -87,8 +99,11 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
            "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "
-           "curve over the wire with 429 backpressure; the same command against vLLM and other servers", 20,
-           modules=("kvlab.experiments.wire", "kvlab.plots.wire", "kvlab.widgets.wire")),
+           "curve over the wire with 429 backpressure; the same client against transformers' own server on the same "
+           "weights (cold and warm, both service curves); the same command against vLLM and other servers", 20,
+           modules=("kvlab.experiments.wire", "kvlab.plots.wire", "kvlab.widgets.wire",
+                    "kvlab.experiments.two_engines", "kvlab.plots.two_engines", "kvlab.widgets.two_engines",
+                    "kvlab.http.peer", "kvlab.http.shared_checkpoint")),
 ]
 
 
@@ -102,14 +117,23 @@ def pip_spec(ref: str | None = None) -> str:
     return f"kvlab[serve] @ git+{REPO_URL}@{ref or REPO_REF}"
 
 
-def colab_url(notebook: str, ref: str | None = None) -> str:
-    """Open ``notebook`` (a file in notebooks/) on Google Colab, at REPO_REF."""
-    return f"https://colab.research.google.com/github/{_github_path()}/blob/{ref or REPO_REF}/notebooks/{notebook}"
+def notebook_path(notebook: str, edition: str = "workshop") -> str:
+    """Where ``notebook`` (``NN_name.ipynb``) lies in the repository: the workshop edition or the teacher's copy."""
+    if edition not in EDITIONS:
+        raise ValueError(f"edition must be one of {EDITIONS}, got {edition!r}")
+    return f"notebooks/{WORKSHOP_DIR}/{notebook}" if edition == "workshop" else f"notebooks/{notebook}"
 
 
-def binder_url(notebook: str, ref: str | None = None) -> str:
-    """Open ``notebook`` in JupyterLab on mybinder.org, at REPO_REF."""
-    return f"https://mybinder.org/v2/gh/{_github_path()}/{ref or REPO_REF}?urlpath=lab/tree/notebooks/{notebook}"
+def colab_url(notebook: str, ref: str | None = None, edition: str = "workshop") -> str:
+    """Open ``notebook`` on Google Colab, at REPO_REF: the workshop edition (what learners open) by default."""
+    return (f"https://colab.research.google.com/github/{_github_path()}/blob/{ref or REPO_REF}/"
+            f"{notebook_path(notebook, edition)}")
+
+
+def binder_url(notebook: str, ref: str | None = None, edition: str = "workshop") -> str:
+    """Open ``notebook`` in JupyterLab on mybinder.org, at REPO_REF: the workshop edition by default."""
+    return (f"https://mybinder.org/v2/gh/{_github_path()}/{ref or REPO_REF}?urlpath=lab/tree/"
+            f"{notebook_path(notebook, edition)}")
 
 
 def lesson(notebook: str) -> Lesson:
@@ -148,7 +172,7 @@ except Exception as err:
 
 
 def header(entry: Lesson, number: str) -> str:
-    """The top of a notebook: number and title, Colab and Binder badges, minutes and what it shows."""
+    """The top of a notebook: number and title, Colab and Binder badges (to the workshop edition), minutes, what it shows."""
     return (f"# {number} · {entry.title}\n\n"
             f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(entry.file)}) "
             f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder_url(entry.file)})\n\n"
@@ -255,21 +279,29 @@ def run_seconds(notebook: str) -> int | None:
     return meta.get("run_s")
 
 
-def course_map(link_prefix: str = "notebooks/") -> str:
+def course_map(link_prefix: str = f"notebooks/{WORKSHOP_DIR}/", run_times: bool = True) -> str:
     """The notebook sequence as a markdown table: number, title (a link), what it shows, run time, minutes, total.
 
-    ``link_prefix`` is the path from the page that shows the table to notebooks/ ("" inside notebooks/).
+    ``link_prefix`` is the path from the page that shows the table to the folder of the edition it links:
+    the README links the workshop edition (the default); a notebook gives "" to link its own edition.
     The run time is the one measured when the notebook was last built (2 cores, the authors' machine).
+    ``run_times=False`` leaves that column out: notebook 00 shows the table in its saved outputs, which
+    a later build of any other notebook (or of 00 itself, still running when it renders) would make stale;
+    the README's map, rewritten after every build, is the one place the run times are quoted.
     """
     def run(n: Lesson) -> str:
         s = run_seconds(n.file)
         return "–" if s is None else f"{s} s"
 
+    total = sum(n.minutes for n in NOTEBOOKS)
+    if not run_times:
+        rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {n.minutes} |" for n in NOTEBOOKS]
+        return ("| # | notebook | what it shows | minutes |\n|---|---|---|---|\n" + "\n".join(rows)
+                + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total}** |")
     rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {run(n)} | {n.minutes} |"
             for n in NOTEBOOKS]
     runs = [run_seconds(n.file) for n in NOTEBOOKS]
     total_run = "–" if None in runs else f"{round(sum(runs) / 60)} min"
-    total = sum(n.minutes for n in NOTEBOOKS)
     return ("| # | notebook | what it shows | run time | minutes |\n|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total_run}** | **{total}** |")
 
@@ -282,8 +314,12 @@ def course_map_section() -> str:
             "The notebooks, in order. *Run time* is how long Run All took when the notebook was last built, on "
             "the authors' machine (2 CPU cores; `python -m kvlab notebooks` records it); *minutes* is what a "
             "workshop should plan per notebook: reading, pressing Run, trying the knobs and the exercises. "
-            "Every notebook opens on Colab or Binder from the badges at its top; "
-            "a teacher's plan for a 90-minute or half-day workshop is in "
+            "Every notebook opens on Colab or Binder from the badges at its top. The links and badges open the "
+            "**workshop edition** (`notebooks/workshop/`): no saved outputs, so every prediction and exercise is "
+            "the learner's to answer first. The teacher's copy of each, with the outputs of the authors' run, is "
+            "beside it in `notebooks/` (e.g. [notebooks/00_start_here.ipynb](notebooks/00_start_here.ipynb)); "
+            "both are built from one source by `python -m kvlab notebooks`. "
+            "A teacher's plan for a 90-minute or half-day workshop is in "
             "[notebooks/TEACHING.md](notebooks/TEACHING.md).\n\n"
             f"{course_map()}\n")
 

@@ -63,15 +63,16 @@ pd.Series({"device": env["device"], "CPU cores": env["cpu_count"], "torch thread
 #
 # The notebooks are meant to be done in order; each one links to the next at the bottom. The table
 # is made from the course's own list (`kvlab.course.NOTEBOOKS`), the same one the README's
-# [course map](../README.md#course-map) shows. *Run time* is how long running the whole notebook
-# took when it was last built, on the authors' machine (2 CPU cores, `python -m kvlab notebooks`);
-# *minutes* is what to plan for reading, running, trying the knobs and the exercises.
+# [course map](../README.md#course-map) shows; *minutes* is what to plan for reading, running, trying
+# the knobs and the exercises. How long each notebook takes to run top to bottom is in that course
+# map, which `python -m kvlab notebooks` rewrites after every build: a table saved in this notebook's
+# outputs would go stale as soon as another notebook is rebuilt.
 
 # %%
 from IPython.display import Markdown
 from kvlab.course import course_map
 
-Markdown(course_map(link_prefix=""))
+Markdown(course_map(link_prefix="", run_times=False))
 
 # %% [markdown]
 # Under the notebooks sits the `kvlab` package, in layers. Each layer uses only the ones below it,
@@ -157,7 +158,7 @@ guess.against(prefill_vs_decode(result.frame)["ratio"])
 # %%
 from kvlab.claims import verdicts
 
-verdicts(result, "prefill_costs_less_per_token_than_decode")
+verdicts(result, "prefill_costs_less_per_token_than_decode", after=guess)
 
 # %% [markdown]
 # Processing tokens side by side in one pass costs far less per token than writing them one at a

@@ -14,6 +14,7 @@
 # - measure the time of every token and the cumulative time, without a cache (`"none"`) and with one (`"dynamic"`);
 # - predict the slowdown from the work done at each step, and explain why the measurement falls short of the
 #   prediction: a pass over many tokens costs far less per token than a pass over one.
+# - explain why, even with a cache, a step slows slowly as the context grows: it reads every stored key and value.
 
 # %% [markdown]
 # ## The idea
@@ -31,7 +32,7 @@
 # | cache | tokens processed by the step that writes token *i* | grows with *i*? |
 # |---|---|---|
 # | `"none"` | *T + i* | yes, by one token per step |
-# | `"dynamic"` | 1 (and it reads *T + i* stored keys and values) | hardly |
+# | `"dynamic"` | 1 (and it reads *T + i* stored keys and values) | hardly at first; the reading grows, slowly |
 #
 # Both start with the same step 0, the **prefill**, which processes the whole prompt once.
 
@@ -89,14 +90,15 @@ guess.against(slowdown_summary(result.frame).set_index("cache").at["none", "meas
 # %% [markdown]
 # **Reading the figure.** Left: the time of each step. Without a cache (`none`, red) each step
 # recomputes one token more than the one before, so the line should climb; with one (`dynamic`,
-# blue) each step computes one token, so it should stay flat. Right: when each token arrived. A
+# blue) each step computes one token, so at this short context it should stay nearly flat (it
+# still reads every stored key and value, a cost that shows at long context, measured further down). Right: when each token arrived. A
 # steady pace is a straight line; a line that bends upward means every token waited longer than
 # the one before. What your run shows, checked on its numbers:
 
 # %%
 from kvlab.claims import verdicts
 
-verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens")
+verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens", after=guess)
 
 # %% [markdown]
 # ## Expected against measured
@@ -151,9 +153,36 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 # If the fixed part comes out several times a cached step, the cost per token was still falling
 # across the measured steps: the curve bends, and a straight line through it meets zero high.
 # Either way the per-token table above is the direct measurement; the line is a summary of it. With a cache, a token of context adds
-# only the cost of reading its stored keys and values (the `dynamic` row of the fit). Once a pass
+# only the cost of reading its stored keys and values (the `dynamic` row of the fit): small per
+# token, but paid by every later step, as the next section measures. Once a pass
 # holds enough tokens to keep the machine busy, its cost per token stops falling and time follows
 # the work: a larger model gets there with fewer tokens.
+#
+# ## With a cache, at long context
+#
+# The cached line above looked flat, but over a few hundred tokens only. A cached step computes one
+# new token, yet its attention reads the stored key and value of **every** earlier position, in
+# every layer: `context × 2 × layers × kv_heads × head_dim × 4` bytes (fp32) per step, the memory
+# formula of notebook 02. At a short context that read is small next to the rest of the step (the
+# weights, starting each operation); as the context grows it becomes a larger part of it. The cell
+# below prefills prompts of four lengths, from a short one to nearly the model's whole context, and
+# times a few cached decode steps after each (the fastest of three runs, as before).
+
+# %%
+from kvlab.experiments.long_context import context_step_summary, run_context_steps
+
+long_run = run_context_steps(model)
+display(context_step_summary(long_run).round(3))
+verdicts(long_run, "cached_steps_grow_at_long_context")
+
+# %% [markdown]
+# So "flat" holds at a short context only. With a cache a step costs a fixed part plus a read of
+# the whole history, and that read grows by one token's K/V with every token written: a long answer
+# slows gradually even with a cache, far less than without one. On a small model on a CPU it takes
+# a long context to show; on a large model serving long contexts the history a step reads can
+# approach the size of the weights, which is why engines use attention kernels that read K/V at
+# full memory speed (FlashAttention, vLLM's paged attention) and shrink the K/V itself (fewer key/value
+# heads, as this model has; quantized caches, notebook 03).
 #
 # ### Try it
 #
@@ -163,6 +192,8 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 # - **Generate 400 tokens.** How many seconds apart are the two curves at the end, and how does that
 #   compare with 200 tokens? (The uncached *work* grows with the square of the length; does its
 #   time grow as fast, given what you found above?)
+# - **Long context:** `run_context_steps(model, contexts=(32, 1000), steps=16)`. How many milliseconds
+#   does a step at the long context add to one at the short context, and how many MB more did it read?
 # - **Repeats:** set *repeats* to 1 and run again. How much noisier is the left panel? Everything
 #   else on this computer competes for the same cores.
 #
@@ -179,13 +210,16 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 #
 # - Without a cache, the step that writes token *i* reprocesses *T + i* tokens: step time grows with
 #   position, and the total work grows with the square of the length of the answer.
-# - With a KV cache each step processes one token; step time stays nearly flat.
+# - With a KV cache each step processes one token, but its attention reads every stored key and value:
+#   step time is nearly flat at a short context and rises slowly as the context grows, with the K/V
+#   bytes each step reads.
 # - The measured slowdown falls short of the work ratio because a pass over many tokens costs far
 #   less per token than a pass over one: what a pass pays once is shared by all its tokens. The
 #   verdicts under each table say whether your run showed it.
 # - Behind this notebook: `kvlab.experiments.run_slowdown`, `slowdown_summary`, `per_token_costs`,
-#   `slowdown_fit`, `kvlab.plots.plot_slowdown`, the claims in `kvlab/claims/c01_the_slowdown.py`;
-#   tests in `tests/test_experiments_slowdown.py` and `tests/test_claims_01.py`.
+#   `slowdown_fit`, `kvlab.experiments.long_context` (`run_context_steps`, `context_step_summary`),
+#   `kvlab.plots.plot_slowdown`, the claims in `kvlab/claims/c01_the_slowdown.py`; tests in
+#   `tests/test_experiments_slowdown.py`, `tests/test_experiments_long_context.py` and `tests/test_claims_01.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

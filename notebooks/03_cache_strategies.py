@@ -190,10 +190,14 @@ if compiled["status"] == "compiled":
 # A quantized cache stores each group of `group_size` numbers as small integer codes plus a scale
 # and a zero-point to turn them back into numbers. The newest `residual` tokens can stay in full
 # precision. Memory should follow the format exactly: bits / 32 for the codes, plus two fp32
-# numbers per group. Every step pays for it: the new token is quantized, and the whole stored history
-# is dequantized again before attention can read it. The transformers documentation warns that this
-# can make a quantized cache slower than the plain one when contexts are short; the verdicts under
-# the table say what your run shows, at every context you measured.
+# numbers per group. In kvlab, as in transformers' `QuantizedCache`, every step pays for it: the new
+# token is quantized, and the whole stored history is dequantized again into a full-precision copy
+# before attention can read it. The transformers documentation warns that this can make a quantized
+# cache slower than the plain one when contexts are short; the verdicts under the table say what
+# your run shows, at every context you measured. Serving engines do it differently: vLLM's
+# `kv_cache_dtype="fp8"` (and SGLang's) stores 8-bit floats that the attention kernel converts as it
+# reads them, so no dequantized copy of the history is made, and fewer bytes to read can make a step
+# faster, not slower. What they still pay is the precision, measured further down.
 
 # %%
 q = frame[frame["strategy"] == "quantized"]
@@ -258,6 +262,14 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 # `max_len`: one buffer on CPU, two on CUDA with prefetch (the next layer fills one while the
 # current layer reads the other). Each decode step copies every layer's history back in, computes,
 # and writes the new token out. The bytes moved therefore grow with the context, on every single step.
+#
+# That is kvlab's design, and the design of transformers' offloaded cache, which also keeps whole
+# layers off the device and brings each back just before it is used, prefetching the next one while
+# the current one computes. Serving engines offload differently: vLLM and SGLang keep the K/V of the
+# sequences that are running on the GPU and move to CPU memory only blocks that are idle (a preempted
+# sequence's, or a finished request's prefix kept for reuse), copying a block back when a sequence
+# needs it again. They do not stream every running sequence's history across the link every step;
+# kvlab does, to make the cost of that traffic visible.
 #
 # What "slower memory" means depends on the machine, and it changes what you measure:
 #
@@ -348,8 +360,9 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 # %% [markdown]
 # ## Offloading under load
 #
-# Everything above ran one sequence at a time. A server runs many in every step, and an offloaded
-# KV cache then makes every step carry the history of *every* sequence in its batch across the link.
+# Everything above ran one sequence at a time. A server runs many in every step, and kvlab's
+# offloaded KV cache then makes every step carry the history of *every* sequence in its batch across
+# the link (real engines avoid that, as said above: this is the cost they avoid).
 # How much that is changes from step to step: long sequences join, finish and are replaced. So the
 # price of a step, and the wait for your next token, depend on the company your sequence keeps.
 # Offloading should then add variance under load, not only latency. Does it?
@@ -413,6 +426,67 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # `tests/test_paged_offloaded.py` and `tests/test_offload_load.py`.
 
 # %% [markdown]
+# ## Beside transformers: the library's own caches
+#
+# kvlab's caches are written to be read. The library most people run, transformers, ships its own,
+# behind the same contract: `update(key, value, layer_idx)` stores one layer's new keys and values and
+# returns everything to attend over. The panel converts the recall model to transformers
+# (`kvlab.model.loading.to_transformers`: the same weights) and generates greedily after the same recall
+# prompts with each strategy in both libraries, timed the same way (the time of every step, the cache's
+# bytes after it). The bytes are counted as allocated: for transformers, the storage behind every
+# tensor a cache layer holds, its quantized codes, scales and shifts included
+# (`kvlab.measure.transformers_steps.transformers_cache_bytes`). Press **Run**; a transformers cache that
+# cannot run on this machine keeps its row and says why.
+
+# %%
+import transformers
+
+from kvlab.experiments.transformers_caches import not_run, quantized_backend
+from kvlab.widgets.transformers_caches import transformers_caches_panel
+
+print(f"transformers {transformers.__version__}; {quantized_backend()}")
+beside = transformers_caches_panel(model)
+beside
+
+# %%
+compared = beside.run()   # the same as pressing Run
+for line in not_run(compared.frame):
+    print(line)
+compared.show()
+
+# %% [markdown]
+# **Checked:** the tokens and the bytes. Exact caches must give kvlab's greedy tokens on the same
+# weights, and every cache must hold, after every step, what its own layout's formula says
+# (`formula_bytes`: the same for both dynamic caches and both static ones):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(compared, "transformers_exact_caches_give_kvlab_tokens", "cache_bytes_follow_each_layout")
+
+# %% [markdown]
+# The quantized caches (where transformers' one could run here: it needs optimum-quanto) follow their
+# formulas too, but not the same one, as the table below explains; then their tokens and the times,
+# on your run:
+
+# %%
+verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_keep_different_tokens",
+         "transformers_quantized_cache_costs_time", "same_strategy_different_speed")
+
+# %% [markdown]
+# Where each kvlab strategy meets its transformers counterpart, and where they part (read in
+# transformers' `cache_utils.py`, of the version the panel's cell prints):
+#
+# | kvlab | transformers | where they behave differently |
+# |---|---|---|
+# | `dynamic` | `DynamicCache`, what `generate` uses by default | Nowhere that matters here: both concatenate each layer's new K and V onto its history, a new tensor every step. transformers builds its layers from the model's config, so a model with sliding-window layers keeps only the window in those. |
+# | `static` (`max_len`) | `StaticCache(config, max_cache_len)`, `cache_implementation="static"` | Both reserve the maximum up front. transformers allocates it (zeros) at the first update, writes at a position held in a tensor (`index_copy_`) and hands attention the *whole* reserved block, masking the empty slots, so every step has the same shapes; kvlab's `static` hands over only the filled part, and its fixed-shape twin `FixedShapeStaticCache` (above) does what transformers does. `generate` sizes it to prompt + new tokens, or to the largest size an earlier call used. |
+# | `quantized` (`bits`, `group_size`, `residual`) | `QuantizedCache(backend, config, nbits, q_group_size, residual_length)`, `cache_implementation="quantized"` with a `cache_config`; backends `quanto` (2 or 4 bits, package optimum-quanto), `hqq` (1, 2, 3, 4 or 8 bits, package hqq), `fp8` (built in: one scale per tensor, fixed at the first update, no residual) | Both store groups of values as codes with a scale and a zero-point (quanto groups along head_dim, as kvlab does, when `q_group_size` divides it) and dequantize the whole history every step. The full-precision part differs: kvlab keeps a sliding window of the newest `residual` tokens and quantizes each token once, when it leaves the window; transformers quantizes the whole prompt at prefill (the prefill's own attention still reads full precision), lets a residual grow, and when it reaches `residual_length` dequantizes everything, appends the residual and quantizes it all again, so old tokens are re-quantized at every flush. Defaults differ too: group 64 and residual 128 in transformers, `gcd(head_dim, 32)` and 64 in kvlab. |
+# | `offloaded` (`max_len`) | `DynamicCache(offloading=True)`, `cache_implementation="offloaded"` (`"offloaded_static"` for a static one) | kvlab preallocates its tier for `max_len` tokens (pinned host memory on CUDA, a memory-mapped file on CPU), keeps working buffers for one layer on the device, copies a layer's history in and writes back only the new token. transformers moves each layer's whole K and V to the CPU right after its update, and before it starts fetching the next layer back on a side stream (one layer ahead). Its copies run on CUDA streams, so it needs a GPU: the run above says whether it ran here. |
+#
+# The formula of each layout is written out in `formula_bytes` (`kvlab/experiments/transformers_caches.py`),
+# with tests in `tests/test_experiments_transformers_caches.py`.
+
+# %% [markdown]
 # <!-- kvlab:exercise check_quantized_memory_ratio -->
 
 # %% [markdown]
@@ -445,14 +519,18 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 #   for shapes that never change, which is what a compiled decode step needs.
 # - `quantized` takes bits/32 of the memory plus a scale and zero-point per group, exactly; it pays
 #   with time spent quantizing and dequantizing every step and with answers as bits fall (the
-#   verdicts above say how much on your run). Token-level measures on a few prompts order the
+#   verdicts above say how much on your run); an FP8 cache read inside the attention kernel (vLLM,
+#   SGLang) skips the dequantizing. Token-level measures on a few prompts order the
 #   settings but can miss errors that only a count of right answers shows.
-# - `offloaded` keeps little on the device and moves the whole history every step: bytes that grow
-#   with the context. On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
+# - `offloaded` keeps little on the device and moves the whole history every step, as transformers'
+#   offloaded cache does: bytes that grow with the context (vLLM and SGLang offload only idle blocks). On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
 #   host memory with the next layer prefetched on a side stream. Behind a slower link, the copies'
-#   time is in every step and grows with the bytes. In a server under load, an offloaded pool moves
+#   time is in every step and grows with the bytes. In a server under load, kvlab's offloaded pool moves
 #   every scheduled sequence's history each step, so steps and gaps between tokens spread out, not
 #   only slow down (the distributions above, with n).
+# - transformers' own caches follow the same strategies: the exact ones give kvlab's tokens on the same
+#   weights; the quantized and offloaded ones keep their full-precision tokens and move their bytes in
+#   their own way (the table above), and each holds what its layout's formula says.
 # - Name the constraint that binds for your workload, then measure that one, outputs included.
 # - Behind this notebook: `kvlab.experiments.strategies.run_strategies`,
 #   `kvlab.experiments.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,

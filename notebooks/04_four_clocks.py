@@ -174,9 +174,11 @@ verdicts(cold, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
 # ## Why a mean hides the wait
 #
 # Now thirty requests of mixed lengths (chat turns, long documents, long generations) arrive at
-# random, six per second on average but in bursts, as real traffic does, with four batch slots.
-# A request that arrives while a slot is free is admitted at the next step; one that arrives in a
-# burst, or behind a long prompt, waits.
+# random, six per second on average but in clumps, as real traffic often does (`burstiness=0.1`:
+# most gaps between arrivals are near zero, a few are long), with two batch slots. A request that
+# arrives while a slot is free is admitted at the next step, and its TTFT is just its prefill:
+# short for a chat turn, longer for a long document. One that arrives in a clump waits in the queue
+# until the requests ahead of it finish, and that wait comes on top of its prefill.
 
 # %%
 from kvlab.experiments.four_clocks import mean_vs_tail, run_mixed_load
@@ -190,10 +192,11 @@ plot_clock_distribution(mixed.requests, "ttft_s")
 verdicts(mixed, "share_waiting_longer_than_the_mean", "ttft_tail_is_well_above_the_mean")
 
 # %% [markdown]
-# **Reading the figure.** When the bars pile up on the left with a thin tail to the right, a few
-# long waits pull the mean above the median, and yet the mean stays far below what the slowest
-# requests experienced: the verdicts above say how far on your run. A dashboard showing only the
-# mean would call such a service fine. Always quote a few quantiles (p50, p95, p99), and always
+# **Reading the figure.** The requests that found a free slot pile up on the left (on a quiet
+# machine often in two humps, short prompts' prefills and long ones'); those that queued in a
+# clump make the thin tail to the right. A few long waits pull the mean above the median, and yet the mean stays
+# far below what the slowest requests experienced: the verdicts above say how far on your run. A
+# dashboard showing only the mean would call such a service fine. Always quote a few quantiles (p50, p95, p99), and always
 # with **n**: with n = 30, the p99 lies between the two slowest requests, so it is a hint, not a
 # law; run the cell again and watch it move. (If every request waited long here, your machine is
 # slower than the lesson assumes and the service is overloaded: try `run_mixed_load(model, rate=3)`.)
@@ -264,7 +267,7 @@ guess.against(vs_english(counts, "Chinese"), what="the BPE spent")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(counts, "byte_tokens_are_utf8_bytes", "english_bpe_favours_english")
+verdicts(counts, "byte_tokens_are_utf8_bytes", "english_bpe_favours_english", after=guess)
 
 # %% [markdown]
 # **Why.** Bytes treat every language alike, byte for byte, so a script whose characters take more
@@ -320,6 +323,7 @@ verdicts(words, "fewer_tokens_per_second_can_be_more_words")
 # - Set **long requests ahead** to 0 and the prompt to 512 tokens: now TTFT is mostly prefill, not queue.
 # - Run `run_mixed_load(model, rate=12)`: twice the arrival rate. Which grows faster, the p50 or the p95?
 # - Run `run_mixed_load(model, burstiness=4.0)`: the same rate, evenly spaced. What happens to the tail?
+# - Run `run_mixed_load(model, max_seqs=4)`: twice the batch slots for the same clumps. Which quantiles move?
 # - In the exact run, change `STEP_S` to 0.020 and predict every clock before running the cell.
 # - Train the BPE with a smaller vocabulary, `lesson_tokenizers(real=None, bpe=train_bpe(vocab_size=300))`
 #   (`from kvlab.experiments.tokens_words import train_bpe`): what happens to English's tokens per word?

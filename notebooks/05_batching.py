@@ -1,8 +1,9 @@
 # %% [markdown]
 # <!-- kvlab:header -->
 # One request at a time leaves most of a machine idle: a decode step for several sequences costs
-# far less than that many steps for one, because the weights are read once either way (your run
-# checks this below). So servers **batch**: they run many requests in the same steps. How they
+# far less than that many steps for one, because what a step pays once (reading every weight,
+# starting every operation) is shared by all the sequences in it (your run checks this below, and
+# says which of the two dominates on your machine). So servers **batch**: they run many requests in the same steps. How they
 # form those batches decides who waits, and for how long. This notebook runs the same requests
 # through two batching rules on a real model and draws what happened.
 
@@ -139,7 +140,8 @@ for row, run in zip(batching_table(exact).itertuples(), exact):
         line += f"  | by hand: sum of longest outputs = {by_hand}"
     print(line)
 verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_lengths_policies_coincide",
-         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait")
+         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait",
+         after=steps_guess)
 
 # %%
 steps = {(run.extra["policy"], run.extra["lengths"]): len(run.trace) for run in exact}
@@ -230,11 +232,24 @@ plot_gantts(frame, frame.attrs["steps"])
 # ## Why batching works, measured
 #
 # Every rule above rests on one fact: a decode step for several sequences costs far less than that
-# many steps for one. Why? A decode step multiplies every weight matrix of the model by one new row
-# per sequence. With one sequence it reads every weight from memory to do two operations with it (a
-# multiply and an add), so the step waits on memory. With a batch of B sequences it reads the same
-# weights **once** and does B times the arithmetic. Until the arithmetic takes longer than the
-# reading, the extra sequences ride along almost free.
+# many steps for one. Why? A step pays two costs once, whatever its batch:
+#
+# - **reading the weights.** A decode step multiplies every weight matrix of the model by one new row
+#   per sequence. With one sequence it reads every weight from memory to do two operations with it (a
+#   multiply and an add), so the step waits on memory. With a batch of B sequences it reads the same
+#   weights **once** and does B times the arithmetic;
+# - **the per-operation overhead.** Every small operation of a step (a norm, a rotary embedding, a
+#   reshape, the Python between them; on a GPU, each kernel launch) takes about as long for a few
+#   rows as for one.
+#
+# Until the arithmetic takes longer than both, the extra sequences ride along almost free. Which of
+# the two a batch mostly shares depends on the model and the machine. This notebook's model has a few
+# million weights, read in a fraction of a millisecond, so on a CPU most of its one-sequence step is
+# per-operation overhead (the verdicts under the tables say how much on your run). A GPU serving a
+# 7-billion-parameter model in 16-bit precision streams 14 billion bytes of weights every step, which
+# takes milliseconds even at a GPU's memory bandwidth, while its launches take microseconds each (and
+# engines such as vLLM capture them in CUDA graphs): there it is the weight read that batching shares,
+# the textbook "memory-bound decode".
 #
 # The cell below times one decode step of this notebook's model at batch sizes from 1 to 64 (each
 # sequence holds only a few tokens, so the weights are most of what a step reads), the sizes taking
@@ -270,7 +285,7 @@ plot_batch_scaling(scaling)
 # %%
 verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_decode_time_falls_with_batch",
          "batch_one_decode_reads_below_the_bandwidth", "batched_prompts_all_get_first_tokens_sooner",
-         "first_prompt_waits_for_the_batch")
+         "first_prompt_waits_for_the_batch", "batched_step_regime")
 
 # %% [markdown]
 # **Reading the figure.** Top left: the measured step (blue; the band holds the middle half of its
@@ -278,7 +293,11 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # the step is bound by reading the weights and by the fixed cost of running each operation, both paid
 # once per step. Past the point where the floors cross (dotted vertical line), the batch's arithmetic
 # takes longer than reading the weights and the step grows with the batch: decode is no longer
-# memory-bound. Top right, the same per token: each sequence's share of a step falls as the batch
+# memory-bound. Where they cross is a fact of the machine, its arithmetic speed over its memory
+# bandwidth: on one CPU thread in 32-bit floats it comes at a small batch, while a data-centre GPU's
+# 16-bit tensor cores do hundreds of operations per byte its memory delivers, so there the ridge point
+# lies at hundreds of tokens per step (why engines batch prefill tokens and decode tokens together
+# to reach it). Top right, the same per token: each sequence's share of a step falls as the batch
 # grows, steeply while the step is flat, slowly after. Bottom left: bytes read per second of step,
 # beside what the memory delivered in the bandwidth tests. A small model's step sits well above both
 # floors at small batches, because the fixed cost of each operation is a large part of it (the line

@@ -77,7 +77,7 @@ plot_paged_vs_reserved(table)
 from kvlab.claims import verdicts
 
 verdicts(table, "reservation_fits_budget_over_context", "paging_fits_more_sequences", "reservation_wastes_most",
-         "paging_wastes_only_last_blocks")
+         "paging_wastes_only_last_blocks", after=guess)
 
 # %% [markdown]
 # ### Your own budget
@@ -107,7 +107,9 @@ result.show()
 # ## Block size
 #
 # Why not blocks of 1 token, then? Each block costs bookkeeping (table entries, one gather per
-# block in attention, one hash per block for prefix caching), so real engines use 16 or 32. The
+# block in attention, one hash per block for prefix caching), so vLLM's default is 16 tokens per
+# block (SGLang's default page is a single token, and it matches prefixes token by token in a radix
+# tree instead of hashing blocks). The
 # waste per sequence is the empty end of its last block: between 0 and block_size − 1 slots, about
 # half a block on average.
 
@@ -154,7 +156,9 @@ verdicts(levers, "shorter_answers_help_reservation_most", "small_reservation_mat
 # Lowering max new tokens lets a reserving server admit many more requests, because every
 # reservation shrinks; the paging server gains less, because it never held the unused room in the
 # first place. When the reservation is close to what requests really use (a small max new tokens),
-# the two schemes fit about as many: paging wins by not having to guess. Lowering the max context
+# the two schemes fit about as many, and reserving can even fit a few more, since an exact
+# reservation wastes nothing while paging still rounds each sequence up to whole blocks: paging's
+# advantage is that it does not have to guess. Lowering the max context
 # cuts long prompts (the `prompts_cut` column): more capacity, but those requests lose part of their
 # input.
 
@@ -163,6 +167,13 @@ verdicts(levers, "shorter_answers_help_reservation_most", "small_reservation_mat
 
 # %% [markdown]
 # <!-- kvlab:exercise check_in_block_waste -->
+
+# %% [markdown]
+# Attention never sees a paged sequence's cache in one piece: it finds each token's keys and values
+# through the block table, wherever their blocks sit in the pool. The last exercise writes that gather.
+
+# %% [markdown]
+# <!-- kvlab:exercise check_paged_attention -->
 
 # %% [markdown]
 # ### Try it
@@ -179,7 +190,7 @@ verdicts(levers, "shorter_answers_help_reservation_most", "small_reservation_mat
 # - The KV budget, divided by what each sequence holds, is how many requests can run at once.
 #   Reserving each request's maximum leaves most of the budget empty; paged blocks waste only the
 #   end of each last block, about half a block per sequence.
-# - Larger blocks mean less bookkeeping and more waste; real engines settle on 16 or 32 tokens.
+# - Larger blocks mean less bookkeeping and more waste; vLLM settles on 16 tokens by default.
 # - Max context and max new tokens bound each sequence's cache: they are capacity settings, not
 #   only product settings. They matter most to a server that reserves.
 # - The counts above are the same on every machine; the verdicts under each table check the

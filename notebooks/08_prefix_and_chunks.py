@@ -124,6 +124,14 @@ verdicts(prefix_exact, "prefix_hits_match_hand_count")
 # <!-- kvlab:exercise check_prefix_hit -->
 
 # %% [markdown]
+# Prefix caching and preemption both rest on one piece of bookkeeping: which blocks each sequence
+# holds, and how many sequences use each block. The next exercise has you write it, checked call by
+# call against the engine's own `BlockManager`.
+
+# %% [markdown]
+# <!-- kvlab:exercise check_block_table -->
+
+# %% [markdown]
 # ## Real traffic: replaying a trace's shared prefixes
 #
 # Ten requests under one system prompt show the mechanism; production traffic is messier. A chat
@@ -170,7 +178,7 @@ guess.against(100 * ideal_hit_ratio(trace)["token_hit_ratio"])
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_the_ideal_hits")
+verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_the_ideal_hits", after=guess)
 
 # %% [markdown]
 # The **ideal** is a cache that keeps every block it has ever seen: a bound no engine reaches. The

@@ -30,6 +30,7 @@ print("server packages:", "installed now" if missing else "present")
 # - draw a service curve over the wire and read where the server stops keeping up;
 # - explain an achieved rate from the rate actually sent and the window it was measured over;
 # - point the same command at a vLLM (or SGLang, TGI, llama.cpp) deployment.
+# - measure a second real engine, `transformers serve`, on the same weights and workload, cold and warm, up to its knee.
 
 # %% [markdown]
 # ## 1. A server on this machine
@@ -148,7 +149,7 @@ guess.against(1e3 * side["ttft_overhead_s"].median())
 
 # %%
 # NBVAL_CHECK_OUTPUT
-print("every request ends later at the client than in the engine (overhead >= 0):",
+print("every first token reaches the client after the engine made it (TTFT overhead >= 0):",
       bool((side["ttft_overhead_s"] >= 0).all()))
 print("client and engine counted the same output tokens:",
       bool((side["output_tokens"] == side["engine_output_tokens"]).all()))
@@ -156,7 +157,7 @@ print("client and engine counted the same output tokens:",
 # %%
 from kvlab.claims import verdicts
 
-verdicts(side, "wire_adds_little_on_loopback")
+verdicts(side, "wire_adds_little_on_loopback", after=guess)
 
 # %% [markdown]
 # **Reading it.** On loopback the wire adds little: compare the overhead rows with the engine's own
@@ -318,7 +319,89 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 #   the counts and the service curve are read the same way.
 
 # %% [markdown]
-# ## 6. Stop the server
+# ## 6. The same client against a second engine
+#
+# Every measurement so far had one engine behind it, kvlab's. A measurement means more next to a
+# second one, and a second real engine is already installed: transformers ships its own
+# OpenAI-compatible server, `transformers serve`. With `--continuous-batching` it schedules
+# requests step by step over a paged KV cache, the two ideas of notebooks 05 and 07, written by
+# another team with other choices. vLLM and SGLang are the same kind of engine built for GPUs
+# at production scale (section 5); `transformers serve` is the one that runs here, on this CPU.
+#
+# A fair comparison changes one thing only, the engine:
+#
+# - **the same weights**: the lesson model is saved once as a transformers checkpoint folder, with
+#   a byte tokenizer that cuts text exactly as kvlab's does, and both servers load that folder
+#   (the run checks it: both write the same greedy answer to one prompt);
+# - **the same workload and client**: the seeded open-loop requests of section 4, sent as text by
+#   the same load generator, every answer run to its `max_tokens` (kvlab's `ignore_eos`;
+#   transformers refuses that field, so the client sends its equivalent, an end-of-sequence id that
+#   never occurs);
+# - **the same memory and budget**: KV blocks of 16 tokens, 512 of them, up to 512 tokens per step,
+#   one CPU thread each, and only one server running at a time so they never share a core.
+#
+# What stays different is each engine's own design, and that is what the run shows:
+#
+# | | kvlab serve (kvlab's choices) | transformers serve --continuous-batching |
+# |---|---|---|
+# | scheduling | decode first, then prompt chunks fill the step's token budget (chunked prefill) | its continuous-batching scheduler fills each step from the waiting requests within the same token budget |
+# | attention | kvlab's own over its block table | transformers' paged attention |
+# | at start | the model is loaded and the engine built before `/health` answers | the model is loaded at start; the batching manager and its cache are built when the first request arrives |
+# | prefix cache | on, but this workload shares no prefix, so it plays no part here | not used by this workload either |
+#
+# The panel starts kvlab's server, measures it **cold** (the first few requests after it started),
+# sends a few warm-up requests, measures it **warm** at the same low rate, then sweeps the mixture
+# profile (long prompts and long answers among short ones) up to its *knee*: the highest rate at
+# which at least nine requests in ten completed and the first token's p95 stayed within the bound.
+# Then it stops it and does the same with `transformers serve`. Where `transformers serve` cannot
+# run (an older transformers, or `accelerate` missing), the next cell says why in one line and the
+# panel measures kvlab's server alone.
+
+# %%
+from kvlab.http.peer import transformers_serve_available
+from kvlab.widgets.two_engines import two_engines_panel
+
+ok, why = transformers_serve_available()
+print(why if ok else f"transformers serve is unavailable here: {why}. The panel measures kvlab serve alone.")
+engines = two_engines_panel(rates=(4, 16, 64), duration_s=1.5)
+engines
+
+# %%
+both = engines.run()   # the same as pressing Run: each server in turn, cold, warm, then the sweep
+both.show()
+
+# %% [markdown]
+# First count, then time, as before; and check that the two servers really hold the same weights:
+
+# %%
+verdicts(both.frame, "two_engines_account_for_every_request", "two_engines_same_weights")
+
+# %% [markdown]
+# What differed between the engines on your run:
+
+# %%
+verdicts(both.frame, "two_engines_at_low_load", "cold_start_costs_the_first_requests", "per_token_time_under_load",
+         "kvlab_knee_beyond_transformers")
+
+# %% [markdown]
+# **Reading it.** At low load little waits, so TTFT is one prompt's prefill plus the plumbing,
+# and TPOT is one decode step with a nearly empty batch: that is each engine's step overhead. The
+# cold rows pay for what an engine does only once: transformers builds its batching manager and
+# paged cache on the first request, so a server that looks fast when warm can make its first users
+# wait; measure the two apart, and warm a server up before you time it. Under load the per-token
+# time grows with the batch on both engines, and how fast it grows is the scheduler's and the
+# attention kernel's work per step; where it grows faster, the queue builds sooner and the knee comes
+# at a lower rate. The knee, not the low-load latency, is what decides how many machines a service
+# needs.
+#
+# A benchmark repeats this in paired rounds, with the engine order rotated, and prints kvlab's
+# latency and knee as ratios to transformers' with their spread: `python -m kvlab bench serve`.
+# A note of caution that applies to every comparison of engines: this is a tiny model on a CPU,
+# where fixed costs per step dominate; on a GPU with a real model the balance between scheduling
+# overhead and arithmetic is different, and so can the ranking be.
+
+# %% [markdown]
+# ## 7. Stop the server
 #
 # A server you started is yours to stop. (If the kernel exits first, it is stopped then.)
 
@@ -342,8 +425,11 @@ print("server process ended:", srv.process.poll() is not None)
 #   by a window that outlasts the arrivals, and a seeded schedule sends near the offered rate, not at it.
 # - The same command measures vLLM, SGLang, TGI or llama.cpp's server; multi-GPU and multi-node
 #   serving is their ground, and the clocks are read the same way there.
+# - Two engines on the same weights, workload and client differ in what their design costs: cold start,
+#   the time of a step, and so the rate where the queue starts to grow (the knee). Measure cold and warm apart.
 # - Behind this notebook: `kvlab.experiments.wire` (`start_server`, `measure_at_client`, `accounting`,
-#   `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `kvlab.http`
+#   `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `kvlab.experiments.two_engines`
+#   (`compare_engines`), `kvlab.http.peer` (`transformers serve`), `kvlab.http`
 #   (`server`, `loadgen`, `compare`), `kvlab.plots.wire`, `kvlab.widgets.wire`, the claims in
 #   `kvlab/claims/c09_measure_a_real_server.py`; tests in `tests/test_experiments_wire.py`,
 #   `tests/test_http_server.py`, `tests/test_loadgen.py` and `tests/test_claims_09.py`.

@@ -4,6 +4,8 @@ For each notebook in notebooks/ (new ones are picked up automatically): open it,
 outputs, run all cells, press every experiment's Run button (``.kvlab-run``, set by
 kvlab.widgets.ExperimentPanel), wait for the kernel to go idle, then assert that a figure is shown,
 that every panel shows a result, and that no error output (and no panel error line) is on screen.
+After Run All with the prediction boxes empty, no prediction's measured answer is on screen, and a
+click on its fold shows it (kvlab.widgets.predict).
 A full-page screenshot per notebook goes to test-artifacts/screenshots/NAME.png, the time of each
 phase to test-artifacts/browser-timings.json.
 
@@ -271,6 +273,14 @@ PANELS = """() => [...document.querySelectorAll('.kvlab-panel')].map(p => {
           status: (p.querySelector('.kvlab-status') || {textContent: ''}).textContent};
 })"""
 
+# The folds that hide a prediction's answer (and the checks that would give it away) until the learner
+# predicts or clicks: kvlab.widgets.predict's Comparison and verdicts(..., after=guess).
+REVEALS = """() => [...document.querySelectorAll('.jp-OutputArea-output details.kvlab-reveal')].map(d => {
+  const measured = d.querySelector('.kvlab-measured');
+  return {open: d.open, summary: d.querySelector('summary').innerText, shown: d.innerText,
+          measured: measured ? measured.textContent : null};
+})"""
+
 # The notebook scrolls inside JupyterLab's layout, so a full-page screenshot needs a viewport as
 # tall as the notebook's content (plus the menus and status bar around it).
 NOTEBOOK_HEIGHT = """() => {
@@ -340,6 +350,19 @@ def test_notebook_runs_in_a_real_browser(notebook: Path, lab: JupyterServer, bro
         assert state["error"] is None, f"{rel}: Run All failed in JupyterLab: {state['error']}"
         assert state["ok"], f"{rel}: Run All stopped early (a cell failed)"
         assert page.evaluate(UNEXECUTED) == [], f"{rel}: cells left unexecuted after Run All"
+
+        # Run All without a prediction: no answer on screen until the learner clicks its fold.
+        reveals = page.evaluate(REVEALS)
+        answers = [r for r in reveals if r["measured"] is not None]
+        assert answers, f"{rel}: no folded prediction answer after Run All (guess.against(...) with an empty box)"
+        for r in reveals:
+            assert not r["open"] and not any(ch.isdigit() for ch in r["summary"]), f"{rel}: fold shown open: {r}"
+        assert all(r["measured"] not in r["shown"] for r in answers), f"{rel}: a measured answer is on screen: {answers}"
+        fold = page.locator(".jp-OutputArea-output .kvlab-prediction details.kvlab-reveal").first
+        fold.locator("summary").click()
+        measured = fold.locator(".kvlab-measured")
+        measured.wait_for(state="visible", timeout=10_000)
+        assert any(ch.isdigit() for ch in measured.inner_text()), f"{rel}: the revealed answer holds no number"
 
         t = time.monotonic()
         buttons = page.locator(".kvlab-run")

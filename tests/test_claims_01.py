@@ -9,6 +9,7 @@ from kvlab.experiments import tokens_processed
 
 NAMES = ["uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens",
          "measured_slowdown_below_work", "many_tokens_per_pass_cost_less_each", "uncached_steps_share_a_per_pass_cost"]
+LONG_CONTEXT = ["cached_steps_grow_at_long_context"]  # on run_context_steps, not run_slowdown
 
 
 def run(fixed: float = 2.0, per_token: float = 0.1, cached_ms: float = 2.0, prompt: int = 32,
@@ -27,7 +28,7 @@ def run(fixed: float = 2.0, per_token: float = 0.1, cached_ms: float = 2.0, prom
 
 
 def test_the_notebook_shows_these_claims():
-    assert [c.name for c in claims_for("01_the_slowdown.ipynb")] == NAMES
+    assert [c.name for c in claims_for("01_the_slowdown.ipynb")] == NAMES + LONG_CONTEXT
 
 
 def test_a_run_that_behaves_as_the_lesson_says_supports_every_claim():
@@ -90,3 +91,30 @@ def test_the_example_run_is_sized_for_the_device(monkeypatch, kind, sizes):
         c01._example.cache_clear()  # the next example is a real run again
     prompt, new = sizes
     assert calls == [("the lesson model", dict(prompt_tokens=prompt, max_new_tokens=new, repeats=2))]
+
+
+def long_context_run(short_ms: float = 1.2, per_token_us: float = 0.6, contexts=(32, 253, 507, 1015)) -> pd.DataFrame:
+    """Cached steps that cost short_ms + per_token_us per token of context beyond the shortest, K/V 4096 B a token."""
+    return pd.DataFrame([dict(repeat=0, context=n, token=t, position=n + t,
+                              step_ms=short_ms + per_token_us * 1e-3 * (n - contexts[0]), kv_bytes_read=4096 * (n + t))
+                         for n in contexts for t in range(1, 5)])
+
+
+def test_cached_steps_that_grow_with_context_are_attributed_to_the_kv_read():
+    v = CLAIMS["cached_steps_grow_at_long_context"].on(long_context_run())
+    assert v.holds, str(v)
+    assert v.values["ratio"] == pytest.approx((1.2 + 0.6e-3 * 983) / 1.2)
+    assert "a context of 1015 tokens" in str(v) and "from 0.14 to 4.17 MB" in str(v)
+
+
+def test_cached_steps_flat_at_every_context_are_not_called_growing():
+    # a GPU-like run: the step waits for launches, and the K/V read is too small to show
+    assert not CLAIMS["cached_steps_grow_at_long_context"].on(long_context_run(per_token_us=0.0)).holds
+    # the claim's own counter-example, built from a run that grows
+    from kvlab.claims.c01_the_slowdown import _flat_long_context
+    assert not CLAIMS["cached_steps_grow_at_long_context"].on(_flat_long_context(long_context_run())).holds
+
+
+def test_the_flat_claim_names_the_short_context_it_was_measured_at():
+    v = CLAIMS["cached_steps_stay_flat"].on(run())
+    assert "at most 226 tokens" in str(v)  # prompt 32 + token 194

@@ -79,3 +79,19 @@ def test_the_token_claims_read_only_kvlabs_two_tokenizers():
     assert CLAIMS["same_words_different_tokens_per_second"].on(tokens_per_second(counts, 10)).holds
     no_bpe = counts[counts["tokenizer"] != BPE]
     assert CLAIMS["english_bpe_favours_english"].on(no_bpe).holds is None  # says it cannot read, never raises
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_default_mixed_load_queues_in_clumps_and_shows_a_tail(seed):
+    """run_mixed_load's defaults (clumped arrivals, two slots) on exact step prices: most requests find a slot
+    and wait only for their prefill, the clumped ones queue, so p95 is well above the mean, the mean above the
+    median, and fewer than half wait longer than the mean. Seed 1 is the notebook's."""
+    from kvlab.experiments.four_clocks import mean_vs_tail, run_mixed_load
+    from kvlab.experiments.serving_run import FixedStepCostExecutor, lesson_model
+
+    run = run_mixed_load(lesson_model(), seed=seed, executor=FixedStepCostExecutor(step_s=0.003, token_s=2e-5),
+                         clock="virtual")
+    row = mean_vs_tail(run.requests, clocks=("ttft_s",)).iloc[0]
+    assert row["n"] == 30 and row["p95"] > 2 * row["mean"] and row["mean"] > 1.2 * row["p50"], row.to_dict()
+    assert row["share_above_mean"] < 0.5
+    assert CLAIMS["ttft_tail_is_well_above_the_mean"].on(run).holds

@@ -51,3 +51,26 @@ def test_the_batched_step_claim_compares_decode_steps_only():
     assert v.holds and v.values["times"] == pytest.approx(0.011 / 0.008) and (v.values["nb"], v.values["n1"]) == (2, 2)
     frame.attrs["trace"] = trace[trace["num_seqs"] != 1]
     assert CLAIMS["a_batched_step_costs_less_than_separate_steps"].on(frame).holds is None  # nothing to compare
+
+
+def _scaling(step_ms: float, products_ms: float):
+    """A one-sequence step of ``step_ms`` whose weight products alone took ``products_ms``, as batch_scaling returns."""
+    from types import SimpleNamespace
+
+    decode = pd.DataFrame({"batch": [1, 8], "step_s": [step_ms / 1e3, 2 * step_ms / 1e3]})
+    return SimpleNamespace(decode=decode, machine={"products_ms": products_ms})
+
+
+def test_the_regime_claim_names_per_operation_overhead_when_the_products_are_a_small_share():
+    # the lesson model on one CPU thread: weight products a fifth of the step
+    v = CLAIMS["batched_step_regime"].on(_scaling(step_ms=1.6, products_ms=0.32))
+    assert v.values["share"] == pytest.approx(0.2) and "(20%)" in str(v)
+    assert "per-operation overhead" in str(v) and "reading the weights once" not in str(v)
+    assert str(v).startswith("•")  # an observation: both regimes are real, neither is a failure
+
+
+def test_the_regime_claim_names_the_weight_read_when_the_products_dominate():
+    # a large model streaming its weights: the products are most of the step
+    v = CLAIMS["batched_step_regime"].on(_scaling(step_ms=10.0, products_ms=8.5))
+    assert v.values["share"] == pytest.approx(0.85)
+    assert "reading the weights once" in str(v) and "per-operation overhead" not in str(v)

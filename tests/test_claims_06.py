@@ -50,10 +50,13 @@ def test_real_vs_simulated_gives_one_ratio_per_load_and_clock_with_its_n():
         real_vs_simulated(_check(real, SIM).assign(source="real"))
 
 
+SIM_WITH_E2E_MEDIAN = {**SIM, "e2e_p50_s": [0.07, 0.09, 0.13]}  # the rise claim reads the three medians
+
+
 def test_a_simulator_close_to_the_real_run_passes_its_claims():
-    real = {k: [1.1 * x for x in v] for k, v in SIM.items()}
+    real = {k: [1.1 * x for x in v] for k, v in SIM_WITH_E2E_MEDIAN.items()}
     real["achieved_rps"] = SIM["achieved_rps"]
-    check = _check(real, SIM)
+    check = _check(real, SIM_WITH_E2E_MEDIAN)
     for name in ("simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
                  "real_and_simulated_rise_with_load"):
         verdict = CLAIMS[name].on(check)
@@ -64,13 +67,22 @@ def test_a_simulator_close_to_the_real_run_passes_its_claims():
 
 def test_a_busy_machine_fails_the_claims_and_says_what_to_look_at():
     """Real steps three times slower than calibrated, and a real run that does not slow down with load."""
-    real = {k: [3 * v[1]] * 3 for k, v in SIM.items()}
+    real = {k: [3 * v[1]] * 3 for k, v in SIM_WITH_E2E_MEDIAN.items()}
     real["achieved_rps"] = [10.0, 14.0, 15.0]
-    check = _check(real, SIM)
+    check = _check(real, SIM_WITH_E2E_MEDIAN)
     for name in ("simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
                  "real_and_simulated_rise_with_load"):
         verdict = CLAIMS[name].on(check)
         assert verdict.holds is False and str(verdict).startswith("✗ not on your run"), str(verdict)
+
+
+def test_the_rise_claim_checks_every_level_not_only_the_ends():
+    """The seed's run: the ends rise, the middle level is far above both; the ends alone would say "rises"."""
+    real = {**SIM_WITH_E2E_MEDIAN, "ttft_p50_s": [0.012, 0.111, 0.017]}
+    v = CLAIMS["real_and_simulated_rise_with_load"].on(_check(real, SIM_WITH_E2E_MEDIAN))
+    assert v.holds is False and "12.0 → 111.0 → 17.0" in v.text and "TTFT p50 (real)" in v.text
+    tie = {**SIM_WITH_E2E_MEDIAN, "ttft_p50_s": [0.010, 0.0095, 0.020]}  # a 5% dip between two light loads
+    assert CLAIMS["real_and_simulated_rise_with_load"].on(_check(tie, SIM_WITH_E2E_MEDIAN)).holds is True
 
 
 def test_the_curve_claims_read_a_curve_without_a_knee_as_not_holding():

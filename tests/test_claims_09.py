@@ -22,7 +22,9 @@ def test_the_schedule_claim_is_deterministic_and_holds_on_the_notebooks_rates():
     v = c.on(c.example())
     assert v.holds is True, str(v)
     assert "48 requests over 1.71 s at 32 req/s offered (28.0 req/s sent)" in v.text
-    assert all(other.clock == "wall" for other in claims_for(c.notebook) if other is not c)
+    # the only other deterministic claims of 09 count requests and compare greedy answers (no clock in them)
+    deterministic = {o.name for o in claims_for(c.notebook) if o is not c and o.clock == "deterministic"}
+    assert deterministic == {"two_engines_account_for_every_request", "two_engines_same_weights"}
 
 
 def test_a_short_run_at_a_low_rate_strays_from_the_offered_rate():
@@ -54,3 +56,54 @@ def test_the_overhead_claim_reads_the_side_by_side_frame():
     v = CLAIMS["wire_adds_little_on_loopback"].on(side)
     assert v.holds is True and "n=3 requests" in v.text
     assert CLAIMS["wire_adds_little_on_loopback"].on(side * 10).holds is False
+
+
+# -- two engines: kvlab serve and transformers serve ------------------------------------------------------
+def engines(**columns) -> pd.DataFrame:
+    """A two-engine comparison with the columns the claims read (defaults: kvlab ahead under load, cold slower)."""
+    rows = []
+    for engine, tpot, knee_fail in (("kvlab serve", 0.003, 64.0), ("transformers serve", 0.006, 16.0)):
+        rows += [dict(engine=engine, phase="cold", offered_rps=4.0, ttft_p95_s=0.09, ttft_p50_s=0.05, ttft_n=6,
+                      tpot_p50_s=tpot, tpot_n=6),
+                 dict(engine=engine, phase="warm", offered_rps=4.0, ttft_p95_s=0.03, ttft_p50_s=0.02, ttft_n=12,
+                      tpot_p50_s=tpot, tpot_n=12)]
+        for rate in (4.0, 16.0, 32.0):
+            if rate > knee_fail:
+                break
+            bad = rate >= knee_fail
+            rows.append(dict(engine=engine, phase="sweep", offered_rps=rate, ttft_p95_s=2.0 if bad else 0.1,
+                             ttft_p50_s=0.05, ttft_n=10, tpot_p50_s=tpot * rate / 4, tpot_n=10, served=0.6 if bad else 1.0))
+    t = pd.DataFrame(rows).fillna({"served": 1.0})
+    t = t.assign(**{**dict(sent=10, completed=10, failed=0, waiting=0, failed_reasons=""), **columns})
+    t.attrs.update(greedy={"kvlab serve": "v2.", "transformers serve": "v2."}, settings={"slo_ttft_s": 1.0})
+    return t
+
+
+def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_counterexamples():
+    t = engines()
+    for name in ("two_engines_account_for_every_request", "two_engines_same_weights",
+                 "cold_start_costs_the_first_requests", "per_token_time_under_load", "kvlab_knee_beyond_transformers"):
+        v = CLAIMS[name].on(t)
+        assert v.holds is True, (name, str(v))
+    assert "32 req/s (the highest rate offered" in CLAIMS["kvlab_knee_beyond_transformers"].on(t).text
+    assert "4 req/s on transformers serve" in CLAIMS["kvlab_knee_beyond_transformers"].on(t).text
+    assert "at 16 req/s offered" in CLAIMS["per_token_time_under_load"].on(t).text  # the highest rate both reached
+    for name in ("cold_start_costs_the_first_requests", "per_token_time_under_load", "kvlab_knee_beyond_transformers"):
+        c = CLAIMS[name]
+        assert c.on(c.counterexample(t.copy())).holds is False, name
+
+
+def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine_alone():
+    assert CLAIMS["two_engines_account_for_every_request"].on(engines(waiting=1)).holds is False
+    lost = engines()
+    lost.loc[0, "completed"] = 9
+    assert CLAIMS["two_engines_account_for_every_request"].on(lost).holds is False
+    differ = engines()
+    differ.attrs["greedy"] = {"kvlab serve": "v2.", "transformers serve": "v3."}
+    assert CLAIMS["two_engines_same_weights"].on(differ).holds is False
+    alone = engines()
+    alone = alone[alone.engine == "kvlab serve"]
+    alone.attrs["unavailable"] = "transformers 5.0 has no `transformers serve --continuous-batching`"
+    assert CLAIMS["kvlab_knee_beyond_transformers"].on(alone).holds is None
+    assert CLAIMS["two_engines_account_for_every_request"].on(alone).holds is True
+    assert CLAIMS["two_engines_at_low_load"].on(alone).holds is True

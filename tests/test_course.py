@@ -382,3 +382,13 @@ def test_binder_has_everything_kvlab_imports_and_widgets_for_jupyterlab_4():
     post = (ROOT / "binder" / "postBuild").read_text()
     assert "pip install" in post and "-e ." in post and "--no-deps" in post
     assert "jupyter labextension" not in post and "jupyter lab build" not in post
+
+
+def test_notebook_00s_table_quotes_no_run_time_that_a_later_build_would_make_stale():
+    from kvlab.course import course_map
+
+    plain, timed = course_map(link_prefix="", run_times=False), course_map(link_prefix="")
+    assert "run time" not in plain and "run time" in timed
+    assert len(plain.splitlines()) == len(timed.splitlines()) == len(NOTEBOOKS) + 3
+    assert all(f"[{n.title}]({n.file})" in plain for n in NOTEBOOKS)
+    assert f"**{sum(n.minutes for n in NOTEBOOKS)}**" in plain

@@ -4,7 +4,8 @@ Notebook 02, "write the cache": a KVCache with update() and seq_len filled in, c
 with it and without any cache, token for token. Notebook 05, "write the admission rule": a function
 that picks which waiting requests join the batch, run inside the engine and audited at every call.
 The registered solution and one wrong answer are tested with every exercise in tests/test_course.py;
-here every other slip is named.
+here every other slip is named. The build-it exercises of notebooks 07 (attention over a paged cache)
+and 08 (a block table) are tested the same way in tests/test_exercises_paged.py.
 """
 from __future__ import annotations
 

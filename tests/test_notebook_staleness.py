@@ -76,6 +76,8 @@ def stale_notebook(tmp_path):
     """A copy of notebook 00 whose recorded hashes say kvlab/env.py changed since its outputs were made."""
     for suffix in (".ipynb", ".py"):
         shutil.copy(ROOT / "notebooks" / f"00_start_here{suffix}", tmp_path / f"00_start_here{suffix}")
+    (tmp_path / "workshop").mkdir()  # --check also compares the workshop edition built beside it
+    shutil.copy(ROOT / "notebooks" / "workshop" / NOTEBOOK, tmp_path / "workshop" / NOTEBOOK)
     path = tmp_path / NOTEBOOK
     nb = nbformat.read(path, as_version=4)
     nb.metadata.setdefault("kvlab", {})["sources"] = {**authoring.source_hashes(NOTEBOOK), "kvlab/env.py": "0" * 16}

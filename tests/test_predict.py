@@ -1,14 +1,42 @@
-"""Predict, then run: the learner's number beside the measurement, never an exception."""
+"""Predict, then run: the learner's number beside the measurement, never an exception, and never the answer first.
+
+Until the box is filled, the measurement (and the claims that state it, ``verdicts(..., after=guess)``)
+is folded into a ``<details>`` the learner clicks, and the plain text holds no number at all.
+"""
 from __future__ import annotations
 
+import html as html_lib
+import re
+
+import pytest
+
+from kvlab.claims import CLAIMS, verdicts
 from kvlab.widgets import predict
 
+DETAILS_BODY = re.compile(r"(<details\b[^>]*>\s*<summary>.*?</summary>).*?</details>", re.S)
+TAG = re.compile(r"<[^>]+>")
 
-def test_an_empty_box_asks_for_a_number_and_still_shows_the_measurement():
+
+def shown_without_clicking(html: str) -> str:
+    """The text a reader sees of ``html`` before opening any ``<details>``: tags gone, folded bodies gone."""
+    return html_lib.unescape(TAG.sub(" ", DETAILS_BODY.sub(r"\1", html)))
+
+
+def test_an_empty_box_asks_for_a_number_and_hides_the_measurement_until_clicked():
     guess = predict("How many times as long?", unit="×")
     assert guess.value is None
-    text = str(guess.against(2.5))
-    assert text.startswith("no prediction yet") and "2.5×" in text
+    c = guess.against(4.19)
+    text, page = str(c), c._repr_html_()
+    assert text.startswith("no prediction yet") and "run this cell again" in text
+    assert not re.search(r"\d", text), f"the plain text gives the answer away: {text!r}"
+    assert c.hidden and c.measured == 4.19  # the number is still there for code
+    assert '<details class="kvlab-reveal">' in page and "click here to reveal" in page
+    assert "4.19×" in page and "4.19" not in shown_without_clicking(page)  # folded, one click away
+
+
+def test_the_reveal_names_what_was_measured():
+    c = predict("How many GiB?", unit="GiB").against(2.0, what="the formula gives")
+    assert "reveal what the formula gives" in c._repr_html_() and "2 GiB" in c._repr_html_()
 
 
 def test_a_typed_prediction_is_shown_beside_the_measurement_with_their_ratio():
@@ -16,8 +44,44 @@ def test_a_typed_prediction_is_shown_beside_the_measurement_with_their_ratio():
     guess.box.value = 4.0  # what typing in the box does
     c = guess.against(2.0)
     assert c.predicted == 4.0 and str(c) == "you predicted 4×; your run measured 2× (0.5 times your prediction)"
+    assert not c.hidden and "<details" not in c._repr_html_()
+    assert "2×" in shown_without_clicking(c._repr_html_())  # counter-example: nothing folded once predicted
 
 
 def test_a_prediction_set_in_code_and_a_zero_prediction_do_not_raise():
     assert "bytes" in str(predict("How many bytes?", unit="bytes", value=1024).against(2048))
     assert "inf" in str(predict("How many?", value=0).against(3))
+
+
+# --- verdicts that would answer the prediction -------------------------------------------------------
+
+NAME = "paging_fits_more_sequences"  # a deterministic claim of notebook 07 that states the predicted count
+
+
+@pytest.fixture(scope="module")
+def capacity_result():
+    return CLAIMS[NAME].example()
+
+
+def test_checks_after_an_empty_prediction_are_folded_and_their_numbers_left_out(capacity_result):
+    shown = verdicts(capacity_result, NAME)
+    folded = verdicts(capacity_result, NAME, after=predict("How many fit?", unit="sequences"))
+    assert re.search(r"\d", str(shown)) and str(shown).startswith("✓")
+    text, page = str(folded), folded._repr_html_()
+    assert folded.hidden and "hidden until you predict" in text and "run this cell again" in text
+    assert not re.search(r"\d", text) and "✓" not in text, text
+    assert '<details class="kvlab-reveal">' in page and shown._repr_html_() in page  # one click shows them all
+    assert not re.search(r"\d", shown_without_clicking(page))
+
+
+def test_checks_after_a_made_prediction_are_shown_in_full(capacity_result):
+    guess = predict("How many fit?", unit="sequences")
+    guess.box.value = 20.0
+    after = verdicts(capacity_result, NAME, after=guess)
+    assert not after.hidden and str(after) == str(verdicts(capacity_result, NAME))
+    assert after._repr_html_() == verdicts(capacity_result, NAME)._repr_html_()
+
+
+def test_after_takes_a_prediction_and_says_so_otherwise(capacity_result):
+    with pytest.raises(TypeError, match="guess = predict"):
+        verdicts(capacity_result, NAME, after=3)

@@ -11,7 +11,7 @@ import importlib.util
 
 import torch
 
-from ..device import now
+from ..measure.transformers_steps import timed_generate, transformers_cache_bytes
 from ..model.decoder import Decoder
 from ..model.loading import to_transformers
 from .decode_runs import Mode, Run, kv_tokens_read
@@ -55,44 +55,11 @@ def compiled_transformers(model: Decoder, backend: str):
 
 
 def run_transformers(hf, prompt: list[int], mode: Mode, new: int, device: torch.device, kv_per_token: int) -> Run:
-    import transformers
-
-    stamps: list[float] = []
-    starts: list[float] = []
-
-    class Stamp(transformers.LogitsProcessor):
-        """Records the time each step's logits arrive (after CUDA work has finished)."""
-
-        def __call__(self, input_ids, scores):
-            stamps.append(now(device))
-            return scores
-
-    hook = hf.register_forward_pre_hook(lambda *_: starts.append(now(device)) if not starts else None)
-    extra = {"cache_config": dict(mode.options)} if mode.cache == "quantized" else {}  # generate edits it: fresh dict
-    ids = torch.tensor([prompt], device=device)  # (1, T)
-    try:
-        t0 = now(device)
-        # an explicit mask: without one, transformers masks every prompt token equal to pad_token_id
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                          do_sample=False, pad_token_id=0,
-                          cache_implementation=mode.cache, logits_processor=transformers.LogitsProcessorList([Stamp()]),
-                          return_dict_in_generate=True, **extra)
-        wall = now(device) - t0
-    finally:
-        hook.remove()
-    steps = [stamps[0] - starts[0]] + [b - a for a, b in zip(stamps, stamps[1:])]
-    return Run(wall, steps, out.sequences[0, len(prompt):].tolist(), transformers_cache_bytes(out.cache),
+    # timed as kvlab's timeline times kvlab (kvlab.measure.transformers_steps)
+    config = dict(mode.options) if mode.cache == "quantized" else None
+    run = timed_generate(hf, prompt, new, device, cache_implementation=mode.cache, cache_config=config)
+    return Run(run.wall_s, run.step_s, run.tokens, transformers_cache_bytes(run.cache),
                kv_per_token * kv_tokens_read(mode, len(prompt), new))
-
-
-def transformers_cache_bytes(cache) -> int:
-    """Bytes of the distinct tensors held by a transformers cache's layers."""
-    seen: dict[int, int] = {}
-    for layer in getattr(cache, "layers", []):
-        for value in vars(layer).values():
-            if isinstance(value, torch.Tensor) and value.numel():
-                seen[value.data_ptr()] = value.numel() * value.element_size()
-    return sum(seen.values())
 
 
 __all__ = ["TRANSFORMERS_CACHES", "compiled_transformers", "installed", "run_transformers", "transformers_cache_bytes", "transformers_modes"]

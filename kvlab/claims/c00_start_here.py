@@ -18,7 +18,14 @@ def _example() -> pd.DataFrame:
     return run_slowdown(lesson_model(), prompt_tokens=32, max_new_tokens=40, caches=("dynamic",), repeats=2)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+def _prefill_as_dear_as_decode(_example: Any) -> pd.DataFrame:
+    """Counter-example: a prefill of 32 tokens that costs 32 decode steps (nothing shared in the pass)."""
+    from .c01_the_slowdown import steps_by_hand
+
+    return steps_by_hand({"dynamic": lambda token, n: 1.0 * n}, new_tokens=20)
+
+
+@claim(NOTEBOOK, clock="wall", counterexample=_prefill_as_dear_as_decode, example=_example,
        says="the prefill of {prompt} tokens took {prefill:.2f} ms, {ratio:.1f}× one decode step ({decode:.2f} ms), "
             "not {prompt}×: {per_token:.3f} ms per prompt token against {decode:.2f} ms per generated token",
        otherwise="here the prefill cost about as much per token as a decode step. With a very short prompt there "

@@ -5,14 +5,17 @@ uncached steps grow and cached ones stay nearly flat; the gap between the two ar
 the measured slowdown stays below the work ratio, because a pass over many tokens costs far less
 per token than a pass over one; and a line through the uncached steps splits each into a part
 every pass pays whatever it holds (of the order of a whole cached step) and a small part per token.
+At a long context (``run_context_steps``) the cached steps are no longer flat: each reads every
+stored K/V, and that read grows with the context.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
+from ..experiments.long_context import context_step_summary, run_context_steps
 from ..experiments.slowdown import run_slowdown, slowdown_fit, slowdown_model, slowdown_summary, step_curves
 from ..model.lessons import LessonScale, lesson_scale
 from .framework import claim, frame_of
@@ -40,12 +43,56 @@ def _example() -> pd.DataFrame:
     return run_slowdown(slowdown_model(), **example_sizes(), repeats=2)
 
 
+def steps_by_hand(step_ms: dict[str, Callable[[int, int], float]], prompt_tokens: int = 32,
+                  new_tokens: int = 80) -> pd.DataFrame:
+    """A ``run_slowdown`` frame built by hand (one repeat): each cache's step time in ms, a function of
+    (token, tokens that step pushes through the model). For the counter-examples of the claims."""
+    rows = []
+    for cache, ms_of in step_ms.items():
+        t = 0.0
+        for token in range(new_tokens):
+            processed = prompt_tokens if token == 0 else (prompt_tokens + token if cache == "none" else 1)
+            ms = float(ms_of(token, processed))
+            t += ms / 1e3
+            rows.append(dict(cache=cache, repeat=0, token=token, position=prompt_tokens + token,
+                             tokens_processed=processed, time_s=t, step_ms=ms,
+                             phase="prefill" if token == 0 else "decode", cache_bytes=0))
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(prompt_tokens=prompt_tokens, max_new_tokens=new_tokens, repeats=1)
+    return frame
+
+
+# Counter-examples: runs on which each sentence below is false (tests/test_claims.py checks they are marked ✗).
+def _flat_uncached(_example: Any) -> pd.DataFrame:  # uncached steps that do not grow
+    return steps_by_hand({"none": lambda token, n: 1.0 + 0.01 * (token % 2), "dynamic": lambda token, n: 1.0})
+
+
+def _growing_cached(_example: Any) -> pd.DataFrame:  # cached steps that double over the run
+    return steps_by_hand({"none": lambda token, n: 0.05 * n, "dynamic": lambda token, n: 1.0 + 0.02 * token})
+
+
+def _gap_stops_growing(_example: Any) -> pd.DataFrame:  # uncached as fast as cached in the second half
+    return steps_by_hand({"none": lambda token, n: 2.0 if token < 40 else 1.0, "dynamic": lambda token, n: 1.0})
+
+
+def _time_follows_work(_example: Any) -> pd.DataFrame:  # each uncached step costs its tokens times a rate (and a bit)
+    return steps_by_hand({"none": lambda token, n: 0.05 * n ** 1.05, "dynamic": lambda token, n: 1.0})
+
+
+def _no_fixed_part(_example: Any) -> pd.DataFrame:  # an uncached pass costs per token exactly a cached step
+    return steps_by_hand({"none": lambda token, n: 1.0 * n, "dynamic": lambda token, n: 1.0})
+
+
+def _line_through_zero(_example: Any) -> pd.DataFrame:  # uncached steps proportional to their context
+    return steps_by_hand({"none": lambda token, n: 0.05 * (32 + token), "dynamic": lambda token, n: 1.0})
+
+
 def _row(result: Any, cache: str) -> pd.Series:
     summary = slowdown_summary(frame_of(result)).set_index("cache")
     return summary.loc[cache]
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+@claim(NOTEBOOK, clock="wall", counterexample=_flat_uncached, example=_example,
        says="without a cache, token {late} took {ratio:.1f}× as long as token {early} (the work grew {work:.1f}×)",
        otherwise="the late steps were not clearly slower than the early ones. With a short prompt and few tokens "
                  "the growing part is small; generate more tokens, and set repeats to 3 so that steps slowed by "
@@ -57,17 +104,20 @@ def uncached_tokens_slow_down(result: Any) -> dict:
                 holds=r.measured_ratio > 1.2)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
-       says="with a cache, token {late} took {ratio:.2f}× as long as token {early}: nearly flat",
+@claim(NOTEBOOK, clock="wall", counterexample=_growing_cached, example=_example,
+       says="with a cache, token {late} took {ratio:.2f}× as long as token {early}: nearly flat at this short "
+            "context (at most {context} tokens)",
        otherwise="the cached steps at the early and late tokens differ by more than half. That is usually "
                  "another program on the machine during part of the run: press Run again with repeats at 3.")
 def cached_steps_stay_flat(result: Any) -> dict:
     r = _row(result, "dynamic")
-    return dict(late=int(r.late_token), early=int(r.early_token), ratio=r.measured_ratio,
+    frame = frame_of(result)
+    context = int(frame.loc[frame["token"] == r.late_token, "position"].max())  # keys its attention read
+    return dict(late=int(r.late_token), early=int(r.early_token), ratio=r.measured_ratio, context=context,
                 holds=1 / 1.5 < r.measured_ratio < 1.5)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+@claim(NOTEBOOK, clock="wall", counterexample=_gap_stops_growing, example=_example,
        says="the last token arrived after {none_s:.2f} s without a cache and {dynamic_s:.2f} s with one; the gap "
             "between them grew from {gap_mid:.2f} s at token {mid} to {gap_end:.2f} s at token {last}",
        otherwise="the gap did not keep widening: the uncached steps were not clearly slower than the cached "
@@ -86,7 +136,7 @@ def uncached_wait_gap_widens(result: Any) -> dict:
                 holds=gap_mid > 0 and gap_end > 1.5 * gap_mid)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+@claim(NOTEBOOK, clock="wall", counterexample=_time_follows_work, example=_example,
        says="the measured slowdown ({ratio:.1f}×) stays below the work ratio ({work:.1f}×): per token processed, "
             "the uncached step of token {late} ({late_n} tokens) cost {late_pp:.3f} ms, less than the step of "
             "token {early} ({early_n} tokens) at {early_pp:.3f} ms",
@@ -101,7 +151,7 @@ def measured_slowdown_below_work(result: Any) -> dict:
                 holds=r.measured_ratio < r.work_ratio)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+@claim(NOTEBOOK, clock="wall", counterexample=_no_fixed_part, example=_example,
        says="a cached step, which pushes one token through the model, cost {cached:.2f} ms per token; the "
             "uncached steps of tokens {early} and {late}, with {early_n} and {late_n} tokens in one pass, cost "
             "{early_pp:.3f} and {late_pp:.3f} ms per token: at least {times:.0f}× less",
@@ -117,7 +167,7 @@ def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
                 times=one / worst, holds=one > 2 * worst)
 
 
-@claim(NOTEBOOK, clock="wall", example=_example,
+@claim(NOTEBOOK, clock="wall", counterexample=_line_through_zero, example=_example,
        says="the line through the uncached steps meets zero context at {fixed:.1f} ms ({times:.1f}× a whole cached "
             "step of {cached:.2f} ms), and each token of context adds {slope:.3f} ms: what every pass pays, "
             "whatever it holds, weighs as much as {worth} tokens of context",
@@ -138,3 +188,33 @@ def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
         worth = f"{fixed / slope:.0f}" if slope > 0 else "any number of"
     return dict(fixed=fixed, cached=cached, times=fixed / cached, slope=slope, worth=worth,
                 holds=fixed > 0.5 * cached)
+
+
+# -- with a cache, at long context (run_context_steps) --------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _long_context_example() -> pd.DataFrame:
+    return run_context_steps(slowdown_model(), repeats=2)
+
+
+def _flat_long_context(frame: pd.DataFrame) -> pd.DataFrame:
+    """The example with every step at every context as fast as the shortest context's: no growth to see."""
+    frame = frame.copy()
+    frame["step_ms"] = float(frame.loc[frame["context"] == frame["context"].min(), "step_ms"].min())
+    return frame
+
+
+@claim(NOTEBOOK, clock="wall", example=_long_context_example, counterexample=_flat_long_context,
+       says="with a cache, a step at a context of {long} tokens took {ratio:.2f}× a step at {short} tokens "
+            "({short_ms:.2f} → {long_ms:.2f} ms): the K/V the step reads grew from {short_mb:.2f} to "
+            "{long_mb:.2f} MB",
+       otherwise="here the cached steps at long context were not clearly slower than at short context. On a GPU "
+                 "a model this small waits for Python and kernel launches, and reading a few MB of K/V takes "
+                 "microseconds; on a CPU, other programs slowing the short-context steps can hide it (raise "
+                 "repeats and run again).")
+def cached_steps_grow_at_long_context(result: Any) -> dict:
+    """With a cache, attention still reads every stored K/V each step: at a long context it shows in step time."""
+    s = context_step_summary(frame_of(result))
+    short, long = s.iloc[0], s.iloc[-1]
+    return dict(short=int(short.context), long=int(long.context), ratio=float(long.vs_shortest),
+                short_ms=float(short.step_ms), long_ms=float(long.step_ms), short_mb=float(short.kv_mb_read),
+                long_mb=float(long.kv_mb_read), holds=long.vs_shortest > 1.15)

@@ -196,11 +196,20 @@ def real_model_cache_is_the_formula(demo: Any) -> dict:
                 holds=int(m["used_bytes"]) == int(m["formula_bytes"]))
 
 
-@claim(NOTEBOOK, clock="wall", example=_real_demo,
+def _uncached_within_noise(demo: Any) -> Any:
+    """Counter-example: the uncached median step only 1.05× the cached one (inside a busy CPU's noise)."""
+    speed = demo.speed.copy()
+    speed.loc[speed["cache"] == "none", "x_dynamic"] = 1.05
+    demo.speed = speed
+    return demo
+
+
+@claim(NOTEBOOK, clock="wall", counterexample=_uncached_within_noise, example=_real_demo,
        says="{model}: a median decode step took {ratio:.1f}× as long without a cache as with one",
-       otherwise="the uncached steps were not slower. On a short run the recomputed text is small; a busy "
-                 "machine can also hide it. Run the cell again.")
+       otherwise="the uncached steps were not clearly slower (by a fifth). On a short run the recomputed text "
+                 "is small; a busy machine can also hide it. Run the cell again.")
 def real_model_is_slower_without_a_cache(demo: Any) -> dict:
     s = demo.speed.set_index("cache")
     ratio = float(s.loc["none", "x_dynamic"])
-    return dict(model=_model_name(demo), ratio=ratio, holds=ratio > 1.0)
+    # a fixed margin: the demo records no repeat spread, and a fifth is what a busy CPU moves a median step
+    return dict(model=_model_name(demo), ratio=ratio, holds=ratio > 1.2)

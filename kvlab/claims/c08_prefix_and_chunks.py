@@ -71,7 +71,14 @@ def tight_budget_runs_fewer_sequences_per_step(result: Any) -> dict:
                 and tight.peak_blocks_used == tight.kv_blocks and ample.peak_blocks_used < ample.kv_blocks)
 
 
-@claim(NOTEBOOK, clock="wall", example=_wall_preemption,
+def _tight_barely_slower(table: pd.DataFrame) -> pd.DataFrame:
+    """Counter-example: the tight run took only 1.05× the ample run's time."""
+    t = _budgets(table)
+    t.loc[0, "wall_s"] = 1.05 * float(t["wall_s"].iloc[-1])
+    return t
+
+
+@claim(NOTEBOOK, clock="wall", counterexample=_tight_barely_slower, example=_wall_preemption,
        says="on this machine the {tight}-block run ({p} preemptions) took {x:.1f}× as long as the {ample}-block run "
             "({t_t:.2f} s vs {t_a:.2f} s for the same {n} answers)",
        otherwise="the tight run was not clearly slower this time. It runs more steps and recomputes tokens, so on "
@@ -125,7 +132,28 @@ def prefix_hits_match_hand_count(result: Any) -> dict:
                 and off.prompt_tokens_computed == off.prompt_tokens)
 
 
-@claim(NOTEBOOK, clock="wall", example=_wall_prefix,
+def _prefix_table(runs: Any, on_edit: dict) -> pd.DataFrame:
+    """The prefix runs' table with the caching-on row's columns set (a value, or a function of the off row)."""
+    t = runs if isinstance(runs, pd.DataFrame) else prefix_caching_table(runs)
+    t = t.reset_index(drop=True)
+    on, off = t.index[t["expected_hit_tokens"] > 0][0], t.index[t["expected_hit_tokens"] == 0][0]
+    for col, v in on_edit.items():
+        t.loc[on, col] = v(t.loc[off]) if callable(v) else v
+    return t
+
+
+def _prefix_missed_blocks(runs: Any) -> pd.DataFrame:  # a block fewer found than the hand count expects
+    t = _prefix_table(runs, {})
+    on = t.index[t["expected_hit_tokens"] > 0][0]
+    t.loc[on, "hit_tokens"] = int(t.loc[on, "expected_hit_tokens"]) - 16
+    return t
+
+
+def _prefix_barely_sooner(runs: Any) -> pd.DataFrame:  # caching on: TTFT p50 0.9 of caching off
+    return _prefix_table(runs, {"ttft_p50_s": lambda off: 0.9 * off["ttft_p50_s"]})
+
+
+@claim(NOTEBOOK, clock="wall", counterexample=_prefix_missed_blocks, example=_wall_prefix,
        says="your run found {hits:,} prompt tokens in the cache, of the {expected:,} the hand count expects, and "
             "computed {computed:,} of {prompt:,} ({share:.0%})",
        otherwise="fewer hits than the hand count: a request arrived while an earlier one was still computing the "
@@ -138,7 +166,7 @@ def prefix_hits_on_your_run(result: Any) -> dict:
                 holds=on.hit_tokens == on.expected_hit_tokens)
 
 
-@claim(NOTEBOOK, clock="wall", example=_wall_prefix,
+@claim(NOTEBOOK, clock="wall", counterexample=_prefix_barely_sooner, example=_wall_prefix,
        says="TTFT p50 was {on_ms:.1f} ms with caching on and {off_ms:.1f} ms with it off ({ratio:.2f}×; n={n} "
             "requests each)",
        otherwise="the first token did not come clearly sooner. When the model is fast next to the engine's fixed "
@@ -166,7 +194,24 @@ def _wall_chunks(seed: int = 0) -> list[ServingRun]:
     return chunked_prefill_runs(lesson_model(), seed=seed)  # the notebook's run: a few seconds on 2 cores
 
 
-@claim(NOTEBOOK, clock="wall", example=_wall_chunks,
+def _chunk_table(runs: Any, column: str, times: float) -> pd.DataFrame:
+    """The chunked-prefill table with the chunked row's ``column`` set to ``times`` the whole-prompt row's."""
+    t = (runs if isinstance(runs, pd.DataFrame) else chunked_prefill_table(runs)).reset_index(drop=True)
+    whole = t.index[t["run"].str.startswith("whole")][0]
+    chunks = t.index[t["run"].str.startswith("chunks")][0]
+    t.loc[chunks, column] = times * float(t.loc[whole, column])
+    return t
+
+
+def _chunks_gap_uncut(runs: Any) -> pd.DataFrame:  # the longest gap in chunks 0.7 of the whole prompt's
+    return _chunk_table(runs, "decode_gap_max_s", 0.7)
+
+
+def _chunks_not_later(runs: Any) -> pd.DataFrame:  # the long prompt's first token as soon in chunks (1.02×)
+    return _chunk_table(runs, "long_prompt_ttft_s", 1.02)
+
+
+@claim(NOTEBOOK, clock="wall", counterexample=_chunks_gap_uncut, example=_wall_chunks,
        says="the longest gap between tokens of the running answers was {whole_ms:.0f} ms with the whole prompt in "
             "one step and {chunk_ms:.0f} ms in chunks; the median gap was {p50_ms:.1f} ms (n={n} gaps in each run)",
        otherwise="chunks did not cut the longest gap in half. If the answers were done before the long prompt "
@@ -179,7 +224,7 @@ def chunks_cap_the_longest_gap(result: Any) -> dict:
                 holds=chunks.decode_gap_max_s < 0.5 * whole.decode_gap_max_s)
 
 
-@claim(NOTEBOOK, clock="wall", example=_wall_chunks,
+@claim(NOTEBOOK, clock="wall", counterexample=_chunks_not_later, example=_wall_chunks,
        says="the long prompt's first token came {ratio:.2f}× as late with chunks: {chunk_ms:.0f} ms after it "
             "arrived, against {whole_ms:.0f} ms in one step",
        otherwise="in chunks the long prompt was not later. Each chunk step pays the engine's fixed cost again, "

@@ -24,17 +24,22 @@ counts, byte formulas, hand-computed schedules: the same on every machine, so nb
 verdict) or ``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
 repeated and contended runs is recorded by ``scripts/claims_robustness.py``). ``example`` makes a
 small result to check the claim on, for the tests; ``otherwise`` tells the learner what to look at
-when the claim does not hold on their run.
+when the claim does not hold on their run. A wall-clock claim that asserts also takes
+``counterexample``: a function of (a deep copy of) the example's result that returns a result on
+which the sentence is false, built by hand or by editing that copy's numbers (a curve that rises
+then falls, a gain inside the run's own noise); the tests check that the claim marks it ✗, so a
+check looser than its sentence is caught.
 """
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 __all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "verdicts"]
 
 Clock = Literal["deterministic", "wall"]
+REVEAL_CLASS = "kvlab-reveal"  # the <details> that folds what would answer a prediction (kvlab.widgets.predict)
 
 
 @dataclass(frozen=True)
@@ -66,15 +71,38 @@ class Verdict:
 
 
 class Verdicts(list):
-    """Several verdicts, shown one per line (a notebook cell's last expression)."""
+    """Several verdicts, shown one per line (a notebook cell's last expression).
+
+    ``after``: a prediction (anything with ``.value``, e.g. ``kvlab.widgets.predict``'s box) whose
+    answer these lines give away. While its ``value`` is None the lines are folded into a
+    ``<details>`` the learner clicks to open, and the plain text (a terminal, nbval) says how to
+    show them and holds none of their numbers; with a prediction they are shown as always.
+    """
+
+    def __init__(self, verdicts: Iterable[Verdict] = (), after: Any = None) -> None:
+        super().__init__(verdicts)
+        self.after = after
+
+    @property
+    def hidden(self) -> bool:
+        """True while the prediction these checks would answer has not been made."""
+        return self.after is not None and getattr(self.after, "value", None) is None
 
     def __str__(self) -> str:
+        if self.hidden:
+            return ("checks on your run hidden until you predict: type your number in the box above, then run "
+                    "this cell again (in a notebook, a click on this line shows them).")
         return "\n".join(map(str, self))
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return "".join(v._repr_html_() for v in self)
+        lines = "".join(v._repr_html_() for v in self)
+        if not self.hidden:
+            return lines
+        return (f'<details class="{REVEAL_CLASS}"><summary>🔒 checks on your run hidden until you predict: type '
+                f'your number in the box above and run this cell again — or click here to show them</summary>'
+                f'{lines}</details>')
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,7 @@ class Claim:
     clock: Clock
     example: Callable[[], Any] | None = None  # a small result to check the claim on (tests)
     asserts: bool = True  # False: a measurement shown with its n, not a fact that could fail (too run-dependent)
+    counterexample: Callable[[Any], Any] | None = None  # example's result (a copy) -> a result the sentence is false on
 
     def on(self, result: Any) -> Verdict:
         """Check this claim on ``result``; never raises (a run it cannot read is "not checked")."""
@@ -108,12 +137,14 @@ CLAIMS: dict[str, Claim] = {}
 
 
 def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, example: Callable[[], Any] | None = None,
-          asserts: bool = True) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
+          asserts: bool = True, counterexample: Callable[[Any], Any] | None = None,
+          ) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
     """Register the decorated measure as a claim of ``notebook`` (see the module docstring).
 
     ``asserts=False`` makes it an observation: a run-dependent measurement shown with its n
     (``• on your run: …``), never marked ✓ or ✗, because on some machines and loads it goes either way.
-    Its measure still returns ``holds`` (True when the run could be read).
+    Its measure still returns ``holds`` (True when the run could be read). ``counterexample`` (see the
+    module docstring) is required of every wall-clock claim that asserts, by tests/test_claims.py.
     """
     if clock not in ("deterministic", "wall"):
         raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")
@@ -122,7 +153,7 @@ def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, example: Ca
         name = measure.__name__
         if name in CLAIMS:
             raise ValueError(f"a claim named {name!r} is already registered (for {CLAIMS[name].notebook})")
-        c = Claim(name, notebook, says, measure, otherwise, clock, example, asserts)
+        c = Claim(name, notebook, says, measure, otherwise, clock, example, asserts, counterexample)
         CLAIMS[name] = c
         return c
 
@@ -134,12 +165,19 @@ def claims_for(notebook: str) -> list[Claim]:
     return [c for c in CLAIMS.values() if c.notebook == notebook]
 
 
-def verdicts(result: Any, *names: str) -> Verdicts:
-    """Check the named claims on ``result`` and show them, one line each."""
+def verdicts(result: Any, *names: str, after: Any = None) -> Verdicts:
+    """Check the named claims on ``result`` and show them, one line each.
+
+    ``after=guess`` (the ``predict(...)`` box whose answer these lines state) keeps them folded until
+    the learner has made that prediction (see :class:`Verdicts`).
+    """
     unknown = [n for n in names if n not in CLAIMS]
     if unknown:
         raise ValueError(f"no claim named {unknown}; registered: {sorted(CLAIMS)}")
-    return Verdicts(CLAIMS[n].on(result) for n in names)
+    if after is not None and not hasattr(after, "value"):
+        raise TypeError(f"after= takes the prediction box these checks answer (guess = predict(...)), "
+                        f"not {type(after).__name__}")
+    return Verdicts((CLAIMS[n].on(result) for n in names), after=after)
 
 
 def frame_of(result: Any) -> Any:

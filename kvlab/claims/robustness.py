@@ -5,6 +5,9 @@ enough is itself a measurement: this module re-runs each claim's example, quiet 
 CPU-bound processes competing for every core, and counts the runs in which the claim held.
 
     python scripts/claims_robustness.py --runs 5 --json results/claims_robustness.json
+
+Each condition records the machine's load average before and after its runs: on a shared machine
+"quiet" means only that this module started no competing processes.
 """
 from __future__ import annotations
 
@@ -62,6 +65,8 @@ class HoldRate:
     held: int
     unreadable: int
     seconds: float  # run time of the example, shared among the claims that read it
+    load_before: float = float("nan")  # the machine's 1-minute load average before and after this condition's runs
+    load_after: float = float("nan")  # (other users' programs count too: "quiet" is only as quiet as the machine)
 
     @property
     def rate(self) -> float:
@@ -84,6 +89,7 @@ def hold_rates(names: list[str] | None = None, runs: int = 3, loaded: bool = Tru
     for label, procs in conditions:
         with (competing_load(procs) if procs else _nothing()) as n:
             condition = f"loaded ({n} competing processes)" if procs else "quiet"
+            load_before, first = load_average(), len(out)
             for group in by_example.values():
                 start = time.perf_counter()
                 held = {c.name: 0 for c in group}
@@ -100,7 +106,20 @@ def hold_rates(names: list[str] | None = None, runs: int = 3, loaded: bool = Tru
                                         seconds))
                     if progress:
                         progress(f"{c.name} [{condition}]: held {held[c.name]}/{runs}")
+            load_after = load_average()
+            for r in out[first:]:
+                r.load_before, r.load_after = load_before, load_after
+            if progress:
+                progress(f"[{condition}] load average {load_before:.2f} before, {load_after:.2f} after")
     return out
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (runnable processes, all users), NaN where the system has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return float("nan")
 
 
 @contextmanager

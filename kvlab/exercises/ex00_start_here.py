@@ -42,26 +42,29 @@ check_comparing_machines = multiple_choice(
     "00_start_here.ipynb", "check_comparing_machines",
     title='comparing with a neighbour',
     stem="""Your neighbour runs the same panel with the same settings, and every step takes half as long as
-yours. Which is right?""",
+yours. What explains it?""",
     options={
-        "a": ("one of you has a bug;",
+        "a": ("one of you has a bug in the lab;",
               "a bug would change the tokens, not only the time. Same settings, same tokens, different machine: "
               "different time is expected."),
-        "b": ("their model, prompt or seed must differ from yours, since the same settings on the same code always "
-              "take the same time;",
-              "the model, the prompt and the seed are the same, so the work is the same. Time depends on the "
-              "machine doing the work: its device, cores, threads and what else is running."),
+        "b": ("the same work done faster: same model, prompt and seed give the same tokens, and the seconds "
+              "belong to the machine;", None),
         "c": ("their machine must have a GPU;",
               "a GPU is one way to be faster, not the only one: faster cores, more threads, or fewer other "
               "programs competing for the CPU halve a step too. The setup report says which."),
-        "d": ("times belong to a machine: compare the shapes of the curves, and quote the setup report with any "
-              "number.", None),
+        "d": ("their model, prompt or seed must differ from yours, since the same settings on the same code always "
+              "take the same time.",
+              "the model, the prompt and the seed are the same, so the work is the same. Time depends on the "
+              "machine doing the work: its device, cores, threads and what else is running."),
     },
-    correct="d", wrong_example="b",
-    confirm="times belong to a machine. Compare the shapes of the curves (flat vs climbing, ratios "
-            "between settings), and quote the setup report with any number you share.",
+    correct="b", wrong_example="d",
+    confirm="the same work, a different machine: the tokens are the same, the seconds are not. Compare the "
+            "shapes of the curves (flat vs climbing, ratios between settings), and quote the setup report "
+            "with any number you share.",
     explanation="""```python
-answer = "d"
+answer = "b"
 ```
 Same settings means the same model, prompt and tokens: the same work. How long that work takes
-depends on the device, the cores, the threads and whatever else runs on the machine.""")
+depends on the device, the cores, the threads and whatever else runs on the machine, so a time is
+quoted with the setup report that produced it, and two machines are compared by the shapes of
+their curves rather than by their seconds.""")

@@ -29,6 +29,7 @@ def check_work_ratio(answer: Any) -> Feedback:
     """Prompt 256, no cache: how many times more tokens does the step of token 194 process than token 20's?"""
     return check_number(
         answer, _work_ratio(256, 20, 194), what="the work ratio (token 194 vs token 20, no cache)", rel=5e-3,
+        digits=2,  # "about 1.63": 1.6 and 1.63 are both right
         mistakes=[(194 / 20, "that ratio leaves out the prompt. Without a cache every step recomputes the "
                              "whole prompt too: the step of token i processes prompt + i tokens."),
                   (1.0, "1 is the ratio *with* a cache, where every decode step processes one token. "

@@ -76,36 +76,40 @@ def check_knee(answer: Any) -> Feedback:
 check_ab_reading = multiple_choice(
     "06_under_load.ipynb", "check_ab_reading",
     title='reading the A/B example',
-    stem="""The A/B example ran both rules at two loads. Below capacity, both kept up. Overloaded, B
-streamed more output tokens per second and, once an answer had started, produced its tokens far
-faster than A; but B's p95 time to first token was higher. Which statement is right?""",
+    stem="""The A/B example ran both rules at two loads. Overloaded, B (decode first, 64 tokens per step)
+streamed more output tokens per second than A (prefill first) and produced each answer's tokens far
+faster once it had started; but B's p95 time to first token was higher. Why does B's first token
+come later?""",
     options={
-        "a": ("B is the better service at every load and for every user: it wins on throughput and on time\n"
-              "  per output token, and a later first token only changes when the answer starts to appear.",
-              "B wins on throughput and on time per output token, but a person waiting for an answer sees the "
-              "first token first, and B's p95 TTFT is the worse one. Whether that matters depends on the TTFT "
-              "target; below capacity the two rules hardly differ at all."),
-        "b": ("The gap is noise: run the cell again and the order may reverse.",
+        "a": ("the gap is noise: run the cell again and the order may reverse;",
               "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
               "(a test checks it). The difference comes from the two scheduling rules."),
-        "c": ("Past capacity, B trades later first tokens for throughput; which is better depends on the SLOs.",
-              None),
-        "d": ("A is the better service: its first tokens come sooner, and below capacity it also completes\n"
-              "  more requests in the window.",
-              "below capacity both rules completed the same requests in the window (both kept up); overloaded, A "
-              "completed fewer, because its prompt-only steps pause every running answer."),
+        "b": ("B serves the running answers first: a waiting prompt gets only what is left of each step's 64 "
+              "tokens, so it takes many steps;", None),
+        "c": ("B completes fewer requests in the minute, so more of them wait in its queue;",
+              "B completes more requests in the minute, not fewer (its throughput is the higher one). Its first "
+              "tokens come later because of how each step's tokens are shared out, not because of a longer "
+              "queue of unfinished work."),
+        "d": ("a faster stream always means a later start: TTFT and TPOT are two views of one clock, and any rule "
+              "that lowers one raises the other.",
+              "they are different clocks, and no law ties them: below capacity both rules keep up within the TTFT "
+              "target. The trade appears only once requests wait, and it comes from what each rule does with a "
+              "step's tokens."),
     },
-    correct="c",
-    confirm="throughput, time to first token and time per output token are different clocks. Past capacity "
-            "B finishes more answers per minute and streams them faster, A starts each answer sooner. "
-            "Which is better depends on the targets (the SLOs) you set for each clock.",
+    correct="b", wrong_example="d",
+    confirm="decode first spends each step's 64-token budget on the running answers' next tokens before any "
+            "prompt, so a long document's prompt is computed a few tokens per step and its first token comes "
+            "late; prefill first runs a waiting prompt at once and pauses every running answer. The same budget "
+            "buys B its steady streams and its later starts.",
     code="""answer = None   # "a", "b", "c" or "d"
 check_ab_reading(answer)""",
     explanation="""```python
-answer = "c"
+answer = "b"
 ```
-Throughput, time to first token and time per output token are different clocks; overloaded, the
-two rules trade one for the others, and an SLO on each clock decides which trade is acceptable.
-(a) a person waiting for an answer sees the first token first: B's p95 TTFT is the worse one;
-(b) the run is in virtual time on a cost model: the same numbers every time; (d) below capacity
-both rules completed the same requests, and overloaded A completed fewer.""")
+Under B every step first carries one token of each running answer, and prompts share what is left
+of the 64-token budget: a long document's prompt is spread over many steps, so its first token
+comes late, while the answers already started never pause. Under A a waiting prompt always gets
+the next step: its first token comes soon, and every running answer pauses meanwhile. (a) the run
+is in virtual time on a cost model: the same numbers every time; (c) B completes more requests in
+the minute, not fewer; (d) TTFT and TPOT are different clocks: below capacity both rules keep up
+within the TTFT target, and the trade appears only once requests wait.""")

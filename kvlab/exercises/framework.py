@@ -20,7 +20,9 @@ checker: the solution must be confirmed, the wrong answer rejected with a messag
 expected answer from kvlab's own functions or a hand computation (an oracle), never from a pasted
 number. The helpers ``check_number``, ``check_choice`` and ``check_function`` cover most exercises
 and give the messages a consistent voice: say what was expected, name the likely mistake, and never
-just print the answer.
+just print the answer. A checker accepts what its own solution says: a ratio the explanation gives as
+"about 1.63" is right at 1.6 too (``check_number(..., digits=2)``), and a multiple-choice key is not
+the hedged option by habit (tests/test_exercises_answers.py checks both over the course).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "check_frame_function", "check_function", "check_number",
-           "exercise", "exercises_for", "lazy", "multiple_choice", "right", "wrong"]
+           "exercise", "exercises_for", "lazy", "multiple_choice", "right", "rounding_tolerance", "wrong"]
 
 
 
@@ -185,19 +187,41 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def check_number(answer: Any, expected: float, *, what: str, rel: float = 1e-3,
+def rounding_tolerance(expected: float, digits: int) -> float:
+    """Half a unit of the ``digits``-th significant digit of ``expected``: 0.05 for 1.63 at 2 digits.
+
+    An answer within it of ``expected`` is ``expected`` rounded to ``digits`` significant digits or
+    more, as a learner writes it ("about 1.63" -> 1.6 or 1.63; 0.1875 -> 0.19).
+    """
+    if expected == 0:
+        return 0.0
+    unit = 10.0 ** (math.floor(math.log10(abs(expected))) - digits + 1)
+    return 0.5 * unit * (1 + 1e-9)  # the factor keeps an exact half-unit rounding inside despite float error
+
+
+def check_number(answer: Any, expected: float, *, what: str, rel: float = 1e-3, digits: int | None = None,
                  mistakes: Iterable[tuple[float, str]] = (), hint: str = "", confirm: str = "") -> Feedback:
     """Compare a numeric answer with ``expected`` (relative tolerance ``rel``).
 
-    ``mistakes`` pairs the value a known mistake produces with its explanation; an answer equal to
-    one of them gets that explanation. Otherwise the message says too high / too low and the ``hint``.
+    ``digits`` also accepts ``expected`` rounded to that many significant digits (see
+    :func:`rounding_tolerance`): give it where the answer is a ratio a learner rounds, never where it
+    is a count. ``mistakes`` pairs the value a known mistake produces with its explanation; an answer
+    equal to one of them gets that explanation. Otherwise the message says too high / too low and the ``hint``.
+    A mistake inside the accepted band is a bug of the exercise: it raises ValueError.
     """
     if not _is_number(answer):
         return wrong(f"{what} should be a number, got {type(answer).__name__} {answer!r}.")
-    if math.isclose(answer, expected, rel_tol=rel):
+    mistakes = list(mistakes)
+    band = max(rel * abs(expected), rounding_tolerance(expected, digits) if digits else 0.0)
+    inside = [value for value, _ in mistakes if abs(value - expected) <= band]
+    if inside:
+        raise ValueError(f"check_number for {what}: the mistakes {inside} lie within the tolerance of {expected}; "
+                         "tighten digits/rel or drop them")
+    if math.isclose(answer, expected, rel_tol=rel) or abs(answer - expected) <= band:
         return right(confirm or f"{what} is {answer:,.6g}.")
-    for value, explanation in mistakes:
-        if math.isclose(answer, value, rel_tol=rel):
+    for value, explanation in mistakes:  # a mistake's value is recognised rounded as the right one would be
+        if math.isclose(answer, value, rel_tol=rel) or (
+                digits and abs(answer - value) <= rounding_tolerance(value, digits)):
             return wrong(explanation)
     side = "too high" if answer > expected else "too low"
     return wrong(f"{answer:,.6g} is {side} for {what}. {hint}".strip())

@@ -4,7 +4,8 @@
 round (a paired ratio's median with its IQR and min-max), with the machine's load before and after.
 ``bandwidth.py``: the machine's memory bandwidth, a matrix-vector product's, a decode step's weight
 products' (``MatvecProbe``, ``StepProductsProbe``, ``machine_bandwidth``), and the weight bytes a step
-streams. ``kvlab.benchmarks`` and ``kvlab.experiments`` import them from here.
+streams. ``transformers_steps.py``: transformers' generate timed per step, and the bytes its caches hold.
+``kvlab.benchmarks`` and ``kvlab.experiments`` import them from here.
 """
 from __future__ import annotations
 

@@ -3,10 +3,16 @@
     guess = predict("Without a cache, how many times as long as token 20 will token 194 take?", unit="×")
     guess                      # a number box; type the prediction, then press the experiment's Run
     ...
-    guess.against(measured)    # "you predicted 3×, your run measured 2.5× (0.83 of your prediction)"
+    guess.against(measured)    # "you predicted 3×; your run measured 2.5× (0.83 times your prediction)"
 
 The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
-teacher's projected notebook fill it. An empty box never raises: it asks for a number.
+teacher's projected notebook fill it. An empty box never raises, and it never shows the answer
+either: until the learner types a number (and runs the cell again), the measurement is folded
+into a ``<details>`` element whose summary asks for the prediction, so Run All, a saved notebook
+and a viewer show no answer before the learner guessed. Clicking the summary reveals it, with no
+kernel and no widget (plain HTML: JupyterLab, classic Notebook, Colab, nbviewer, GitHub). The
+plain-text form (what a terminal prints, what nbval compares) holds no number at all then.
+``Comparison.measured`` is the number, for code.
 """
 from __future__ import annotations
 
@@ -15,6 +21,15 @@ import math
 from dataclasses import dataclass
 
 import ipywidgets as widgets
+
+REVEAL_CLASS = "kvlab-reveal"  # the <details> that folds an answer away until the learner acts
+MEASURED_CLASS = "kvlab-measured"  # the element inside it that holds the measured value
+
+
+def folded(summary: str, body_html: str) -> str:
+    """``body_html`` folded under a one-line ``summary`` (plain text): shown only when the learner clicks it."""
+    return (f'<details class="{REVEAL_CLASS}"><summary>{html.escape(summary)}</summary>'
+            f'<div style="margin-left:1.2em">{body_html}</div></details>')
 
 
 @dataclass(frozen=True)
@@ -30,10 +45,15 @@ class Comparison:
     def _fmt(self, x: float) -> str:
         return f"{x:,.3g}{self.unit}" if self.unit in ("×", "%") else f"{x:,.3g} {self.unit}".rstrip()
 
+    @property
+    def hidden(self) -> bool:
+        """True while there is no prediction: the measurement is not shown until the learner acts."""
+        return self.predicted is None
+
     def __str__(self) -> str:
-        if self.predicted is None:
-            return (f"no prediction yet: type a number in the box above, then run this cell again "
-                    f"({self.what}: {self._fmt(self.measured)}).")
+        if self.hidden:  # no number here: this is what a saved notebook and nbval hold
+            return ("no prediction yet: type your number in the box above and run this cell again "
+                    "(the answer stays hidden until then; in a notebook, a click on this line reveals it).")
         ratio = self.measured / self.predicted if self.predicted else math.inf
         return (f"you predicted {self._fmt(self.predicted)}; {self.what} {self._fmt(self.measured)} "
                 f"({ratio:,.2g} times your prediction)")
@@ -41,7 +61,13 @@ class Comparison:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return f'<div class="kvlab-prediction">🎯 {html.escape(str(self))}</div>'
+        if not self.hidden:
+            return f'<div class="kvlab-prediction">🎯 {html.escape(str(self))}</div>'
+        summary = (f"🎯 no prediction yet: type your number in the box above and run this cell again — "
+                   f"or click here to reveal what {self.what}")
+        measured = (f'{html.escape(self.what)}: <b class="{MEASURED_CLASS}">'
+                    f'{html.escape(self._fmt(self.measured))}</b>')
+        return f'<div class="kvlab-prediction">{folded(summary, measured)}</div>'
 
 
 class Prediction:
@@ -68,7 +94,7 @@ class Prediction:
         return float(self.box.value) if self._set else None
 
     def against(self, measured: float, what: str = "your run measured") -> Comparison:
-        """The prediction beside ``measured``; never raises."""
+        """The prediction beside ``measured``; never raises, and hides ``measured`` while there is no prediction."""
         return Comparison(self.question, self.value, float(measured), self.unit, what)
 
     def _ipython_display_(self) -> None:

@@ -1,0 +1,222 @@
+"""Two real engines on loopback: kvlab serve and `transformers serve --continuous-batching`, on one checkpoint folder.
+
+`transformers serve` is transformers' own OpenAI-compatible server. With `--continuous-batching`
+it schedules requests step by step over a paged KV cache (`model.init_continuous_batching`),
+as kvlab's engine does; it needs FastAPI, uvicorn, openai and `accelerate` (it loads the model
+with `device_map`). `kvlab_server(folder)` and `transformers_server(folder)` describe the two
+as `LoopbackServer`s with the same knobs where both engines have them: KV block size, number
+of KV blocks, tokens per step, device, and torch threads (pinned through `OMP_NUM_THREADS` and
+kvlab's `--threads`). Each runs in a subprocess on 127.0.0.1, offline (`HF_HUB_OFFLINE=1`), and
+is waited for at `/health`; when it fails to start, the error quotes the end of its log.
+
+What differs on the wire, and how the load client copes:
+
+- transformers takes text prompts only (`prompt_format="text"`);
+- it refuses fields it does not know with 422, `ignore_eos` among them; the same effect is
+  `generation_config` with `eos_token_id: -1` (its continuous batching then never stops early),
+  which `LoopbackServer.extra_body` sends;
+- it answers to the folder's path as the model name (`LoopbackServer.model`).
+
+`transformers_serve_available()` says in one line whether this machine can run it at all.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kvlab.http.local import LOOPBACK, ServerProcess
+
+TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
+NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
+BLOCK_SIZE, NUM_BLOCKS, MAX_BATCH_TOKENS = 16, 512, 512  # kvlab serve's defaults (16 sequences of 512 tokens)
+IGNORE_EOS = {"kvlab serve": {"ignore_eos": True},
+              "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def transformers_serve_available() -> tuple[bool, str]:
+    """(can `transformers serve --continuous-batching` run here?, one line saying why or why not)."""
+    version = _version("transformers")
+    if version is None or importlib.util.find_spec("transformers") is None:
+        return False, "transformers is not installed: pip install transformers"
+    spec = importlib.util.find_spec("transformers.cli.serve")
+    source = Path(spec.origin).read_text() if spec is not None and spec.origin else ""
+    if ("continuous_batching" not in source or "cb_num_blocks" not in source
+            or importlib.util.find_spec("transformers.cli.serving.completion") is None):
+        return False, (f"transformers {version} has no `transformers serve --continuous-batching` with "
+                       "/v1/completions and --cb-* options; upgrade it (pip install -U transformers; 5.24 is tested)")
+    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if missing:
+        return False, (f"transformers serve needs {', '.join(missing)}, not installed here: "
+                       "pip install 'kvlab[serve]' (or pip install " + " ".join(missing) + ")")
+    return True, f"transformers {version}: transformers serve --continuous-batching is available"
+
+
+def child_env(threads: int | None) -> dict:
+    """The environment of a server subprocess: offline, no update check, `threads` torch threads."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+           "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+@dataclass
+class LoopbackServer:
+    """One engine's server as a subprocess on loopback; a context manager.
+
+    `args` follow `python -m` (host and port are appended); `model` is the name it answers to;
+    `extra_body` is merged into every request so that answers run to `max_tokens`; `settings`
+    and `version` go into results.
+    """
+
+    name: str
+    args: list[str]
+    model: str
+    extra_body: dict
+    settings: dict
+    version: str | None
+    threads: int | None = 1
+    log_path: Path | None = None
+    process: ServerProcess | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        if self.process is None:
+            raise RuntimeError(f"{self.name} is not started; call start() first")
+        return self.process.url
+
+    @property
+    def cmd(self) -> list[str]:
+        return self.process.cmd if self.process is not None else [sys.executable, "-m", *self.args]
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of the server's own output (what it said before failing)."""
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
+
+    def start(self, timeout_s: float = 120.0) -> "LoopbackServer":
+        if self.log_path is None:
+            fd, path = tempfile.mkstemp(prefix=self.name.replace(" ", "-") + "-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(path)
+        self.process = ServerProcess(self.args, host=LOOPBACK, log_path=self.log_path, env=child_env(self.threads))
+        try:
+            self.process.start(timeout_s=timeout_s)
+        except (RuntimeError, TimeoutError) as e:
+            raise RuntimeError(f"{self.name} did not start ({e}); the end of its log:\n{self.log_tail()}") from None
+        return self
+
+    def stop(self) -> int | None:
+        """Stop the subprocess (SIGTERM, then SIGKILL); its exit code, or None if it never started."""
+        return self.process.stop() if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.process is not None and self.process.process.poll() is None
+
+    def describe(self) -> dict:
+        """Name, version, command and settings, for a results file."""
+        return {"engine": self.name, "version": self.version, "command": " ".join(["python", "-m", *self.args]),
+                "threads": self.threads, **self.settings}
+
+    def __enter__(self) -> "LoopbackServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _check_sizes(block_size: int, num_blocks: int, max_batch_tokens: int, threads: int | None) -> None:
+    for name, value in (("block_size", block_size), ("num_blocks", num_blocks), ("max_batch_tokens", max_batch_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads={threads!r} must be an integer >= 1, or None for torch's default")
+
+
+def _folder(folder: str | Path) -> Path:
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} holds no config.json: give a checkpoint folder "
+                                "(kvlab.http.shared_checkpoint.save_shared_checkpoint writes one)")
+    return folder.resolve()
+
+
+def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
+                 max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
+                 device: str = "cpu", threads: int | None = 1, prefix_caching: bool = True) -> LoopbackServer:
+    """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens."""
+    from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
+    from kvlab.version import __version__
+
+    _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
+    folder = _folder(folder)
+    config = json.loads((folder / "config.json").read_text())
+    layers, kv_heads = config["num_hidden_layers"], config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    budget_mb = num_blocks * kv_cache_bytes(layers, kv_heads, head_dim, block_size) / 2**20  # fp32 K and V
+    args = ["kvlab", "serve", "--model", str(folder), "--served-model-name", str(folder), "--device", device,
+            "--block-size", str(block_size), "--kv-budget-mb", repr(budget_mb), "--max-batch-tokens",
+            str(max_batch_tokens), "--max-seqs", str(max_seqs), "--max-waiting", str(max_waiting),
+            "--log-level", "warning"]
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    if not prefix_caching:
+        args.append("--no-prefix-caching")
+    settings = {"block_size": block_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
+                "max_seqs": max_seqs, "max_waiting": max_waiting, "device": device, "prefix_caching": prefix_caching,
+                "chunked_prefill": True, "scheduling": "continuous, decode first"}
+    return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
+                          __version__, threads)
+
+
+def transformers_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
+                        max_batch_tokens: int = MAX_BATCH_TOKENS, device: str = "cpu",
+                        threads: int | None = 1) -> LoopbackServer:
+    """`transformers serve --continuous-batching folder` with the same KV blocks and tokens per step.
+
+    `--cb-num-blocks` matters on a CPU: without it transformers sizes its paged cache from the
+    memory it finds free, gigabytes for a model of a few megabytes. Raises RuntimeError with
+    `transformers_serve_available()`'s line when it cannot run here.
+    """
+    ok, why = transformers_serve_available()
+    if not ok:
+        raise RuntimeError(why)
+    _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
+    folder = _folder(folder)
+    args = [TRANSFORMERS_CLI, "serve", "--continuous-batching", "--device", device, "--dtype", "float32",
+            "--cb-block-size", str(block_size), "--cb-num-blocks", str(num_blocks),
+            "--cb-max-batch-tokens", str(max_batch_tokens), "--log-level", "warning", str(folder)]
+    settings = {"block_size": block_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
+                "device": device, "continuous_batching": True, "attention": "paged (transformers' default)"}
+    return LoopbackServer("transformers serve", args, str(folder), dict(IGNORE_EOS["transformers serve"]), settings,
+                          _version("transformers"), threads)
+
+
+def greedy_answer(server: LoopbackServer, prompt: str, max_tokens: int = 16, timeout_s: float = 60.0) -> str:
+    """The server's greedy (temperature 0) completion of `prompt`, `max_tokens` tokens, not streamed."""
+    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": False,
+            **server.extra_body}
+    resp = httpx.post(server.url + "/v1/completions", json=body, timeout=timeout_s, trust_env=False)
+    if resp.status_code != 200:
+        raise RuntimeError(f"{server.name} answered HTTP {resp.status_code}: {resp.text[:300]}")
+    return resp.json()["choices"][0]["text"]
+
+
+__all__ = ["IGNORE_EOS", "LoopbackServer", "child_env", "greedy_answer", "kvlab_server", "transformers_server",
+           "transformers_serve_available"]
