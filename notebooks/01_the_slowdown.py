@@ -109,8 +109,8 @@ verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncache
 # time of the 11 tokens around each).
 
 # %%
-slowdown_summary(result.frame)[["cache", "early_token", "late_token", "early_step_ms", "late_step_ms",
-                                "measured_ratio", "work_ratio"]]
+guess.fold(slowdown_summary(result.frame)[["cache", "early_token", "late_token", "early_step_ms", "late_step_ms",
+                                           "measured_ratio", "work_ratio"]])
 
 # %% [markdown]
 # ## Why the measurement falls short of the work

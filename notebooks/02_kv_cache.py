@@ -154,10 +154,14 @@ guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
+lines = []
 for name, c in kvlab.PUBLISHED_CONFIGS.items():
     per_token = c.kv_bytes_per_token(2)
-    print(f"{name:20s} {c.num_layers:3d} layers x {c.num_kv_heads:2d} kv_heads x {c.head_dim:3d} head_dim"
-          f" -> {per_token / 1024:7,.0f} KiB per token, {per_token * 4096 / 2**30:6.2f} GiB for 4,096 tokens")
+    lines.append(f"{name:20s} {c.num_layers:3d} layers x {c.num_kv_heads:2d} kv_heads x {c.head_dim:3d} head_dim"
+                 f" -> {per_token / 1024:7,.0f} KiB per token, {per_token * 4096 / 2**30:6.2f} GiB for 4,096 tokens")
+guess.fold("\n".join(lines))   # folded until you type your guess above: it holds the answer
+
+# %%
 guess.against(kvlab.PUBLISHED_CONFIGS["Llama-2-7B (MHA)"].kv_bytes_per_token(2) * 4096 / 2**30,
               what="the formula gives")
 

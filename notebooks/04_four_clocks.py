@@ -254,7 +254,7 @@ guess
 from kvlab.experiments.tokens_words import count_tokens, tokens_table, vs_english
 
 counts = count_tokens(toks)
-tokens_table(counts).round(2)
+guess.fold(tokens_table(counts).round(2))
 
 # %%
 guess.against(vs_english(counts, "Chinese"), what="the BPE spent")

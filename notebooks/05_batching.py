@@ -130,6 +130,7 @@ steps_guess
 from kvlab.experiments.serving_run import FixedStepCostExecutor
 
 exact = compare_policies(model, executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
+lines = []
 for row, run in zip(batching_table(exact).itertuples(), exact):
     line = (f"{row.run:26s} steps {row.steps:3d}, sequences/step {row.mean_batch:4.2f}, "
             f"TTFT p50 {row.ttft_p50_s * 1e3:4.0f} ms (n = {row.ttft_n}), "
@@ -138,7 +139,8 @@ for row, run in zip(batching_table(exact).itertuples(), exact):
         outputs = [r.max_new_tokens for r in run.records]
         by_hand = sum(max(outputs[i:i + 4]) for i in range(0, len(outputs), 4))
         line += f"  | by hand: sum of longest outputs = {by_hand}"
-    print(line)
+    lines.append(line)
+display(steps_guess.fold("\n".join(lines), what="this printout"))
 verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_lengths_policies_coincide",
          "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait",
          after=steps_guess)

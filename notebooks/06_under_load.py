@@ -169,8 +169,9 @@ verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusal
 
 # %%
 knees = curves[curves["is_knee"]]
-display(knees[["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n", "tpot_p50_s",
-               "tpot_n", "peak_kv_blocks", "peak_kv_bytes", "goodput_rps"]].round(3))
+display(guess.fold(knees[["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n",
+                          "tpot_p50_s", "tpot_n", "peak_kv_blocks", "peak_kv_bytes", "goodput_rps"]].round(3),
+                   what="the table of knees"))
 
 # %% [markdown]
 # Your prediction beside the sweep (long prompts' knee ÷ short chats' knee, both from the table):

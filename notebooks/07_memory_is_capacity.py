@@ -55,8 +55,9 @@ requests = capacity_workload(cfg, n=64)
 budget = budget_for_tokens(cfg, 8 * 1024)
 print(f"{cfg.name}: {bytes_per_token(cfg):,} bytes of K/V per token; budget {budget:,} bytes = 8,192 tokens")
 table = paged_vs_reserved(cfg, requests, budget, block_size=16, max_model_len=1024)
-print(table[["scheme", "sequences_fit", "formula_fit", "block_manager_fit", "tokens_held", "in_block_waste_tokens",
-             "reserved_unused_tokens", "free_tokens", "waste_share"]].round(3).to_string(index=False))
+display(guess.fold(table[["scheme", "sequences_fit", "formula_fit", "block_manager_fit", "tokens_held",
+                          "in_block_waste_tokens", "reserved_unused_tokens", "free_tokens",
+                          "waste_share"]].round(3).to_string(index=False)))
 
 # %%
 # NBVAL_CHECK_OUTPUT

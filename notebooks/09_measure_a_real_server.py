@@ -141,7 +141,7 @@ from kvlab.experiments.wire import client_vs_engine, overhead_table
 from kvlab.plots.wire import plot_client_vs_engine
 
 side = client_vs_engine(srv.url, num_requests=20, rate=10)
-display(overhead_table(side).round(2))
+display(guess.fold(overhead_table(side).round(2)))
 plot_client_vs_engine(side)
 
 # %%

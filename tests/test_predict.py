@@ -85,3 +85,28 @@ def test_checks_after_a_made_prediction_are_shown_in_full(capacity_result):
 def test_after_takes_a_prediction_and_says_so_otherwise(capacity_result):
     with pytest.raises(TypeError, match="guess = predict"):
         verdicts(capacity_result, NAME, after=3)
+
+
+# --- a table or a printout that states the answer ----------------------------------------------------
+
+def test_a_table_that_states_the_answer_is_folded_until_the_learner_predicts():
+    import pandas as pd
+
+    guess = predict("How many fit?")
+    table = pd.DataFrame({"scheme": ["paged blocks"], "sequences_fit": [37]})
+    page = guess.fold(table)._repr_html_()
+    assert '<details class="kvlab-reveal">' in page and "37" in page
+    assert "37" not in shown_without_clicking(page)  # one click away, not on screen
+    assert "37" in repr(guess.fold(table))  # the plain text stays whole: nbval still checks a deterministic table
+    guess.box.value = 40.0  # counter-example: once predicted, nothing is folded
+    assert "<details" not in guess.fold(table)._repr_html_() and "37" in shown_without_clicking(
+        guess.fold(table)._repr_html_())
+
+
+def test_a_folded_printout_keeps_its_lines_and_escapes_them():
+    guess = predict("How many GiB?")
+    f = guess.fold("a <b> 2.00 GiB\nnext line", what="this printout")
+    assert repr(f) == "a <b> 2.00 GiB\nnext line"
+    page = f._repr_html_()
+    assert "this printout holds the answer" in page and "a &lt;b&gt; 2.00 GiB" in page
+    assert "2.00" not in shown_without_clicking(page)

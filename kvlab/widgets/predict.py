@@ -12,7 +12,8 @@ into a ``<details>`` element whose summary asks for the prediction, so Run All, 
 and a viewer show no answer before the learner guessed. Clicking the summary reveals it, with no
 kernel and no widget (plain HTML: JupyterLab, classic Notebook, Colab, nbviewer, GitHub). The
 plain-text form (what a terminal prints, what nbval compares) holds no number at all then.
-``Comparison.measured`` is the number, for code.
+``Comparison.measured`` is the number, for code. A table or a printout that states the answer is
+folded the same way with ``guess.fold(table)``.
 """
 from __future__ import annotations
 
@@ -70,6 +71,31 @@ class Comparison:
         return f'<div class="kvlab-prediction">{folded(summary, measured)}</div>'
 
 
+class Folded:
+    """A table or text that gives a prediction's answer away, folded like the comparison until the learner acts.
+
+    Only what a reader sees is folded (the HTML a notebook shows): the plain text stays whole, so nbval
+    still checks a deterministic table and a terminal still prints it.
+    """
+
+    def __init__(self, shown: object, prediction: "Prediction", what: str) -> None:
+        self.shown, self.prediction, self.what = shown, prediction, what
+
+    def _body_html(self) -> str:
+        to_html = getattr(self.shown, "_repr_html_", None)
+        page = to_html() if callable(to_html) else None
+        return page if page is not None else f"<pre>{html.escape(str(self.shown))}</pre>"
+
+    def __repr__(self) -> str:
+        return self.shown if isinstance(self.shown, str) else repr(self.shown)
+
+    def _repr_html_(self) -> str:
+        if self.prediction.value is not None:
+            return self._body_html()
+        return folded(f"🎯 {self.what} holds the answer to your prediction: type your number in the box above and "
+                      f"run this cell again, or click here to show it", self._body_html())
+
+
 class Prediction:
     """A labelled number box for one prediction; ``against(measured)`` puts the two side by side."""
 
@@ -96,6 +122,10 @@ class Prediction:
     def against(self, measured: float, what: str = "your run measured") -> Comparison:
         """The prediction beside ``measured``; never raises, and hides ``measured`` while there is no prediction."""
         return Comparison(self.question, self.value, float(measured), self.unit, what)
+
+    def fold(self, shown: object, what: str = "this table") -> "Folded":
+        """``shown`` (a DataFrame, a text) folded away while there is no prediction, because it states the answer."""
+        return Folded(shown, self, what)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
