@@ -60,6 +60,25 @@ def test_each_declared_lower_bound_is_the_version_the_twin_installed(colab_twin)
     assert not untested, f"a lower bound no test installs (declared, installed in the twin): {untested}"
 
 
+def test_notebook_09s_second_engine_starts_on_colabs_transformers(colab_twin):
+    """kvlab[serve] on Colab's set can run `transformers serve --continuous-batching` (not only its 'unavailable' line):
+    both engines answer the same greedy text from one checkpoint folder, on Colab's transformers."""
+    script = ("from kvlab.http.peer import transformers_serve_available\n"
+              "from kvlab.experiments.two_engines import lesson_checkpoint, make_server, same_greedy_answer\n"
+              "ok, why = transformers_serve_available(); print(why)\n"
+              "assert ok, why\n"
+              "folder = lesson_checkpoint()\n"
+              "servers = [make_server(e, folder).start() for e in ('kvlab serve', 'transformers serve')]\n"
+              "try:\n"
+              "    answers = same_greedy_answer(servers); print(answers)\n"
+              "    assert answers['same'], answers\n"
+              "finally:\n"
+              "    [s.stop() for s in servers]\n")
+    out = run([colab_twin.python, "-c", script], cwd=colab_twin.root, env=colab_twin.env, timeout=300)
+    print(out)
+    assert "is available" in out
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda nb: nb.stem)
 def test_the_notebook_runs_in_the_colab_twin_outside_the_checkout(colab_twin, notebook, tmp_path):
     assert not tmp_path.resolve().is_relative_to(REPO)

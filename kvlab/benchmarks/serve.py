@@ -8,8 +8,9 @@ over loopback (`kvlab.experiments.two_engines.compare_engines`):
 - **cold**: the first `--cold` requests after the server started (reported apart, never paired);
 - **low load**: after `--warmup` more requests, `--requests` at `--low-rate` req/s (short_short):
   TTFT and TPOT with next to no queueing;
-- **sweep**: `--profile` (default mixture: long prompts and long answers, enough to saturate
-  both) at rising `--rates`, `--duration` s each, up to the first rate past the *knee*: the
+- **sweep**: after `--warmup` unreported requests of `--profile` (so that an engine's first long
+  prompt, which pays once for new shapes, is not timed), `--profile` (default mixture: long
+  prompts and long answers, enough to saturate both) at rising `--rates`, `--duration` s each, up to the first rate past the *knee*: the
   highest rate with >= 90% of the requests completed and TTFT p95 <= `--slo-ttft` s.
 
 Reported as medians of per-round ratios kvlab / transformers with their IQR and min-max

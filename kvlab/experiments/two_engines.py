@@ -125,12 +125,19 @@ def cold_and_warm(server: LoadTestResult | LoopbackServer, rate: float, cold_req
 
 def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.0, profile: str = "mixture",
           slo_ttft_s: float = 1.0, min_served: float = 0.9, seed: int = 0, timeout_s: float = 30.0,
-          min_requests: int = 8, stop_past_knee: bool = True) -> list[dict]:
+          min_requests: int = 8, stop_past_knee: bool = True, warmup: int = 0) -> list[dict]:
     """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first.
 
-    With `stop_past_knee` the sweep ends at the first rate not served (`within_knee`): rates
-    beyond it would only queue longer.
+    `warmup` unreported requests of `profile` go first, at the lowest rate: the low-load warm-up
+    sends short prompts only, and an engine's first long prompt pays once for shapes it has not
+    computed yet (a 512-token chunk), which would land in the first level's p95. With
+    `stop_past_knee` the sweep ends at the first rate not served (`within_knee`): rates beyond it
+    would only queue longer.
     """
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be a whole number of requests >= 0")
+    if warmup:
+        measure(server, engine_workload(profile, warmup, min(float(r) for r in rates), seed + 1), timeout_s)
     rows = []
     for rate in sorted(float(r) for r in rates):
         n = max(min_requests, int(round(rate * duration_s)))
@@ -191,7 +198,8 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rat
         server = make_server(engine, folder, threads=threads).start()
         try:
             rows += cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed, timeout_s)
-            rows += sweep(server, rates, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s)
+            rows += sweep(server, rates, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s,
+                          warmup=warmup)
             greedy[engine] = greedy_answer(server, GREEDY_PROMPT, 12)
             servers[engine] = server.describe()
         finally:
