@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from kvlab.claims import CLAIMS, claims_for
+from kvlab.claims.c06_under_load import check_by_hand
 from kvlab.experiments.load import real_vs_simulated
 
 DETERMINISTIC = [c for c in claims_for("06_under_load.ipynb") if c.clock == "deterministic"]
@@ -27,13 +28,8 @@ def test_every_deterministic_claim_holds_on_its_example_and_renders_the_same_twi
 
 
 def _check(real: dict, simulated: dict, rates=(10.0, 20.0, 40.0), n=30) -> pd.DataFrame:
-    """A made-up simulated_vs_real frame: one row per (source, load); a clock's values rise with the load."""
-    rows = []
-    for source, values in (("real", real), ("simulated", simulated)):
-        for i, rate in enumerate(rates):
-            rows.append({"source": source, "offered_rps": rate, "completed": n, "ttft_n": n, "tpot_n": n,
-                         "e2e_n": n, **{k: v[i] for k, v in values.items()}})
-    return pd.DataFrame(rows)
+    """A made-up simulated_vs_real frame (the claims module's own builder): a clock's values per load."""
+    return check_by_hand(real, simulated, rates, n)
 
 
 SIM = dict(achieved_rps=[10.0, 19.0, 30.0], ttft_p50_s=[0.01, 0.012, 0.02], ttft_p95_s=[0.012, 0.015, 0.03],
