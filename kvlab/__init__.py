@@ -16,7 +16,7 @@ from .traces import replay_trace
 from .workload import Request, make_workload
 
 # Lesson layers (ipywidgets, matplotlib) are imported explicitly by notebooks:
-#   from kvlab.experiments import ...; from kvlab.plots import ...; from kvlab.widgets import ...
+#   from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel; from kvlab.lessons import verdicts
 
 __all__ = [
     "SLO", "BlockManager", "Engine", "Request", "RequestRecord", "SamplingParams", "SchedulerConfig",

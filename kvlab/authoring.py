@@ -3,7 +3,7 @@
 ``notebooks/NN_name.py`` is what a maintainer edits: markdown cells read as markdown, code cells as
 code, so an editor, a linter and ``grep`` see them. ``build`` turns a source into its notebook:
 
-- a few *directives* are expanded from :mod:`kvlab.course` and :mod:`kvlab.exercises`, so the pieces
+- a few *directives* are expanded from :mod:`kvlab.course` and :mod:`kvlab.lessons.common.exercises`, so the pieces
   every notebook shares live in one place:
   ``<!-- kvlab:header -->`` (first line of a markdown cell: title, badges, minutes),
   ``# kvlab:setup`` (a code cell: the setup cell), ``<!-- kvlab:navigation -->`` (previous/next links),
@@ -15,7 +15,7 @@ code, so an editor, a linter and ``grep`` see them. ``build`` turns a source int
   with its outputs silently wiped;
 - an executed notebook records in its metadata (``metadata.kvlab.sources``) a hash of each source
   file behind it: the modules its ``Lesson.modules`` names (:mod:`kvlab.course`) and its claims
-  module ``kvlab/claims/cNN_*.py``. When its cells are unchanged but one of those files is not,
+  lesson folder ``kvlab/lessons/lNN_*/``. When its cells are unchanged but one of those files is not,
   its outputs may be stale: it is re-executed, or with ``--check`` named in a warning line (a
   refactor that moves code changes no output, so that is not a failure unless ``--strict``).
 
@@ -93,12 +93,11 @@ def module_files(modules: tuple[str, ...] | list[str], root: Path | None = None)
 def source_hashes(notebook: str, root: Path | None = None) -> dict[str, str]:
     """``{path: sha256[:16]}`` of every file behind ``notebook``'s outputs: its Lesson.modules and its claims module.
 
-    Paths are relative to ``root``, the folder holding ``kvlab/`` (``kvlab/experiments/load.py``);
+    Paths are relative to ``root``, the folder holding ``kvlab/`` (``kvlab/lessons/l06_under_load/load.py``);
     line endings are normalised, so a checkout with CRLF endings hashes the same.
     """
     root = root or Path(__file__).resolve().parent.parent
-    claims = (root / "kvlab" / "claims").glob(f"c{notebook[:2]}_*.py")
-    files = set(module_files(lesson(notebook).modules, root)) | set(claims)
+    files = module_files(lesson(notebook).modules, root)
     return {f.relative_to(root).as_posix():
             hashlib.sha256(f.read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:16] for f in sorted(files)}
 
@@ -123,7 +122,7 @@ def _read_source(path: Path) -> nbformat.NotebookNode:
 
 def expand(cells: list, notebook: str) -> list:
     """Replace the directives in ``cells`` by the shared pieces they name (see the module docstring)."""
-    from . import exercises
+    from .lessons.common import exercises
 
     entry = lesson(notebook)
     number = notebook[:2]

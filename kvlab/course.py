@@ -34,76 +34,64 @@ class Lesson:
     title: str
     shows: str
     minutes: int
-    # the kvlab modules the notebook runs (experiments, then plots, then widgets), so a reader of
-    # 06_under_load finds kvlab.experiments.load without searching; tests/test_course.py imports each
-    modules: tuple[str, ...] = ()
+    # kvlab modules outside the lesson's folder whose code the notebook shows directly (kvlab.traces in 08)
+    uses: tuple[str, ...] = ()
+
+    @property
+    def package(self) -> str:
+        """The lesson's folder, ``kvlab.lessons.lNN_<name>``: its experiments, figures, panel, claims, exercises."""
+        return f"kvlab.lessons.l{self.file.removesuffix('.ipynb')}"
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """Every kvlab module behind the notebook's outputs: its folder, the lessons' shared frameworks, ``uses``."""
+        return (self.package, "kvlab.lessons.common", *self.uses)
 
 
-# In order. Engineers adding a notebook append its Lesson here; navigation links follow this list.
+# In order. Adding a notebook: its folder kvlab/lessons/lNN_<name>/ and its Lesson here; navigation follows this list.
 NOTEBOOKS: list[Lesson] = [
     Lesson("00_start_here.ipynb", "Start here",
            "your machine (device, versions, threads), how the lab is laid out, how a panel works", 10,
-           modules=("kvlab.course", "kvlab.env", "kvlab.widgets.panel")),
+           uses=("kvlab.course", "kvlab.env")),
     Lesson("01_the_slowdown.ipynb", "The slowdown",
            "without a cache each token takes longer than the last; time per token and cumulative time, "
-           "none vs dynamic; expected (work) vs measured ratio", 15,
-           modules=("kvlab.experiments.slowdown", "kvlab.experiments.long_context", "kvlab.plots.slowdown",
-                    "kvlab.widgets.slowdown")),
+           "none vs dynamic; expected (work) vs measured ratio", 15),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
-           "a real published model where the machine is online", 25,
-           modules=("kvlab.experiments.memory", "kvlab.plots.memory", "kvlab.widgets.memory",
-                    "kvlab.experiments.real_model", "kvlab.claims.c02_kv_cache", "kvlab.exercises.ex02_kv_cache")),
+           "a real published model where the machine is online", 25),
     Lesson("03_cache_strategies.ipynb", "Cache strategies",
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
            "(torch.compile); a slow link whose transfer time shows in the step; offloading under load (step and "
-           "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 30,
-           modules=("kvlab.experiments.strategies", "kvlab.experiments.cache_accuracy",
-                    "kvlab.experiments.static_compile", "kvlab.plots.strategies", "kvlab.widgets.strategies",
-                    "kvlab.experiments.offload_load", "kvlab.plots.offload_load",
-                    "kvlab.experiments.transformers_caches", "kvlab.plots.transformers_caches",
-                    "kvlab.widgets.transformers_caches")),
+           "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 30),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
-           "are not words: tokens per word by language and tokenizer, and what that does to tokens/s", 25,
-           modules=("kvlab.experiments.four_clocks", "kvlab.plots.journey", "kvlab.plots.distribution",
-                    "kvlab.plots.startup", "kvlab.plots.gantt", "kvlab.widgets.four_clocks",
-                    "kvlab.experiments.tokens_words", "kvlab.plots.tokens")),
+           "are not words: tokens per word by language and tokenizer, and what that does to tokens/s", 25),
     Lesson("05_batching.ipynb", "Batching",
            "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
            "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob; why batching works "
-           "(decode step time and GB/s by batch size, prompts batched); write the admission rule yourself", 30,
-           modules=("kvlab.experiments.batching", "kvlab.plots.gantt", "kvlab.plots.batches", "kvlab.plots.policies",
-                    "kvlab.widgets.batching", "kvlab.experiments.batch_scaling", "kvlab.plots.batch_scaling",
-                    "kvlab.experiments.admission")),
+           "(decode step time and GB/s by batch size, prompts batched); write the admission rule yourself", 30),
     Lesson("06_under_load.ipynb", "Under load",
            "the service curve (the four clocks, achieved vs offered throughput, failures) for each profile and the "
            "mixture, its knee; a simulator calibrated on your machine checked against the real model; two real "
-           "policies where the one with more throughput starts answers later; sent/completed/failed/waiting counts", 25,
-           modules=("kvlab.experiments.load", "kvlab.plots.load", "kvlab.widgets.load")),
+           "policies where the one with more throughput starts answers later; sent/completed/failed/waiting counts", 25),
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each), counted by hand and by the "
-           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 15,
-           modules=("kvlab.experiments.capacity", "kvlab.plots.capacity", "kvlab.widgets.paged_capacity")),
+           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 15),
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
            "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
            "capacity, caching on vs off on the four clocks", 20,
-           modules=("kvlab.experiments.prefix_and_chunks", "kvlab.plots.kv_blocks", "kvlab.plots.gantt",
-                    "kvlab.plots.token_gaps", "kvlab.widgets.capacity", "kvlab.traces",
-                    "kvlab.experiments.prefix_traces", "kvlab.plots.prefix_traces", "kvlab.widgets.prefix_traces")),
+           uses=("kvlab.traces",)),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
            "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "
            "curve over the wire with 429 backpressure; the same client against transformers' own server on the same "
            "weights (cold and warm, both service curves); the same command against vLLM and other servers", 20,
-           modules=("kvlab.experiments.wire", "kvlab.plots.wire", "kvlab.widgets.wire",
-                    "kvlab.experiments.two_engines", "kvlab.plots.two_engines", "kvlab.widgets.two_engines",
-                    "kvlab.http.peer", "kvlab.http.shared_checkpoint")),
+           uses=("kvlab.http.peer", "kvlab.http.shared_checkpoint")),
 ]
 
 

@@ -81,9 +81,9 @@ Markdown(course_map(link_prefix="", run_times=False))
 #
 # ```
 # notebooks/          what you are reading: a few lines, one experiment behind a button, plots
-# kvlab.widgets       panels: controls, a Run button, a progress bar, an output area
-# kvlab.experiments   the experiments; each returns a pandas DataFrame
-# kvlab.plots         matplotlib figures drawn from those DataFrames
+# kvlab.lessons       one folder per notebook (l01_the_slowdown/ ...): its experiments, each returning
+#                     a pandas DataFrame, its figures, its panel (controls, a Run button, a progress
+#                     bar), the claims checked on your run and the exercises' checkers
 # kvlab.generate      timed generation: a prefill, then one decode step per token
 # kvlab.model         the decoder (Llama and GPT-2 families)
 # kvlab.cache         the KV cache strategies: none, dynamic, static, quantized, offloaded
@@ -103,13 +103,13 @@ Markdown(course_map(link_prefix="", run_times=False))
 # then press **Run**.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("How many times as long as a one-token decode step will the prefill step take?", unit="×")
 guess
 
 # %%
-from kvlab.widgets import slowdown_panel
+from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel
 
 panel = slowdown_panel(caches=("dynamic",), max_new_tokens=100, title="Time every token of one generation")
 panel
@@ -148,7 +148,7 @@ result.frame.head()
 # beside your run (the prefill's time over the median decode step's, each the fastest of the runs):
 
 # %%
-from kvlab.experiments.slowdown import prefill_vs_decode
+from kvlab.lessons.l01_the_slowdown.slowdown import prefill_vs_decode
 
 guess.against(prefill_vs_decode(result.frame)["ratio"])
 
@@ -156,7 +156,7 @@ guess.against(prefill_vs_decode(result.frame)["ratio"])
 # The next cell checks on your numbers what that says about the cost of one token:
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(result, "prefill_costs_less_per_token_than_decode", after=guess)
 

@@ -44,7 +44,7 @@
 # It is small so that the experiment takes seconds on two CPU cores.
 
 # %%
-from kvlab.experiments import slowdown_model
+from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
 
 model = slowdown_model()
 cfg = model.config
@@ -66,14 +66,14 @@ print(f"{cfg.name}: {model.num_parameters() / 1e6:.1f}M parameters, {cfg.num_lay
 # box, then press **Run**, and afterwards try other settings.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("Without a cache, how many times as long as the step of an early token (a tenth of the way "
                 "into the answer) will the step of a late token (near the end) take?", unit="×")
 guess
 
 # %%
-from kvlab.widgets import slowdown_panel
+from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel
 
 panel = slowdown_panel(model)
 panel
@@ -83,7 +83,7 @@ result = panel.run()   # the same as pressing Run with the settings above
 result.show()
 
 # %%
-from kvlab.experiments import slowdown_fit, slowdown_summary
+from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_fit, slowdown_summary
 
 guess.against(slowdown_summary(result.frame).set_index("cache").at["none", "measured_ratio"])
 
@@ -96,7 +96,7 @@ guess.against(slowdown_summary(result.frame).set_index("cache").at["none", "meas
 # the one before. What your run shows, checked on its numbers:
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens", after=guess)
 
@@ -120,7 +120,7 @@ guess.fold(slowdown_summary(result.frame)[["cache", "early_token", "late_token",
 # text so far in one pass.
 
 # %%
-from kvlab.experiments.slowdown import per_token_costs
+from kvlab.lessons.l01_the_slowdown.slowdown import per_token_costs
 
 per_token_costs(result.frame)
 
@@ -169,7 +169,7 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 # times a few cached decode steps after each (the fastest of three runs, as before).
 
 # %%
-from kvlab.experiments.long_context import context_step_summary, run_context_steps
+from kvlab.lessons.l01_the_slowdown.long_context import context_step_summary, run_context_steps
 
 long_run = run_context_steps(model)
 display(context_step_summary(long_run).round(3))
@@ -216,9 +216,9 @@ verdicts(long_run, "cached_steps_grow_at_long_context")
 # - The measured slowdown falls short of the work ratio because a pass over many tokens costs far
 #   less per token than a pass over one: what a pass pays once is shared by all its tokens. The
 #   verdicts under each table say whether your run showed it.
-# - Behind this notebook: `kvlab.experiments.run_slowdown`, `slowdown_summary`, `per_token_costs`,
-#   `slowdown_fit`, `kvlab.experiments.long_context` (`run_context_steps`, `context_step_summary`),
-#   `kvlab.plots.plot_slowdown`, the claims in `kvlab/claims/c01_the_slowdown.py`; tests in
+# - Behind this notebook: its folder `kvlab/lessons/l01_the_slowdown/`: `slowdown.py` (`run_slowdown`,
+#   `slowdown_summary`, `per_token_costs`, `slowdown_fit`), `long_context.py` (`run_context_steps`,
+#   `context_step_summary`), `figures.py` (`plot_slowdown`) and the claims in `claims.py`; tests in
 #   `tests/test_experiments_slowdown.py`, `tests/test_experiments_long_context.py` and `tests/test_claims_01.py`.
 
 # %% [markdown]

@@ -61,7 +61,7 @@ for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(out, "cache_holds_every_token_but_the_last")
 
@@ -110,7 +110,7 @@ verdicts(out, "dynamic_cache_allocates_the_formula")
 # step. Press **Run** (or read the saved figure below).
 
 # %%
-from kvlab.widgets import cache_memory_panel
+from kvlab.lessons.l02_kv_cache.panel import cache_memory_panel
 
 memory_panel = cache_memory_panel(model)
 memory_panel
@@ -143,7 +143,7 @@ verdicts(memory_result, "dynamic_memory_follows_the_formula", "static_reserves_t
 # in the box (in GiB), then run the next two cells.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("How many GiB of KV cache does Llama-2-7B (MHA) hold for one conversation of 4,096 tokens "
                 "in fp16?", unit="GiB")
@@ -170,7 +170,7 @@ guess.against(kvlab.PUBLISHED_CONFIGS["Llama-2-7B (MHA)"].kv_bytes_per_token(2) 
 # controls; the dashed line is the memory left for the cache once fp16 weights are loaded.
 
 # %%
-from kvlab.widgets import kv_calculator_panel
+from kvlab.lessons.l02_kv_cache.panel import kv_calculator_panel
 
 calculator = kv_calculator_panel("Llama-3-8B (GQA)", context=8192, batch=8, gpu_gib=80)
 calculator
@@ -188,7 +188,7 @@ calculator.run().show()
 # goes on with the shipped models.
 
 # %%
-from kvlab.experiments.real_model import real_model_demo, try_real_model
+from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
 
 real, note = try_real_model()      # the model with its own tokenizer, or None offline
 print(note)
@@ -232,8 +232,8 @@ if real is not None:
 # - A cache is a dozen lines: per layer, append the new K and V along the token axis and hand back
 #   everything stored; `seq_len` tells the model where the next token stands (exercise 4).
 # - Behind this notebook: `kvlab.cache` (the interface in `base.py`, the growing cache in
-#   `dynamic.py`), `kvlab.experiments.measure_cache_memory`, `kv_memory_table`, `max_sequences`,
-#   the claims in `kvlab/claims/c02_kv_cache.py`, the checkers in `kvlab/exercises/ex02_kv_cache.py`;
+#   `dynamic.py`), and its folder `kvlab/lessons/l02_kv_cache/`: `memory.py` (`measure_cache_memory`,
+#   `kv_memory_table`, `max_sequences`), the claims in `claims.py`, the checkers in `exercises.py`;
 #   tests in `tests/test_experiments_memory.py`, `tests/test_claims_02.py` and `tests/test_exercises_build.py`.
 
 # %% [markdown]

@@ -100,14 +100,14 @@ print("text:  ", repr(model.tokenizer.decode(runs["dynamic"])))
 # half), then press **Run**.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("At the longest context, how many times the dynamic cache's bytes will the 4-bit quantized "
                 "cache take?", unit="×")
 guess
 
 # %%
-from kvlab.widgets.strategies import strategies_panel
+from kvlab.lessons.l03_cache_strategies.panel_strategies import strategies_panel
 
 panel = strategies_panel(model)
 panel
@@ -118,7 +118,7 @@ result.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.strategies import quantized_memory_ratio
+from kvlab.lessons.l03_cache_strategies.strategies import quantized_memory_ratio
 
 guess.against(quantized_memory_ratio(result.frame, bits=4))
 
@@ -143,7 +143,7 @@ guess.against(quantized_memory_ratio(result.frame, bits=4))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 frame = result.frame
 bpt = frame.attrs["bytes_per_token"]   # 2 x layers x kv_heads x head_dim x 4 bytes
@@ -160,7 +160,7 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
 # %% [markdown]
 # What do the fixed shapes buy? A dynamic cache hands attention a key tensor one token longer
 # at every step. A compiler that builds a program for one set of shapes must then rebuild or fall
-# back to general code. `kvlab.experiments.static_compile.FixedShapeStaticCache` writes each new
+# back to general code. `kvlab.lessons.l03_cache_strategies.static_compile.FixedShapeStaticCache` writes each new
 # token into its slot at a position held in a tensor and attends over *all* reserved slots, masking
 # the empty ones, so every decode step has the same shapes and `torch.compile` can build one program
 # and replay it for every token (CUDA graphs rely on the same property).
@@ -175,7 +175,7 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
 # the median of the per-round ratios with its min–max: a busy moment slows both runs of a round alike.
 
 # %%
-from kvlab.experiments.static_compile import try_compiled_decode
+from kvlab.lessons.l03_cache_strategies.static_compile import try_compiled_decode
 
 compiled = try_compiled_decode()  # the budget suits the device: 20 s on CPU, 120 s on CUDA
 print(compiled["message"])
@@ -225,7 +225,7 @@ verdicts(result, "quantized_memory_follows_the_format", after=guess)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.cache_accuracy import accuracy_summary, accuracy_table
+from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_summary, accuracy_table
 
 accuracy = frame.attrs["accuracy"]
 display(accuracy_table(accuracy))
@@ -238,7 +238,7 @@ verdicts(result, "eight_bit_cache_keeps_the_answers", "answers_fall_as_bits_fall
 # is the same). The panel computes them on the first few questions. Do they see what the answers saw?
 
 # %%
-from kvlab.plots.strategies import plot_accuracy_by_distance
+from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_accuracy_by_distance
 
 display(accuracy_summary(accuracy)[["setting", "correct", "examples", "quality_prompts", "compared_positions",
                                    "top1_agreement", "kl_mean"]])
@@ -291,7 +291,7 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 # a real disk or network; the link rate is a setting you choose.
 
 # %%
-from kvlab.plots.strategies import plot_offload_cost
+from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_offload_cost
 
 off = frame[frame["strategy"] == "offloaded"].sort_values(["context_tokens", "setting"])
 dyn = frame[frame["strategy"] == "dynamic"].set_index("context_tokens")
@@ -381,8 +381,8 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 # request arrives at once, both runs execute exactly the same steps; only their prices differ.
 
 # %%
-from kvlab.experiments.offload_load import distribution_table, offload_under_load
-from kvlab.plots.offload_load import plot_offload_under_load
+from kvlab.lessons.l03_cache_strategies.offload_load import distribution_table, offload_under_load
+from kvlab.lessons.l03_cache_strategies.figures_offload_load import plot_offload_under_load
 
 loaded = offload_under_load(n=16, max_seqs=4, prompt_tokens=192, max_new_tokens=32)
 print(f"tier: {loaded.settings['tier']}, link: {loaded.settings['link_gbps'] or 'the real one'} GB/s, "
@@ -423,8 +423,8 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?).
 #
 # Behind this section: `kvlab.cache.paged_offloaded` (the pool), `kvlab.serving.offloaded_executor`
-# (`OffloadedModelExecutor`, the engine's model runner over it), `kvlab.experiments.offload_load`
-# (`offload_under_load`, `distribution_table`, `bytes_by_hand`), `kvlab.plots.offload_load`; tests in
+# (`OffloadedModelExecutor`, the engine's model runner over it), `kvlab.lessons.l03_cache_strategies.offload_load`
+# (`offload_under_load`, `distribution_table`, `bytes_by_hand`), `kvlab.lessons.l03_cache_strategies.figures_offload_load`; tests in
 # `tests/test_paged_offloaded.py` and `tests/test_offload_load.py`.
 
 # %% [markdown]
@@ -443,8 +443,8 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # %%
 import transformers
 
-from kvlab.experiments.transformers_caches import not_run, quantized_backend
-from kvlab.widgets.transformers_caches import transformers_caches_panel
+from kvlab.lessons.l03_cache_strategies.transformers_caches import not_run, quantized_backend
+from kvlab.lessons.l03_cache_strategies.panel_transformers_caches import transformers_caches_panel
 
 print(f"transformers {transformers.__version__}; {quantized_backend()}")
 beside = transformers_caches_panel(model)
@@ -485,7 +485,7 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # | `quantized` (`bits`, `group_size`, `residual`) | `QuantizedCache(backend, config, nbits, q_group_size, residual_length)`, `cache_implementation="quantized"` with a `cache_config`; backends `quanto` (2 or 4 bits, package optimum-quanto), `hqq` (1, 2, 3, 4 or 8 bits, package hqq), `fp8` (built in: one scale per tensor, fixed at the first update, no residual) | Both store groups of values as codes with a scale and a zero-point (quanto groups along head_dim, as kvlab does, when `q_group_size` divides it) and dequantize the whole history every step. The full-precision part differs: kvlab keeps a sliding window of the newest `residual` tokens and quantizes each token once, when it leaves the window; transformers quantizes the whole prompt at prefill (the prefill's own attention still reads full precision), lets a residual grow, and when it reaches `residual_length` dequantizes everything, appends the residual and quantizes it all again, so old tokens are re-quantized at every flush. Defaults differ too: group 64 and residual 128 in transformers, `gcd(head_dim, 32)` and 64 in kvlab. |
 # | `offloaded` (`max_len`) | `DynamicCache(offloading=True)`, `cache_implementation="offloaded"` (`"offloaded_static"` for a static one) | kvlab preallocates its tier for `max_len` tokens (pinned host memory on CUDA, a memory-mapped file on CPU), keeps working buffers for one layer on the device, copies a layer's history in and writes back only the new token. transformers moves each layer's whole K and V to the CPU right after its update, and before it starts fetching the next layer back on a side stream (one layer ahead). Its copies run on CUDA streams, so it needs a GPU: the run above says whether it ran here. |
 #
-# The formula of each layout is written out in `formula_bytes` (`kvlab/experiments/transformers_caches.py`),
+# The formula of each layout is written out in `formula_bytes` (`kvlab/lessons/l03_cache_strategies/transformers_caches.py`),
 # with tests in `tests/test_experiments_transformers_caches.py`.
 
 # %% [markdown]
@@ -534,10 +534,10 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 #   weights; the quantized and offloaded ones keep their full-precision tokens and move their bytes in
 #   their own way (the table above), and each holds what its layout's formula says.
 # - Name the constraint that binds for your workload, then measure that one, outputs included.
-# - Behind this notebook: `kvlab.experiments.strategies.run_strategies`,
-#   `kvlab.experiments.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,
-#   `kvlab.experiments.static_compile`, `kvlab.cache.offloaded` (the slow link), `kvlab.plots.strategies`,
-#   `kvlab.widgets.strategies`; the claims in `kvlab.claims.c03_cache_strategies`; tests in
+# - Behind this notebook: `kvlab.lessons.l03_cache_strategies.strategies.run_strategies`,
+#   `kvlab.lessons.l03_cache_strategies.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,
+#   `kvlab.lessons.l03_cache_strategies.static_compile`, `kvlab.cache.offloaded` (the slow link), `kvlab.lessons.l03_cache_strategies.figures_strategies`,
+#   `kvlab.lessons.l03_cache_strategies.panel_strategies`; the claims in `kvlab.lessons.l03_cache_strategies.claims`; tests in
 #   `tests/test_experiments_strategies.py`, `tests/test_quality.py`, `tests/test_plots_strategies.py`,
 #   `tests/test_cache_offloaded.py` and `tests/test_claims_03.py`.
 

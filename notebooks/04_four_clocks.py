@@ -46,7 +46,7 @@
 
 # %%
 # %matplotlib inline
-from kvlab.experiments.serving_run import lesson_model
+from kvlab.runs.serving_run import lesson_model
 
 model = lesson_model()
 print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters, context of "
@@ -60,7 +60,7 @@ print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters, con
 # sliders: more requests ahead, more slots, a longer prompt.
 
 # %%
-from kvlab.widgets.four_clocks import journey_panel
+from kvlab.lessons.l04_four_clocks.panel import journey_panel
 
 panel = journey_panel(model)
 panel
@@ -76,7 +76,7 @@ result.show()
 # queue, not computation, on your run:
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(result, "watched_ttft_is_mostly_queue")
 
@@ -91,7 +91,7 @@ verdicts(result, "watched_ttft_is_mostly_queue")
 # Who was it waiting behind? The same run as a Gantt chart, one row per request:
 
 # %%
-from kvlab.plots.gantt import plot_gantt
+from kvlab.lessons.common.gantt import plot_gantt
 
 plot_gantt(result.frame, result.frame.attrs["steps"], title="The journey run: every request")
 
@@ -108,8 +108,8 @@ plot_gantt(result.frame, result.frame.attrs["steps"], title="The journey run: ev
 # %%
 # NBVAL_CHECK_OUTPUT
 from kvlab.clocks import summarize
-from kvlab.experiments.four_clocks import journey_clocks, run_journey
-from kvlab.experiments.serving_run import FixedStepCostExecutor
+from kvlab.lessons.l04_four_clocks.four_clocks import journey_clocks, run_journey
+from kvlab.runs.serving_run import FixedStepCostExecutor
 
 STEP_S = 0.010
 exact = run_journey(model, executor=FixedStepCostExecutor(step_s=STEP_S), clock="virtual")
@@ -150,8 +150,8 @@ verdicts(exact, "watched_clocks_follow_from_its_steps")
 # process**, times each start-up phase, then serves the same single request five times in a row.
 
 # %%
-from kvlab.experiments.four_clocks import cold_vs_warm, cold_warm_summary, startup_phases
-from kvlab.plots.startup import plot_cold_warm
+from kvlab.lessons.l04_four_clocks.four_clocks import cold_vs_warm, cold_warm_summary, startup_phases
+from kvlab.lessons.l04_four_clocks.figures_startup import plot_cold_warm
 
 cold = cold_vs_warm(repeats=5)
 display(startup_phases(cold).round(3))
@@ -181,8 +181,8 @@ verdicts(cold, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
 # until the requests ahead of it finish, and that wait comes on top of its prefill.
 
 # %%
-from kvlab.experiments.four_clocks import mean_vs_tail, run_mixed_load
-from kvlab.plots.distribution import plot_clock_distribution
+from kvlab.lessons.l04_four_clocks.four_clocks import mean_vs_tail, run_mixed_load
+from kvlab.lessons.l04_four_clocks.figures_distribution import plot_clock_distribution
 
 mixed = run_mixed_load(model)
 display(mean_vs_tail(mixed.requests).round(3))
@@ -228,7 +228,7 @@ verdicts(mixed, "share_waiting_longer_than_the_mean", "ttft_tail_is_well_above_t
 # with the number of tokens it took as an exponent.
 
 # %%
-from kvlab.experiments.tokens_words import first_sentences, lesson_tokenizers
+from kvlab.lessons.l04_four_clocks.tokens_words import first_sentences, lesson_tokenizers
 
 toks, note = lesson_tokenizers()   # trains the BPE (milliseconds); looks for the real one (a few seconds at most)
 print(note)
@@ -244,14 +244,14 @@ for row in first_sentences(toks).itertuples():
 # spend on it, then run the next cells.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("For the same paragraph, how many times as many tokens will the English-trained BPE spend on "
                 "the Chinese version as on the English one?", unit="×")
 guess
 
 # %%
-from kvlab.experiments.tokens_words import count_tokens, tokens_table, vs_english
+from kvlab.lessons.l04_four_clocks.tokens_words import count_tokens, tokens_table, vs_english
 
 counts = count_tokens(toks)
 guess.fold(tokens_table(counts).round(2))
@@ -285,8 +285,8 @@ verdicts(counts, "byte_tokens_are_utf8_bytes", "english_bpe_favours_english", af
 # second. The tokens/s each tokenizer counts for that same text:
 
 # %%
-from kvlab.experiments.tokens_words import tokens_per_second
-from kvlab.plots.tokens import plot_tokens_per_word
+from kvlab.lessons.l04_four_clocks.tokens_words import tokens_per_second
+from kvlab.lessons.l04_four_clocks.figures_tokens import plot_tokens_per_word
 
 WORDS_PER_S = 10   # the pace a reader gets (a setting: change it)
 rates = tokens_per_second(counts, words_per_s=WORDS_PER_S)
@@ -303,7 +303,7 @@ verdicts(rates, "same_words_different_tokens_per_second")
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.tokens_words import BPE, BYTE, words_per_second
+from kvlab.lessons.l04_four_clocks.tokens_words import BPE, BYTE, words_per_second
 
 reported = {BYTE: 50, BPE: 20}   # tokens/s, as two benchmark reports would give them
 words = words_per_second(counts, reported)
@@ -326,7 +326,7 @@ verdicts(words, "fewer_tokens_per_second_can_be_more_words")
 # - Run `run_mixed_load(model, max_seqs=4)`: twice the batch slots for the same clumps. Which quantiles move?
 # - In the exact run, change `STEP_S` to 0.020 and predict every clock before running the cell.
 # - Train the BPE with a smaller vocabulary, `lesson_tokenizers(real=None, bpe=train_bpe(vocab_size=300))`
-#   (`from kvlab.experiments.tokens_words import train_bpe`): what happens to English's tokens per word?
+#   (`from kvlab.lessons.l04_four_clocks.tokens_words import train_bpe`): what happens to English's tokens per word?
 # - Train it on English plus one translation (`train_bpe(corpus=training_corpus() + text)`, with `text` taken
 #   from `load_samples()`): which columns move? (That paragraph is then no longer held out.)
 # - Online, compare a tokenizer trained on many languages: `lesson_tokenizers("Qwen/Qwen2.5-0.5B")`.
@@ -343,11 +343,11 @@ verdicts(words, "fewer_tokens_per_second_can_be_more_words")
 #   failed, waiting and running requests.
 # - Tokens are not words: the same text costs different numbers of tokens with different tokenizers and
 #   in different languages, so tokens/s compares runs of one model only; across models, count words.
-# - Behind this notebook: `kvlab.experiments.four_clocks` (`run_journey`, `journey_clocks`,
-#   `cold_vs_warm`, `run_mixed_load`, `mean_vs_tail`), `kvlab.experiments.tokens_words` (`train_bpe`,
-#   `count_tokens`, `tokens_per_second`, `words_per_second`), `kvlab.clocks`, `kvlab.plots.journey`,
-#   `kvlab.plots.gantt`, `kvlab.plots.tokens`; the claims checked on your runs in
-#   `kvlab.claims.c04_four_clocks`; tests in `tests/test_experiments_serving.py`, `tests/test_plots_serving.py`,
+# - Behind this notebook: `kvlab.lessons.l04_four_clocks.four_clocks` (`run_journey`, `journey_clocks`,
+#   `cold_vs_warm`, `run_mixed_load`, `mean_vs_tail`), `kvlab.lessons.l04_four_clocks.tokens_words` (`train_bpe`,
+#   `count_tokens`, `tokens_per_second`, `words_per_second`), `kvlab.clocks`, `kvlab.lessons.l04_four_clocks.figures_journey`,
+#   `kvlab.lessons.common.gantt`, `kvlab.lessons.l04_four_clocks.figures_tokens`; the claims checked on your runs in
+#   `kvlab.lessons.l04_four_clocks.claims`; tests in `tests/test_experiments_serving.py`, `tests/test_plots_serving.py`,
 #   `tests/test_tokens_words.py` and `tests/test_claims_04.py`.
 
 # %% [markdown]

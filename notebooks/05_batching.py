@@ -35,7 +35,7 @@
 
 # %%
 # %matplotlib inline
-from kvlab.experiments.serving_run import lesson_model
+from kvlab.runs.serving_run import lesson_model
 
 model = lesson_model()
 print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters")
@@ -47,7 +47,7 @@ print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters")
 # **Run**, then switch to *equal* lengths, or change the number of slots.
 
 # %%
-from kvlab.widgets.batching import batching_panel
+from kvlab.lessons.l05_batching.panel import batching_panel
 
 panel = batching_panel(model)
 panel
@@ -57,7 +57,7 @@ result = panel.run()   # the same as pressing Run
 result.show()
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(result, "a_batched_step_costs_less_than_separate_steps")
 
@@ -71,7 +71,7 @@ verdicts(result, "a_batched_step_costs_less_than_separate_steps")
 # What each step actually held, step by step:
 
 # %%
-from kvlab.plots.batches import plot_batch_composition
+from kvlab.lessons.l05_batching.figures_batches import plot_batch_composition
 
 plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 
@@ -88,8 +88,8 @@ plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 
 # %%
 import pandas as pd
-from kvlab.experiments.batching import batching_table, compare_policies
-from kvlab.plots.policies import plot_policy_tradeoff
+from kvlab.lessons.l05_batching.batching import batching_table, compare_policies
+from kvlab.lessons.l05_batching.figures_policies import plot_policy_tradeoff
 
 equal = compare_policies(model, lengths=("equal",))
 table = pd.concat([batching_table(equal), result.frame.attrs["runs"]], ignore_index=True)
@@ -119,7 +119,7 @@ verdicts(table, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves_
 # as continuous batching for the same tokens? Type a number, then run the next two cells.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 steps_guess = predict("Mixed lengths: static batching needs how many times as many steps as continuous batching?",
                       unit="×")
@@ -127,7 +127,7 @@ steps_guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.serving_run import FixedStepCostExecutor
+from kvlab.runs.serving_run import FixedStepCostExecutor
 
 exact = compare_policies(model, executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 lines = []
@@ -163,7 +163,7 @@ steps_guess.against(steps["static", "mixed"] / steps["continuous", "mixed"], wha
 # A rule that broke a limit has no row: the checker above says where.
 
 # %%
-from kvlab.experiments.admission import admission_run, clocks_table
+from kvlab.lessons.l05_batching.admission import admission_run, clocks_table
 
 builtin_run, _ = admission_run()                  # the engine's own rule
 my_run, my_audit = admission_run(my_admission)    # yours, checked at every call
@@ -178,9 +178,9 @@ clocks_table([builtin_run] + ([my_run] if my_run is not None else []))
 # may hold six.
 
 # %%
-from kvlab.experiments.batching import batch_wait_runs
-from kvlab.experiments.serving_run import runs_frame
-from kvlab.plots.policies import plot_batch_wait
+from kvlab.lessons.l05_batching.batching import batch_wait_runs
+from kvlab.runs.serving_run import runs_frame
+from kvlab.lessons.l05_batching.figures_policies import plot_batch_wait
 
 waits = batch_wait_runs(model, waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6)
 wait_table = batching_table(waits)
@@ -225,7 +225,7 @@ verdicts(exact_waits, "exact_waiting_trades_first_tokens_for_fuller_batches",
 # The trade on the real model as Gantt charts:
 
 # %%
-from kvlab.plots.gantt import plot_gantts
+from kvlab.lessons.common.gantt import plot_gantts
 
 frame = runs_frame([waits[0], waits[-2], waits[-1]])
 plot_gantts(frame, frame.attrs["steps"])
@@ -268,8 +268,8 @@ plot_gantts(frame, frame.attrs["steps"])
 # batch.
 
 # %%
-from kvlab.experiments.batch_scaling import batch_scaling
-from kvlab.plots.batch_scaling import plot_batch_scaling
+from kvlab.lessons.l05_batching.batch_scaling import batch_scaling
+from kvlab.lessons.l05_batching.figures_batch_scaling import plot_batch_scaling
 
 scaling = batch_scaling(model, batch_sizes=(1, 2, 4, 8, 16, 32, 64), repeats=5)
 m = scaling.machine
@@ -313,10 +313,10 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # keep the arithmetic busy on its own gains little from company. Try `batch_scaling(model,
 # prefill_tokens=8)` and then `prefill_tokens=128`: when does batching prompts stop paying?
 #
-# Behind this section: `kvlab.experiments.batch_scaling` (`batch_scaling`, `decode_scaling`,
+# Behind this section: `kvlab.lessons.l05_batching.batch_scaling` (`batch_scaling`, `decode_scaling`,
 # `prefill_batching`, `crossover_batch`), the bandwidth test of `kvlab.measure.bandwidth`
-# (`machine_bandwidth`, `weight_bytes_per_step`) and `kvlab.plots.batch_scaling`; the claims in
-# `kvlab.claims.c05_batching`; tests in `tests/test_batch_scaling.py`.
+# (`machine_bandwidth`, `weight_bytes_per_step`) and `kvlab.lessons.l05_batching.figures_batch_scaling`; the claims in
+# `kvlab.lessons.l05_batching.claims`; tests in `tests/test_batch_scaling.py`.
 
 # %% [markdown]
 # ### Try it
@@ -342,9 +342,9 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 #   there: under a trickle its batches stay small, and the arrivals, not the batches, set the pace;
 #   when requests queue, its slots fill.
 # - Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
-#   your rule), `kvlab.experiments.batching` (`compare_policies`, `batch_wait_runs`, `batching_table`,
-#   `idle_slots`), `kvlab.experiments.admission`, `kvlab.plots.gantt`, `kvlab.plots.batches`,
-#   `kvlab.plots.policies`; the claims checked on your runs in `kvlab.claims.c05_batching`; tests in
+#   your rule), `kvlab.lessons.l05_batching.batching` (`compare_policies`, `batch_wait_runs`, `batching_table`,
+#   `idle_slots`), `kvlab.lessons.l05_batching.admission`, `kvlab.lessons.common.gantt`, `kvlab.lessons.l05_batching.figures_batches`,
+#   `kvlab.lessons.l05_batching.figures_policies`; the claims checked on your runs in `kvlab.lessons.l05_batching.claims`; tests in
 #   `tests/test_experiments_serving.py`, `tests/test_claims_05.py`, `tests/test_admission.py` and
 #   `tests/test_exercises_build.py`.
 

@@ -68,9 +68,9 @@ print(f"measured on the authors' machine: {env['cpu']}, {env['cpu_count']} cores
 # once with the real model on the wall clock, once in the simulator.
 
 # %%
-from kvlab.experiments.load import simulated_vs_real
-from kvlab.experiments.slowdown import slowdown_config
-from kvlab.plots.load import plot_service_curve
+from kvlab.lessons.l06_under_load.load import simulated_vs_real
+from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
+from kvlab.lessons.l06_under_load.figures import plot_service_curve
 from kvlab.serving.calibrate import calibrate
 from kvlab.serving.sweep import estimate_capacity_rps
 from kvlab.workload import make_workload
@@ -91,7 +91,7 @@ plot_service_curve(check, title=f"Real {small.name} (solid) vs the simulator cal
 # each quantile.
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
          "real_and_simulated_rise_with_load")
@@ -133,14 +133,14 @@ verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_
 # At what fraction of the short chats' knee will the long prompts' knee be (1 = the same load)?
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("The long prompts' knee, as a fraction of the short chats' knee (in requests per second)?",
                 unit="×")
 guess
 
 # %%
-from kvlab.experiments.load import scheduler_config, service_curves
+from kvlab.lessons.l06_under_load.load import scheduler_config, service_curves
 
 curves = service_curves(requests=200, levels=8, scheduler=scheduler_config(max_seqs=16, max_waiting=16))
 display(plot_service_curve(curves))
@@ -178,7 +178,7 @@ display(guess.fold(knees[["profile", "offered_rps", "achieved_rps", "ttft_p50_s"
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.load import knee_rps
+from kvlab.lessons.l06_under_load.load import knee_rps
 
 guess.against(knee_rps(curves, "long_short") / knee_rps(curves, "short_short"))
 
@@ -193,7 +193,7 @@ guess.against(knee_rps(curves, "long_short") / knee_rps(curves, "short_short"))
 # %%
 # NBVAL_CHECK_OUTPUT
 import kvlab
-from kvlab.experiments.load import end_of_window_counts, service_curve
+from kvlab.lessons.l06_under_load.load import end_of_window_counts, service_curve
 from kvlab.serving.cost_model import CostModel
 
 round_model = CostModel(coefficients=dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3,
@@ -219,7 +219,7 @@ verdicts(exact, "quantile_counts_fewer_than_sent")
 # numbers of requests/s separated by commas) and the TTFT target. **Run** simulates the whole sweep.
 
 # %%
-from kvlab.widgets.load import service_curve_panel
+from kvlab.lessons.l06_under_load.panel import service_curve_panel
 
 panel = service_curve_panel()
 panel
@@ -247,8 +247,8 @@ result.show()
 # which an answer streams once it has started.
 
 # %%
-from kvlab.experiments.load import ab_at_two_loads
-from kvlab.plots.load import plot_ab_example
+from kvlab.lessons.l06_under_load.load import ab_at_two_loads
+from kvlab.lessons.l06_under_load.figures import plot_ab_example
 
 ab = ab_at_two_loads()   # virtual time on the authors' machine's calibration: the same numbers on every run
 display(ab[["load", "policy", "rule", "offered_rps", "sent", "completed", "failed", "waiting", "running",
@@ -317,10 +317,10 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 #   every clock, with quantiles, their n, and the counts of requests refused or still waiting.
 # - Behind this notebook: `kvlab.serving.cost_model` (`CostModel`, `CostModelExecutor`),
 #   `kvlab.serving.calibrate`, `kvlab.serving.sweep` (`load_sweep`, `mark_knee`),
-#   `kvlab.experiments.load`, `kvlab.plots.load`, `kvlab.widgets.load`; commands
+#   `kvlab.lessons.l06_under_load.load`, `kvlab.lessons.l06_under_load.figures`, `kvlab.lessons.l06_under_load.panel`; commands
 #   `python -m kvlab calibrate`, `python -m kvlab sweep`, `python -m kvlab bench batching`; tests in
 #   `tests/test_cost_model.py`, `tests/test_sweep.py`, `tests/test_ab_example.py`; the claims checked on
-#   your run in `kvlab/claims/c06_under_load.py` (`tests/test_claims_06.py`).
+#   your run in `kvlab/lessons/l06_under_load/claims.py` (`tests/test_claims_06.py`).
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

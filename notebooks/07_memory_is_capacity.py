@@ -38,8 +38,8 @@
 
 # %%
 # %matplotlib inline
-from kvlab.experiments.serving_run import lesson_model
-from kvlab.widgets import predict
+from kvlab.runs.serving_run import lesson_model
+from kvlab.lessons.common.predict import predict
 
 cfg = lesson_model().config
 guess = predict("With paged blocks of 16 tokens, how many of the 64 requests fit the budget that holds 8 "
@@ -48,7 +48,7 @@ guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.capacity import (block_size_table, budget_for_tokens, bytes_per_token, capacity_levers,
+from kvlab.lessons.l07_memory_is_capacity.capacity import (block_size_table, budget_for_tokens, bytes_per_token, capacity_levers,
                                         capacity_workload, paged_vs_reserved)
 
 requests = capacity_workload(cfg, n=64)
@@ -69,13 +69,13 @@ guess.against(table.set_index("scheme").at["paged blocks", "sequences_fit"])
 # `block_manager_fit` is the engine's own `BlockManager` allocating them one by one.
 
 # %%
-from kvlab.plots.capacity import plot_paged_vs_reserved
+from kvlab.lessons.l07_memory_is_capacity.figures import plot_paged_vs_reserved
 
 plot_paged_vs_reserved(table)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(table, "reservation_fits_budget_over_context", "paging_fits_more_sequences", "reservation_wastes_most",
          "paging_wastes_only_last_blocks", after=guess)
@@ -87,7 +87,7 @@ verdicts(table, "reservation_fits_budget_over_context", "paging_fits_more_sequen
 # halve the budget, or raise the max context: which scheme loses more sequences?
 
 # %%
-from kvlab.widgets.paged_capacity import capacity_panel
+from kvlab.lessons.l07_memory_is_capacity.panel import capacity_panel
 
 panel = capacity_panel(cfg)
 panel
@@ -121,7 +121,7 @@ print(sizes[["block_size", "num_blocks", "waste_per_sequence", "rule_of_thumb", 
              "sequences_fit"]].round(3).to_string(index=False))
 
 # %%
-from kvlab.plots.capacity import plot_block_size
+from kvlab.lessons.l07_memory_is_capacity.figures import plot_block_size
 
 plot_block_size(sizes)
 
@@ -144,7 +144,7 @@ levers = capacity_levers(cfg, requests, budget)
 print(levers.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
 
 # %%
-from kvlab.plots.capacity import plot_capacity_levers
+from kvlab.lessons.l07_memory_is_capacity.figures import plot_capacity_levers
 
 plot_capacity_levers(levers)
 
@@ -196,9 +196,9 @@ verdicts(levers, "shorter_answers_help_reservation_most", "small_reservation_mat
 #   only product settings. They matter most to a server that reserves.
 # - The counts above are the same on every machine; the verdicts under each table check the
 #   sentences against them.
-# - Behind this notebook: `kvlab.serving.BlockManager`, `kvlab.experiments.capacity`
-#   (`paged_vs_reserved`, `block_size_table`, `capacity_levers`), `kvlab.plots.capacity`, the claims in
-#   `kvlab/claims/c07_memory_is_capacity.py`; tests in `tests/test_experiments_serving.py`,
+# - Behind this notebook: `kvlab.serving.BlockManager`, `kvlab.lessons.l07_memory_is_capacity.capacity`
+#   (`paged_vs_reserved`, `block_size_table`, `capacity_levers`), `kvlab.lessons.l07_memory_is_capacity.figures`, the claims in
+#   `kvlab/lessons/l07_memory_is_capacity/claims.py`; tests in `tests/test_experiments_serving.py`,
 #   `tests/test_block_manager.py` and `tests/test_claims_07.py`.
 
 # %% [markdown]

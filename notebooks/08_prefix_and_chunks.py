@@ -23,8 +23,8 @@
 # %%
 # %matplotlib inline
 import pandas as pd
-from kvlab.claims import verdicts
-from kvlab.experiments.serving_run import FixedStepCostExecutor, lesson_model, runs_frame
+from kvlab.lessons import verdicts
+from kvlab.runs.serving_run import FixedStepCostExecutor, lesson_model, runs_frame
 
 model = lesson_model()
 
@@ -41,7 +41,7 @@ model = lesson_model()
 # Press **Run**, then move the budget.
 
 # %%
-from kvlab.widgets.capacity import kv_budget_panel
+from kvlab.lessons.l08_prefix_and_chunks.panel_kv_budget import kv_budget_panel
 
 panel = kv_budget_panel(model)
 panel
@@ -56,8 +56,8 @@ result.show()
 # sequences at their full context of 256 tokens):
 
 # %%
-from kvlab.experiments.prefix_and_chunks import preemption_runs, preemption_table
-from kvlab.plots.kv_blocks import plot_kv_blocks
+from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import preemption_runs, preemption_table
+from kvlab.lessons.l08_prefix_and_chunks.figures_kv_blocks import plot_kv_blocks
 
 ample = preemption_runs(model, kv_blocks=(None,))
 budgets = pd.concat([preemption_table(ample), result.frame.attrs["preemption"]], ignore_index=True)
@@ -94,8 +94,8 @@ verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer
 # sharing a 256-token system prompt, arriving eight per second, with caching off and on:
 
 # %%
-from kvlab.experiments.prefix_and_chunks import prefix_caching_runs, prefix_caching_table
-from kvlab.plots.gantt import plot_gantts
+from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import prefix_caching_runs, prefix_caching_table
+from kvlab.lessons.common.gantt import plot_gantts
 
 prefix = prefix_caching_runs(model)
 display(prefix_caching_table(prefix).round(3))
@@ -156,14 +156,14 @@ verdicts(prefix_exact, "prefix_hits_match_hand_count")
 # kinds of session resends most, then type a percentage.
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("What share of the trace's prompt tokens would an ideal prefix cache find already computed?",
                 unit="%")
 guess
 
 # %%
-from kvlab.experiments.prefix_traces import hit_sources, hit_sources_table
+from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import hit_sources, hit_sources_table
 from kvlab.traces import MOONCAKE_SAMPLE_TRACE, mooncake_frame
 
 trace = mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=16, max_context=1024)   # one row a request, as replayed
@@ -172,7 +172,7 @@ display(hit_sources_table(hit_sources(trace)))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.experiments.prefix_traces import ideal_hit_ratio
+from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import ideal_hit_ratio
 
 guess.against(100 * ideal_hit_ratio(trace)["token_hit_ratio"])
 
@@ -200,7 +200,7 @@ verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_
 # 1024 tokens).
 
 # %%
-from kvlab.widgets.prefix_traces import prefix_trace_panel
+from kvlab.lessons.l08_prefix_and_chunks.panel_prefix_traces import prefix_trace_panel
 
 trace_panel = prefix_trace_panel()
 trace_panel
@@ -275,8 +275,8 @@ verdicts(on_off, "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_
 # over several steps, each also carrying one token of every running answer.
 
 # %%
-from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, chunked_prefill_table
-from kvlab.plots.token_gaps import plot_token_gaps
+from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import chunked_prefill_runs, chunked_prefill_table
+from kvlab.lessons.l08_prefix_and_chunks.figures_token_gaps import plot_token_gaps
 
 chunked = chunked_prefill_runs(model)
 display(chunked_prefill_table(chunked).round(3))
@@ -321,12 +321,12 @@ verdicts(chunked, "chunks_cap_the_longest_gap", "chunks_delay_the_long_prompt")
 #   that prompt's own first token.
 # - The verdicts say whether your run showed each of these; the counts on the virtual clock are the
 #   same on every machine.
-# - Behind this notebook: `kvlab.serving.BlockManager` and `Scheduler`, `kvlab.experiments.prefix_and_chunks`
+# - Behind this notebook: `kvlab.serving.BlockManager` and `Scheduler`, `kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks`
 #   (`preemption_runs`, `prefix_caching_runs`, `chunked_prefill_runs`), `kvlab.traces` (`mooncake_frame`,
-#   `replay_trace`), `kvlab.experiments.prefix_traces` (`ideal_hit_ratio`, `hit_sources`, `capacity_curve`,
-#   `caching_on_off`, `trace_curve`), `kvlab.plots.kv_blocks`, `kvlab.plots.token_gaps`,
-#   `kvlab.plots.prefix_traces`, `kvlab.widgets.capacity`, `kvlab.widgets.prefix_traces`, the claims in
-#   `kvlab/claims/c08_prefix_and_chunks.py`; tests in `tests/test_experiments_serving.py`,
+#   `replay_trace`), `kvlab.lessons.l08_prefix_and_chunks.prefix_traces` (`ideal_hit_ratio`, `hit_sources`, `capacity_curve`,
+#   `caching_on_off`, `trace_curve`), `kvlab.lessons.l08_prefix_and_chunks.figures_kv_blocks`, `kvlab.lessons.l08_prefix_and_chunks.figures_token_gaps`,
+#   `kvlab.lessons.l08_prefix_and_chunks.figures_prefix_traces`, `kvlab.lessons.l08_prefix_and_chunks.panel_kv_budget`, `kvlab.lessons.l08_prefix_and_chunks.panel_prefix_traces`, the claims in
+#   `kvlab/lessons/l08_prefix_and_chunks/claims.py`; tests in `tests/test_experiments_serving.py`,
 #   `tests/test_block_manager.py`, `tests/test_traces.py` and `tests/test_claims_08.py`.
 
 # %% [markdown]

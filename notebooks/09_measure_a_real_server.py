@@ -49,7 +49,7 @@ print("server packages:", "installed now" if missing else "present")
 # the notebook, and also if the kernel exits before that.
 
 # %%
-from kvlab.experiments.wire import start_server
+from kvlab.lessons.l09_measure_a_real_server.wire import start_server
 
 srv = start_server(max_waiting=8)
 print("the same in a terminal:  python " + " ".join(srv.cmd[1:]))
@@ -86,7 +86,7 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # 20 short chat-like requests at 8 per second, Poisson arrivals:
 
 # %%
-from kvlab.experiments.wire import accounting, measure_at_client
+from kvlab.lessons.l09_measure_a_real_server.wire import accounting, measure_at_client
 
 result = measure_at_client(srv.url, num_requests=20, rate=8)
 result.summary().latency_frame()   # seconds; n = completed requests behind each quantile
@@ -130,15 +130,15 @@ result.frame()[["request_id", "prompt_tokens", "output_tokens", "scheduled_s", "
 # the engine's (from receiving it), for the median request?
 
 # %%
-from kvlab.widgets import predict
+from kvlab.lessons.common.predict import predict
 
 guess = predict("On loopback, the median of client TTFT (from sending) minus engine TTFT, request by request?",
                 unit="ms")
 guess
 
 # %%
-from kvlab.experiments.wire import client_vs_engine, overhead_table
-from kvlab.plots.wire import plot_client_vs_engine
+from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine, overhead_table
+from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine
 
 side = client_vs_engine(srv.url, num_requests=20, rate=10)
 display(guess.fold(overhead_table(side).round(2)))
@@ -155,7 +155,7 @@ print("client and engine counted the same output tokens:",
       bool((side["output_tokens"] == side["engine_output_tokens"]).all()))
 
 # %%
-from kvlab.claims import verdicts
+from kvlab.lessons import verdicts
 
 verdicts(side, "wire_adds_little_on_loopback", after=guess)
 
@@ -181,8 +181,8 @@ verdicts(side, "wire_adds_little_on_loopback", after=guess)
 # requests away with 429, so fewer complete than were sent. Press **Run**, or change the rates first.
 
 # %%
-from kvlab.experiments.wire import server_metrics, wait_until_idle
-from kvlab.widgets.wire import wire_panel
+from kvlab.lessons.l09_measure_a_real_server.wire import server_metrics, wait_until_idle
+from kvlab.lessons.l09_measure_a_real_server.panel_wire import wire_panel
 
 panel = wire_panel(srv.url, rates=(8, 32, 128), duration_s=1.5)
 panel
@@ -291,8 +291,8 @@ VLLM_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # the model it serves
 if VLLM_URL is None:
     print('skipped: set VLLM_URL = "http://HOST:8000" (your server) and VLLM_MODEL above, then run this cell again')
 else:   # records, summary, and this notebook's service curve; nothing is written to disk
-    from kvlab.experiments.wire import wire_service_curve
-    from kvlab.plots.wire import plot_wire_service_curve
+    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
+    from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_wire_service_curve
 
     vllm = measure_at_client(VLLM_URL, num_requests=200, rate=4, profile="mixture", model=VLLM_MODEL)
     display(vllm.summary().latency_frame())
@@ -359,7 +359,7 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 
 # %%
 from kvlab.http.peer import transformers_serve_available
-from kvlab.widgets.two_engines import two_engines_panel
+from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engines_panel
 
 ok, why = transformers_serve_available()
 print(why if ok else f"transformers serve is unavailable here: {why}. The panel measures kvlab serve alone.")
@@ -427,11 +427,11 @@ print("server process ended:", srv.process.poll() is not None)
 #   serving is their ground, and the clocks are read the same way there.
 # - Two engines on the same weights, workload and client differ in what their design costs: cold start,
 #   the time of a step, and so the rate where the queue starts to grow (the knee). Measure cold and warm apart.
-# - Behind this notebook: `kvlab.experiments.wire` (`start_server`, `measure_at_client`, `accounting`,
-#   `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `kvlab.experiments.two_engines`
+# - Behind this notebook: `kvlab.lessons.l09_measure_a_real_server.wire` (`start_server`, `measure_at_client`, `accounting`,
+#   `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `kvlab.lessons.l09_measure_a_real_server.two_engines`
 #   (`compare_engines`), `kvlab.http.peer` (`transformers serve`), `kvlab.http`
-#   (`server`, `loadgen`, `compare`), `kvlab.plots.wire`, `kvlab.widgets.wire`, the claims in
-#   `kvlab/claims/c09_measure_a_real_server.py`; tests in `tests/test_experiments_wire.py`,
+#   (`server`, `loadgen`, `compare`), `kvlab.lessons.l09_measure_a_real_server.figures_wire`, `kvlab.lessons.l09_measure_a_real_server.panel_wire`, the claims in
+#   `kvlab/lessons/l09_measure_a_real_server/claims.py`; tests in `tests/test_experiments_wire.py`,
 #   `tests/test_http_server.py`, `tests/test_loadgen.py` and `tests/test_claims_09.py`.
 
 # %% [markdown]

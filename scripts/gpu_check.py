@@ -20,12 +20,12 @@ What it runs, in order (each section timed; an error in one is recorded and the 
    sequence at a time): every request's tokens equal ``generate``'s, the pool's bytes vs CUDA's.
 3. checkpoints: tiny GPT-2, Llama and Qwen2 checkpoints with their tokenizers, saved here and loaded
    with ``kvlab.from_pretrained`` on the device: logits vs transformers' and greedy tokens; the
-   real-model demonstration (``kvlab.experiments.real_model``) on the Llama one.
+   real-model demonstration (``kvlab.lessons.l02_kv_cache.real_model``) on the Llama one.
 4. half precision: bf16 and fp16 where the device computes them. ``build_model(..., dtype=...)``:
    greedy tokens of every cache mode (exact caches equal the same dtype's dynamic cache; agreement
    with fp32), teacher-forced logits vs fp32, the dynamic cache's bytes (half of fp32's).
    ``from_pretrained(..., dtype=...)`` on the tiny checkpoints vs transformers in the same dtype.
-5. compiled step: ``kvlab.experiments.static_compile`` (torch.compile of the fixed-shape static
+5. compiled step: ``kvlab.lessons.l03_cache_strategies.static_compile`` (torch.compile of the fixed-shape static
    decode step) in a child process bounded in time, and on CUDA again with
    ``mode="reduce-overhead"``, whose step must be recorded as a CUDA graph (``cuda_graph``).
 6. HTTP: ``python -m kvlab serve --device <device>`` on 127.0.0.1, a few requests from kvlab's own
@@ -378,7 +378,7 @@ def checkpoint_check(device: torch.device, quick: bool) -> dict:
     """Tiny saved checkpoints of each family loaded on ``device``: logits and greedy tokens vs transformers (CPU)."""
     import transformers
 
-    from kvlab.experiments.real_model import real_model_demo, try_real_model
+    from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
     from kvlab.model.tiny_checkpoint import FAMILIES, save_tiny_checkpoint
 
     transformers.utils.logging.disable_progress_bar()  # one bar per save and load otherwise
@@ -565,11 +565,11 @@ def compile_in_child(mode: str | None, budget_s: float, pairs: int, new_tokens: 
     command line with ``--mode``. The child runs on $KVLAB_DEVICE. Never raises: the answer has a ``status``
     ("compiled", "timeout" or "failed") and a one-line ``message``.
     """
-    from kvlab.experiments.static_compile import try_compiled_decode
+    from kvlab.lessons.l03_cache_strategies.static_compile import try_compiled_decode
 
     if mode is None:
         return try_compiled_decode(budget_s=budget_s, pairs=pairs, new_tokens=new_tokens)
-    cmd = [sys.executable, "-m", "kvlab.experiments.static_compile", "--pairs", str(pairs), "--new",
+    cmd = [sys.executable, "-m", "kvlab.lessons.l03_cache_strategies.static_compile", "--pairs", str(pairs), "--new",
            str(new_tokens), "--threads", "1", "--mode", mode]
     start = time.perf_counter()
     try:
@@ -759,9 +759,9 @@ BATCH_CLAIMS = ("decode_step_stays_flat_for_small_batches", "per_sequence_decode
 
 def batch_scaling_check(device: torch.device, quick: bool) -> dict:
     """Notebook 05's experiment (``batch_scaling``) on the lesson model at its claim's small settings."""
-    from kvlab.claims import verdicts
-    from kvlab.experiments import slowdown_model
-    from kvlab.experiments.batch_scaling import batch_scaling, crossover_batch
+    from kvlab.lessons import verdicts
+    from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
+    from kvlab.lessons.l05_batching.batch_scaling import batch_scaling, crossover_batch
 
     sizes = (1, 2, 4, 8, 16) if quick or device.type != "cuda" else (1, 2, 4, 8, 16, 32, 64)
     result = batch_scaling(slowdown_model(), batch_sizes=sizes, steps=3, repeats=3, prompts=4, prefill_tokens=16)
@@ -818,15 +818,16 @@ def startup_check(device: torch.device) -> dict:
 
 def lesson_experiments(device: torch.device, quick: bool) -> dict:
     """The notebooks' own experiments at the device's lesson sizes, each summarised in a few numbers."""
-    from kvlab.claims import verdicts
+    from kvlab.lessons import verdicts
     from kvlab.course import setup_report
     from kvlab.model.lessons import lesson_scale
-    from kvlab.experiments import measure_cache_memory, run_slowdown, slowdown_model, slowdown_summary
-    from kvlab.experiments.batching import batching_table, compare_policies
-    from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, prefix_caching_table, prefix_caching_runs
-    from kvlab.experiments.four_clocks import journey_clocks, run_journey
-    from kvlab.experiments.serving_run import lesson_model
-    from kvlab.experiments.strategies import default_settings, run_strategies
+    from kvlab.lessons.l02_kv_cache.memory import measure_cache_memory
+    from kvlab.lessons.l01_the_slowdown.slowdown import run_slowdown, slowdown_model, slowdown_summary
+    from kvlab.lessons.l05_batching.batching import batching_table, compare_policies
+    from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import chunked_prefill_runs, prefix_caching_table, prefix_caching_runs
+    from kvlab.lessons.l04_four_clocks.four_clocks import journey_clocks, run_journey
+    from kvlab.runs.serving_run import lesson_model
+    from kvlab.lessons.l03_cache_strategies.strategies import default_settings, run_strategies
     from kvlab.tasks.recall import load_recall_model
 
     scale = lesson_scale()
@@ -890,22 +891,29 @@ def lesson_experiments(device: torch.device, quick: bool) -> dict:
 
 
 def claims_on_device(budget_s: float) -> dict:
-    """Every notebook claim on its example, examples made in notebook order until ``budget_s`` is spent."""
-    from kvlab.claims import CLAIMS
+    """Every notebook claim on its example, examples made in notebook order until ``budget_s`` is spent.
+
+    The examples are test fixtures (tests/claim_examples/), not part of the package: this reads them from the
+    checkout."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from claim_examples import example_of
+    from kvlab.lessons import CLAIMS
 
     made: dict = {}
     rows, t_start = [], time.perf_counter()
     for c in sorted(CLAIMS.values(), key=lambda c: c.notebook):
-        if c.example not in made:
+        make = example_of(c)
+        if make not in made:
             if time.perf_counter() - t_start > budget_s:
                 rows.append(dict(notebook=c.notebook, claim=c.name, clock=c.clock, verdict="skipped (budget)"))
                 continue
             t0 = time.perf_counter()
             try:
-                made[c.example] = (c.example(), None, time.perf_counter() - t0)
+                made[make] = (make(), None, time.perf_counter() - t0)
             except Exception as exc:
-                made[c.example] = (None, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
-        result, error, seconds = made[c.example]
+                made[make] = (None, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0)
+        result, error, seconds = made[make]
         if error is not None:
             rows.append(dict(notebook=c.notebook, claim=c.name, clock=c.clock, verdict="example failed",
                              error=error, example_s=seconds))

@@ -11,7 +11,8 @@ top). The twin is built once per test session (``colab_twin`` fixture in conftes
 3. the test tools (pytest, nbval at requirements.txt's pins), installed last.
 
 Every step's pip freeze is kept, so a test can say which of Colab's versions changed and when.
-Set KVLAB_SKIP_COLAB_TWIN=1 to skip the twin (it downloads Colab's torch, a CUDA build of ~3 GB).
+The twin is the full tier (``pytest -m full``; ``-m "full and not colab_twin"`` leaves it out): it downloads
+Colab's torch, a CUDA build of ~3 GB.
 """
 from __future__ import annotations
 

@@ -92,8 +92,6 @@ def colab_twin(tmp_path_factory):
     import os
     from pathlib import Path
 
-    if os.environ.get("KVLAB_SKIP_COLAB_TWIN") == "1":
-        pytest.skip("KVLAB_SKIP_COLAB_TWIN=1: the Colab twin is skipped on request")
     from colab_twin import build_twin
 
     twin = build_twin(tmp_path_factory.mktemp("colab-twin"))

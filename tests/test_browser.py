@@ -2,16 +2,16 @@
 
 For each notebook in notebooks/ (new ones are picked up automatically): open it, clear the saved
 outputs, run all cells, press every experiment's Run button (``.kvlab-run``, set by
-kvlab.widgets.ExperimentPanel), wait for the kernel to go idle, then assert that a figure is shown,
+kvlab.lessons.common.panel.ExperimentPanel), wait for the kernel to go idle, then assert that a figure is shown,
 that every panel shows a result, and that no error output (and no panel error line) is on screen.
 After Run All with the prediction boxes empty, no prediction's measured answer is on screen, and a
-click on its fold shows it (kvlab.widgets.predict).
+click on its fold shows it (kvlab.lessons.common.predict).
 A full-page screenshot per notebook goes to test-artifacts/screenshots/NAME.png, the time of each
 phase to test-artifacts/browser-timings.json.
 
 Needs Playwright for Python (requirements.txt) and Debian's ``chromium`` on PATH; Playwright's own
 browser download is never used. Without them the tests skip with the reason; with
-KVLAB_REQUIRE_BROWSER=1 (set by .ci/run) they fail instead. KVLAB_SKIP_BROWSER=1 skips them on purpose.
+KVLAB_REQUIRE_BROWSER=1 (set by .ci/run) they fail instead. They are the full tier (``-m full``; ``-m "full and not browser"`` leaves them out).
 Cells marked ``# NBVAL_SKIP`` are skipped here as under nbval. The committed notebooks are never
 written: autosave is off, and a test fails if its page sends any request that writes a file.
 """
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+pytestmark = [pytest.mark.full, pytest.mark.browser]  # the full tier: pytest -m full (README, .ci/run)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -58,8 +60,6 @@ LAB_SETTINGS = {
 
 def missing_tools(frontend: str | None = "jupyterlab") -> str | None:
     """Why the browser tests cannot run here, or None when they can (``frontend``: a module they also need)."""
-    if os.environ.get("KVLAB_SKIP_BROWSER") == "1":
-        return "KVLAB_SKIP_BROWSER=1: browser tests skipped on request"
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -79,7 +79,7 @@ def require_tools(reason: str | None) -> None:
     """Skip for ``reason``, or fail instead when KVLAB_REQUIRE_BROWSER=1 (CI); nothing when it is None."""
     if reason is None:
         return
-    if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1" and "KVLAB_SKIP_BROWSER" not in reason:
+    if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
         pytest.fail(f"KVLAB_REQUIRE_BROWSER=1 but {reason}")
     pytest.skip(reason)
 
@@ -274,7 +274,7 @@ PANELS = """() => [...document.querySelectorAll('.kvlab-panel')].map(p => {
 })"""
 
 # The folds that hide a prediction's answer (and the checks that would give it away) until the learner
-# predicts or clicks: kvlab.widgets.predict's Comparison and verdicts(..., after=guess).
+# predicts or clicks: kvlab.lessons.common.predict's Comparison and verdicts(..., after=guess).
 REVEALS = """() => [...document.querySelectorAll('.jp-OutputArea-output details.kvlab-reveal')].map(d => {
   const measured = d.querySelector('.kvlab-measured');
   return {open: d.open, summary: d.querySelector('summary').innerText, shown: d.innerText,
@@ -367,7 +367,7 @@ def test_notebook_runs_in_a_real_browser(notebook: Path, lab: JupyterServer, bro
         t = time.monotonic()
         buttons = page.locator(".kvlab-run")
         assert buttons.count() > 0, (f"{rel}: no Run button; every notebook runs its experiment behind one "
-                                     "(kvlab.widgets.ExperimentPanel)")
+                                     "(kvlab.lessons.common.panel.ExperimentPanel)")
         for i in range(buttons.count()):
             before = page.evaluate(BUSY_COUNT)
             buttons.nth(i).scroll_into_view_if_needed()

@@ -15,7 +15,8 @@ classic Jupyter Notebook 6.x with widgetsnbextension 3.6 (see ../shared/referenc
    ``python3`` kernel is the twin's own interpreter, so cells run exactly on Colab's package set;
 3. for each notebook in NOTEBOOKS: open it in headless Chromium (Debian's, never Playwright's
    download), clear the saved outputs, run every cell (``# NBVAL_SKIP`` cells left out, as under
-   nbval), press every ``.kvlab-run`` button (kvlab.widgets.ExperimentPanel), wait for the kernel to
+   nbval), check the deterministic outputs (``# NBVAL_CHECK_OUTPUT``) against the saved ones as nbval would (this
+   is the twin's one execution of each notebook), press every ``.kvlab-run`` button (ExperimentPanel), wait for the kernel to
    go idle, then assert: a ``.kvlab-panel`` is visible, each panel's status says done (or shown from
    the cache) and its output holds a result, every tqdm bar the kernel's panels made is drawn (a
    panel whose run reports no progress, an instant calculator, has none), there is no error output,
@@ -27,8 +28,8 @@ classic Jupyter Notebook 6.x with widgetsnbextension 3.6 (see ../shared/referenc
    other request (the Colab and Binder badges in the markdown) is refused and logged there.
 
 Skip/require policy as tests/test_browser.py: without Playwright for Python or ``chromium`` on PATH
-the test skips with the reason; with KVLAB_REQUIRE_BROWSER=1 it fails instead; KVLAB_SKIP_BROWSER=1
-(or KVLAB_SKIP_COLAB_TWIN=1, which skips the twin) skips it on purpose. It says nothing about Colab's
+the test skips with the reason; with KVLAB_REQUIRE_BROWSER=1 it fails instead; it is the full tier (``-m full``), and
+``-m "full and not browser"`` leaves it out. It says nothing about Colab's
 own renderer, which does not use widgetsnbextension's JavaScript; it shows that what kvlab sends
 under ipywidgets 7 is a widget tree a 7.x front end draws and drives.
 """
@@ -45,8 +46,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import pytest
 
+pytestmark = [pytest.mark.full, pytest.mark.browser, pytest.mark.colab_twin]  # the full tier: pytest -m full (README, .ci/run)
+
+from notebook_run import CHECK_OUTPUT, compare_outputs
 from test_browser import (JupyterServer, browser, free_port, full_page_screenshot, missing_tools,  # noqa: F401
                           record_timing, require_tools)
 
@@ -239,6 +244,8 @@ MODEL_ERRORS = """() => {
 }"""
 
 UNEXECUTED = """indices => indices.filter(i => typeof Jupyter.notebook.get_cell(i).input_prompt_number !== 'number')"""
+# The outputs of every code cell as the front end holds them (nbformat's JSON), before any Run button is pressed.
+CODE_OUTPUTS = """() => Jupyter.notebook.get_cells().filter(c => c.cell_type === 'code').map(c => c.toJSON().outputs || [])"""
 
 PANELS = """() => [...document.querySelectorAll('.kvlab-panel')].map(p => {
   const out = p.querySelector('.kvlab-output'), r = p.getBoundingClientRect();
@@ -293,7 +300,7 @@ del _kvlab_browser_check"""
 # (type(), not isinstance(): isinstance asks __class__, which a dead weak proxy answers with ReferenceError.)
 KERNEL_PANELS = """def _kvlab_browser_check():
     import gc, json
-    from kvlab.widgets.panel import ExperimentPanel
+    from kvlab.lessons.common.panel import ExperimentPanel
     panels = [o for o in gc.get_objects() if issubclass(type(o), ExperimentPanel)]
     print(json.dumps({"panels": len(panels), "with_bar": sum(p.progress_bar is not None for p in panels)}))
 _kvlab_browser_check()
@@ -364,6 +371,13 @@ def test_notebook_widgets_under_ipywidgets7(tools, notebook: Path, server: Serve
         errors = page.evaluate(MODEL_ERRORS)
         assert not errors, f"{name} (classic): error output after running every cell:\n" + "\n".join(errors)
         assert page.evaluate(UNEXECUTED, indices) == [], f"{name} (classic): cells left unexecuted"
+        # This run is the twin's execution of the notebook: its deterministic outputs are checked here too.
+        saved = [c for c in nbformat.read(notebook, as_version=4).cells if c.cell_type == "code"]
+        ran = page.evaluate(CODE_OUTPUTS)
+        assert len(ran) == len(saved), f"{name} (classic): {len(ran)} code cells on the page, {len(saved)} saved"
+        differ = [f"code cell {i}: " + "\n".join(problems) for i, (cell, outputs) in enumerate(zip(saved, ran))
+                  if CHECK_OUTPUT in cell.source and (problems := compare_outputs(cell.outputs, outputs))]
+        assert not differ, f"{name} (classic, Colab's packages): deterministic outputs differ:\n" + "\n".join(differ)
 
         t = time.monotonic()
         buttons = page.locator(".kvlab-run")

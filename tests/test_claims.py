@@ -1,6 +1,6 @@
 """Claims: every measured sentence of the course is checked on a run, and the prose types no measured number.
 
-- every claim of every notebook is run on its example and listed with its verdict
+- every claim of every notebook is run on its example (tests/claim_examples/) and listed with its verdict
   (test-artifacts/claims-verdicts.json); a claim on deterministic data that fails, fails here;
 - every claim a notebook shows is registered, and every registered claim is shown by its notebook;
 - no notebook source, exercise text or TEACHING.md line types a number followed by a unit of
@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from kvlab import authoring
-from kvlab.claims import CLAIMS, Claim, claim, claims_for, verdicts
-from kvlab.claims.framework import Verdict
+from kvlab.lessons import CLAIMS, Claim, claim, claims_for, verdicts
+from kvlab.lessons.common.claims import Verdict
 from kvlab.course import NOTEBOOKS
-from kvlab.exercises import EXERCISES
+from kvlab.lessons import EXERCISES
+
+from claim_examples import COUNTEREXAMPLES, EXAMPLES, counterexample_of, example_of, module_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -33,9 +35,10 @@ _EXAMPLES: dict = {}
 
 def example_result(c: Claim):
     """The claim's example result, made once per example function (several claims share one run)."""
-    if c.example not in _EXAMPLES:
-        _EXAMPLES[c.example] = c.example()
-    return _EXAMPLES[c.example]
+    make = example_of(c)
+    if make not in _EXAMPLES:
+        _EXAMPLES[make] = make()
+    return _EXAMPLES[make]
 
 
 def failing_deterministic(verdicts_: list[Verdict]) -> list[str]:
@@ -47,7 +50,7 @@ def test_every_claim_has_an_example_and_a_notebook_of_the_course():
     files = {n.file for n in NOTEBOOKS}
     assert CLAIMS, "no claims registered"
     for c in CLAIMS.values():
-        assert c.example is not None, f"claim {c.name} has no example=...: the tests cannot check it"
+        assert c.name in EXAMPLES, f"claim {c.name} has no example in {module_for(c)}: the tests cannot check it"
         assert c.notebook in files, f"claim {c.name} belongs to {c.notebook}, which is not in kvlab.course.NOTEBOOKS"
 
 
@@ -75,17 +78,16 @@ def test_a_deterministic_claim_renders_the_same_sentence_on_a_fresh_run():
 
     for c in CLAIMS.values():
         if c.clock == "deterministic":
-            assert str(c.on(inspect.unwrap(c.example)())) == str(c.on(example_result(c))), c.name
+            assert str(c.on(inspect.unwrap(example_of(c))())) == str(c.on(example_result(c))), c.name
 
 
 def test_a_false_claim_on_deterministic_data_is_caught():
-    @claim("00_start_here.ipynb", clock="deterministic", example=lambda: 3,
-           says="{n} is even", otherwise="it is odd")
+    @claim("00_start_here.ipynb", clock="deterministic", says="{n} is even", otherwise="it is odd")
     def three_is_even(n):
         return {"n": n, "holds": n % 2 == 0}
 
     try:
-        v = three_is_even.on(example_result(three_is_even))
+        v = three_is_even.on(3)
         assert str(v).startswith("✗ not on your run: 3 is even — it is odd")
         assert failing_deterministic([v]) == [f"three_is_even: {v}"]
     finally:
@@ -106,9 +108,11 @@ def test_a_claim_that_cannot_read_a_run_says_so_instead_of_raising():
 WALL_ASSERTING = [c for c in CLAIMS.values() if c.clock == "wall" and c.asserts]
 
 
-def test_every_wall_clock_claim_that_asserts_has_a_counterexample():
-    missing = [c.name for c in WALL_ASSERTING if c.counterexample is None]
-    assert not missing, f"wall-clock claims without counterexample=...: {missing}"
+def test_every_wall_clock_claim_that_asserts_has_a_counterexample_and_only_those_have_one():
+    missing = [f"{c.name} ({module_for(c)})" for c in WALL_ASSERTING if c.name not in COUNTEREXAMPLES]
+    assert not missing, f"wall-clock claims without a counterexample: {missing}"
+    stray = sorted(set(COUNTEREXAMPLES) - {c.name for c in WALL_ASSERTING})
+    assert not stray, f"counterexamples of claims that are deterministic or do not assert: {stray}"
 
 
 @pytest.mark.parametrize("c", WALL_ASSERTING, ids=lambda c: c.name)
@@ -117,11 +121,11 @@ def test_a_wall_clock_claim_is_marked_false_on_its_counterexample_and_holds_on_i
     and the counter-example leaves the example's own result as it was."""
     import copy
 
-    if c.counterexample is None:
-        pytest.fail(f"{c.name} has no counterexample")
+    if c.name not in COUNTEREXAMPLES:
+        pytest.fail(f"{c.name} has no counterexample in {module_for(c)}")
     example = example_result(c)
     before = str(c.on(example))
-    bad = c.counterexample(copy.deepcopy(example))
+    bad = counterexample_of(c)(copy.deepcopy(example))
     v = c.on(bad)
     assert v.holds is False, f"{c.name} on its counter-example: {v}"
     assert str(v).startswith("✗ not on your run") and "[values" not in v.text, str(v)
@@ -132,7 +136,7 @@ def test_a_wall_clock_claim_is_marked_false_on_its_counterexample_and_holds_on_i
 
 
 def test_rises_at_every_level_checks_each_level_with_a_stated_tie():
-    from kvlab.claims.checks import TIE, rises_at_every_level, series
+    from kvlab.lessons.common.checks import TIE, rises_at_every_level, series
 
     assert rises_at_every_level([0.012, 0.015, 0.030])
     assert not rises_at_every_level([0.012, 0.111, 0.017])  # up then down: the ends alone would say "rises"
@@ -240,24 +244,75 @@ def test_the_right_answer_is_not_always_the_longest_option():
     assert not all(longest), "the right answer is the longest option in every multiple-choice question"
 
 
-# --- how robust the wall-clock claims are ------------------------------------------------------------
+# --- the examples' registry, and how scripts/claims_robustness.py counts -----------------------------
 
-def test_wall_clock_claims_are_run_quiet_and_under_competing_load_and_their_hold_rates_recorded():
-    """Each wall-clock claim on fresh runs (seeds 0 and 1), quiet and with every core busy.
+def test_an_example_is_registered_by_claim_name_and_a_wrong_name_or_a_second_one_is_refused():
+    from claim_examples import example
 
-    The hold rates go to test-artifacts/claims-robustness.json (``scripts/claims_robustness.py --runs 5``
-    gives firmer figures). What is asserted: every run gives a verdict; hold rates are recorded, not
-    asserted, because a claim on wall-clock time may fail on a busy machine: that is why its
-    ``otherwise`` text exists.
-    """
-    from kvlab.claims.robustness import as_records, hold_rates
+    with pytest.raises(ValueError, match="no claim has that name"):
+        example("no_such_claim")(lambda: 1)
+    with pytest.raises(ValueError, match="two examples"):
+        example("uncached_tokens_slow_down")(lambda: 1)
 
-    rates = hold_rates(runs=2, loaded=True)
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / "claims-robustness.json").write_text(json.dumps(as_records(rates), indent=1), encoding="utf-8")
-    wall = [c.name for c in CLAIMS.values() if c.clock == "wall" and c.asserts]
-    assert sorted({r.claim for r in rates}) == sorted(wall)
-    assert {r.condition.split(" ")[0] for r in rates} == {"quiet", "loaded"}
-    for r in rates:
-        print(f"{r.claim:45s} {r.condition:35s} held {r.held}/{r.runs} ({r.seconds:.1f} s)")
-        assert r.unreadable == 0, f"{r.claim} could not read its own example's run ({r.condition})"
+    @claim("00_start_here.ipynb", clock="wall", says="{n}", otherwise="-")
+    def has_no_example_yet(n):
+        return {"n": n, "holds": True}
+
+    try:
+        with pytest.raises(LookupError, match=r"tests/claim_examples/l00_start_here\.py"):
+            example_of(has_no_example_yet)
+    finally:
+        del CLAIMS["has_no_example_yet"]
+
+
+def _claims_robustness():
+    """scripts/claims_robustness.py as a module (a maintainer script, not part of the package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("claims_robustness", ROOT / "scripts" / "claims_robustness.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["claims_robustness"] = module  # dataclasses look their module up here
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop("claims_robustness", None)
+    return module
+
+
+def test_hold_rates_count_fresh_seeded_runs_of_an_example_shared_by_its_claims():
+    """The counting alone, quiet (no competing processes are started): seeds 0..runs-1, one fresh run of the
+    example per seed for all the claims that read it, held and unreadable runs counted apart."""
+    import functools
+
+    robustness = _claims_robustness()
+    seeds = []
+
+    @functools.lru_cache(maxsize=4)
+    def coin(seed: int = 0) -> int:
+        seeds.append(seed)
+        return seed
+
+    @claim("00_start_here.ipynb", clock="wall", says="{seed} is even", otherwise="-")
+    def seed_is_even(seed):
+        return {"seed": seed, "holds": seed % 2 == 0}
+
+    @claim("00_start_here.ipynb", clock="wall", says="read", otherwise="-")
+    def seed_is_read(seed):
+        return {"holds": None if seed == 2 else True}
+
+    coin(seed=0)  # cached: a fresh run bypasses the cache
+    seeds.clear()
+    try:
+        rates = robustness.hold_rates(["seed_is_even", "seed_is_read"], runs=3, loaded=False,
+                                      examples={"seed_is_even": coin, "seed_is_read": coin})
+        with pytest.raises(ValueError, match="no example"):
+            robustness.hold_rates(["seed_is_even"], loaded=False, examples={})
+    finally:
+        del CLAIMS["seed_is_even"], CLAIMS["seed_is_read"]
+    assert seeds == [0, 1, 2]
+    even, read = rates
+    assert (even.claim, even.condition, even.runs, even.held, even.unreadable) == ("seed_is_even", "quiet", 3, 2, 0)
+    assert even.rate == pytest.approx(2 / 3)
+    assert (read.held, read.unreadable) == (2, 1)
+    assert robustness.as_records(rates)[0]["rate"] == pytest.approx(2 / 3)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvlab.claims import CLAIMS, claims_for
+from kvlab.lessons import CLAIMS, claims_for
 
 
 def run(prefill_ms: float, decode_ms: float = 2.0, prompt: int = 32, n: int = 20) -> pd.DataFrame:

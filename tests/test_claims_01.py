@@ -4,8 +4,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvlab.claims import CLAIMS, claims_for, verdicts
-from kvlab.experiments import tokens_processed
+from kvlab.lessons import CLAIMS, claims_for, verdicts
+from kvlab.lessons.l01_the_slowdown.slowdown import tokens_processed
+
+from claim_examples import counterexample_of
 
 NAMES = ["uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens",
          "measured_slowdown_below_work", "many_tokens_per_pass_cost_less_each", "uncached_steps_share_a_per_pass_cost"]
@@ -77,18 +79,18 @@ def test_a_claim_reads_a_panel_result_as_well_as_a_frame():
 def test_the_example_run_is_sized_for_the_device(monkeypatch, kind, sizes):
     """On a GPU the 90M lesson model's short steps are launch-bound and uncached tokens barely slow down: the
     example takes the device's lesson sizes (kvlab.model.lessons.lesson_scale), not the CPU's."""
-    import kvlab.claims.c01_the_slowdown as c01
+    import claim_examples.l01_the_slowdown as ex01
     from kvlab.model.lessons import LESSON_SCALES
 
     calls = []
-    monkeypatch.setattr(c01, "lesson_scale", lambda device=None: LESSON_SCALES[kind])
-    monkeypatch.setattr(c01, "slowdown_model", lambda: "the lesson model")
-    monkeypatch.setattr(c01, "run_slowdown", lambda model, **kw: calls.append((model, kw)) or "a run")
-    c01._example.cache_clear()
+    monkeypatch.setattr(ex01, "lesson_scale", lambda device=None: LESSON_SCALES[kind])
+    monkeypatch.setattr(ex01, "slowdown_model", lambda: "the lesson model")
+    monkeypatch.setattr(ex01, "run_slowdown", lambda model, **kw: calls.append((model, kw)) or "a run")
+    ex01._example.cache_clear()
     try:
-        assert c01._example() == "a run"
+        assert ex01._example() == "a run"
     finally:
-        c01._example.cache_clear()  # the next example is a real run again
+        ex01._example.cache_clear()  # the next example is a real run again
     prompt, new = sizes
     assert calls == [("the lesson model", dict(prompt_tokens=prompt, max_new_tokens=new, repeats=2))]
 
@@ -111,8 +113,8 @@ def test_cached_steps_flat_at_every_context_are_not_called_growing():
     # a GPU-like run: the step waits for launches, and the K/V read is too small to show
     assert not CLAIMS["cached_steps_grow_at_long_context"].on(long_context_run(per_token_us=0.0)).holds
     # the claim's own counter-example, built from a run that grows
-    from kvlab.claims.c01_the_slowdown import _flat_long_context
-    assert not CLAIMS["cached_steps_grow_at_long_context"].on(_flat_long_context(long_context_run())).holds
+    flat = counterexample_of("cached_steps_grow_at_long_context")(long_context_run())
+    assert not CLAIMS["cached_steps_grow_at_long_context"].on(flat).holds
 
 
 def test_the_flat_claim_names_the_short_context_it_was_measured_at():

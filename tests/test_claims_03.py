@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvlab.claims import claims_for, verdicts
+from kvlab.lessons import claims_for, verdicts
+
+from claim_examples import example_of
 
 NOTEBOOK = "03_cache_strategies.ipynb"
 CLAIMS = claims_for(NOTEBOOK)
@@ -26,7 +28,7 @@ def test_the_notebook_has_its_claims():
 
 
 def _example():
-    return CLAIMS[0].example()
+    return example_of(CLAIMS[0])()
 
 
 def _copy(frame: pd.DataFrame) -> pd.DataFrame:

@@ -4,11 +4,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvlab.claims import CLAIMS, verdicts
-from kvlab.claims.c05_batching import KNOB_PRICES
-from kvlab.experiments.batching import batch_wait_runs, batching_table
-from kvlab.experiments.serving_run import FixedStepCostExecutor, runs_table
-from kvlab.experiments.slowdown import slowdown_model
+from kvlab.lessons import CLAIMS, verdicts
+from kvlab.lessons.l05_batching.batching import batch_wait_runs, batching_table
+from kvlab.runs.serving_run import FixedStepCostExecutor, runs_table
+from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
+
+from claim_examples import example_of
+from claim_examples.l05_batching import KNOB_PRICES
 
 NOTEBOOK = "05_batching.ipynb"
 
@@ -17,7 +19,7 @@ NOTEBOOK = "05_batching.ipynb"
 
 def test_the_policy_claims_read_the_notebooks_mixed_table():
     """The notebook stacks batching_table(equal runs) on the panel's runs_table, which has no policy column."""
-    exact = CLAIMS["exact_mixed_lengths_continuous_fewer_steps"].example()
+    exact = example_of("exact_mixed_lengths_continuous_fewer_steps")()
     equal = [r for r in exact if r.extra["lengths"] == "equal"]
     mixed = [r for r in exact if r.extra["lengths"] == "mixed"]
     table = pd.concat([batching_table(equal), runs_table(mixed)], ignore_index=True)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvlab.claims import CLAIMS, claims_for
-from kvlab.claims.c06_under_load import check_by_hand
-from kvlab.experiments.load import real_vs_simulated
+from kvlab.lessons import CLAIMS, claims_for
+from kvlab.lessons.l06_under_load.load import real_vs_simulated
+
+from claim_examples import example_of
+from claim_examples.l06_under_load import check_by_hand
 
 DETERMINISTIC = [c for c in claims_for("06_under_load.ipynb") if c.clock == "deterministic"]
 
@@ -20,7 +22,7 @@ def test_notebook_06_has_its_claims():
 
 @pytest.mark.parametrize("claim", DETERMINISTIC, ids=lambda c: c.name)
 def test_every_deterministic_claim_holds_on_its_example_and_renders_the_same_twice(claim):
-    result = claim.example()
+    result = example_of(claim)()
     first, second = claim.on(result), claim.on(result)
     assert first.holds is True, str(first)
     assert str(first) == str(second)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvlab.claims import CLAIMS, claims_for, verdicts
-from kvlab.experiments.capacity import budget_for_tokens, capacity_levers, paged_vs_reserved
-from kvlab.experiments.slowdown import slowdown_config
+from kvlab.lessons import CLAIMS, claims_for, verdicts
+from kvlab.lessons.l07_memory_is_capacity.capacity import budget_for_tokens, capacity_levers, paged_vs_reserved
+from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
 from kvlab.workload import Request
+
+from claim_examples import example_of
 
 NOTEBOOK = "07_memory_is_capacity.ipynb"
 
@@ -16,13 +18,13 @@ def test_every_claim_of_notebook_07_is_deterministic_and_holds_on_the_notebooks_
     assert len(claims) >= 8
     for c in claims:
         assert c.clock == "deterministic", c.name
-        first, again = c.on(c.example()), c.on(c.example())
+        first, again = c.on(example_of(c)()), c.on(example_of(c)())
         assert first.holds is True, str(first)
         assert str(first) == str(again)  # nbval compares these lines: nothing may change between runs
 
 
 def test_the_verdicts_quote_the_hand_counts():
-    table = CLAIMS["paging_fits_more_sequences"].example()
+    table = example_of("paging_fits_more_sequences")()
     text = str(verdicts(table, "reservation_fits_budget_over_context", "paging_fits_more_sequences"))
     assert "8,192 // 1,024 = 8" in text and "4.0× the 8 of the reservation" in text
 
@@ -48,9 +50,9 @@ def test_the_levers_claims_read_the_smallest_cap_and_the_longest_context():
 
 
 def test_the_capacity_panel_counts_what_the_notebook_counts():
-    from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
-    from kvlab.experiments.serving_run import lesson_model
-    from kvlab.widgets.paged_capacity import capacity_panel
+    from kvlab.lessons.l07_memory_is_capacity.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
+    from kvlab.runs.serving_run import lesson_model
+    from kvlab.lessons.l07_memory_is_capacity.panel import capacity_panel
 
     cfg = lesson_model().config
     panel = capacity_panel(cfg)

@@ -7,11 +7,13 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.claims import CLAIMS, claims_for
-from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, preemption_runs, prefix_caching_runs
-from kvlab.experiments.prefix_traces import caching_on_off, hit_sources, hit_sources_table
-from kvlab.experiments.serving_run import FixedStepCostExecutor
+from kvlab.lessons import CLAIMS, claims_for
+from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import chunked_prefill_runs, preemption_runs, prefix_caching_runs
+from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import caching_on_off, hit_sources, hit_sources_table
+from kvlab.runs.serving_run import FixedStepCostExecutor
 from kvlab.traces import mooncake_frame
+
+from claim_examples import example_of
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 
@@ -29,9 +31,9 @@ def test_the_deterministic_claims_of_notebook_08_hold_on_their_examples_and_read
         "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_sooner_at_the_same_load",
         "caching_on_serves_at_least_as_much"}
     for c in deterministic:
-        first = c.on(c.example())
+        first = c.on(example_of(c)())
         assert first.holds is True, str(first)
-        assert str(first) == str(c.on(c.example()))
+        assert str(first) == str(c.on(example_of(c)()))
 
 
 def test_preemption_claims_fail_when_the_budget_holds_everyone():
@@ -112,7 +114,7 @@ def test_trace_claims_fail_on_a_trace_that_shares_nothing(tmp_path):
 
 
 def test_capacity_claims_need_a_pool_that_holds_the_whole_trace():
-    curve = CLAIMS["engine_hits_rise_with_kv_memory_to_the_ideal"].example()
+    curve = example_of("engine_hits_rise_with_kv_memory_to_the_ideal")()
     v = CLAIMS["engine_hits_rise_with_kv_memory_to_the_ideal"].on(curve)
     assert v.holds is True and "the ideal at the engine's block size, exactly" in v.text
     small = curve[curve["kv_share_of_footprint"] < 0.1]  # none of these holds the whole trace, nor 90% of the ideal
@@ -121,7 +123,7 @@ def test_capacity_claims_need_a_pool_that_holds_the_whole_trace():
 
 
 def test_the_trace_panel_replays_caching_on_and_off_at_the_chosen_load_and_pool():
-    from kvlab.widgets.prefix_traces import KV_BLOCKS, prefix_trace_panel
+    from kvlab.lessons.l08_prefix_and_chunks.panel_prefix_traces import KV_BLOCKS, prefix_trace_panel
 
     panel = prefix_trace_panel()
     result = panel.run(rate=2.0, kv_blocks=64)

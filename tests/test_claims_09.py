@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvlab.claims import CLAIMS, claims_for
+from kvlab.lessons import CLAIMS, claims_for
+
+from claim_examples import counterexample_of, example_of
 
 
 def curve(**columns) -> pd.DataFrame:
@@ -19,7 +21,7 @@ def curve(**columns) -> pd.DataFrame:
 def test_the_schedule_claim_is_deterministic_and_holds_on_the_notebooks_rates():
     c = CLAIMS["seeded_schedule_sends_near_offered"]
     assert c.clock == "deterministic" and c.notebook == "09_measure_a_real_server.ipynb"
-    v = c.on(c.example())
+    v = c.on(example_of(c)())
     assert v.holds is True, str(v)
     assert "48 requests over 1.71 s at 32 req/s offered (28.0 req/s sent)" in v.text
     # the only other deterministic claims of 09 count requests and compare greedy answers (no clock in them)
@@ -90,7 +92,7 @@ def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_cou
     assert "at 16 req/s offered" in CLAIMS["per_token_time_under_load"].on(t).text  # the highest rate both reached
     for name in ("cold_start_costs_the_first_requests", "per_token_time_under_load", "kvlab_knee_beyond_transformers"):
         c = CLAIMS[name]
-        assert c.on(c.counterexample(t.copy())).holds is False, name
+        assert c.on(counterexample_of(c)(t.copy())).holds is False, name
 
 
 def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine_alone():

@@ -33,9 +33,9 @@ def test_every_registered_command_is_a_real_module(words):
 
 def test_the_readme_says_where_every_command_lives():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## How the package is laid out"):]
+    layout = readme[readme.index("## Command line"):]
     for words, command in COMMANDS.items():
-        assert f"`{' '.join(words)}`" in layout, f"README's package layout does not list `{' '.join(words)}`"
+        assert f"`{' '.join(words)}`" in layout, f"README's command line section does not list `{' '.join(words)}`"
         assert f"{command.module.rsplit('.', 1)[-1]}.py" in layout, f"README does not say {command.module} runs it"
 
 

@@ -1,17 +1,13 @@
-"""kvlab on Colab's own packages: installed from its wheel with its dependencies, it changes none of them,
-each lower bound pyproject.toml declares is a version installed here, and every notebook runs under nbval
-in a folder outside the checkout (the twin: tests/colab_twin.py, Colab's list: tests/environments/colab.txt)."""
+"""kvlab on Colab's own packages: installed from its wheel with its dependencies, it changes none of them, and
+each lower bound pyproject.toml declares is a version installed here (the twin: tests/colab_twin.py, Colab's list:
+tests/environments/colab.txt). Every notebook runs in the twin, outside the checkout, in the classic-browser test
+(tests/test_browser_classic.py)."""
 from __future__ import annotations
-
-import shutil
-from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
 from colab_twin import REPO, changed, colab_packages, declared_requirements, lower_bound, run
-
-NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_colabs_list_names_its_source_date_and_python():
@@ -30,6 +26,8 @@ def test_every_declared_dependency_admits_colabs_version():
     assert not refused, f"pyproject.toml would replace Colab's version (requirement, Colab's): {refused}"
 
 
+@pytest.mark.full
+@pytest.mark.colab_twin
 def test_the_twin_holds_colabs_python_and_packages(colab_twin):
     print(f"twin Python: {colab_twin.python_source}")
     if "no Python" in colab_twin.python_source:
@@ -41,6 +39,8 @@ def test_the_twin_holds_colabs_python_and_packages(colab_twin):
     assert not differ, f"the twin did not get Colab's versions (Colab's, the twin's): {differ}"
 
 
+@pytest.mark.full
+@pytest.mark.colab_twin
 def test_installing_kvlab_into_colab_changes_none_of_colabs_packages(colab_twin):
     would = {p["metadata"]["name"]: p["metadata"]["version"] for p in colab_twin.would_install}
     print("pip install --dry-run kvlab[serve] would install:", ", ".join(f"{n}-{v}" for n, v in would.items()))
@@ -52,6 +52,8 @@ def test_installing_kvlab_into_colab_changes_none_of_colabs_packages(colab_twin)
     assert "kvlab" in colab_twin.freeze["kvlab"]
 
 
+@pytest.mark.full
+@pytest.mark.colab_twin
 def test_each_declared_lower_bound_is_the_version_the_twin_installed(colab_twin):
     installed = colab_twin.freeze["kvlab"]
     rows = {n: (lower_bound(r), installed.get(n)) for n, r in declared_requirements().items()}
@@ -60,11 +62,13 @@ def test_each_declared_lower_bound_is_the_version_the_twin_installed(colab_twin)
     assert not untested, f"a lower bound no test installs (declared, installed in the twin): {untested}"
 
 
+@pytest.mark.full
+@pytest.mark.colab_twin
 def test_notebook_09s_second_engine_starts_on_colabs_transformers(colab_twin):
     """kvlab[serve] on Colab's set can run `transformers serve --continuous-batching` (not only its 'unavailable' line):
     both engines answer the same greedy text from one checkpoint folder, on Colab's transformers."""
     script = ("from kvlab.http.peer import transformers_serve_available\n"
-              "from kvlab.experiments.two_engines import lesson_checkpoint, make_server, same_greedy_answer\n"
+              "from kvlab.lessons.l09_measure_a_real_server.two_engines import lesson_checkpoint, make_server, same_greedy_answer\n"
               "ok, why = transformers_serve_available(); print(why)\n"
               "assert ok, why\n"
               "folder = lesson_checkpoint()\n"
@@ -79,10 +83,5 @@ def test_notebook_09s_second_engine_starts_on_colabs_transformers(colab_twin):
     assert "is available" in out
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda nb: nb.stem)
-def test_the_notebook_runs_in_the_colab_twin_outside_the_checkout(colab_twin, notebook, tmp_path):
-    assert not tmp_path.resolve().is_relative_to(REPO)
-    shutil.copy2(notebook, tmp_path / notebook.name)
-    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # this folder is the rootdir: no config from above
-    run([colab_twin.python, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider", "-q",
-         notebook.name], cwd=tmp_path, env=colab_twin.env, timeout=900)
+# Every notebook runs in the twin, outside the checkout, once: tests/test_browser_classic.py drives each one there in
+# the classic Notebook (ipywidgets 7), with no error output and its deterministic outputs equal to the saved ones.

@@ -1,7 +1,7 @@
 """The course around the notebooks: every notebook opens, teaches and ends the same way; checkers check;
 the README's course map, the teacher's guide and the Binder environment stay in step with the code.
 
-Parametrised over the notebooks on disk and the checkers registered in kvlab.exercises, so a new
+Parametrised over the notebooks on disk and the checkers registered in kvlab.lessons, so a new
 notebook or exercise is covered without editing this file.
 """
 from __future__ import annotations
@@ -18,15 +18,16 @@ import nbformat
 import pandas as pd
 import pytest
 
-import kvlab.exercises as exercises
+import kvlab.lessons  # registers every lesson's exercises
+import kvlab.lessons.common.exercises as exercises
 from kvlab.course import (NOTEBOOKS, binder_url, colab_url, course_map_section, pip_spec, readme_course_map,
                           setup_cell, where)
-from kvlab.widgets import ExperimentPanel
+from kvlab.lessons.common.panel import ExperimentPanel
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 ON_DISK = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
-CHECKER_IMPORT = re.compile(r"from kvlab\.exercises import ([\w, ()]+)")
+CHECKER_IMPORT = re.compile(r"from kvlab\.lessons\.l\d\d_\w+\.exercises import ([\w, ()]+)")
 DETAILS = re.compile(r"<details>\s*<summary>\s*Solution\s*</summary>(.*?)</details>", re.S)
 
 
@@ -39,7 +40,7 @@ def markdown(nb) -> str:
 
 
 def checkers_used(nb) -> list[str]:
-    """Checker names imported from kvlab.exercises by the notebook's code cells, in order."""
+    """Checker names imported from a lesson's exercises module by the notebook's code cells, in order."""
     names = []
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -62,12 +63,20 @@ def test_the_course_lists_exactly_the_notebooks_on_disk_in_order():
 
 
 @pytest.mark.parametrize("entry", NOTEBOOKS, ids=lambda e: e.file[:2])
-def test_each_lesson_names_the_modules_behind_it_and_they_import(entry):
-    assert entry.modules, f"{entry.file}: declare the kvlab modules it runs in its Lesson (modules=...)"
+def test_each_lesson_has_its_folder_and_what_it_names_imports(entry):
+    folder = ROOT / Path(*entry.package.split("."))
+    assert (folder / "__init__.py").is_file() and (folder / "claims.py").is_file(), (
+        f"{entry.file}: its code lives in {folder.relative_to(ROOT)}/ (an __init__.py and claims.py at least)")
     for name in entry.modules:
         assert importlib.util.find_spec(name) is not None, \
-            f"{entry.file} declares {name}, which does not exist; fix its Lesson in kvlab.course.NOTEBOOKS"
+            f"{entry.file} names {name}, which does not exist; fix its Lesson in kvlab.course.NOTEBOOKS"
         importlib.import_module(name)
+
+
+def test_every_lesson_folder_is_a_row_of_the_course():
+    import kvlab.lessons
+
+    assert [f"kvlab.lessons.{name}" for name in kvlab.lessons.LESSONS] == [n.package for n in NOTEBOOKS]
 
 
 # --- every notebook -------------------------------------------------------------------------------
@@ -152,9 +161,9 @@ def test_notebook_has_exercises_with_registered_checkers_and_folded_solutions(no
     name, nb = notebook
     used = checkers_used(nb)
     registered = [e.name for e in exercises.exercises_for(name)]
-    assert 1 <= len(used) <= 4, f"{name}: one to four exercises, each calling a checker from kvlab.exercises; found {used}"
+    assert 1 <= len(used) <= 4, f"{name}: one to four exercises, each calling a checker from its lesson's exercises.py; found {used}"
     unknown = [u for u in used if u not in exercises.EXERCISES]
-    assert not unknown, f"{name}: {unknown} not registered in kvlab.exercises (decorate them with @exercise)"
+    assert not unknown, f"{name}: {unknown} not registered in kvlab.lessons (decorate them with @exercise)"
     elsewhere = [u for u in used if exercises.EXERCISES[u].notebook != name]
     assert not elsewhere, f"{name}: {elsewhere} are registered for another notebook"
     assert sorted(registered) == sorted(set(used)), f"{name}: registered {registered} but the notebook uses {used}"

@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-import kvlab.exercises as exercises
-from kvlab.exercises import EXERCISES
-from kvlab.exercises.framework import Answer, lazy, rounding_tolerance
+import kvlab.lessons  # registers every lesson's exercises
+import kvlab.lessons.common.exercises as exercises
+from kvlab.lessons import EXERCISES
+from kvlab.lessons.common.exercises import Answer, lazy, rounding_tolerance
 
 OPTION = re.compile(r"^- \*\*(\w)\*\* (.*?)(?=^- \*\*|\Z)", re.S | re.M)
 HEDGE = re.compile(r"\b(it depends|depends|measure first|measur\w*|both|neither|all of the above|none of the above|"

@@ -14,10 +14,12 @@ import torch
 
 import kvlab
 from kvlab.cache import DynamicCache, StaticCache
-from kvlab.exercises import EXERCISES, check_admission_rule, check_my_cache
-from kvlab.exercises.ex02_kv_cache import MY_CACHE_PROMPT, MY_CACHE_TOKENS, SolutionCache, _cache_model
-from kvlab.exercises.ex05_batching import skip_ahead_admission, solution_admission
-from kvlab.experiments.admission import builtin_admission
+from kvlab.lessons import EXERCISES
+from kvlab.lessons.l05_batching.exercises import check_admission_rule
+from kvlab.lessons.l02_kv_cache.exercises import check_my_cache
+from kvlab.lessons.l02_kv_cache.exercises import MY_CACHE_PROMPT, MY_CACHE_TOKENS, SolutionCache, _cache_model
+from kvlab.lessons.l05_batching.exercises import skip_ahead_admission, solution_admission
+from kvlab.lessons.l05_batching.admission import builtin_admission
 
 
 # --- notebook 02: write the cache ---------------------------------------------------------------------

@@ -14,10 +14,12 @@ import pytest
 import torch
 
 from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
-from kvlab.exercises import EXERCISES, check_block_table, check_paged_attention
-from kvlab.exercises.ex07_memory_is_capacity import (PAGED_SLIPS, _paged_attention_variant, _paged_cases,
+from kvlab.lessons import EXERCISES
+from kvlab.lessons.l08_prefix_and_chunks.exercises import check_block_table
+from kvlab.lessons.l07_memory_is_capacity.exercises import check_paged_attention
+from kvlab.lessons.l07_memory_is_capacity.exercises import (PAGED_SLIPS, _paged_attention_variant, _paged_cases,
                                                      dense_attention, solution_paged_attention)
-from kvlab.exercises.ex08_prefix_and_chunks import (BLOCK_TABLE_SCENARIOS, EngineBlockTable, FreesSharedBlocks,
+from kvlab.lessons.l08_prefix_and_chunks.exercises import (BLOCK_TABLE_SCENARIOS, EngineBlockTable, FreesSharedBlocks,
                                                     SolutionBlockTable)
 
 

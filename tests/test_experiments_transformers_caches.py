@@ -12,12 +12,14 @@ import pytest
 import torch
 import transformers
 
-from kvlab.claims import CLAIMS, verdicts
-from kvlab.experiments.transformers_caches import (RAN, formula_bytes, not_run, pair_table, run_transformers_caches,
+from kvlab.lessons import CLAIMS, verdicts
+from kvlab.lessons.l03_cache_strategies.transformers_caches import (RAN, formula_bytes, not_run, pair_table, run_transformers_caches,
                                                    transformers_cache)
 from kvlab.generate import generate
 from kvlab.measure.transformers_steps import transformers_cache_bytes
 from kvlab.tasks.recall import load_recall_model, make_examples
+
+from claim_examples import counterexample_of
 
 NEW = 12
 QUANTO = transformers.utils.is_optimum_quanto_available()
@@ -174,11 +176,11 @@ def test_the_quantized_claims_read_the_run_and_the_wall_claim_can_fail(frame):
     same.loc[q, "cache_bytes"] = same.loc[q & (same["library"] == "kvlab"), "cache_bytes"].iloc[0]
     assert not verdicts(same, "quantized_caches_hold_their_own_layouts")[0].holds  # one layout for both: false
     wall = CLAIMS["transformers_quantized_cache_costs_time"]
-    assert wall.on(wall.counterexample(_copy(frame))).holds is False  # quantized as fast as the DynamicCache
+    assert wall.on(counterexample_of(wall)(_copy(frame))).holds is False  # quantized as fast as the DynamicCache
 
 
 def test_the_panel_shows_one_row_per_strategy(model):
-    from kvlab.widgets.transformers_caches import transformers_caches_panel
+    from kvlab.lessons.l03_cache_strategies.panel_transformers_caches import transformers_caches_panel
 
     panel = transformers_caches_panel(model, strategies=("dynamic", "static"), pairs=4, new_tokens=8, questions=1)
     result = panel.run()

@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.exercises.ex09_measure_a_real_server import (_output_tokens_per_s, _overhead_ms, check_http_overhead,
+from kvlab.lessons.l09_measure_a_real_server.exercises import (_output_tokens_per_s, _overhead_ms, check_http_overhead,
                                                         check_output_tokens_per_s, check_rejections_and_quantiles)
-from kvlab.experiments.wire import (accounting, check_rates, client_vs_engine, measure_at_client, overhead_table,
+from kvlab.lessons.l09_measure_a_real_server.wire import (accounting, check_rates, client_vs_engine, measure_at_client, overhead_table,
                                     requests_per_rate, serve_args, server_metrics, start_server, wait_until_idle,
                                     wire_service_curve)
 from kvlab.http.local import ServerThread
 from kvlab.http.testing import scripted_app
-from kvlab.plots.wire import plot_client_vs_engine, plot_wire_service_curve
-from kvlab.widgets.wire import service_table, wire_panel
+from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine, plot_wire_service_curve
+from kvlab.lessons.l09_measure_a_real_server.panel_wire import service_table, wire_panel
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_the_service_curve_replays_the_same_requests_once_per_rate(scripted):
 
 
 def test_the_achieved_rate_is_completed_over_a_window_that_outlasts_the_schedule(scripted):
-    from kvlab.experiments.wire import sent_schedule
+    from kvlab.lessons.l09_measure_a_real_server.wire import sent_schedule
     from kvlab.http.loadgen import http_workload
 
     table = wire_service_curve(scripted.url, rates=(32,), duration_s=0.5)
@@ -181,7 +181,7 @@ def test_the_panel_runs_programmatically_and_reports_errors_in_one_line(scripted
 
 
 def test_exercise_checkers_confirm_the_reference_on_a_real_run_and_name_each_slip(scripted):
-    from kvlab.exercises.ex09_measure_a_real_server import (_overhead_cases, _overhead_slips, _throughput_cases,
+    from kvlab.lessons.l09_measure_a_real_server.exercises import (_overhead_cases, _overhead_slips, _throughput_cases,
                                                             _throughput_slips)
 
     result = measure_at_client(scripted.url, num_requests=8, rate=80.0)

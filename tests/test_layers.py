@@ -27,18 +27,19 @@ LAYERS: dict[str, list[str]] = {
     "tasks": ["kvlab.tasks", "kvlab.quality"],
     "measure": ["kvlab.measure"],
     "http": ["kvlab.http"],
-    "experiments": ["kvlab.experiments"],
+    "runs": ["kvlab.runs"],
+    "lesson frameworks": ["kvlab.lessons.common"],
+    "lessons": ["kvlab.lessons"],
     "benchmarks": ["kvlab.benchmarks"],
-    "plots": ["kvlab.plots"],
-    "widgets": ["kvlab.widgets"],
-    "claims": ["kvlab.claims", "kvlab.exercises"],
     "course": ["kvlab.course", "kvlab.authoring", "kvlab.cli", "kvlab.__main__"],
     "api": ["kvlab"],
 }
 ROOT_PACKAGE = "kvlab"
-# Layers that must not import a layer below them, though the table alone would let them: a claim judges
-# an experiment's frame, never a panel's (the panels hold no experiment logic).
-SKIPPED = {"claims": ["widgets"]}
+# Layers that must not import a layer below them, though the table alone would let them.
+SKIPPED: dict[str, list[str]] = {}
+# Inside the lessons layer: a lesson (kvlab.lessons.lNN_*) may reuse another lesson's experiment modules, never
+# its panel, figures, claims or exercises; and a lesson's claims judge its experiments' frames, never a panel.
+PRESENTATION = ("panel", "figures", "claims", "exercises")
 
 
 def module_name(path: Path) -> str:
@@ -184,6 +185,33 @@ def test_no_module_imports_a_layer_it_skips():
     assert not skipped, "imports of a skipped layer:\n" + "\n".join(skipped)
 
 
+def lesson_of(name: str) -> tuple[str, str] | None:
+    """(lesson folder, module file) of a module inside a lesson folder, e.g. ("l06_under_load", "panel")."""
+    parts = name.split(".")
+    if len(parts) == 4 and parts[:2] == ["kvlab", "lessons"] and parts[2][:1] == "l" and parts[2][1:3].isdigit():
+        return parts[2], parts[3]
+    return None
+
+
+def is_presentation(module_file: str) -> bool:
+    return module_file.split("_")[0] in PRESENTATION
+
+
+def test_a_lesson_reuses_only_another_lessons_experiments_and_claims_read_no_panel():
+    wrong = []
+    for a, targets in sorted(graph().items()):
+        here = lesson_of(a)
+        for b in sorted(targets):
+            there = lesson_of(b)
+            if here is None or there is None:
+                continue
+            if there[0] != here[0] and is_presentation(there[1]):
+                wrong.append(f"{a} -> {b}   (another lesson's {there[1]})")
+            if here[1] == "claims" and there[1].startswith("panel"):
+                wrong.append(f"{a} -> {b}   (a claim reads a panel)")
+    assert not wrong, "lesson imports across the rule:\n" + "\n".join(wrong)
+
+
 def test_nothing_inside_imports_the_root_package():
     inside = [f"{a} -> {ROOT_PACKAGE}" for a, targets in sorted(graph().items())
               if a != ROOT_PACKAGE and ROOT_PACKAGE in targets]
@@ -199,10 +227,11 @@ def test_no_import_circle():
 def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     source = tmp_path / "kvlab" / "serving" / "engine.py"
     source.parent.mkdir(parents=True)
-    source.write_text("from .scheduler import X\n\ndef f():\n    from kvlab.plots import style\n"
+    source.write_text("from .scheduler import X\n\ndef f():\n    from kvlab.lessons.common import figure_style\n"
                       "    import kvlab\n    importlib.import_module('kvlab.http')\n", encoding="utf-8")
-    known = {"kvlab", "kvlab.serving", "kvlab.serving.scheduler", "kvlab.plots", "kvlab.plots.style", "kvlab.http"}
-    assert imports("kvlab.serving.engine", source, known) == {"kvlab.serving.scheduler", "kvlab.plots.style",
+    known = {"kvlab", "kvlab.serving", "kvlab.serving.scheduler", "kvlab.lessons.common", "kvlab.lessons.common.figure_style",
+             "kvlab.http"}
+    assert imports("kvlab.serving.engine", source, known) == {"kvlab.serving.scheduler", "kvlab.lessons.common.figure_style",
                                                               "kvlab", "kvlab.http"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 

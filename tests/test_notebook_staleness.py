@@ -1,7 +1,7 @@
 """A notebook's saved outputs are checked against the modules behind them, not only against its source.
 
 An executed notebook records a hash of each file its lesson names (``Lesson.modules`` in kvlab/course.py,
-and its claims module kvlab/claims/cNN_*.py). When its cells are unchanged but one of those files is
+its lesson folder kvlab/lessons/lNN_*/). When its cells are unchanged but one of those files is
 not, ``python -m kvlab notebooks`` re-executes it, and ``--check`` names it in a warning line: a
 refactor that moves code changes no output, so only ``--check --strict`` fails on it. No kernel starts
 here: ``execute`` is replaced, and the decision is tested on temporary copies.
@@ -24,8 +24,8 @@ NOTEBOOK = "00_start_here.ipynb"
 
 def test_the_hash_covers_the_lessons_modules_and_its_claims():
     hashes = authoring.source_hashes("06_under_load.ipynb")
-    assert {"kvlab/experiments/load.py", "kvlab/plots/load.py", "kvlab/widgets/load.py",
-            "kvlab/claims/c06_under_load.py"} <= set(hashes)
+    assert {"kvlab/lessons/l06_under_load/load.py", "kvlab/lessons/l06_under_load/figures.py", "kvlab/lessons/l06_under_load/panel.py",
+            "kvlab/lessons/l06_under_load/claims.py"} <= set(hashes)
     assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes.values())
     assert authoring.source_hashes("06_under_load.ipynb") == hashes, "the same files hash the same"
 
@@ -33,7 +33,7 @@ def test_the_hash_covers_the_lessons_modules_and_its_claims():
 @pytest.fixture
 def checkout(tmp_path):
     """A copy of the files behind notebook 00 (its modules and its claims), laid out as in the repository."""
-    files = [*authoring.module_files(lesson(NOTEBOOK).modules), *ROOT.glob("kvlab/claims/c00_*.py")]
+    files = [*authoring.module_files(lesson(NOTEBOOK).modules)]
     for f in files:
         target = tmp_path / f.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,10 @@ import re
 
 import pytest
 
-from kvlab.claims import CLAIMS, verdicts
-from kvlab.widgets import predict
+from kvlab.lessons import CLAIMS, verdicts
+from kvlab.lessons.common.predict import predict
+
+from claim_examples import example_of
 
 DETAILS_BODY = re.compile(r"(<details\b[^>]*>\s*<summary>.*?</summary>).*?</details>", re.S)
 TAG = re.compile(r"<[^>]+>")
@@ -60,7 +62,7 @@ NAME = "paging_fits_more_sequences"  # a deterministic claim of notebook 07 that
 
 @pytest.fixture(scope="module")
 def capacity_result():
-    return CLAIMS[NAME].example()
+    return example_of(NAME)()
 
 
 def test_checks_after_an_empty_prediction_are_folded_and_their_numbers_left_out(capacity_result):

@@ -10,7 +10,7 @@ import pytest
 import kvlab
 from kvlab.cli import main as cli_main
 from kvlab.clocks import SLO
-from kvlab.experiments.load import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
+from kvlab.lessons.l06_under_load.load import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
 from kvlab.workload import make_workload
@@ -113,7 +113,7 @@ def test_sweep_cli_writes_json_with_settings_environment_and_one_row_per_level(t
 
 
 def test_the_panel_runs_a_curve_and_turns_bad_rates_into_one_clear_line(cost_model):
-    from kvlab.widgets.load import parse_rates, service_curve_panel
+    from kvlab.lessons.l06_under_load.panel import parse_rates, service_curve_panel
 
     assert parse_rates("auto") is None and parse_rates(" 0.5, 1;2 ") == [0.5, 1.0, 2.0]
     panel = service_curve_panel(cost_model, profile="short_short", requests=50)

@@ -20,6 +20,8 @@ from kvlab.model.tokenizer import ByteTokenizer
 
 OK, WHY = transformers_serve_available()
 needs_serve = pytest.mark.skipif(not OK, reason=WHY)
+# The tests that start the real server belong to the full tier (pytest -m full); notebook 09 starts it by default.
+full = pytest.mark.full
 TRANSPORT = {"transport_error", "incomplete_stream", "connect_error", "stream_error", "bad_chunk"}
 
 
@@ -110,12 +112,14 @@ def test_unavailable_says_why_in_one_line(monkeypatch):
 
 
 # -- the server ---------------------------------------------------------------------------------------
+@full
 @needs_serve
 def test_it_starts_offline_and_answers_to_the_folders_path(server, tiny_folder):
     assert server.alive() and server.model == str(tiny_folder.resolve())
     assert "--continuous-batching" in server.cmd and "--cb-num-blocks" in server.cmd
 
 
+@full
 @needs_serve
 def test_the_load_client_completes_every_request_with_the_tokens_asked(server):
     result = run_loadtest(server.url, workload(6, max_new_tokens=5), server.model, prompt_format="text",
@@ -127,6 +131,7 @@ def test_the_load_client_completes_every_request_with_the_tokens_asked(server):
     assert result.summary().latency["ttft"]["n"] == 6
 
 
+@full
 @needs_serve
 def test_a_bad_request_is_counted_as_failed_with_its_reason(server):
     # kvlab's ignore_eos is not in transformers' schema: 422, and the server's message is kept
@@ -140,6 +145,7 @@ def test_a_bad_request_is_counted_as_failed_with_its_reason(server):
     assert [r.fail_reason for r in tokens.records] == ["http_400"] * 2  # token-id prompts: "prompt must be a string"
 
 
+@full
 @needs_serve
 def test_a_server_killed_mid_run_leaves_every_request_failed_with_a_reason(server):
     requests = workload(6, max_new_tokens=400, rate=30.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvlab.experiments.two_engines import (ENGINES, clocks_table, compare_engines, engine_knees, knee, make_server,
+from kvlab.lessons.l09_measure_a_real_server.two_engines import (ENGINES, clocks_table, compare_engines, engine_knees, knee, make_server,
                                            within_knee)
 from kvlab.http.peer import transformers_serve_available
 
@@ -38,7 +38,7 @@ def test_bad_input_is_refused_before_any_server_starts(tmp_path):
 
 
 def test_the_panel_refuses_rates_it_does_not_offer():
-    from kvlab.widgets.two_engines import two_engines_panel
+    from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engines_panel
 
     with pytest.raises(ValueError, match="not among the panel's choices"):
         two_engines_panel(rates=(3.0,))
@@ -74,7 +74,7 @@ def test_the_two_servers_hold_the_same_weights_and_report_their_settings(run):
 
 
 def test_the_figure_draws_each_engines_sweep(run):
-    from kvlab.plots.two_engines import plot_two_engines
+    from kvlab.lessons.l09_measure_a_real_server.figures_two_engines import plot_two_engines
 
     fig = plot_two_engines(run.frame)
     lines = [l.get_label() for l in fig.axes[0].lines]

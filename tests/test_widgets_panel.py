@@ -5,7 +5,9 @@ import ipywidgets as widgets
 import pandas as pd
 from matplotlib.figure import Figure
 
-from kvlab.widgets import ExperimentPanel, cache_memory_panel, kv_calculator_panel, slowdown_panel
+from kvlab.lessons.common.panel import ExperimentPanel
+from kvlab.lessons.l02_kv_cache.panel import cache_memory_panel, kv_calculator_panel
+from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel
 
 
 class Recorder:

@@ -2,8 +2,8 @@
 
 Each round starts both servers in turn (the order rotated from round to round, one server
 running at a time) on one checkpoint folder (default: the lesson model with a byte tokenizer,
-`kvlab.experiments.two_engines.lesson_checkpoint`), and for each measures, with the load client
-over loopback (`kvlab.experiments.two_engines.compare_engines`):
+`kvlab.lessons.l09_measure_a_real_server.two_engines.lesson_checkpoint`), and for each measures, with the load client
+over loopback (`kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engines`):
 
 - **cold**: the first `--cold` requests after the server started (reported apart, never paired);
 - **low load**: after `--warmup` more requests, `--requests` at `--low-rate` req/s (short_short):
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.command_args import command_args
-from kvlab.experiments.two_engines import ENGINES, compare_engines, knee, lesson_checkpoint
+from kvlab.lessons.l09_measure_a_real_server.two_engines import ENGINES, compare_engines, knee, lesson_checkpoint
 from kvlab.http.peer import transformers_serve_available
 from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results

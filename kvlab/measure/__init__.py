@@ -5,7 +5,7 @@ round (a paired ratio's median with its IQR and min-max), with the machine's loa
 ``bandwidth.py``: the machine's memory bandwidth, a matrix-vector product's, a decode step's weight
 products' (``MatvecProbe``, ``StepProductsProbe``, ``machine_bandwidth``), and the weight bytes a step
 streams. ``transformers_steps.py``: transformers' generate timed per step, and the bytes its caches hold.
-``kvlab.benchmarks`` and ``kvlab.experiments`` import them from here.
+``kvlab.benchmarks`` and the lessons (``kvlab.lessons``) import them from here.
 """
 from __future__ import annotations
 

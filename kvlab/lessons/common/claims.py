@@ -1,0 +1,186 @@
+"""Claims: a sentence about a measurement, checked on the learner's own run and shown with its verdict.
+
+A notebook never types a measured number into its prose. It states a claim, and the claim is
+evaluated on the results the learner just produced::
+
+    from kvlab.lessons import verdicts
+    verdicts(result, "later_tokens_cost_more")
+
+shows ``✓ on your run: token 194 took 2.5× as long as token 20 (work 4.3×)`` or
+``✗ not on your run: … — what to look at, and why it can happen``.
+
+Writing a claim (notebook authors): in the lesson's ``kvlab/lessons/lNN_<notebook>/claims.py``::
+
+    @claim("01_the_slowdown.ipynb", clock="wall",
+           says="token {late} took {measured:.1f}× as long as token {early} (work {work:.1f}×)",
+           otherwise="a busy machine makes single steps jump; press Run again, or raise repeats")
+    def later_tokens_cost_more(result) -> dict:
+        ...
+        return {"late": 194, "early": 20, "measured": m, "work": w, "holds": m > 1.2}
+
+The function reads the experiment's result and returns the numbers the sentence quotes plus
+``holds``, the check. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time,
+counts, byte formulas, hand-computed schedules: the same on every machine, so nbval checks the
+verdict) or ``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
+repeated and contended runs is recorded by ``scripts/claims_robustness.py``). ``otherwise`` tells
+the learner what to look at when the claim does not hold on their run.
+
+Then write its example and, for a wall-clock claim that asserts, its counterexample in
+``tests/claim_examples/lNN_<notebook>.py`` (test fixtures, not shipped with the package): the example
+makes a small result to check the claim on; the counterexample returns, from (a deep copy of) that
+result, a result on which the sentence is false, built by hand or by editing the copy's numbers (a
+curve that rises then falls, a gain inside the run's own noise). Each is registered by claim name,
+``@example("later_tokens_cost_more")`` and ``@counterexample(...)`` (``tests/claim_examples/__init__.py``);
+``tests/test_claims.py`` checks that every claim has an example and marks its counterexample ✗, so a
+check looser than its sentence is caught.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal, Mapping
+
+from .fold import folded
+
+__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "verdicts"]
+
+Clock = Literal["deterministic", "wall"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One claim checked on one run: whether it holds and the sentence with that run's numbers."""
+
+    claim: "Claim"
+    holds: bool | None  # None: the run does not hold what the claim needs (say, a skipped step)
+    text: str
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.holds)
+
+    def __str__(self) -> str:
+        if self.holds is None:
+            return f"· not checked on your run: {self.text}"
+        if not self.claim.asserts:
+            return f"• on your run: {self.text}"
+        if self.holds:
+            return f"✓ on your run: {self.text}"
+        return f"✗ not on your run: {self.text} — {self.claim.otherwise}"
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds if self.claim.asserts else None]
+        return f'<div class="kvlab-claim" style="color:{color}">{html.escape(str(self))}</div>'
+
+
+class Verdicts(list):
+    """Several verdicts, shown one per line (a notebook cell's last expression).
+
+    ``after``: a prediction (anything with ``.value``, e.g. ``kvlab.lessons.common.predict``'s box) whose
+    answer these lines give away. While its ``value`` is None the lines are folded into a
+    ``<details>`` the learner clicks to open, and the plain text (a terminal, nbval) says how to
+    show them and holds none of their numbers; with a prediction they are shown as always.
+    """
+
+    def __init__(self, verdicts: Iterable[Verdict] = (), after: Any = None) -> None:
+        super().__init__(verdicts)
+        self.after = after
+
+    @property
+    def hidden(self) -> bool:
+        """True while the prediction these checks would answer has not been made."""
+        return self.after is not None and getattr(self.after, "value", None) is None
+
+    def __str__(self) -> str:
+        if self.hidden:
+            return ("checks on your run hidden until you predict: type your number in the box above, then run "
+                    "this cell again (in a notebook, a click on this line shows them).")
+        return "\n".join(map(str, self))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        lines = "".join(v._repr_html_() for v in self)
+        if not self.hidden:
+            return lines
+        return folded("🔒 checks on your run hidden until you predict: type your number in the box above and run this "
+                      "cell again — or click here to show them", lines, indent=False)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A sentence about an experiment's result, with the check that decides whether a run supports it."""
+
+    name: str
+    notebook: str
+    says: str  # a format string over the values the measure returns
+    measure: Callable[[Any], Mapping[str, Any]]  # result -> values quoted in ``says`` plus "holds"
+    otherwise: str  # what to look at when it does not hold, and why that can happen
+    clock: Clock
+    asserts: bool = True  # False: a measurement shown with its n, not a fact that could fail (too run-dependent)
+
+    def on(self, result: Any) -> Verdict:
+        """Check this claim on ``result``; never raises (a run it cannot read is "not checked")."""
+        try:
+            values = dict(self.measure(result))
+        except Exception as exc:  # a claim must never break a learner's notebook
+            return Verdict(self, None, f"{self.name} could not read this run ({type(exc).__name__}: {exc})")
+        holds = values.pop("holds", None)
+        try:
+            text = self.says.format(**values)
+        except (KeyError, ValueError, TypeError) as exc:
+            text = f"{self.says} [values {values}: {exc}]"
+        return Verdict(self, None if holds is None else bool(holds), text, values)
+
+
+CLAIMS: dict[str, Claim] = {}
+
+
+def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, asserts: bool = True,
+          ) -> Callable[[Callable[[Any], Mapping[str, Any]]], Claim]:
+    """Register the decorated measure as a claim of ``notebook`` (see the module docstring).
+
+    ``asserts=False`` makes it an observation: a run-dependent measurement shown with its n
+    (``• on your run: …``), never marked ✓ or ✗, because on some machines and loads it goes either way.
+    Its measure still returns ``holds`` (True when the run could be read). Every claim needs an example, and
+    every wall-clock claim that asserts a counterexample, in tests/claim_examples/ (see the module docstring).
+    """
+    if clock not in ("deterministic", "wall"):
+        raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")
+
+    def register(measure: Callable[[Any], Mapping[str, Any]]) -> Claim:
+        name = measure.__name__
+        if name in CLAIMS:
+            raise ValueError(f"a claim named {name!r} is already registered (for {CLAIMS[name].notebook})")
+        c = Claim(name, notebook, says, measure, otherwise, clock, asserts)
+        CLAIMS[name] = c
+        return c
+
+    return register
+
+
+def claims_for(notebook: str) -> list[Claim]:
+    """The claims registered for ``notebook``, in the order they were defined."""
+    return [c for c in CLAIMS.values() if c.notebook == notebook]
+
+
+def verdicts(result: Any, *names: str, after: Any = None) -> Verdicts:
+    """Check the named claims on ``result`` and show them, one line each.
+
+    ``after=guess`` (the ``predict(...)`` box whose answer these lines state) keeps them folded until
+    the learner has made that prediction (see :class:`Verdicts`).
+    """
+    unknown = [n for n in names if n not in CLAIMS]
+    if unknown:
+        raise ValueError(f"no claim named {unknown}; registered: {sorted(CLAIMS)}")
+    if after is not None and not hasattr(after, "value"):
+        raise TypeError(f"after= takes the prediction box these checks answer (guess = predict(...)), "
+                        f"not {type(after).__name__}")
+    return Verdicts((CLAIMS[n].on(result) for n in names), after=after)
+
+
+def frame_of(result: Any) -> Any:
+    """The table a claim reads: a panel result's ``.frame``, or the result itself (already a frame)."""
+    return getattr(result, "frame", result)

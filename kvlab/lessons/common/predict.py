@@ -1,0 +1,133 @@
+"""Predict, then run: a box where the learner writes a number before an experiment, shown beside the measurement.
+
+    guess = predict("Without a cache, how many times as long as token 20 will token 194 take?", unit="×")
+    guess                      # a number box; type the prediction, then press the experiment's Run
+    ...
+    guess.against(measured)    # "you predicted 3×; your run measured 2.5× (0.83 times your prediction)"
+
+The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
+teacher's projected notebook fill it. An empty box never raises, and it never shows the answer
+either: until the learner types a number (and runs the cell again), the measurement is folded
+into a ``<details>`` element whose summary asks for the prediction, so Run All, a saved notebook
+and a viewer show no answer before the learner guessed. Clicking the summary reveals it, with no
+kernel and no widget (plain HTML: JupyterLab, classic Notebook, Colab, nbviewer, GitHub). The
+plain-text form (what a terminal prints, what nbval compares) holds no number at all then.
+``Comparison.measured`` is the number, for code. A table or a printout that states the answer is
+folded the same way with ``guess.fold(table)``.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+import ipywidgets as widgets
+
+from .fold import folded
+
+MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A prediction next to what the run measured (a notebook cell's last expression)."""
+
+    question: str
+    predicted: float | None
+    measured: float
+    unit: str
+    what: str
+
+    def _fmt(self, x: float) -> str:
+        return f"{x:,.3g}{self.unit}" if self.unit in ("×", "%") else f"{x:,.3g} {self.unit}".rstrip()
+
+    @property
+    def hidden(self) -> bool:
+        """True while there is no prediction: the measurement is not shown until the learner acts."""
+        return self.predicted is None
+
+    def __str__(self) -> str:
+        if self.hidden:  # no number here: this is what a saved notebook and nbval hold
+            return ("no prediction yet: type your number in the box above and run this cell again "
+                    "(the answer stays hidden until then; in a notebook, a click on this line reveals it).")
+        ratio = self.measured / self.predicted if self.predicted else math.inf
+        return (f"you predicted {self._fmt(self.predicted)}; {self.what} {self._fmt(self.measured)} "
+                f"({ratio:,.2g} times your prediction)")
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        if not self.hidden:
+            return f'<div class="kvlab-prediction">🎯 {html.escape(str(self))}</div>'
+        summary = (f"🎯 no prediction yet: type your number in the box above and run this cell again — "
+                   f"or click here to reveal what {self.what}")
+        measured = (f'{html.escape(self.what)}: <b class="{MEASURED_CLASS}">'
+                    f'{html.escape(self._fmt(self.measured))}</b>')
+        return f'<div class="kvlab-prediction">{folded(summary, measured)}</div>'
+
+
+class Folded:
+    """A table or text that gives a prediction's answer away, folded like the comparison until the learner acts.
+
+    Only what a reader sees is folded (the HTML a notebook shows): the plain text stays whole, so nbval
+    still checks a deterministic table and a terminal still prints it.
+    """
+
+    def __init__(self, shown: object, prediction: "Prediction", what: str) -> None:
+        self.shown, self.prediction, self.what = shown, prediction, what
+
+    def _body_html(self) -> str:
+        to_html = getattr(self.shown, "_repr_html_", None)
+        page = to_html() if callable(to_html) else None
+        return page if page is not None else f"<pre>{html.escape(str(self.shown))}</pre>"
+
+    def __repr__(self) -> str:
+        return self.shown if isinstance(self.shown, str) else repr(self.shown)
+
+    def _repr_html_(self) -> str:
+        if self.prediction.value is not None:
+            return self._body_html()
+        return folded(f"🎯 {self.what} holds the answer to your prediction: type your number in the box above and "
+                      f"run this cell again, or click here to show it", self._body_html())
+
+
+class Prediction:
+    """A labelled number box for one prediction; ``against(measured)`` puts the two side by side."""
+
+    def __init__(self, question: str, unit: str = "", value: float | None = None) -> None:
+        self.question, self.unit = question, unit
+        self.box = widgets.FloatText(value=value if value is not None else 0.0, description="my prediction",
+                                     style={"description_width": "initial"},
+                                     layout=widgets.Layout(width="220px"))
+        self._set = value is not None
+        self.box.observe(self._mark_set, names="value")
+        self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"
+                                                 + (f" (in {html.escape(unit)})" if unit else "")), self.box],
+                                   layout=widgets.Layout(border="1px solid #ddd", padding="4px"))
+        self.widget.add_class("kvlab-predict")
+
+    def _mark_set(self, _change) -> None:
+        self._set = True
+
+    @property
+    def value(self) -> float | None:
+        """The learner's number, or None while the box was never filled."""
+        return float(self.box.value) if self._set else None
+
+    def against(self, measured: float, what: str = "your run measured") -> Comparison:
+        """The prediction beside ``measured``; never raises, and hides ``measured`` while there is no prediction."""
+        return Comparison(self.question, self.value, float(measured), self.unit, what)
+
+    def fold(self, shown: object, what: str = "this table") -> "Folded":
+        """``shown`` (a DataFrame, a text) folded away while there is no prediction, because it states the answer."""
+        return Folded(shown, self, what)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def predict(question: str, unit: str = "", value: float | None = None) -> Prediction:
+    """A box for the learner's prediction of a number the next experiment measures."""
+    return Prediction(question, unit, value)

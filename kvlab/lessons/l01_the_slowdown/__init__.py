@@ -1,0 +1,1 @@
+"""Lesson 01 · The slowdown: everything notebooks/01_the_slowdown.ipynb runs."""

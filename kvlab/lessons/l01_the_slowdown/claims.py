@@ -1,0 +1,142 @@
+"""Claims of notebook 01 (the slowdown), checked on the learner's run of ``run_slowdown``.
+
+Every claim here rests on wall-clock time, so each states a qualitative fact with a margin:
+uncached steps grow and cached ones stay nearly flat; the gap between the two arrivals widens;
+the measured slowdown stays below the work ratio, because a pass over many tokens costs far less
+per token than a pass over one; and a line through the uncached steps splits each into a part
+every pass pays whatever it holds (of the order of a whole cached step) and a small part per token.
+At a long context (``run_context_steps``) the cached steps are no longer flat: each reads every
+stored K/V, and that read grows with the context.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .long_context import context_step_summary
+from .slowdown import slowdown_fit, slowdown_summary, step_curves
+from ..common.claims import claim, frame_of
+
+NOTEBOOK = "01_the_slowdown.ipynb"
+
+
+def _row(result: Any, cache: str) -> pd.Series:
+    summary = slowdown_summary(frame_of(result)).set_index("cache")
+    return summary.loc[cache]
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="without a cache, token {late} took {ratio:.1f}× as long as token {early} (the work grew {work:.1f}×)",
+       otherwise="the late steps were not clearly slower than the early ones. With a short prompt and few tokens "
+                 "the growing part is small; generate more tokens, and set repeats to 3 so that steps slowed by "
+                 "other programs are filtered out. On a GPU a model this small can take about as long for a "
+                 "few hundred tokens as for one: the GPU is waiting for Python, not computing.")
+def uncached_tokens_slow_down(result: Any) -> dict:
+    r = _row(result, "none")
+    return dict(late=int(r.late_token), early=int(r.early_token), ratio=r.measured_ratio, work=r.work_ratio,
+                holds=r.measured_ratio > 1.2)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="with a cache, token {late} took {ratio:.2f}× as long as token {early}: nearly flat at this short "
+            "context (at most {context} tokens)",
+       otherwise="the cached steps at the early and late tokens differ by more than half. That is usually "
+                 "another program on the machine during part of the run: press Run again with repeats at 3.")
+def cached_steps_stay_flat(result: Any) -> dict:
+    r = _row(result, "dynamic")
+    frame = frame_of(result)
+    context = int(frame.loc[frame["token"] == r.late_token, "position"].max())  # keys its attention read
+    return dict(late=int(r.late_token), early=int(r.early_token), ratio=r.measured_ratio, context=context,
+                holds=1 / 1.5 < r.measured_ratio < 1.5)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the last token arrived after {none_s:.2f} s without a cache and {dynamic_s:.2f} s with one; the gap "
+            "between them grew from {gap_mid:.2f} s at token {mid} to {gap_end:.2f} s at token {last}",
+       otherwise="the gap did not keep widening: the uncached steps were not clearly slower than the cached "
+                 "ones for the whole run. Look at the left panel: where the red line sits on the blue one, "
+                 "the gap stops growing. A run slowed by other programs in its second half can also do this; "
+                 "press Run again.")
+def uncached_wait_gap_widens(result: Any) -> dict:
+    curves = step_curves(frame_of(result))
+    arrival = curves.pivot(index="token", columns="cache", values="time_s")  # median run's arrival times
+    last = int(arrival.index.max())
+    mid = last // 2
+    gap = arrival["none"] - arrival["dynamic"]
+    gap_mid, gap_end = float(gap.loc[mid]), float(gap.loc[last])
+    return dict(none_s=float(arrival.at[last, "none"]), dynamic_s=float(arrival.at[last, "dynamic"]),
+                gap_mid=gap_mid, gap_end=gap_end, mid=mid, last=last,
+                holds=gap_mid > 0 and gap_end > 1.5 * gap_mid)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the measured slowdown ({ratio:.1f}×) stays below the work ratio ({work:.1f}×): per token processed, "
+            "the uncached step of token {late} ({late_n} tokens) cost {late_pp:.3f} ms, less than the step of "
+            "token {early} ({early_n} tokens) at {early_pp:.3f} ms",
+       otherwise="here the measured ratio reached the work ratio: the late steps cost as much per token as the "
+                 "early ones. That happens once a pass holds enough tokens to keep the machine busy (a long "
+                 "prompt, a larger model), or when other programs slowed the late steps; press Run again.")
+def measured_slowdown_below_work(result: Any) -> dict:
+    r = _row(result, "none")
+    return dict(ratio=r.measured_ratio, work=r.work_ratio, late=int(r.late_token), early=int(r.early_token),
+                late_n=int(r.late_tokens_processed), early_n=int(r.early_tokens_processed),
+                late_pp=r.late_ms_per_token_processed, early_pp=r.early_ms_per_token_processed,
+                holds=r.measured_ratio < r.work_ratio)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="a cached step, which pushes one token through the model, cost {cached:.2f} ms per token; the "
+            "uncached steps of tokens {early} and {late}, with {early_n} and {late_n} tokens in one pass, cost "
+            "{early_pp:.3f} and {late_pp:.3f} ms per token: at least {times:.0f}× less",
+       otherwise="here a pass over many tokens did not cost clearly less per token than a pass over one. "
+                 "That is unusual; check that the run used one thread (frame.attrs) and press Run again.")
+def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
+    none, cached = _row(result, "none"), _row(result, "dynamic")
+    one = float(cached.early_ms_per_token_processed)
+    worst = max(none.early_ms_per_token_processed, none.late_ms_per_token_processed)
+    return dict(cached=one, early=int(none.early_token), late=int(none.late_token),
+                early_n=int(none.early_tokens_processed), late_n=int(none.late_tokens_processed),
+                early_pp=none.early_ms_per_token_processed, late_pp=none.late_ms_per_token_processed,
+                times=one / worst, holds=one > 2 * worst)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the line through the uncached steps meets zero context at {fixed:.1f} ms ({times:.1f}× a whole cached "
+            "step of {cached:.2f} ms), and each token of context adds {slope:.3f} ms: what every pass pays, "
+            "whatever it holds, weighs as much as {worth} tokens of context",
+       otherwise="here the line's fixed part is well below a whole cached step. With a long prompt, attention "
+                 "over every pair of tokens in a pass makes the curve bend upwards and the line meets zero low; "
+                 "more often, the load of the machine changed during the run, and the line, which extends the "
+                 "measured steps down to zero context, tilted with it (press Run again with repeats at 3). "
+                 "The cost per token processed, above, does not depend on a line.")
+def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
+    frame = frame_of(result)
+    fit = slowdown_fit(frame).set_index("cache")
+    cached = float(_row(result, "dynamic").early_step_ms)
+    fixed = float(fit.loc["none", "fixed_ms"])
+    slope = float(fit.loc["none", "us_per_context_token"]) / 1e3
+    if fixed <= 0:
+        worth = "no"
+    else:  # steps that do not grow at all: the whole step is paid per pass
+        worth = f"{fixed / slope:.0f}" if slope > 0 else "any number of"
+    return dict(fixed=fixed, cached=cached, times=fixed / cached, slope=slope, worth=worth,
+                holds=fixed > 0.5 * cached)
+
+
+# -- with a cache, at long context (run_context_steps) --------------------------------------------------------
+@claim(NOTEBOOK, clock="wall",
+       says="with a cache, a step at a context of {long} tokens took {ratio:.2f}× a step at {short} tokens "
+            "({short_ms:.2f} → {long_ms:.2f} ms): the K/V the step reads grew from {short_mb:.2f} to "
+            "{long_mb:.2f} MB",
+       otherwise="here the cached steps at long context were not clearly slower than at short context. On a GPU "
+                 "a model this small waits for Python and kernel launches, and reading a few MB of K/V takes "
+                 "microseconds; on a CPU, other programs slowing the short-context steps can hide it (raise "
+                 "repeats and run again).")
+def cached_steps_grow_at_long_context(result: Any) -> dict:
+    """With a cache, attention still reads every stored K/V each step: at a long context it shows in step time."""
+    s = context_step_summary(frame_of(result))
+    short, long = s.iloc[0], s.iloc[-1]
+    return dict(short=int(short.context), long=int(long.context), ratio=float(long.vs_shortest),
+                short_ms=float(short.step_ms), long_ms=float(long.step_ms), short_mb=float(short.kv_mb_read),
+                long_mb=float(long.kv_mb_read), holds=long.vs_shortest > 1.15)

@@ -1,0 +1,1 @@
+"""Lesson 02 · The KV cache: everything notebooks/02_kv_cache.ipynb runs."""

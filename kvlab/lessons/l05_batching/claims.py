@@ -1,0 +1,381 @@
+"""Claims of notebook 05 (batching): static vs continuous on the same requests, and the batch-wait knob.
+
+Wall claims read the learner's runs on the real model; deterministic ones read the same schedules
+priced by a ``FixedStepCostExecutor`` on the virtual clock.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+
+from .batching import batching_table
+from ...runs.serving_run import ServingRun
+from ..common.claims import claim, frame_of
+
+NOTEBOOK = "05_batching.ipynb"
+
+
+def _table(result: Any) -> pd.DataFrame:
+    """One row per run, indexed by label: a table (``batching_table``/``runs_table``) or a list of ServingRuns."""
+    if isinstance(result, pd.DataFrame):
+        return result.set_index("run", drop=False)
+    return batching_table(list(result)).set_index("run", drop=False)
+
+
+def _policies(result: Any, lengths: str) -> tuple[pd.Series, pd.Series]:
+    """The continuous and the static run's rows for ``lengths`` ("mixed" or "equal")."""
+    t = _table(result)
+    return t.loc[f"continuous, {lengths} lengths"], t.loc[f"static, {lengths} lengths"]
+
+
+def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
+    return {(r.extra["policy"], r.extra["lengths"]): r for r in result}
+
+
+# -- the panel's runs (wall clock) --------------------------------------------------------------------------
+@claim(NOTEBOOK, clock="wall",
+       says="a decode step for {b} sequences took {times:.2f}× as long as a decode step for one (medians of {nb} "
+            "and {n1} steps): {b} sequences for far less than {b} times the price",
+       otherwise="here a step for several sequences cost about as much as that many single steps. On a CPU "
+                 "already busy with other programs each step's time is mostly noise: press Run again; with "
+                 "equal lengths there are no one-sequence steps to compare.")
+def a_batched_step_costs_less_than_separate_steps(result: Any) -> dict:
+    frame = frame_of(result)
+    trace = frame.attrs["trace"] if isinstance(frame, pd.DataFrame) else frame.trace
+    decode = trace[trace["num_prefill_seqs"] == 0]
+    b = int(decode["num_seqs"].max())
+    big, one = decode[decode["num_seqs"] == b]["duration_s"], decode[decode["num_seqs"] == 1]["duration_s"]
+    if b < 2 or not len(one):
+        raise ValueError("this run has no decode steps with one sequence and with several to compare")
+    times = float(big.median() / one.median())
+    return dict(b=b, times=times, nb=len(big), n1=len(one), holds=times < b / 2)
+
+
+MIN_MARGIN = 0.05  # the gain a policy must show at the least, and all it must show when the run has no equal pair
+
+
+def _noise(t: pd.DataFrame) -> float | None:
+    """How far apart the equal-length pair's throughputs were (a share): their schedules are identical, so that
+    is the machine's noise in this very run. None when the run has no equal-length pair."""
+    if not {"continuous, equal lengths", "static, equal lengths"} <= set(t.index):
+        return None
+    c, s = (t.loc[f"{p}, equal lengths", "output_tokens_per_s"] for p in ("continuous", "static"))
+    return float(abs(c - s) / max(c, s))
+
+
+def _margin(t: pd.DataFrame) -> tuple[float, str]:
+    """The margin a mixed-length gain must beat, and the words for where it comes from."""
+    noise = _noise(t)
+    if noise is None:
+        return MIN_MARGIN, f"kvlab's fixed margin of {MIN_MARGIN:.0%} (this run has no equal-length pair)"
+    return max(noise, MIN_MARGIN), (f"the {noise:.0%} by which the equal-length pair, whose schedules are "
+                                    "identical, differed")
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="with mixed lengths, continuous batching delivered {times:.2f}× the output tokens per second of static "
+            "batching ({c:.0f} against {s:.0f}), in {c_steps} steps instead of {s_steps}: a gain beyond {noise}",
+       otherwise="the gain was no larger than the machine's own noise. The schedules are fixed (count the steps), "
+                 "so the difference is the machine: when other programs share it, one run can be slowed more "
+                 "than another, and the equal-length pair shows by how much. Run the cell again on a quieter "
+                 "machine; the exact runs below show the policies without the noise.")
+def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
+    c, s = _policies(result, "mixed")
+    times = float(c["output_tokens_per_s"] / s["output_tokens_per_s"])
+    margin, noise = _margin(_table(result))
+    return dict(times=times, c=c["output_tokens_per_s"], s=s["output_tokens_per_s"], c_steps=int(c["steps"]),
+                s_steps=int(s["steps"]), noise=noise, holds=times > 1 + margin)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="with mixed lengths, the median request got its first token after {c:.0f} ms with continuous batching "
+            "and {s:.0f} ms with static batching (TTFT p50, n = {n} each): sooner by more than {noise}",
+       otherwise="the median first token did not come sooner by more than the machine's own noise. The order in "
+                 "which slots free up is the same on every machine (the exact runs below), so one run was slowed "
+                 "by other programs more than the other: run the cell again.")
+def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
+    c, s = _policies(result, "mixed")
+    margin, noise = _margin(_table(result))
+    return dict(c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]), noise=noise,
+                holds=c["ttft_p50_s"] * (1 + margin) < s["ttft_p50_s"])
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="with equal lengths both policies ran the same {steps} steps at {mb:.2f} sequences per step; their "
+            "output tokens per second differed by {diff:.0%}, which is the machine, not the policy",
+       otherwise="with equal lengths the two schedules differed. They should not: every request arrives at once "
+                 "and finishes in the same step. A changed workload (arrivals, lengths) explains it.")
+def equal_lengths_same_schedule(result: Any) -> dict:
+    c, s = _policies(result, "equal")
+    diff = abs(c["output_tokens_per_s"] - s["output_tokens_per_s"]) / max(c["output_tokens_per_s"],
+                                                                        s["output_tokens_per_s"])
+    return dict(steps=int(c["steps"]), mb=c["mean_batch"], diff=diff,
+                holds=c["steps"] == s["steps"] and abs(c["mean_batch"] - s["mean_batch"]) < 1e-9)
+
+
+# -- the same runs on a fixed step cost (virtual clock) ------------------------------------------------------
+@claim(NOTEBOOK, clock="deterministic",
+       says="each static run took exactly the sum over its batches of the longest output: {counts}",
+       otherwise="a static run's step count differs from the hand count: the requests were not batched in "
+                 "order, max_seqs at a time, or a batch admitted a request before its last member finished.")
+def static_steps_are_the_sum_of_longest_outputs(result: Sequence[ServingRun]) -> dict:
+    parts, holds = [], True
+    for run in result:
+        if run.extra.get("policy") != "static":
+            continue
+        size = int(run.settings["max_seqs"])
+        outputs = [r.max_new_tokens for r in run.records]
+        by_hand = sum(max(outputs[i:i + size]) for i in range(0, len(outputs), size))
+        parts.append(f"{run.extra['lengths']} lengths {len(run.trace)} steps = {by_hand} by hand")
+        holds = holds and len(run.trace) == by_hand
+    return dict(counts="; ".join(parts), holds=holds and bool(parts))
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="equal lengths: both policies ran {steps} steps at {mb:.2f} sequences per step, and their TTFT p50 "
+            "({c:.0f} and {s:.0f} ms, n = {n} each) and output ({ct:.1f} and {st:.1f} tokens/s) are the same",
+       otherwise="with equal lengths the two policies did different things: check that every request arrives at "
+                 "once and asks for the same number of tokens.")
+def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
+    c, s = _policies(result, "equal")
+    same = all(abs(c[k] - s[k]) < 1e-9 for k in ("steps", "mean_batch", "ttft_p50_s", "output_tokens_per_s"))
+    return dict(steps=int(c["steps"]), mb=c["mean_batch"], c=c["ttft_p50_s"] * 1e3, s=s["ttft_p50_s"] * 1e3,
+                n=int(c["ttft_n"]), ct=c["output_tokens_per_s"], st=s["output_tokens_per_s"], holds=same)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="mixed lengths: continuous batching ran {c_steps} steps at {c_mb:.2f} sequences per step, static "
+            "batching {s_steps} at {s_mb:.2f}; TTFT p50 {c_ttft:.0f} against {s_ttft:.0f} ms (n = {n} each), "
+            "output {c_tps:.1f} against {s_tps:.1f} tokens/s",
+       otherwise="continuous batching did not beat static batching on mixed lengths: with lengths this mixed, "
+                 "that means the scheduler did not refill freed slots.")
+def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> dict:
+    c, s = _policies(result, "mixed")
+    holds = (c["steps"] < s["steps"] and c["mean_batch"] > s["mean_batch"] and c["ttft_p50_s"] < s["ttft_p50_s"]
+             and c["output_tokens_per_s"] > s["output_tokens_per_s"])
+    return dict(c_steps=int(c["steps"]), c_mb=c["mean_batch"], s_steps=int(s["steps"]), s_mb=s["mean_batch"],
+                c_ttft=c["ttft_p50_s"] * 1e3, s_ttft=s["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]),
+                c_tps=c["output_tokens_per_s"], s_tps=s["output_tokens_per_s"], holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="mixed lengths: continuous batching ran all {c_waiting} of its steps that had requests waiting with "
+            "every one of its {size} slots busy; static batching ran {s_idle} of its {s_waiting} such steps with "
+            "empty slots",
+       otherwise="continuous batching left a slot empty while a request waited: the token budget per step "
+                 "(max_batch_tokens) or the KV cache, not the slots, was the limit in that step.")
+def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[ServingRun]) -> dict:
+    runs = _runs(result)
+    c, s = runs["continuous", "mixed"].trace, runs["static", "mixed"].trace
+    size = int(runs["continuous", "mixed"].settings["max_seqs"])
+    c_wait, s_wait = c[c["num_waiting"] > 0], s[s["num_waiting"] > 0]
+    c_idle, s_idle = int((c_wait["num_seqs"] < size).sum()), int((s_wait["num_seqs"] < size).sum())
+    return dict(c_waiting=len(c_wait), size=size, s_idle=s_idle, s_waiting=len(s_wait),
+                holds=c_idle == 0 and s_idle > 0)
+
+
+# -- the batch-wait knob on the real model (wall clock) ------------------------------------------------------
+def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
+    """The static runs sorted by their wait, and the continuous run."""
+    t = _table(result)
+    static = t[t["policy"] == "static"].sort_values("batch_wait_s")
+    return static, t[t["policy"] == "continuous"].iloc[0]
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="continuous batching's median first token came after {c:.0f} ms, no later than the static runs' "
+            "({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each)",
+       otherwise="a static run's median first token came clearly sooner than continuous batching's. Continuous "
+                 "batching starts each request at the next step, so that is the machine: a run slowed by "
+                 "other programs. Run the cell again.")
+def continuous_answers_first_under_a_trickle(result: Any) -> dict:
+    static, c = _knob(result)
+    best = static["ttft_p50_s"].min()
+    # "no later": a static run that never makes anyone wait (a fast machine, no wait) ties with it, up to noise
+    return dict(c=c["ttft_p50_s"] * 1e3, lo=best * 1e3, hi=static["ttft_p50_s"].max() * 1e3,
+                n=int(c["ttft_n"]), holds=c["ttft_p50_s"] <= 1.25 * best + 0.001)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="waiting up to {w:.0f} ms instead of not at all took static batches from {mb0:.2f} to {mbw:.2f} "
+            "sequences per step and the median first token from {t0:.0f} to {tw:.0f} ms (n = {n} each)",
+       otherwise="the longest wait did not both fill the batches and delay the first tokens. On a machine so slow "
+                 "that requests pile up anyway, batches fill without waiting, and the wait costs nothing extra.")
+def waiting_fills_batches_but_delays_first_tokens(result: Any) -> dict:
+    static, _ = _knob(result)
+    first, last = static.iloc[0], static.iloc[-1]
+    return dict(w=last["batch_wait_s"] * 1e3, mb0=first["mean_batch"], mbw=last["mean_batch"],
+                t0=first["ttft_p50_s"] * 1e3, tw=last["ttft_p50_s"] * 1e3, n=int(last["ttft_n"]),
+                # "delays": by half again at the least (a fixed margin; the run records no repeat spread)
+                holds=last["mean_batch"] > first["mean_batch"] and last["ttft_p50_s"] > 1.5 * first["ttft_p50_s"])
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="continuous batching ran {c:.2f} sequences per step and {ct:.0f} tokens per busy second; static "
+            "batching that waited up to {w:.0f} ms ran {s:.2f} and {st:.0f}",
+       otherwise="continuous batching ran batches as full as the longest static wait: on this machine requests "
+                 "arrived faster than they were served, so they queued and every freed slot was refilled at "
+                 "once. Under a lighter trickle (rate=4.0) its batches shrink again.")
+def continuous_batches_only_what_has_arrived(result: Any) -> dict:
+    static, c = _knob(result)
+    last = static.iloc[-1]
+    return dict(c=c["mean_batch"], ct=c["tokens_per_busy_s"], w=last["batch_wait_s"] * 1e3, s=last["mean_batch"],
+                st=last["tokens_per_busy_s"], holds=c["mean_batch"] < last["mean_batch"])
+
+
+# -- the batch-wait knob on a fixed step cost (virtual clock) ------------------------------------------------
+def _series(values, fmt: str) -> str:
+    return ", ".join(format(v, fmt) for v in values)
+
+
+def _rising(values) -> bool:
+    """Never falling (up to float noise: equal schedules sum their step costs in different orders) and up overall."""
+    v = [float(x) for x in values]
+    return all(b >= a - 1e-9 * abs(a) for a, b in zip(v, v[1:])) and v[-1] > v[0] * (1 + 1e-9)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="static batching waiting up to {waits} ms: sequences per step {mb}; tokens per busy second {tp}; "
+            "TTFT p50 {ttft} ms (n = {n} each): no longer wait gave emptier batches or sooner first tokens",
+       otherwise="a longer wait did not give fuller batches and later first tokens: check the arrival rate "
+                 "against the waits (a wait shorter than the gap between arrivals changes nothing).")
+def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
+    static, _ = _knob(result)
+    holds = (_rising(static["mean_batch"]) and _rising(static["tokens_per_busy_s"])
+             and _rising(static["ttft_p50_s"]))
+    return dict(waits=_series(static["batch_wait_s"] * 1e3, ".0f"), mb=_series(static["mean_batch"], ".2f"),
+                tp=_series(static["tokens_per_busy_s"], ".0f"), ttft=_series(static["ttft_p50_s"] * 1e3, ".0f"),
+                n=int(static["ttft_n"].iloc[0]), holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="continuous batching: TTFT p50 {c_ttft:.0f} ms (n = {n}), no later than any static run's, but only "
+            "{c:.2f} sequences per step and {ct:.0f} tokens per busy second, against {s:.2f} and {st:.0f} for the "
+            "longest static wait",
+       otherwise="continuous batching ran batches as full as the longest static wait: requests arrived faster "
+                 "than one is served, so they queued. Lower the rate or the step cost to see the trickle again.")
+def exact_continuous_batches_stay_small_under_a_trickle(result: Any) -> dict:
+    static, c = _knob(result)
+    last = static.iloc[-1]
+    holds = (c["ttft_p50_s"] <= static["ttft_p50_s"].min() + 1e-9 and c["mean_batch"] < last["mean_batch"]
+             and c["tokens_per_busy_s"] < last["tokens_per_busy_s"])
+    return dict(c_ttft=c["ttft_p50_s"] * 1e3, n=int(c["ttft_n"]), c=c["mean_batch"], ct=c["tokens_per_busy_s"],
+                s=last["mean_batch"], st=last["tokens_per_busy_s"], holds=holds)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="over each whole run, every policy delivered between {lo:.0f} and {hi:.0f} output tokens per second, "
+            "though its fullest batches did {best:.0f} per busy second: requests came no faster, so the arrivals, "
+            "not the batches, set the pace",
+       otherwise="here the policies' throughputs differ by more than a fifth, or come close to what full batches "
+                 "can do: the machine (here, the step price) is saturated, requests queue, and fuller batches "
+                 "now buy throughput.")
+def exact_arrivals_set_the_pace(result: Any) -> dict:
+    t = _table(result)
+    lo, hi = float(t["output_tokens_per_s"].min()), float(t["output_tokens_per_s"].max())
+    best = float(t["tokens_per_busy_s"].max())
+    return dict(lo=lo, hi=hi, best=best, holds=hi < 1.2 * lo and hi < 0.5 * best)
+
+
+# -- why batching works: one decode step against the batch size (wall clock) --------------------------------
+def _decode_rows(result: Any) -> pd.DataFrame:
+    """The decode table of a ``BatchScaling`` (or the table itself), indexed by batch size."""
+    return getattr(result, "decode", result).set_index("batch", drop=False).sort_index()
+
+
+def _ms_series(d: pd.DataFrame, column: str, sizes) -> str:
+    return ", ".join(f"{d.loc[b, column] * 1e3:.2f} ms at batch {b}" for b in sizes)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="a decode step stayed under twice the time of a one-sequence step up to batch {flat} ({series}; medians "
+            "of {n} steps each): {flat} sequences for at most twice the price of one",
+       otherwise="already a small batch cost twice a single step. On a machine busy with other programs single "
+                 "steps jump by milliseconds: look at the band around the curve (p25-p75) and run the cell "
+                 "again. A machine whose arithmetic is slow next to its memory reaches the compute floor early "
+                 "(where the two dashed lines cross).")
+def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
+    d = _decode_rows(result)
+    one = d["step_s"].iloc[0]
+    if d.index[0] != 1:
+        raise ValueError("this run has no batch of 1 to compare with")
+    flat = 1
+    for b in d.index[1:]:
+        if d.loc[b, "step_s"] >= 2 * one:
+            break
+        flat = int(b)
+    shown = [b for b in d.index if b <= max(flat * 2, 2)]
+    return dict(flat=flat, series=_ms_series(d, "step_s", shown), n=int(d["n"].iloc[0]), holds=flat >= 4)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="one step for {big} sequences took {times:.1f}× the time of a step for one, not {big}×: each sequence's "
+            "token cost {seq1:.2f} ms alone and {seqb:.3f} ms in the batch of {big}",
+       otherwise="the step grew almost in proportion to the batch: every step was slowed by something else (a "
+                 "busy machine) or the machine computes so slowly that even small batches are bound by "
+                 "arithmetic. Run the cell again and compare with the compute floor in the figure.")
+def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
+    d = _decode_rows(result)
+    big = int(d.index[-1])
+    times = float(d.loc[big, "step_s"] / d.loc[1, "step_s"])
+    return dict(big=big, times=times, seq1=d.loc[1, "per_seq_s"] * 1e3, seqb=d.loc[big, "per_seq_s"] * 1e3,
+                holds=big >= 4 and times < big / 4)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="a one-sequence step read its {mib:.1f} MiB of weights (plus the stored K/V) at {got:.1f} GB/s, "
+            "{share:.0%} of the {bw:.1f} GB/s this machine's memory delivered in the same run: even one sequence's "
+            "step is not at the memory floor; the rest is the fixed cost of running each operation",
+       otherwise="the step read its weights faster than the bandwidth measured here. The weights are small enough "
+                 "to stay in the processor's cache between steps, which is faster than the main memory the "
+                 "bandwidth test reads (a 256 MB matrix): on a model this small, the memory floor is not the "
+                 "main memory's.")
+def batch_one_decode_reads_below_the_bandwidth(result: Any) -> dict:
+    d = _decode_rows(result)
+    bw = float(result.machine["bandwidth_GBps"])
+    got = float(d.loc[1, "achieved_GBps"])
+    return dict(mib=d.loc[1, "weight_bytes"] / 2**20, got=got, share=got / bw, bw=bw, holds=got < bw)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="{k} prompts prefilled in one batch all had their first token after {b:.1f} ms; one by one, the last "
+            "waited {s:.1f} ms (medians of {n} runs)",
+       otherwise="one batched prefill took about as long as the prompts one after the other: a prompt of this "
+                 "length already keeps the machine's arithmetic busy, so there is nothing left to share. Try "
+                 "shorter prompts (prefill_tokens=8), or run again on a quieter machine.")
+def batched_prompts_all_get_first_tokens_sooner(result: Any) -> dict:
+    p = result.prefill.set_index("way")
+    b, s = p.loc["batched", "all_first_s"], p.loc["one by one", "all_first_s"]
+    return dict(k=int(p.loc["batched", "prompts"]), b=b * 1e3, s=s * 1e3, n=int(p.loc["batched", "n"]),
+                holds=b < 0.8 * s)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the first prompt pays for the batch: alone it had its first token after {alone:.1f} ms, in the batch "
+            "after {batched:.1f} ms",
+       otherwise="the first prompt got its first token as soon in the batch as alone: the batched prefill cost "
+                 "no more than a single one, so the machine had room for all of them at once.")
+def first_prompt_waits_for_the_batch(result: Any) -> dict:
+    p = result.prefill.set_index("way")
+    alone, batched = p.loc["one by one", "first_ttft_s"], p.loc["batched", "first_ttft_s"]
+    return dict(alone=alone * 1e3, batched=batched * 1e3, holds=batched > 1.2 * alone)
+
+
+@claim(NOTEBOOK, clock="wall", asserts=False,
+       says="the weight products alone took {products:.2f} ms of a {step:.2f} ms one-sequence step ({share:.0%}): "
+            "{regime}",
+       otherwise="the run has no one-sequence step or no timing of its weight products to compare.")
+def batched_step_regime(result: Any) -> dict:
+    """Shown, not asserted: which of the two costs a batch shares dominates this run's step. Both outcomes are
+    real regimes (a small model on a CPU: per-operation overhead; a 7B model on a GPU: reading the weights)."""
+    d = _decode_rows(result)
+    step_ms = float(d.loc[1, "step_s"]) * 1e3
+    products_ms = float(result.machine["products_ms"])
+    share = products_ms / step_ms
+    regime = ("on your run the saving from batching comes mostly from the per-operation overhead (starting each "
+              "small operation, the Python between them, attention and the cache), paid once per step whatever "
+              "the batch" if share < 0.5 else
+              "on your run the saving from batching comes mostly from reading the weights once for the whole "
+              "batch instead of once per sequence")
+    return dict(products=products_ms, step=step_ms, share=share, regime=regime, holds=True)

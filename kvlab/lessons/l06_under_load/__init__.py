@@ -1,0 +1,1 @@
+"""Lesson 06 · Under load: everything notebooks/06_under_load.ipynb runs."""

@@ -1,0 +1,115 @@
+"""Exercises of notebook 06 (under load): checkers, their questions and folded solutions."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..common.exercises import Feedback, check_function, exercise, multiple_choice
+
+
+EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves
+    dict(offered=[1, 2, 3, 4, 5], throughput_ratio=[1.0, 0.99, 0.97, 0.8, 0.6], ttft_p95=[0.1, 0.2, 0.9, 5, 9],
+         slo_ttft_s=2.0),
+    dict(offered=[1, 2, 3, 4, 5], throughput_ratio=[1.0, 0.99, 0.97, 0.8, 0.6], ttft_p95=[0.1, 0.2, 0.9, 5, 9],
+         slo_ttft_s=0.5),
+    dict(offered=[0.5, 1, 2], throughput_ratio=[0.95, 0.94, 0.93], ttft_p95=[3.0, 4.0, 5.0], slo_ttft_s=1.0),
+    dict(offered=[0.5, 1, 2], throughput_ratio=[1.0, 1.0, 0.99], ttft_p95=[0.1, 0.1, 0.2], slo_ttft_s=1.0),
+    dict(offered=[1, 2, 3, 4], throughput_ratio=[1.0, 0.85, 0.95, 0.95], ttft_p95=[0.1, 0.2, 0.2, 0.2],
+         slo_ttft_s=1.0),
+)
+
+
+def _knee_06(offered, throughput_ratio, ttft_p95, slo_ttft_s):
+    from ...serving.sweep import find_knee
+
+    keeps = [r >= 0.9 and t <= slo_ttft_s for r, t in zip(throughput_ratio, ttft_p95)]
+    i = find_knee(offered, keeps)
+    return None if i is None else offered[i]
+
+
+def _knee_06_last_ok(offered, throughput_ratio, ttft_p95, slo_ttft_s):  # a wrong answer: the last level that keeps up
+    ok = [x for x, r, t in zip(offered, throughput_ratio, ttft_p95) if r >= 0.9 and t <= slo_ttft_s]
+    return ok[-1] if ok else None
+
+
+@exercise("06_under_load.ipynb", solution=_knee_06, wrong=_knee_06_last_ok,
+          title='find the knee',
+          question="""Write `knee(offered, throughput_ratio, ttft_p95, slo_ttft_s)`: the lists give one value per load
+level, in rising order of load. Return the offered load of the knee as defined above (a level
+keeps up when `throughput_ratio >= 0.9` and `ttft_p95 <= slo_ttft_s`), or `None` when the first
+level already fails or no level fails.""",
+          code="""def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
+    return None   # your code here
+
+answer = None   # replace None with your function: answer = knee
+check_knee(answer)""",
+          explanation="""Walk up the levels and stop at the first that does not keep up; the knee is the one before it.
+
+```python
+def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
+    last_ok = None
+    for load, ratio, p95 in zip(offered, throughput_ratio, ttft_p95):
+        if ratio < 0.9 or p95 > slo_ttft_s:
+            return last_ok          # None if the very first level fails
+        last_ok = load
+    return None                     # never failed: the knee lies beyond the loads tried
+
+answer = knee
+```
+`kvlab.serving.sweep.find_knee` and `mark_knee` do the same on a sweep's table.""")
+def check_knee(answer: Any) -> Feedback:
+    """A function knee(offered, throughput_ratio, ttft_p95, slo_ttft_s) -> the knee's offered load, or None."""
+    cases = [(c, _knee_06(**c)) for c in EX06_CURVES]
+
+    def explain(kwargs: dict, got: Any, expected: Any) -> str:
+        if expected is None and got is not None:
+            return ("expected None: either the lowest load already fails (no load is safe) or no level fails "
+                    "(the knee lies beyond the loads tried).")
+        if got == _knee_06_last_ok(**kwargs):
+            return ("that is the last level that keeps up, but the curve broke earlier: the knee is the level "
+                    f"just before the FIRST one that fails ({expected}).")
+        return (f"expected {expected}: walk up the loads; a level keeps up when achieved/offered >= 0.9 and p95 "
+                "TTFT <= the SLO; the knee is the level just before the first that does not.")
+
+    return check_function(answer, cases, what="knee", explain=explain)
+
+
+check_ab_reading = multiple_choice(
+    "06_under_load.ipynb", "check_ab_reading",
+    title='reading the A/B example',
+    stem="""The A/B example ran both rules at two loads. Overloaded, B (decode first, 64 tokens per step)
+streamed more output tokens per second than A (prefill first) and produced each answer's tokens far
+faster once it had started; but B's p95 time to first token was higher. Why does B's first token
+come later?""",
+    options={
+        "a": ("the gap is noise: run the cell again and the order may reverse;",
+              "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
+              "(a test checks it). The difference comes from the two scheduling rules."),
+        "b": ("B serves the running answers first: a waiting prompt gets only what is left of each step's 64 "
+              "tokens, so it takes many steps;", None),
+        "c": ("B completes fewer requests in the minute, so more of them wait in its queue;",
+              "B completes more requests in the minute, not fewer (its throughput is the higher one). Its first "
+              "tokens come later because of how each step's tokens are shared out, not because of a longer "
+              "queue of unfinished work."),
+        "d": ("a faster stream always means a later start: TTFT and TPOT are two views of one clock, and any rule "
+              "that lowers one raises the other.",
+              "they are different clocks, and no law ties them: below capacity both rules keep up within the TTFT "
+              "target. The trade appears only once requests wait, and it comes from what each rule does with a "
+              "step's tokens."),
+    },
+    correct="b", wrong_example="d",
+    confirm="decode first spends each step's 64-token budget on the running answers' next tokens before any "
+            "prompt, so a long document's prompt is computed a few tokens per step and its first token comes "
+            "late; prefill first runs a waiting prompt at once and pauses every running answer. The same budget "
+            "buys B its steady streams and its later starts.",
+    code="""answer = None   # "a", "b", "c" or "d"
+check_ab_reading(answer)""",
+    explanation="""```python
+answer = "b"
+```
+Under B every step first carries one token of each running answer, and prompts share what is left
+of the 64-token budget: a long document's prompt is spread over many steps, so its first token
+comes late, while the answers already started never pause. Under A a waiting prompt always gets
+the next step: its first token comes soon, and every running answer pauses meanwhile. (a) the run
+is in virtual time on a cost model: the same numbers every time; (c) B completes more requests in
+the minute, not fewer; (d) TTFT and TPOT are different clocks: below capacity both rules keep up
+within the TTFT target, and the trade appears only once requests wait.""")

@@ -1,0 +1,230 @@
+"""Claims of notebook 09 (measure a real server), checked on the learner's measurements over the wire.
+
+The seeded schedule of requests is the same on every machine (deterministic); what the server
+made of it, the window, the achieved rate, the waits and the rejections (429), is measured (wall).
+The server and load generator need kvlab's "serve" extra (httpx, FastAPI, uvicorn), which
+notebook 09 installs in its first cell: this module imports them only inside the one measure that
+reads them (``kvlab_knee_beyond_transformers``), so ``kvlab.lessons`` imports without them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..common.checks import rises_at_every_level, series
+from ..common.claims import claim
+
+NOTEBOOK = "09_measure_a_real_server.ipynb"
+LOOPBACK_GOAL_MS = 5.0  # kvlab's goal for what HTTP + streaming add to TTFT on loopback (benchmarks.http_overhead)
+
+
+# -- what the wire adds ---------------------------------------------------------------------------------
+
+@claim(NOTEBOOK, clock="wall",
+       says="HTTP and streaming added {p50:.2f} ms to the median first token (p90 {p90:.2f} ms, n={n} requests), "
+            "within kvlab's loopback goal of {goal:.0f} ms; the engine's own median TTFT was {engine:.2f} ms",
+       otherwise="the overhead passed the goal. On loopback it is the server's event loop and the client "
+                 "competing for the same cores as the engine: close other programs and run the cell again.")
+def wire_adds_little_on_loopback(side: pd.DataFrame) -> dict:
+    ms = side["ttft_overhead_s"].to_numpy(dtype=float) * 1e3
+    p50 = float(np.median(ms))
+    return dict(p50=p50, p90=float(np.quantile(ms, 0.9)), n=int(ms.size), goal=LOOPBACK_GOAL_MS,
+                engine=float(side["engine_ttft_s"].median() * 1e3), holds=p50 <= LOOPBACK_GOAL_MS)
+
+
+# -- the service curve over the wire --------------------------------------------------------------------
+
+def _rows(curve: Any) -> pd.DataFrame:
+    table = getattr(curve, "frame", curve)  # a panel result or the table itself
+    if table is None or len(table) == 0:
+        raise ValueError("the service curve has no rows")
+    return table.sort_values("offered_rps").reset_index(drop=True)
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="the seeded Poisson schedule sends close to the offered rate, not exactly it: {parts}",
+       otherwise="at some rate the schedule strayed by more than a quarter from the offered rate. With few "
+                 "requests per rate a random draw of arrival times can bunch up or spread out; raise the seconds "
+                 "per rate. This is the client's schedule, not the server.")
+def seeded_schedule_sends_near_offered(curve: Any) -> dict:
+    t = _rows(curve)
+    parts = "; ".join(f"{int(r.sent)} requests over {r.scheduled_span_s:.2f} s at {r.offered_rps:g} req/s offered "
+                      f"({r.sent_rps:.1f} req/s sent)" for r in t.itertuples())
+    close = ((t["sent_rps"] / t["offered_rps"] - 1).abs() <= 0.25).all()
+    return dict(parts=parts, holds=bool(close) and bool((t["sent"] == t["num_requests"]).all()))
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="at {offered:g} req/s offered nothing was turned away: {sent} requests were sent over {span:.2f} s "
+            "({sent_rps:.1f} req/s), all {completed} completed, and the window ran on {drain:.2f} s past the last "
+            "arrival until the last answer ended, so achieved = {completed} / {window:.2f} s = {achieved:.1f} "
+            "req/s. The server kept up; the gap to {offered:g} is the draw and the drain",
+       otherwise="the window ran on long after the last arrival. Either the server was still working off a queue "
+                 "(at this rate it did not keep up, and the achieved rate is what it could serve), or the last "
+                 "answers were slow because the machine was busy. Run the panel again; if it persists, offer less.")
+def achieved_rate_below_offered_explained(curve: Any) -> dict:
+    t = _rows(curve)
+    clean = t[(t["rejected"] == 0) & (t["failed_other"] == 0) & (t["completed"] == t["sent"])]
+    if clean.empty:
+        raise ValueError("every offered rate had rejections or failures; there is no rate that was kept up with")
+    r = clean.iloc[-1]  # the highest rate with nothing turned away
+    return dict(offered=float(r.offered_rps), sent=int(r.sent), span=float(r.scheduled_span_s),
+                sent_rps=float(r.sent_rps), completed=int(r.completed), drain=float(r.drain_s),
+                window=float(r.window_s), achieved=float(r.requests_per_s),
+                holds=float(r.requests_per_s) >= 0.8 * float(r.sent_rps))
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="at {offered:g} req/s offered the full queue turned {rejected} of {sent} requests away with 429 at once; "
+            "{completed} completed, {achieved:.1f} req/s against {sent_rps:.1f} sent",
+       otherwise="nothing was turned away: this machine kept up with every rate offered (or the queue is long). "
+                 "Add 256 and 512 req/s in the panel to find where it stops.")
+def full_queue_turns_requests_away(curve: Any) -> dict:
+    r = _rows(curve).iloc[-1]
+    return dict(offered=float(r.offered_rps), rejected=int(r.rejected), sent=int(r.sent), completed=int(r.completed),
+                achieved=float(r.requests_per_s), sent_rps=float(r.sent_rps),
+                holds=int(r.rejected) > 0 and int(r.failed_other) == 0)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="TTFT p50 rose from {lo_ms:.1f} ms at {lo:g} req/s (n={n_lo}) to {hi_ms:.1f} ms at {hi:g} req/s "
+            "(n={n_hi}), {ratio:.1f}× as long, and fell at no rate in between ({levels} ms)",
+       otherwise="the wait did not grow clearly, or fell from one rate to the next: the highest rate was still "
+                 "within what this machine serves, or the machine's load changed between rates. Add higher "
+                 "rates in the panel, or run it again.")
+def wait_grows_past_capacity(curve: Any) -> dict:
+    """Rises at every rate (ties within ``checks.TIE``: rates below capacity give the same median wait up to
+    jitter) and by half again from the lowest to the highest."""
+    t = _rows(curve)
+    lo, hi = t.iloc[0], t.iloc[-1]
+    ratio = float(hi.ttft_p50_s) / float(lo.ttft_p50_s)
+    return dict(lo=float(lo.offered_rps), hi=float(hi.offered_rps), lo_ms=lo.ttft_p50_s * 1e3,
+                hi_ms=hi.ttft_p50_s * 1e3, n_lo=int(lo.ttft_n), n_hi=int(hi.ttft_n), ratio=ratio,
+                levels=series(t["ttft_p50_s"], "{:.1f}", 1e3),
+                holds=len(t) > 1 and ratio > 1.5 and rises_at_every_level(t["ttft_p50_s"]))
+
+
+# -- a second engine on the same weights: kvlab serve and transformers serve ---------------------------
+
+def _engine_rows(run: Any, need_both: bool = True) -> pd.DataFrame:
+    frame = getattr(run, "frame", run)  # a panel result, an EnginesRun or the frame itself
+    if frame is None or len(frame) == 0:
+        raise ValueError("the comparison has no rows")
+    if need_both and frame["engine"].nunique() < 2:
+        raise ValueError(frame.attrs.get("unavailable") or "only one engine was measured")
+    return frame
+
+
+def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
+    hit = t[(t["engine"] == engine) & (t["phase"] == phase)]
+    if hit.empty:
+        raise ValueError(f"no {phase} row of {engine}")
+    return hit.iloc[0]
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="every request of every measurement is accounted for: {sent} sent to the two servers, {completed} "
+            "completed, {failed} failed{reasons}, none left waiting",
+       otherwise="some request is unaccounted for (sent != completed + failed) or still waiting: the load client "
+                 "lost track of it. That is a bug of the client, not of a server: report it.")
+def two_engines_account_for_every_request(run: Any) -> dict:
+    t = _engine_rows(run, need_both=False)
+    reasons = "; ".join(r for r in t["failed_reasons"] if r)
+    return dict(sent=int(t["sent"].sum()), completed=int(t["completed"].sum()), failed=int(t["failed"].sum()),
+                reasons=f" ({reasons})" if reasons else "",
+                holds=bool((t["sent"] == t["completed"] + t["failed"] + t["waiting"]).all() and (t["waiting"] == 0).all()))
+
+
+@claim(NOTEBOOK, clock="deterministic",
+       says="both servers hold the same weights: asked greedily for the same prompt, each wrote {text!r}",
+       otherwise="the two servers wrote different greedy answers: they did not load the same weights or cut the "
+                 "prompt into different tokens (save the folder with save_shared_checkpoint).")
+def two_engines_same_weights(run: Any) -> dict:
+    t = _engine_rows(run)
+    answers = t.attrs.get("greedy") or {}
+    if len(answers) < 2:
+        raise ValueError("the run holds no greedy answers of both servers")
+    texts = list(answers.values())
+    return dict(text=texts[0] if len(set(texts)) == 1 else " vs ".join(map(repr, texts)), holds=len(set(texts)) == 1)
+
+
+def _cold_vs_warm(t: pd.DataFrame, engine: str) -> tuple[pd.Series, pd.Series]:
+    return _row(t, engine, "cold"), _row(t, engine, "warm")
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the first requests after transformers serve started waited longer than warm ones at the same rate: "
+            "TTFT p95 {cold_ms:.1f} ms cold (n={n_cold}) vs {warm_ms:.1f} ms warm (n={n_warm}), {ratio:.1f}×; "
+            "kvlab serve: {k_cold_ms:.1f} vs {k_warm_ms:.1f} ms",
+       otherwise="on your run the cold requests were not clearly slower. A first request pays for setting up "
+                 "the engine (transformers builds its paged cache and batch buffers on the first one); a busy "
+                 "machine can slow the warm ones as much. Run the panel again.")
+def cold_start_costs_the_first_requests(run: Any) -> dict:
+    t = _engine_rows(run)
+    cold, warm = _cold_vs_warm(t, "transformers serve")
+    k_cold, k_warm = _cold_vs_warm(t, "kvlab serve")
+    ratio = float(cold.ttft_p95_s) / float(warm.ttft_p95_s)
+    return dict(cold_ms=cold.ttft_p95_s * 1e3, warm_ms=warm.ttft_p95_s * 1e3, n_cold=int(cold.ttft_n),
+                n_warm=int(warm.ttft_n), ratio=ratio, k_cold_ms=k_cold.ttft_p95_s * 1e3,
+                k_warm_ms=k_warm.ttft_p95_s * 1e3, holds=ratio > 1.5)
+
+
+@claim(NOTEBOOK, clock="wall", asserts=False,
+       says="at low load, warm, the clocks of the two engines: {parts}",
+       otherwise="")
+def two_engines_at_low_load(run: Any) -> dict:
+    t = _engine_rows(run, need_both=False)
+    parts = "; ".join(f"{r.engine} TTFT p50 {r.ttft_p50_s * 1e3:.1f} ms, p95 {r.ttft_p95_s * 1e3:.1f} ms (n={r.ttft_n}), "
+                      f"TPOT p50 {r.tpot_p50_s * 1e3:.2f} ms (n={r.tpot_n})"
+                      for r in t[t["phase"] == "warm"].itertuples())
+    return dict(parts=parts, holds=True)
+
+
+def _shared_top_rate(t: pd.DataFrame) -> float:
+    s = t[t["phase"] == "sweep"]
+    rates = set.intersection(*(set(g["offered_rps"]) for _, g in s.groupby("engine")))
+    if not rates:
+        raise ValueError("no sweep rate was measured on both engines")
+    return max(rates)
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="under load each token costs transformers serve more: at {rate:g} req/s offered (mixture), TPOT p50 "
+            "{k_ms:.2f} ms on kvlab serve vs {t_ms:.2f} ms on transformers serve (n={k_n} and {t_n})",
+       otherwise="on your run kvlab's step was not the cheaper one at this load. Both engines batch every running "
+                 "request into each step; a busy machine slows whichever ran during the busy spell. Run it again.")
+def per_token_time_under_load(run: Any) -> dict:
+    t = _engine_rows(run)
+    rate = _shared_top_rate(t)
+    s = t[(t["phase"] == "sweep") & (t["offered_rps"] == rate)].set_index("engine")
+    k, tr = s.loc["kvlab serve"], s.loc["transformers serve"]
+    return dict(rate=rate, k_ms=k.tpot_p50_s * 1e3, t_ms=tr.tpot_p50_s * 1e3, k_n=int(k.tpot_n), t_n=int(tr.tpot_n),
+                holds=bool(k.tpot_p50_s < tr.tpot_p50_s))
+
+
+@claim(NOTEBOOK, clock="wall",
+       says="the knee (the highest rate with at least 90% served and TTFT p95 within {slo:g} s): {k} on kvlab serve, "
+            "{t} on transformers serve",
+       otherwise="on your run transformers serve kept up as far as kvlab serve (or further). Each engine's knee "
+                 "moves with the machine's load; add higher rates in the panel, or run it again.")
+def kvlab_knee_beyond_transformers(run: Any) -> dict:
+    from .two_engines import engine_knees
+
+    t = _engine_rows(run)
+    slo = t.attrs.get("settings", {}).get("slo_ttft_s", 1.0)
+    knees = engine_knees(t, slo)
+    top = {e: g["offered_rps"].max() for e, g in t[t["phase"] == "sweep"].groupby("engine")}
+
+    def say(e: str) -> str:
+        k = knees.get(e)
+        if k is None:
+            return "none of the rates"
+        return f"{k:g} req/s" + (" (the highest rate offered: its knee is there or beyond)" if k == top[e] else "")
+
+    k, tr = knees.get("kvlab serve"), knees.get("transformers serve")
+    if all(knees.get(e) == top[e] for e in ("kvlab serve", "transformers serve")):
+        raise ValueError("both engines kept up with every rate offered, so neither knee was reached; add higher rates")
+    return dict(slo=slo, k=say("kvlab serve"), t=say("transformers serve"),
+                holds=k is not None and (tr is None or k > tr))

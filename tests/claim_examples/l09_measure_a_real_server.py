@@ -1,0 +1,106 @@
+"""Claim examples of notebook 09 (measure a real server): measurements of kvlab's server on loopback, the schedule
+sent to a scripted server, the two-engine comparison; and those measurements edited so that each wall-clock
+sentence is false. They need kvlab's "serve" extra (httpx, FastAPI, uvicorn), imported only when one runs."""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvlab.lessons.l09_measure_a_real_server.claims import _rows
+
+from . import counterexample, example
+
+
+@lru_cache(maxsize=1)
+def _server():
+    """kvlab's server on loopback, started once for the examples (stopped when the interpreter exits)."""
+    from kvlab.lessons.l09_measure_a_real_server.wire import measure_at_client, start_server
+
+    server = start_server(max_waiting=8)
+    measure_at_client(server.url, num_requests=8, rate=8)  # warm, as the notebook's earlier sections leave it
+    return server
+
+
+@example("wire_adds_little_on_loopback")
+def _side(seed: int = 0) -> pd.DataFrame:
+    from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine
+
+    return client_vs_engine(_server().url, num_requests=12, rate=10, seed=seed)
+
+
+@example("achieved_rate_below_offered_explained", "full_queue_turns_requests_away", "wait_grows_past_capacity")
+def _curve(seed: int = 0) -> pd.DataFrame:
+    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
+
+    return wire_service_curve(_server().url, rates=(8, 128), duration_s=1.0, seed=seed)
+
+
+@example("seeded_schedule_sends_near_offered")
+@lru_cache(maxsize=1)
+def _scheduled_curve() -> pd.DataFrame:
+    """The notebook's rates and seconds per rate, sent to the scripted server (no model): only the schedule matters."""
+    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
+    from kvlab.http.local import ServerThread
+    from kvlab.http.testing import scripted_app
+
+    with ServerThread(scripted_app(ttft_s=0.002, gap_s=0.001)) as server:
+        return wire_service_curve(server.url, rates=(8, 32, 128), duration_s=1.5)
+
+
+@counterexample("wire_adds_little_on_loopback")
+def _wire_over_the_goal(side: pd.DataFrame) -> pd.DataFrame:  # HTTP and streaming add 8 ms to every request
+    side["ttft_overhead_s"] = 0.008
+    return side
+
+
+def _curve_edit(curve: Any, row: int, **values) -> pd.DataFrame:
+    t = _rows(curve)
+    for col, v in values.items():
+        t.loc[t.index[row], col] = v(t.loc[t.index[row]]) if callable(v) else v
+    return t
+
+
+@counterexample("achieved_rate_below_offered_explained")
+def _kept_up_but_slow(curve: Any) -> pd.DataFrame:  # at the rate kept up with, achieved half the sent rate
+    return _curve_edit(curve, 0, rejected=0, failed_other=0, completed=lambda r: r.sent,
+                       requests_per_s=lambda r: 0.5 * r.sent_rps)
+
+
+@counterexample("full_queue_turns_requests_away")
+def _nobody_turned_away(curve: Any) -> pd.DataFrame:  # the highest rate rejected nothing
+    return _curve_edit(curve, -1, rejected=0)
+
+
+@counterexample("wait_grows_past_capacity")
+def _wait_rises_then_falls(_example: Any) -> pd.DataFrame:  # TTFT p50 7 -> 60 -> 20 ms over three rates
+    return pd.DataFrame({"offered_rps": [8.0, 32.0, 128.0], "ttft_p50_s": [0.007, 0.060, 0.020],
+                         "ttft_n": [8, 32, 100]})
+
+
+@example("two_engines_account_for_every_request", "two_engines_same_weights", "cold_start_costs_the_first_requests",
+         "two_engines_at_low_load", "per_token_time_under_load", "kvlab_knee_beyond_transformers")
+@lru_cache(maxsize=1)
+def _engines() -> pd.DataFrame:
+    """Both servers on the lesson model, the notebook's settings at a smaller size (no transformers serve: kvlab alone)."""
+    from kvlab.lessons.l09_measure_a_real_server.two_engines import compare_engines
+
+    return compare_engines(low_rate=4, rates=(4, 16, 64), cold_requests=6, warmup=4, warm_requests=12,
+                           duration_s=1.5).frame
+
+
+@counterexample("cold_start_costs_the_first_requests")
+def _cold_as_fast_as_warm(engines: pd.DataFrame) -> pd.DataFrame:  # every TTFT p95 10 ms, cold or warm
+    return engines.assign(ttft_p95_s=0.010)
+
+
+@counterexample("per_token_time_under_load")
+def _same_token_time(engines: pd.DataFrame) -> pd.DataFrame:  # every TPOT p50 4 ms, on both engines
+    return engines.assign(tpot_p50_s=0.004)
+
+
+@counterexample("kvlab_knee_beyond_transformers")
+def _kvlab_served_half(engines: pd.DataFrame) -> pd.DataFrame:  # kvlab served half at every rate: no knee
+    return engines.assign(served=np.where(engines["engine"] == "kvlab serve", 0.5, 1.0))

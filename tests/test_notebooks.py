@@ -1,0 +1,84 @@
+"""Every notebook, executed once, and every check made on that one run.
+
+Each notebook's teacher's copy runs top to bottom once per session (``tests/notebook_run.py``), and
+these tests read that run: it raised nothing; every cell marked ``# NBVAL_CHECK_OUTPUT`` (a
+deterministic output: virtual clocks, counts, byte formulas) shows what the committed copy shows,
+compared as nbval compares; each ``verdicts(...)`` call shows one line per claim it names and every
+claim could read the run; each panel's default run is also shown as a plain table or figure (the
+static view, for a renderer without widgets); no answer to a prediction shows outside its fold; no
+output holds a path of this machine. The workshop edition has the same code cells and no outputs
+(``tests/test_workshop_edition.py``), so it is not run again. The run times go to
+``test-artifacts/notebook-times.json`` (a record: these machines are too noisy for a timed test).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvlab.course import NOTEBOOKS
+
+from notebook_run import CHECK_OUTPUT, compare_outputs, run_notebook
+from test_course import ANY_MACHINE_PATH, PANEL_CELL, machine_paths, output_texts
+from test_workshop_edition import assert_answers_folded
+
+FILES = [n.file for n in NOTEBOOKS]
+VERDICTS_CALL = re.compile(r"verdicts\(([^)]*)\)", re.S)
+CLAIM_LINE = re.compile(r'<div class="kvlab-claim"')
+
+
+@pytest.fixture(scope="module", params=FILES, ids=lambda n: n[:2])
+def run(request):
+    return run_notebook(request.param)
+
+
+def test_the_notebook_runs_top_to_bottom_without_an_error(run):
+    assert not run.errors, f"{run.name}: " + "; ".join(run.errors)
+
+
+def test_deterministic_outputs_are_the_saved_ones(run):
+    checked = [(i, s, e) for i, (s, e) in enumerate(run.code_cells()) if CHECK_OUTPUT in s.source]
+    if not checked:
+        pytest.skip(f"{run.name} marks no output as deterministic")
+    differ = [f"code cell {i}:\n" + "\n".join(problems) for i, s, e in checked
+              if (problems := compare_outputs(s.outputs, e.outputs))]
+    assert not differ, (f"{run.name}: outputs differ from the committed copy (a change of behaviour, or the copy "
+                        f"is stale: python -m kvlab notebooks --execute {run.name[:2]}):\n" + "\n\n".join(differ))
+
+
+def test_each_verdicts_call_shows_a_line_per_claim_and_every_claim_reads_the_run(run):
+    for i, (_, cell) in enumerate(run.code_cells()):
+        for call in VERDICTS_CALL.findall(cell.source):
+            named = re.findall(r'"(\w+)"', call)
+            page = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
+            line = next(ln for ln in cell.source.splitlines() if "verdicts(" in ln)
+            if line.startswith((" ", "\t")) and not CLAIM_LINE.search(page):
+                continue  # shown under a condition the run did not meet (offline, compile skipped): said in the cell
+            assert len(CLAIM_LINE.findall(page)) >= len(named), (
+                f"{run.name}, code cell {i}: verdicts of {named} show {len(CLAIM_LINE.findall(page))} lines")
+            assert "could not read this run" not in page, (
+                f"{run.name}, code cell {i}: a claim cannot read the experiment's result: {page[:600]}")
+
+
+def test_each_panels_default_run_is_shown_without_widgets(run):
+    code = [cell for _, cell in run.code_cells()]
+    for i, cell in enumerate(code):
+        for panel in PANEL_CELL.findall(cell.source):
+            shown = next((c for c in code[i + 1:] if f"{panel}.run(" in c.source and ".show()" in c.source), None)
+            assert shown is not None, f"{run.name}: {panel} is never run and shown (result = {panel}.run(); result.show())"
+            plain = [o for o in shown.outputs if o.get("output_type") == "display_data"
+                     and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})]
+            assert any("image/png" in o["data"] or "text/html" in o["data"] for o in plain), \
+                f"{run.name}: the cell that shows {panel}'s default run shows no plain table or figure"
+
+
+def test_no_answer_shows_before_its_prediction(run):
+    assert_answers_folded(run.name, run.executed)
+
+
+def test_no_output_holds_a_path_of_this_machine(run):
+    for i, text in output_texts(run.executed):
+        leaked = [p for p in machine_paths() if p in text]
+        match = ANY_MACHINE_PATH.search(text)
+        assert not leaked and not match, (f"{run.name}, cell {i}: an output shows a machine path "
+                                           f"({leaked or match.group(0)}): {text[:200]!r}")
