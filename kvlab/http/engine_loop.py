@@ -131,8 +131,8 @@ class AsyncEngine:
         """Cancel whatever is still queued or running, free its blocks, end the thread; returns how many."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._thread is None or not self._thread.is_alive():
-            return 0
+        if self._thread is None or not self._thread.is_alive() or self.error is not None:
+            return 0  # not started, or stopped for good: everything was answered then (a stuck thread is a daemon)
         done: asyncio.Future = self._loop.create_future()
         self._commands.put(("stop", done))
         try:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import os
 
 from starlette.requests import ClientDisconnect, Request
 
+from kvlab.http.client import API_KEY_ENV, api_key_from_env  # noqa: F401 (one home: the client's side)
 from kvlab.http.protocol import APIError
 
-API_KEY_ENV = "KVLAB_API_KEY"
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a 32k-token prompt as a list of ids is ~200 KB
 READ_TIMEOUT_S = 10.0
 JSON_TYPES = ("application/json",)
@@ -35,17 +34,6 @@ JSON_TYPES = ("application/json",)
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
-
-
-def api_key_from_env(value: str | None = None) -> str | None:
-    """`value` if given, else `$KVLAB_API_KEY`; None (no key) when neither is set or it is empty."""
-    key = value if value is not None else os.environ.get(API_KEY_ENV)
-    return key or None
-
-
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """The header a client sends with `api_key` (none without one)."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def check_api_key(request: Request, api_key: str | None) -> None:

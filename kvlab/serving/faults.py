@@ -7,7 +7,8 @@ fault added at its ``at_step``-th call of ``execute`` (counted from 0):
 - ``raise_once``: a RuntimeError at that step only;
 - ``raise_always``: a RuntimeError at that step and every step after it;
 - ``oom``: ``torch.OutOfMemoryError`` at that step, as a GPU that ran out of memory raises;
-- ``nan_row``: the logits of one sampled row (``row``) become NaN at that step.
+- ``nan_row``: the logits of one sampled row (``row``) become NaN at that step;
+- ``hang``: that step sleeps ``hang_s`` seconds before it runs (a stuck kernel, a deadlock).
 
 ``FaultyScheduler`` raises from inside ``schedule`` at its ``at_step``-th non-empty step, after
 it has admitted, preempted and allocated blocks: the worst place, where the batch it built is
@@ -15,13 +16,15 @@ lost with blocks taken. ``install`` puts one into an engine in place of its sche
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..model.decoder import Decoder
 from .executor import ModelExecutor, StepResult
 from .scheduler import Scheduler, SchedulerOutput
 
-FAULTS = ("raise_once", "raise_always", "oom", "nan_row")
+FAULTS = ("raise_once", "raise_always", "oom", "nan_row", "hang")
 
 
 class InjectedFault(RuntimeError):
@@ -33,13 +36,13 @@ class FaultyExecutor(ModelExecutor):
 
     name = "model+fault"
 
-    def __init__(self, model: Decoder, fault: str, at_step: int = 0, row: int = 0) -> None:
+    def __init__(self, model: Decoder, fault: str, at_step: int = 0, row: int = 0, hang_s: float = 5.0) -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
         if at_step < 0 or row < 0:
             raise ValueError(f"at_step ({at_step}) and row ({row}) must be >= 0")
         super().__init__(model)
-        self.fault, self.at_step, self.row = fault, at_step, row
+        self.fault, self.at_step, self.row, self.hang_s = fault, at_step, row, hang_s
         self.calls = 0  # execute calls so far
         self.faults = 0  # faults injected so far
 
@@ -51,6 +54,9 @@ class FaultyExecutor(ModelExecutor):
         self.calls += 1
         if self._due() and self.fault != "nan_row":
             self.faults += 1
+            if self.fault == "hang":
+                time.sleep(self.hang_s)
+                return super().execute(out)
             if self.fault == "oom":
                 raise torch.OutOfMemoryError(f"injected: CUDA out of memory at step {self.calls - 1}")
             raise InjectedFault(f"injected executor fault at step {self.calls - 1}")
