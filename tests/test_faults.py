@@ -287,3 +287,15 @@ def _parse(text: str) -> dict:
             name, value = line.split()
             out[name[len("kvlab_"):]] = float(value)
     return out
+
+
+def test_a_non_streamed_request_of_a_failing_step_gets_a_500_json_error(model):
+    with serve(make_engine(model, "nan_row", at_step=0)) as server:
+        body = {"model": MODEL, "prompt": "whole", "max_tokens": 4, "ignore_eos": True}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=BOUND_S)
+        assert r.status_code == 500 and r.json()["error"]["code"] == ENGINE_ERROR
+        assert "not finite" in r.json()["error"]["message"]
+        assert httpx.post(server.url + "/v1/completions", json=body).json()["usage"]["completion_tokens"] == 4
+        m = wait_idle(server.url)
+        assert m["requests_failed_total"] == 1 and m["requests_completed_total"] == 1 and m["kv_blocks_used"] == 0
+        assert_counts_add_up(m)
