@@ -6,7 +6,8 @@ import importlib
 # - loadgen: run_loadtest(url, http_workload(...)) -> records with the client-side four clocks
 #   (loadtest: its command line; client: one streamed request and the connections).
 # - server: create_app(engine, name) / python -m kvlab serve (protocol: the OpenAI wire format;
-#   engine_loop: the thread stepping the engine).
+#   engine_loop: the thread stepping the engine, faults kept in their requests; counts: where every
+#   request is; guard: API key, content type, body size and read time-outs for a server in a room).
 # - compare: client-side vs engine-side clocks of the same requests.
 # - local: run a server on loopback in a thread or a subprocess; testing: a scripted server.
 # Names are imported on first use (explicitly, from this table), so the load generator needs only

@@ -6,6 +6,11 @@ and when each server-sent event carrying text arrived (a token). It never
 raises for HTTP trouble: every failure becomes the record's `fail_reason`
 (see `kvlab.http.loadgen`). `ConnectionLanes` hands out keep-alive
 connections, one request at a time each.
+
+API key: a server run with `--api-key` wants `Authorization: Bearer <key>`.
+The client's key is the one given (`api_key=`, `--api-key`), else
+`$KVLAB_API_KEY`; never `$OPENAI_API_KEY`, so a learner's real OpenAI key is
+not sent to a classroom server by default.
 """
 
 from __future__ import annotations
@@ -13,10 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 
 import httpx
 
 from kvlab.clocks import RequestRecord
+
+API_KEY_ENV = "KVLAB_API_KEY"
+
+
+def api_key_from_env(value: str | None = None) -> str | None:
+    """`value` if given, else `$KVLAB_API_KEY`; None (no key) when neither is set or it is empty."""
+    key = value if value is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header that carries `api_key` (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 # -- one request -----------------------------------------------------------------------
@@ -44,8 +63,11 @@ def _chunk_text(choice: dict, chat: bool) -> str | None:
 
 
 async def stream_request(client: httpx.AsyncClient, endpoint: str, payload: bytes, record: RequestRecord,
-                      chat: bool, clock) -> None:
-    """Send one streamed request and stamp its chunks into `record` (never raises for HTTP trouble)."""
+                      chat: bool, clock, headers: dict[str, str] | None = None) -> None:
+    """Send one streamed request and stamp its chunks into `record` (never raises for HTTP trouble).
+
+    `headers` are sent besides `content-type: application/json` (e.g. `auth_headers(key)`).
+    """
 
     async def trace(name: str, info: dict) -> None:
         if name.endswith("send_request_headers.started") and "sent" not in record.extra:
@@ -55,7 +77,7 @@ async def stream_request(client: httpx.AsyncClient, endpoint: str, payload: byte
     usage, finish_reason, done, chunks = None, None, False, 0
     try:
         async with client.stream("POST", endpoint, content=payload,
-                                 headers={"content-type": "application/json"},
+                                 headers={**(headers or {}), "content-type": "application/json"},
                                  extensions={"trace": trace}) as resp:
             if resp.status_code != 200:
                 reason, message = _error_reason(resp.status_code, await resp.aread())

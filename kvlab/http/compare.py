@@ -25,12 +25,14 @@ import httpx
 import pandas as pd
 
 from kvlab.clocks import RequestRecord, quantiles
+from kvlab.http.client import api_key_from_env, auth_headers
 from kvlab.http.loadgen import LoadTestResult, base_url, http_workload, run_loadtest
 
 
-def fetch_engine_records(url: str, timeout_s: float = 10.0) -> list[RequestRecord]:
-    """The engine-side records kvlab's server kept (`GET /kvlab/requests`)."""
-    resp = httpx.get(base_url(url) + "/kvlab/requests", timeout=timeout_s, trust_env=False)
+def fetch_engine_records(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> list[RequestRecord]:
+    """The engine-side records kvlab's server kept (`GET /kvlab/requests`; `api_key`: default `$KVLAB_API_KEY`)."""
+    resp = httpx.get(base_url(url) + "/kvlab/requests", timeout=timeout_s, trust_env=False,
+                     headers=auth_headers(api_key_from_env(api_key)))
     if resp.status_code == 404:
         raise ValueError(f"{base_url(url)} has no /kvlab/requests: engine-side clocks exist only for kvlab's own "
                          "server (python -m kvlab serve)")
@@ -73,7 +75,7 @@ def overhead_summary(frame: pd.DataFrame) -> dict:
 
 def measure_http_overhead(url: str, num_requests: int = 40, rate: float = 4.0, max_new_tokens: int = 8,
                           profile: str = "short_short", seed: int = 0, chat: bool = False,
-                          model: str | None = None) -> pd.DataFrame:
+                          model: str | None = None, api_key: str | None = None) -> pd.DataFrame:
     """Send a low, constant load to kvlab's server at `url` and return `compare_clocks` of it.
 
     Low load on purpose: with nothing queued, the difference between the clocks is
@@ -82,7 +84,8 @@ def measure_http_overhead(url: str, num_requests: int = 40, rate: float = 4.0, m
     requests = http_workload(profile, num_requests, arrival="constant", rate=rate, seed=seed)
     for r in requests:
         r.max_new_tokens = max_new_tokens
-    result = run_loadtest(url, requests, model, chat=chat, extra_body={"ignore_eos": True}, progress=False)
-    frame = compare_clocks(result, fetch_engine_records(url))
+    result = run_loadtest(url, requests, model, chat=chat, extra_body={"ignore_eos": True}, progress=False,
+                          api_key=api_key)
+    frame = compare_clocks(result, fetch_engine_records(url, api_key=api_key))
     frame.attrs["settings"] = {**result.settings, "rate": rate, "max_new_tokens": max_new_tokens}
     return frame

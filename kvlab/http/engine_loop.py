@@ -8,6 +8,23 @@ with the engine's reason) and, after every step, each request's new token.
 Continuous batching is the engine's: whatever is queued joins the running
 batch at the next step, whichever connection it came from.
 
+A fault stays in its request. A step that raises (`StepFailed`: the
+executor ran out of memory, a kernel failed, the scheduler broke) ends the
+requests of that step with `engine_error`, their KV blocks freed, and the
+engine goes on with everything else; a request whose own logits are NaN
+ends alone. After `max_failed_steps` failing steps in a row the engine
+stops for good (vLLM's choice: a broken engine is restarted, not nursed):
+every open request is answered (`engine_error`, or 503 `engine_stopped`
+for one not yet admitted), and `on_stop` is called so the server can exit
+non-zero for its supervisor to restart it.
+
+Nothing waits on the engine thread without a bound: a watchdog on the event
+loop checks every `WATCHDOG_S` that the thread is alive and that no step has
+run longer than `step_timeout_s`; if either fails, the engine is declared
+stopped and every open request is answered from the event loop itself. So
+a request's verdict comes within `step_timeout_s` + `WATCHDOG_S`, and no
+stream waits longer than that without the engine making progress.
+
 Engine-side `RequestRecord`s (stamped on the engine's clock, from the moment
 the server received the request) are kept for the last `keep_records`
 requests, so client-side and engine-side clocks can be compared
@@ -21,18 +38,24 @@ import collections
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kvlab.clocks import RequestRecord
-from kvlab.serving import Engine, RequestOutput, SamplingParams
+from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams, StepFailed
 from kvlab.workload import Request
 
 log = logging.getLogger("kvlab.serve")
 IDLE_POLL_S = 0.002  # how often a non-empty engine that cannot step yet (a static batch filling) looks again
+WATCHDOG_S = 0.5  # how often the event loop checks that the engine thread lives and its step is not stuck
+MAX_FAILED_STEPS = 3  # consecutive failing steps after which the engine stops for good
+STEP_TIMEOUT_S = 60.0  # a step running longer than this means the engine is stuck: it is stopped
+STOPPED = "engine_stopped"  # the reason a request is refused once the engine stopped for good
 
 
 class EngineRejected(Exception):
-    """The engine refused a request at once; `reason` is its fail reason ("queue_full", ...)."""
+    """The engine refused a request at once; `reason` is its fail reason ("queue_full", "engine_stopped", ...)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -48,22 +71,43 @@ class RequestStream:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     num_output_tokens: int = 0
     finish_reason: str | None = None
+    finished: bool = False  # a finished output has been put in the queue
 
 
 class AsyncEngine:
-    """Runs `engine` in its own thread; `submit` / `abort` from the event loop."""
+    """Runs `engine` in its own thread; `submit` / `abort` from the event loop.
 
-    def __init__(self, engine: Engine, keep_records: int = 10_000, keep_steps: int = 10_000) -> None:
+    `state`: "ok", "degraded" (the last step failed, fewer than `max_failed_steps` in a row)
+    or "stopped" (for good: `error` says why).
+    """
+
+    def __init__(self, engine: Engine, keep_records: int = 10_000, keep_steps: int = 10_000,
+                 max_failed_steps: int = MAX_FAILED_STEPS, step_timeout_s: float = STEP_TIMEOUT_S,
+                 on_stop: Callable[[], None] | None = None) -> None:
+        if not (isinstance(max_failed_steps, int) and max_failed_steps >= 1):
+            raise ValueError(f"max_failed_steps={max_failed_steps!r} must be an integer >= 1")
+        if not step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s={step_timeout_s!r} must be > 0 seconds")
         self.engine = engine
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=keep_records)
         self.keep_steps = keep_steps
+        self.max_failed_steps, self.step_timeout_s = max_failed_steps, step_timeout_s
+        self.on_stop = on_stop  # called on the event loop once, when the engine stops for good
         self.streams: dict[str, RequestStream] = {}  # touched only on the event loop
         self.gauges: dict = {}
-        self.counters = collections.Counter()  # prompt_tokens, generation_tokens, steps (engine thread)
-        self.error: BaseException | None = None
+        self.counters = collections.Counter()  # prompt_tokens, generation_tokens, steps, failed_steps (engine thread)
+        self.failed_steps_in_a_row = 0
+        self.last_error: str | None = None  # the last failing step's error, for /health
+        self.error: BaseException | None = None  # set when the engine stopped for good
         self._commands: queue.Queue = queue.Queue()
+        self._accepting = True  # guarded by _lock: once False, no add command is queued any more
+        self._lock = threading.Lock()
+        self._verdicts: dict[str, asyncio.Future] = {}  # request id -> its pending verdict (event loop)
+        self._step_started: float | None = None  # time.monotonic() of the running step, None between steps
+        self._stopped_on_loop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._watchdog: asyncio.Task | None = None
         self._publish_gauges()
 
     # -- life cycle (event loop side) -----------------------------------------------------------
@@ -71,38 +115,69 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
         self._thread.start()
+        self._watchdog = self._loop.create_task(self._watch())
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self.error is None
 
+    @property
+    def state(self) -> str:
+        if self.error is not None or (self._thread is not None and not self._thread.is_alive()):
+            return "stopped"
+        return "degraded" if self.failed_steps_in_a_row else "ok"
+
     async def stop(self, timeout_s: float = 10.0) -> int:
         """Cancel whatever is still queued or running, free its blocks, end the thread; returns how many."""
-        if self._thread is None or not self._thread.is_alive():
-            return 0
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._thread is None or not self._thread.is_alive() or self.error is not None:
+            return 0  # not started, or stopped for good: everything was answered then (a stuck thread is a daemon)
         done: asyncio.Future = self._loop.create_future()
         self._commands.put(("stop", done))
         try:
             return await asyncio.wait_for(done, timeout_s)
+        except asyncio.TimeoutError:  # the thread is stuck in a step: answer everyone from here
+            self._stopped(RuntimeError(f"the engine did not stop within {timeout_s} s"))
+            return len(self.streams)
         finally:
             await asyncio.to_thread(self._thread.join, timeout_s)
+
+    async def _watch(self) -> None:
+        """The watchdog: declare the engine stopped if its thread died or a step is stuck."""
+        while self.error is None:
+            await asyncio.sleep(WATCHDOG_S)
+            started = self._step_started
+            if not self._thread.is_alive():
+                self._stopped(RuntimeError("the engine thread ended"))
+            elif started is not None and time.monotonic() - started > self.step_timeout_s:
+                log.error("an engine step has run for more than %.0f s: stopping the engine", self.step_timeout_s)
+                self._stopped(TimeoutError(f"an engine step ran longer than step_timeout_s={self.step_timeout_s} s"))
 
     # -- requests (event loop side) -------------------------------------------------------------
     async def submit(self, request: Request, sampling: SamplingParams) -> RequestStream:
         """Hand `request` to the engine; its stream, or EngineRejected with the engine's reason."""
-        if not self.alive:
-            raise EngineRejected("engine_stopped")
         stream = RequestStream(str(request.request_id), request.prompt_tokens)
-        self.streams[stream.request_id] = stream
         verdict: asyncio.Future = self._loop.create_future()
-        self._commands.put(("add", request, sampling, verdict))
-        try:
-            reason = await verdict
+        with self._lock:
+            if not self._accepting or not self.alive:
+                raise EngineRejected(STOPPED)
+            self.streams[stream.request_id] = stream
+            self._verdicts[stream.request_id] = verdict
+            self._commands.put(("add", request, sampling, verdict))
+        try:  # the engine answers between two steps; the watchdog answers if it cannot
+            reason = await asyncio.wait_for(asyncio.shield(verdict), self.step_timeout_s + 2 * WATCHDOG_S)
+        except asyncio.TimeoutError:  # cannot happen while the watchdog runs; a bound all the same
+            reason = "no_verdict"
         except asyncio.CancelledError:  # the handler is cancelled (shutdown) before the engine answered
             self.abort(stream.request_id)
             self.streams.pop(stream.request_id, None)
             raise
+        finally:
+            self._verdicts.pop(stream.request_id, None)
         if reason is not None:
+            if reason == "no_verdict":
+                self.abort(stream.request_id)
             self.streams.pop(stream.request_id, None)
             raise EngineRejected(reason)
         return stream
@@ -118,8 +193,26 @@ class AsyncEngine:
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for o in outputs:
             stream = self.streams.get(str(o.request_id))
-            if stream is not None:
+            if stream is not None and not stream.finished:
+                stream.finished = o.finished
                 stream.queue.put_nowait(o)
+
+    def _stopped(self, error: BaseException) -> None:
+        """On the event loop, once: the engine is stopped for good; answer every open request and call on_stop."""
+        with self._lock:
+            self._accepting = False
+        if self.error is None:
+            self.error = error
+        if self._stopped_on_loop:
+            return
+        self._stopped_on_loop = True
+        for verdict in list(self._verdicts.values()):
+            _resolve(verdict, STOPPED)
+        why = f"the engine stopped: {self.error}"
+        self._deliver([RequestOutput(s.request_id, None, s.num_output_tokens, True, ENGINE_ERROR, why)
+                       for s in list(self.streams.values())])
+        if self.on_stop is not None:
+            self.on_stop()
 
     def _reply(self, fn, *args) -> None:
         try:
@@ -131,7 +224,7 @@ class AsyncEngine:
     def _run(self) -> None:
         engine = self.engine
         try:
-            while True:
+            while self.error is None:
                 busy = engine.has_unfinished_requests()
                 try:  # block while idle; otherwise just take what has arrived since the last step
                     commands = [self._commands.get(timeout=None if not busy else 0)]
@@ -149,15 +242,17 @@ class AsyncEngine:
                     self._handle(command)
                 if engine.has_unfinished_requests():
                     self._step()
-        except Exception as e:  # a bug in a step: fail every request loudly rather than leave them hanging
-            log.exception("the engine loop stopped")
-            self.error = e
-            self._reply(self._fail_all_streams)
+        except Exception as e:  # a bug in the loop itself: stop for good, answering every request
+            log.exception("the engine loop failed")
+            self._stop_for_good(e)
 
     def _handle(self, command: tuple) -> None:
         engine = self.engine
         if command[0] == "add":
             _, request, sampling, verdict = command
+            if self.error is not None:
+                self._reply(_resolve, verdict, STOPPED)
+                return
             try:
                 record = engine.add_request(request, sampling, now=engine.now())
             except ValueError as e:  # the server checks first; this is a safety net, not the path
@@ -175,19 +270,30 @@ class AsyncEngine:
             if engine.abort(rid):
                 self._retire(rid)
                 self._publish_gauges()
+        elif command[0] == "stop":
+            self._reply(_resolve, command[1], 0)
 
     def _step(self) -> None:
         engine = self.engine
         steps = engine.scheduler.num_steps
-        outputs = engine.step()
+        self._step_started = time.monotonic()
+        try:
+            outputs = engine.step()
+        except StepFailed as failed:
+            self._step_failed(failed)
+            return
+        finally:
+            self._step_started = None
         if engine.scheduler.num_steps == steps:  # nothing could run yet (a static batch filling up)
             try:
                 self._handle_or_requeue(self._commands.get(timeout=IDLE_POLL_S))
             except queue.Empty:
                 pass
             return
+        self.failed_steps_in_a_row = 0
         self.counters["steps"] += 1
         self.counters["generation_tokens"] += sum(o.token_id is not None for o in outputs)
+        self.counters["failed_requests"] += sum(o.finish_reason == ENGINE_ERROR for o in outputs)
         for o in outputs:
             if o.finished:
                 self._retire(o.request_id)
@@ -196,6 +302,45 @@ class AsyncEngine:
         self._publish_gauges()
         if outputs:
             self._reply(self._deliver, outputs)
+
+    def _step_failed(self, failed: StepFailed) -> None:
+        """A step raised: its requests are already ended and freed by the engine; tell them, count, maybe stop."""
+        self.failed_steps_in_a_row += 1
+        self.counters["failed_steps"] += 1
+        self.counters["failed_requests"] += len(failed.outputs)
+        self.last_error = str(failed)
+        log.error("engine step failed (%d in a row, stop at %d): %s", self.failed_steps_in_a_row,
+                  self.max_failed_steps, failed, exc_info=failed.error)
+        for o in failed.outputs:
+            self._retire(o.request_id)
+        self._publish_gauges()
+        if failed.outputs:
+            self._reply(self._deliver, failed.outputs)
+        if self.failed_steps_in_a_row >= self.max_failed_steps:
+            self._stop_for_good(failed)
+
+    def _stop_for_good(self, error: BaseException) -> None:
+        """Engine thread: refuse new requests, answer the queued ones, end every request in the engine."""
+        log.error("the engine stops for good after %d failing step(s) in a row: %s", self.failed_steps_in_a_row, error)
+        with self._lock:
+            self._accepting = False  # from here no add command is queued: the drain below sees them all
+        self.error = error
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            self._handle(command)  # adds are answered engine_stopped, aborts done, stops answered
+        engine, why = self.engine, f"the engine stopped: {error}"
+        ids = [s.request_id for s in (*engine.scheduler.waiting, *engine.scheduler.running)]
+        outputs = [o for o in (engine.fail(rid, why) for rid in ids) if o is not None]
+        for rid in ids:
+            self._retire(rid)
+        self.counters["failed_requests"] += len(outputs)
+        self._publish_gauges()
+        if outputs:
+            self._reply(self._deliver, outputs)
+        self._reply(self._stopped, error)
 
     def _handle_or_requeue(self, command: tuple) -> None:
         if command[0] == "stop":
@@ -220,10 +365,6 @@ class AsyncEngine:
         if ids:
             self._reply(self._deliver, [RequestOutput(rid, None, 0, True, "cancelled") for rid in ids])
         return len(ids)
-
-    def _fail_all_streams(self) -> None:
-        for stream in self.streams.values():
-            stream.queue.put_nowait(RequestOutput(stream.request_id, None, 0, True, "engine_error"))
 
     def _publish_gauges(self) -> None:
         """A snapshot for /metrics and /health, replaced whole (readers never see it half-written)."""

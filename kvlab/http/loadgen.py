@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
-from kvlab.http.client import ConnectionLanes, stream_request
+from kvlab.http.client import ConnectionLanes, api_key_from_env, auth_headers, stream_request
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.results_io import save_results
 from kvlab.traces import replay_trace
@@ -139,10 +139,11 @@ def base_url(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def discover_model(url: str, timeout_s: float = 10.0) -> str:
-    """The first model id the server lists at `GET /v1/models`."""
+def discover_model(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> str:
+    """The first model id the server lists at `GET /v1/models` (`api_key`: default `$KVLAB_API_KEY`)."""
     try:
-        resp = httpx.get(base_url(url) + "/v1/models", timeout=timeout_s, trust_env=False)
+        resp = httpx.get(base_url(url) + "/v1/models", timeout=timeout_s, trust_env=False,
+                         headers=auth_headers(api_key_from_env(api_key)))
         resp.raise_for_status()
         models = [m["id"] for m in resp.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
@@ -218,6 +219,7 @@ async def loadtest(
     progress: bool | None = None,
     settings: dict | None = None,
     seed: int = 0,
+    api_key: str | None = None,
 ) -> LoadTestResult:
     """Replay `requests` open-loop against `url`; one RequestRecord each (see module docstring).
 
@@ -230,12 +232,15 @@ async def loadtest(
     - `extra_body`: merged into every body (e.g. `{"ignore_eos": True}` for vLLM or kvlab).
     - `progress`: tqdm bar; default on for 100 requests or more.
     - `settings`: recorded with the results (e.g. the workload's arguments).
+    - `api_key`: sent as `Authorization: Bearer <key>` to a server run with `--api-key`
+      (default: `$KVLAB_API_KEY`; never recorded in the settings).
     """
     prompt_format = prompt_format or ("text" if chat else "tokens")
     _check_args(requests, prompt_format, chat, timeout_s, deadline_s, max_connections)
     base = base_url(url)
+    headers = auth_headers(api_key_from_env(api_key))
     if model is None:
-        model = await asyncio.to_thread(discover_model, base)
+        model = await asyncio.to_thread(discover_model, base, 10.0, api_key)
     endpoint = base + ("/v1/chat/completions" if chat else "/v1/completions")
     last_arrival = max(r.arrival_s for r in requests)
     deadline_s = deadline_s if deadline_s is not None else last_arrival + timeout_s + 5.0
@@ -261,7 +266,8 @@ async def loadtest(
             try:
                 async with lanes.lane() as client:
                     record.sent_s = clock()  # refined by the trace hook when the headers go out
-                    await asyncio.wait_for(stream_request(client, endpoint, payloads[i], record, chat, clock),
+                    await asyncio.wait_for(stream_request(client, endpoint, payloads[i], record, chat, clock,
+                                                          headers),
                                            timeout_s)
             except asyncio.TimeoutError:
                 if record.status not in ENDED:

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, seconds")
     p.add_argument("--deadline", type=float, default=None, help="whole-run deadline, seconds")
     p.add_argument("--max-connections", type=int, default=256)
+    p.add_argument("--api-key", default=None,
+                   help="sent as `Authorization: Bearer <key>` to a server run with --api-key "
+                        "(default: $KVLAB_API_KEY)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="send ignore_eos=true (vLLM and kvlab honour it)")
     p.add_argument("--slo-ttft", type=float, default=None, help="TTFT target (s) for goodput")
@@ -98,7 +101,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     result = run_loadtest(args.url, requests, args.model, chat=args.chat, prompt_format=args.prompt_format,
                           timeout_s=args.timeout, deadline_s=args.deadline, max_connections=args.max_connections,
                           temperature=args.temperature, extra_body={"ignore_eos": True} if args.ignore_eos else None,
-                          progress=False if args.no_progress else None, settings=settings)
+                          progress=False if args.no_progress else None, settings=settings, api_key=args.api_key)
     summary = result.summary(slo)
     print(format_summary(result, summary))
     for path in (args.json, args.csv):

@@ -3,8 +3,16 @@
 Every check runs before a request reaches the engine, and each failure is an
 `APIError` rendered as OpenAI renders it:
 `{"error": {"message", "type", "param", "code"}}` with status 400 (bad
-input), 404 (unknown model — OpenAI answers 404 `model_not_found`), 429
-(queue full, with `Retry-After`) or 503 (shutting down).
+input: malformed or too deeply nested JSON, text that is not valid Unicode,
+a bad field), 404 (unknown model — OpenAI answers 404 `model_not_found`),
+429 (queue full, with `Retry-After`) or 503 (engine stopped, with
+`Retry-After`). The server's own guards (`kvlab.http.guard`) add 401, 408,
+413 and 415.
+
+Temperature: in [0, 2] as OpenAI allows; one above 0 but below
+`kvlab.sampling.MIN_TEMPERATURE` is raised to that floor, as vLLM does, and
+the request carries a warning saying so (logged, and sent back in the
+`X-Kvlab-Warning` header).
 
 Chat template. kvlab's tiny models are byte-level and have no chat format
 of their own, so messages become plain text, one block per message and an
@@ -20,8 +28,10 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from kvlab.sampling import MIN_TEMPERATURE
 
 ROLES = ("system", "developer", "user", "assistant")
 DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions default, used for chat too (tiny CPU models)
@@ -59,6 +69,7 @@ class CompletionRequest:
     seed: int | None
     ignore_eos: bool
     chat: bool
+    warnings: list[str] = field(default_factory=list)  # what was changed to serve it (logged, sent as a header)
 
 
 def chat_template_text(messages: list[dict]) -> str:
@@ -67,16 +78,27 @@ def chat_template_text(messages: list[dict]) -> str:
     return "".join(parts) + "<|assistant|>\n"
 
 
+def _unicode(text: str, param: str) -> str:
+    """`text` if it can be encoded as UTF-8; a lone surrogate (JSON `"\\ud800"`) cannot: 400 naming where it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{param} is not valid Unicode: a lone surrogate {text[e.start]!r} at character "
+                            f"{e.start}; send real characters (a surrogate pair, or the character itself)",
+                       "invalid_unicode", param) from None
+    return text
+
+
 def _message_text(content: Any, i: int) -> str:
     if isinstance(content, str):
-        return content
+        return _unicode(content, f"messages[{i}].content")
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         texts = []
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported, got {part!r:.80}",
                                "invalid_message", f"messages[{i}].content")
-            texts.append(part["text"])
+            texts.append(_unicode(part["text"], f"messages[{i}].content"))
         return "".join(texts)
     raise APIError(400, f"messages[{i}].content must be a string or a list of text parts, got "
                         f"{type(content).__name__}", "invalid_message", f"messages[{i}].content")
@@ -108,7 +130,7 @@ def completion_prompt_ids(prompt: Any, tokenizer, vocab_size: int) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # ["text"] or [[ids]]: a batch of one
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode(_unicode(prompt, "prompt"))
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
@@ -144,6 +166,17 @@ def parse_request(raw: bytes, chat: bool, *, served_model: str, tokenizer, vocab
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON ({e}); send a JSON object", "invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body is JSON nested too deeply to read; send a flat request object",
+                       "invalid_json") from None
+    try:
+        return _parse_body(body, chat, served_model, tokenizer, vocab_size, max_model_len)
+    except RecursionError:  # a deeply nested field (a prompt of lists of lists ...)
+        raise APIError(400, "a field of the request is nested too deeply; send plain values", "invalid_json") from None
+
+
+def _parse_body(body: Any, chat: bool, served_model: str, tokenizer, vocab_size: int,
+                max_model_len: int) -> CompletionRequest:
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}", "invalid_json")
     field = "messages" if chat else "prompt"
@@ -188,10 +221,14 @@ def parse_request(raw: bytes, chat: bool, *, served_model: str, tokenizer, vocab
                             f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                             f"completion); lower {name} to at most {max_model_len - len(ids)}",
                        "context_length_exceeded", name)
+    temperature, warnings = _number(body, "temperature", 1.0, 0.0, 2.0), []
+    if 0 < temperature < MIN_TEMPERATURE:
+        warnings.append(f"temperature {temperature!r} is below {MIN_TEMPERATURE}, where dividing the logits "
+                        f"overflows; it was raised to {MIN_TEMPERATURE} (use 0 for greedy decoding)")
+        temperature = MIN_TEMPERATURE
     return CompletionRequest(
         model=served_model, prompt_ids=ids, max_tokens=max_tokens, stream=bool(stream),
-        include_usage=bool(options.get("include_usage")),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        include_usage=bool(options.get("include_usage")), temperature=temperature, warnings=warnings,
         top_p=_number(body, "top_p", None, 1e-9, 1.0), top_k=_number(body, "top_k", None, 1, 10**9, integer=True),
         seed=_number(body, "seed", None, 0, 2**63 - 1, integer=True), ignore_eos=ignore_eos, chat=chat)
 

@@ -15,10 +15,18 @@ records of recent requests, for comparing clocks with the client's).
   request with `finish_reason: "stop"` and no text, and is counted in `usage`.
 - Backpressure: the engine's waiting queue holds `--max-waiting` requests;
   beyond it a request is answered 429 with `Retry-After`. Bad input is
-  answered 400 (404 for an unknown model, as OpenAI does) before it reaches
-  the engine; see `kvlab.http.protocol`.
+  answered with a 4xx JSON error (404 for an unknown model, as OpenAI does)
+  before it reaches the engine; see `kvlab.http.protocol` and, for the API
+  key, content type, body size and read time-outs, `kvlab.http.guard`.
 - A client that disconnects mid-request has its request aborted in the
   engine, which frees its KV blocks.
+- Faults stay in their requests (`kvlab.http.engine_loop`): a failing step
+  ends its own requests with `engine_error` and the engine goes on; after
+  `--max-failed-steps` in a row it stops for good, every open request is
+  answered, `/health` says 503 "stopped", and the process exits with status
+  1 so that a supervisor restarts it.
+- Counts (`kvlab.http.counts`): in `/metrics`, at every instant, sent =
+  completed + failed + cancelled + rejected + waiting + running.
 - Shutdown (Ctrl-C / SIGTERM): uvicorn stops accepting and lets open
   requests finish for up to `--drain-timeout` seconds, then cancels the rest;
   the engine loop aborts whatever is left and every block is freed.
@@ -28,29 +36,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import uuid
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvlab.http.engine_loop import AsyncEngine, EngineRejected, RequestStream
+from kvlab.http.counts import OUTCOMES, RequestCounts, Tally  # noqa: F401 (OUTCOMES: kvlab.http.server's own before)
+from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S, STOPPED, AsyncEngine, EngineRejected, RequestStream
+from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, api_key_from_env,
+                              check_api_key, check_content_type, header_timeout_protocol, is_loopback, read_body)
 from kvlab.http.protocol import APIError, CompletionRequest, ResponseShape, parse_request, sse
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.serving import Engine, SamplingParams
+from kvlab.serving import ENGINE_ERROR, Engine, SamplingParams
 from kvlab.serving.scheduler_cli import add_scheduler_arguments, scheduler_config_from_args
 from kvlab.workload import Request as WorkloadRequest
 from kvlab.command_args import command_args
 
 log = logging.getLogger("kvlab.serve")
-OUTCOMES = ("completed", "rejected_queue_full", "invalid_request", "model_not_found", "cancelled", "failed")
 
 
 def load_model(model: str | None = None, seed: int = 0, device: str | None = None):
@@ -78,21 +88,36 @@ def load_model(model: str | None = None, seed: int = 0, device: str | None = Non
 
 
 class ServerState:
-    """What the routes share: the engine loop, the served name, the tokenizer and the counters."""
+    """What the routes share: the engine loop, the served name, the tokenizer, the guards and the counts."""
 
-    def __init__(self, engine: Engine, model_name: str, retry_after_s: int, keep_records: int) -> None:
-        self.engine = AsyncEngine(engine, keep_records=keep_records)
+    def __init__(self, engine: Engine, model_name: str, retry_after_s: int, keep_records: int,
+                 api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 read_timeout_s: float = READ_TIMEOUT_S, max_failed_steps: int = MAX_FAILED_STEPS,
+                 step_timeout_s: float = STEP_TIMEOUT_S) -> None:
+        self.engine = AsyncEngine(engine, keep_records=keep_records, max_failed_steps=max_failed_steps,
+                                  step_timeout_s=step_timeout_s, on_stop=self._engine_stopped)
         self.model_name = model_name
         self.tokenizer = (engine.model.tokenizer if engine.model is not None and engine.model.tokenizer is not None
                           else ByteTokenizer())
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = (eos,) if eos is not None else ()
         self.retry_after_s = retry_after_s
-        self.outcomes = collections.Counter({k: 0 for k in OUTCOMES})
+        self.api_key, self.max_body_bytes, self.read_timeout_s = api_key, max_body_bytes, read_timeout_s
+        self.counts = RequestCounts()
+        self.outcomes = self.counts.outcomes  # by outcome name: kvlab_requests_total{outcome=...}
+        self.shutdown: Callable[[], None] | None = None  # asks the HTTP server to exit (set by run_server)
+
+    def _engine_stopped(self) -> None:
+        log.error("the engine stopped for good (%s); every open request has been answered%s", self.engine.error,
+                  ", the server exits" if self.shutdown else "")
+        if self.shutdown is not None:
+            self.shutdown()
 
 
-def _error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def _error_response(e: APIError, headers: dict | None = None) -> Response:
+    # ASCII-escaped JSON: a message quoting the client's text (a lone surrogate even) always encodes
+    return Response(json.dumps(e.body()), status_code=e.status, headers={**e.headers, **(headers or {})},
+                    media_type="application/json")
 
 
 def _sampling(req: CompletionRequest, stop_token_ids: tuple) -> SamplingParams:
@@ -107,9 +132,17 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1,
-               keep_records: int = 10_000) -> FastAPI:
-    """The FastAPI app serving `engine` under `model_name`; `app.state.kvlab` is its ServerState."""
-    state = ServerState(engine, model_name, retry_after_s, keep_records)
+               keep_records: int = 10_000, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               read_timeout_s: float = READ_TIMEOUT_S, max_failed_steps: int = MAX_FAILED_STEPS,
+               step_timeout_s: float = STEP_TIMEOUT_S) -> FastAPI:
+    """The FastAPI app serving `engine` under `model_name`; `app.state.kvlab` is its ServerState.
+
+    `api_key`: when set, the completion routes, `/metrics` and `/kvlab/requests` need
+    `Authorization: Bearer <api_key>` (`kvlab.http.guard`). `max_failed_steps` failing engine
+    steps in a row stop the engine for good; a step running past `step_timeout_s` does too.
+    """
+    state = ServerState(engine, model_name, retry_after_s, keep_records, api_key, max_body_bytes, read_timeout_s,
+                        max_failed_steps, step_timeout_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -118,21 +151,33 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
                  engine.block_size, engine.scheduler_config.policy)
         yield
         cancelled = await state.engine.stop()
-        log.info("kvlab serve stopped: %d request(s) cancelled at shutdown, outcomes %s, KV blocks used %d",
-                 cancelled, dict(state.outcomes), engine.block_manager.stats().used)
+        log.info("kvlab serve stopped: %d request(s) cancelled at shutdown, requests %s, KV blocks used %d",
+                 cancelled, state.counts.totals(), engine.block_manager.stats().used)
 
     app = FastAPI(title="kvlab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvlab = state
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code))
 
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return _error_response(exc)
+
     @app.get("/health")
     async def health() -> Response:
-        if not state.engine.alive:
-            return JSONResponse({"status": "error", "error": repr(state.engine.error)}, status_code=503)
+        """200 "ok", 200 "degraded" (a step failed lately, the engine goes on) or 503 "stopped" (for good)."""
+        engine_loop = state.engine
+        status = engine_loop.state
+        if status == "stopped":
+            return JSONResponse({"status": status, "error": repr(engine_loop.error)}, status_code=503,
+                                headers={"Retry-After": str(state.retry_after_s)})
+        if status == "degraded":
+            return JSONResponse({"status": status, "failed_steps_in_a_row": engine_loop.failed_steps_in_a_row,
+                                 "max_failed_steps": engine_loop.max_failed_steps,
+                                 "last_error": engine_loop.last_error})
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -142,12 +187,14 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
              "max_model_len": engine.max_model_len}]})
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        check_api_key(request, state.api_key)
         return PlainTextResponse(prometheus_text(state), media_type="text/plain; version=0.0.4")
 
     @app.get("/kvlab/requests")
-    async def engine_records() -> Response:
+    async def engine_records(request: Request) -> Response:
         """Engine-side RequestRecords of recent requests (engine clock: seconds since the engine started)."""
+        check_api_key(request, state.api_key)
         return JSONResponse([dataclasses.asdict(r) for r in list(state.engine.records)])
 
     @app.post("/v1/completions")
@@ -161,16 +208,61 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
     return app
 
 
+def exit_when_engine_stops(app: FastAPI, server) -> None:
+    """Make the uvicorn `server` exit once `app`'s engine stops for good (its open requests answered first)."""
+    app.state.kvlab.shutdown = lambda: setattr(server, "should_exit", True)
+
+
+def _unavailable(state: ServerState, reason: str) -> APIError:
+    return APIError(503, f"the engine cannot take requests now ({reason}); retry after {state.retry_after_s} s",
+                    reason if reason == STOPPED else "unavailable", type_="server_error",
+                    headers={"Retry-After": str(state.retry_after_s)})
+
+
 async def _complete(state: ServerState, request: Request, chat: bool) -> Response:
+    """One completion request, counted from its arrival to its one outcome whatever happens."""
+    tally, response = state.counts.arrive(), None
+    try:
+        response = await _answer(state, request, chat, tally)
+        return response
+    except asyncio.CancelledError:
+        tally.end("cancelled")
+        raise
+    except Exception as e:  # a bug: still a JSON answer, and counted
+        log.exception("the completion handler failed")
+        tally.end("failed")
+        return _error_response(APIError(500, f"the server failed on this request ({type(e).__name__}: {e})",
+                                        "internal_error", type_="server_error"))
+    finally:  # a stream's response owns its tally from here; anything else has ended it, or is cut short
+        if not tally.ended and not isinstance(response, EngineStreamingResponse):
+            tally.end("cancelled")
+
+
+async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally) -> Response:
     engine = state.engine.engine
     received = engine.now()  # the engine-side clock of this request starts here
-    raw = await request.body()
     try:
+        check_api_key(request, state.api_key)
+    except APIError as e:
+        tally.end("unauthorized")
+        return _error_response(e)
+    try:
+        check_content_type(request)
+        raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
         req = parse_request(raw, chat, served_model=state.model_name, tokenizer=state.tokenizer,
                             vocab_size=engine.config.vocab_size, max_model_len=engine.max_model_len)
+    except ClientGone:
+        tally.end("cancelled")
+        return Response(status_code=400)  # nobody reads it
     except APIError as e:
-        state.outcomes["model_not_found" if e.status == 404 else "invalid_request"] += 1
+        tally.end("model_not_found" if e.status == 404 else "invalid_request")
         return _error_response(e)
+    headers = {"X-Kvlab-Warning": "; ".join(req.warnings)} if req.warnings else {}
+    for warning in req.warnings:
+        log.warning("%s", warning)
+    if not state.engine.alive:
+        tally.end("rejected_unavailable")
+        return _error_response(_unavailable(state, STOPPED))
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     work = WorkloadRequest(rid, len(req.prompt_ids), req.max_tokens, received, "chat" if chat else "completion",
                            req.prompt_ids)
@@ -178,22 +270,53 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         stream = await state.engine.submit(work, _sampling(req, state.stop_token_ids))
     except EngineRejected as e:
         if e.reason == "queue_full":
-            state.outcomes["rejected_queue_full"] += 1
+            tally.end("rejected_queue_full")
             return _error_response(APIError(
                 429, f"the server's queue is full ({engine.scheduler_config.max_waiting} requests waiting); "
                      f"retry after {state.retry_after_s} s", "queue_full", type_="rate_limit_error",
                 headers={"Retry-After": str(state.retry_after_s)}))
         if e.reason == "prompt_too_long":
-            state.outcomes["invalid_request"] += 1
+            tally.end("invalid_request")
             return _error_response(APIError(400, "prompt + max_tokens exceed this model's context", "prompt_too_long"))
-        state.outcomes["failed"] += 1
-        return _error_response(APIError(503, f"the engine cannot take requests now ({e.reason})", "unavailable",
-                                        type_="server_error"))
+        tally.end("rejected_unavailable")
+        return _error_response(_unavailable(state, e.reason))
     shape = ResponseShape(rid, state.model_name, chat)
     if req.stream:
-        return StreamingResponse(_events(state, stream, shape, req), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Request-Id": rid})
-    return await _collect(state, request, stream, shape)
+        return EngineStreamingResponse(_events(state, stream, shape, req, tally), _closer(state, stream, tally),
+                                       media_type="text/event-stream",
+                                       headers={"Cache-Control": "no-cache", "X-Request-Id": rid, **headers})
+    return await _collect(state, request, stream, shape, tally, headers)
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always runs `on_close`, even when the client left before the first byte.
+
+    Starlette cancels a stream whose client disconnected; if that happens before the body
+    generator started, the generator's own `finally` never runs. `on_close` frees the request
+    in the engine and counts it, either way.
+    """
+
+    def __init__(self, content, on_close: Callable[[], None], **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def _closer(state: ServerState, stream: RequestStream, tally: Tally) -> Callable[[], None]:
+    """What ends a request whatever way its handler stops: abort it if it is still open, count it, release it."""
+
+    def close() -> None:
+        if not tally.ended:  # the client went away (or the server is cancelling): free the request's blocks
+            state.engine.abort(stream.request_id)
+            tally.end("cancelled")
+        state.engine.release(stream.request_id)
+
+    return close
 
 
 def _text(state: ServerState, token_id: int | None, finish_reason: str | None) -> str:
@@ -203,51 +326,54 @@ def _text(state: ServerState, token_id: int | None, finish_reason: str | None) -
     return state.tokenizer.decode([token_id])
 
 
-async def _events(state: ServerState, stream: RequestStream, shape: ResponseShape, req: CompletionRequest):
+def _early_end_message(out) -> str:
+    return f"the request ended early: {out.finish_reason}" + (f" ({out.error})" if out.error else "")
+
+
+async def _events(state: ServerState, stream: RequestStream, shape: ResponseShape, req: CompletionRequest,
+                  tally: Tally):
     """The SSE body: (role chunk), one chunk per token, (usage chunk), [DONE]. Aborts if the client leaves."""
-    ended = False
     try:
         if shape.chat:
             yield sse(shape.role_chunk())
         while True:
-            out = await stream.queue.get()
+            out = await stream.queue.get()  # the watchdog answers it if the engine stops making progress
             if out.finished and out.finish_reason not in ("length", "stop"):  # cancelled, engine error
-                state.outcomes["failed"] += 1
-                ended = True
-                yield sse({"error": {"message": f"the request ended early: {out.finish_reason}",
-                                     "type": "server_error", "param": None, "code": out.finish_reason}})
+                tally.end("cancelled" if out.finish_reason == "cancelled" else "failed")
+                yield sse({"error": {"message": _early_end_message(out), "type": "server_error", "param": None,
+                                     "code": out.finish_reason}})
                 yield sse("[DONE]")
                 return
+            tally.running()
             stream.num_output_tokens = out.num_output_tokens
             reason = out.finish_reason if out.finished else None
+            if out.finished:
+                tally.end("completed")
             yield sse(shape.chunk(_text(state, out.token_id, reason), reason))
             if out.finished:
                 break
-        ended = True
-        state.outcomes["completed"] += 1
         if req.include_usage:
             yield sse(shape.usage_chunk(stream.prompt_tokens, stream.num_output_tokens))
         yield sse("[DONE]")
     finally:
-        if not ended:  # the client went away (or the server is cancelling): free the request's blocks
-            state.engine.abort(stream.request_id)
-            state.outcomes["cancelled"] += 1
-        state.engine.release(stream.request_id)
+        _closer(state, stream, tally)()
 
 
-async def _collect(state: ServerState, request: Request, stream: RequestStream, shape: ResponseShape) -> Response:
+async def _collect(state: ServerState, request: Request, stream: RequestStream, shape: ResponseShape, tally: Tally,
+                   headers: dict) -> Response:
     """A non-streamed answer: wait for the last token, unless the client leaves first."""
     texts: list[str] = []
 
-    async def collect() -> str:
+    async def collect():
         while True:
             out = await stream.queue.get()
             if out.finished and out.finish_reason not in ("length", "stop"):
-                return out.finish_reason
+                return out
+            tally.running()
             stream.num_output_tokens = out.num_output_tokens
             texts.append(_text(state, out.token_id, out.finish_reason if out.finished else None))
             if out.finished:
-                return out.finish_reason
+                return out
 
     collector = asyncio.create_task(collect())
     watcher = asyncio.create_task(_wait_for_disconnect(request))
@@ -257,20 +383,26 @@ async def _collect(state: ServerState, request: Request, stream: RequestStream, 
         watcher.cancel()
         if not collector.done():  # the client left (or we are being cancelled): abort the request
             collector.cancel()
-            state.engine.abort(stream.request_id)
-            state.outcomes["cancelled"] += 1
-        state.engine.release(stream.request_id)
-    reason = collector.result()
-    if reason not in ("length", "stop"):
-        state.outcomes["failed"] += 1
-        return _error_response(APIError(503, f"the request ended early: {reason}", reason, type_="server_error"))
-    state.outcomes["completed"] += 1
-    return JSONResponse(shape.response("".join(texts), reason, stream.prompt_tokens, stream.num_output_tokens))
+        else:
+            out = collector.result()
+            tally.end("completed" if out.finish_reason in ("length", "stop") else
+                      "cancelled" if out.finish_reason == "cancelled" else "failed")
+        _closer(state, stream, tally)()
+    if tally.outcome == "cancelled" and not collector.done():
+        return Response(status_code=499)  # nobody reads it
+    out = collector.result()
+    if out.finish_reason not in ("length", "stop"):
+        status = 500 if out.finish_reason == ENGINE_ERROR else 503
+        return _error_response(APIError(status, _early_end_message(out), out.finish_reason, type_="server_error",
+                                        headers={"Retry-After": str(state.retry_after_s)} if status == 503 else None))
+    return JSONResponse(shape.response("".join(texts), out.finish_reason, stream.prompt_tokens,
+                                       stream.num_output_tokens), headers=headers)
 
 
 def prometheus_text(state: ServerState) -> str:
     """The server's gauges and counters in Prometheus' text exposition format."""
-    g, c = state.engine.gauges, state.engine.counters
+    g, c, e = state.engine.gauges, state.engine.counters, state.engine
+    t = state.counts.totals()  # read at one instant on the event loop: they add up
     metrics = [
         ("num_requests_waiting", "gauge", "Requests queued, not yet admitted to the running batch.",
          g["num_requests_waiting"]),
@@ -286,6 +418,19 @@ def prometheus_text(state: ServerState) -> str:
          g["num_preemptions"]),
         ("prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose KV came from the prefix cache.",
          g["prefix_hit_tokens"]),
+        ("engine_up", "gauge", "1 while the engine serves (ok or degraded), 0 once it stopped for good.",
+         int(e.state != "stopped")),
+        ("engine_failed_steps_total", "counter", "Engine steps that raised.", c["failed_steps"]),
+        ("engine_failed_steps_in_a_row", "gauge",
+         f"Failing steps since the last good one (the engine stops at {e.max_failed_steps}).", e.failed_steps_in_a_row),
+        ("requests_sent_total", "counter", "Completion requests received (= completed + failed + cancelled + "
+                                           "rejected + waiting + running).", t["sent"]),
+        ("requests_completed_total", "counter", "Requests answered in full.", t["completed"]),
+        ("requests_failed_total", "counter", "Requests the engine could not finish (engine_error).", t["failed"]),
+        ("requests_cancelled_total", "counter", "Requests whose client left first.", t["cancelled"]),
+        ("requests_rejected_total", "counter", "Requests refused before any work (4xx, 429, 503).", t["rejected"]),
+        ("requests_waiting", "gauge", "Requests received and not answered a token yet.", t["waiting"]),
+        ("requests_running", "gauge", "Requests whose answer is streaming.", t["running"]),
     ]
     lines = []
     for name, kind, help_, value in metrics:
@@ -314,7 +459,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--kv-budget-mb", type=float, default=None, help="KV pool size (default: max-seqs full requests)")
     s.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--drain-timeout", type=int, default=10, help="seconds open requests get to finish at shutdown")
-    p.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429")
+    p.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429 and 503")
+    r = p.add_argument_group("faults (the engine keeps serving; see kvlab.http.engine_loop)")
+    r.add_argument("--max-failed-steps", type=int, default=MAX_FAILED_STEPS,
+                   help="failing engine steps in a row after which the engine stops and the server exits "
+                        f"non-zero, for a supervisor to restart it (default {MAX_FAILED_STEPS})")
+    r.add_argument("--step-timeout", type=float, default=STEP_TIMEOUT_S,
+                   help=f"seconds one engine step may run before the engine counts as stuck (default {STEP_TIMEOUT_S:g})")
+    g = p.add_argument_group("a server for a room (kvlab.http.guard)")
+    g.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer <key>` on /v1/*completions, /metrics and /kvlab/requests "
+                        f"(default: ${API_KEY_ENV}; prefer the variable: a command line is visible to others)")
+    g.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get 413")
+    g.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S,
+                   help="seconds a client gets to send its request headers, and again its body (408)")
     p.add_argument("--log-level", default="info")
 
 
@@ -331,18 +489,37 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     return engine, args.served_model_name or name
 
 
-def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
-    """Serve until interrupted."""
+def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
+               drain_timeout_s: int = 10) -> int:
+    """Serve `app` with uvicorn until interrupted (0) or until its engine stops for good (1, for a supervisor)."""
     import uvicorn
 
+    state: ServerState = app.state.kvlab
+    if not is_loopback(host) and state.api_key is None:
+        log.warning("serving on %s, beyond this machine, with no API key: anyone who can reach it can use the "
+                    "model and read /metrics and /kvlab/requests; set $%s (or --api-key)", host, API_KEY_ENV)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                           timeout_graceful_shutdown=drain_timeout_s,
+                                           http=header_timeout_protocol(state.read_timeout_s)))
+    exit_when_engine_stops(app, server)
+    server.run()
+    if state.engine.error is not None:
+        log.error("exiting with status 1: the engine stopped for good (%s)", state.engine.error)
+        return 1
+    return 0
+
+
+def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
+    """Serve until interrupted (exit status 0), or until the engine stops for good (1)."""
     args = command_args(args, "python -m kvlab serve", __doc__, add_arguments)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     engine, name = build_engine(args)
-    app = create_app(engine, name, retry_after_s=args.retry_after)
-    log.info("serving %s on http://%s:%d (OpenAI API under /v1)", name, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                timeout_graceful_shutdown=args.drain_timeout)
-    return 0
+    app = create_app(engine, name, retry_after_s=args.retry_after, api_key=api_key_from_env(args.api_key),
+                     max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
+                     max_failed_steps=args.max_failed_steps, step_timeout_s=args.step_timeout)
+    log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, args.host, args.port,
+             ", API key required" if app.state.kvlab.api_key else "")
+    return run_server(app, args.host, args.port, log_level=args.log_level, drain_timeout_s=args.drain_timeout)
 
 
 if __name__ == "__main__":

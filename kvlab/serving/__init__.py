@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from ..cache.paged import PagedAttentionMetadata, PagedKVCache
 from .block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
-from .engine import TRACE_COLUMNS, Engine, RequestOutput, StepRecord
+from .engine import ENGINE_ERROR, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
 from .executor import Executor, ModelExecutor, StepResult
 from .scheduler import (PRIORITIES, POLICIES, AdmissionError, Scheduler, SchedulerConfig, SchedulerOutput, StepShape,
                         WaitingRequest)
 from .sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = [
-    "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",
+    "ENGINE_ERROR", "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",
     "PRIORITIES", "PagedAttentionMetadata", "PagedKVCache", "RequestOutput", "SamplingParams", "Scheduler",
-    "SchedulerConfig", "SchedulerOutput", "Sequence", "SequenceStatus", "StepRecord", "StepResult", "StepShape",
+    "SchedulerConfig", "SchedulerOutput", "Sequence", "SequenceStatus", "StepFailed", "StepRecord", "StepResult", "StepShape",
     "TRACE_COLUMNS", "WaitingRequest", "bytes_per_block", "num_blocks_for_budget",
 ]

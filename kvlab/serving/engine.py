@@ -18,7 +18,7 @@ from ..workload import Request
 from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
 from .executor import Executor, ModelExecutor
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .sequence import SamplingParams, Sequence
+from .sequence import SamplingParams, Sequence, SequenceStatus
 
 CLOCKS = ("wall", "virtual")
 
@@ -62,7 +62,25 @@ class RequestOutput:
     token_id: int | None  # the new token, or None for a request that ended without one
     num_output_tokens: int
     finished: bool
-    finish_reason: str | None  # "length" | "stop" | "queue_full" | "prompt_too_long" | "cancelled"
+    finish_reason: str | None  # "length" | "stop" | "queue_full" | "prompt_too_long" | "cancelled" | "engine_error"
+    error: str | None = None  # why, for a request ended by "engine_error"
+
+
+ENGINE_ERROR = "engine_error"  # the finish reason of a request a failing step (or its own bad logits) ended
+
+
+class StepFailed(RuntimeError):
+    """A step raised; the requests it had to take down ended with "engine_error" and their blocks are free.
+
+    ``outputs``: one finished RequestOutput per request ended (the step's batch; every running
+    request if the scheduler itself failed, since its state can no longer be trusted). The
+    engine can go on stepping the others. The original exception is ``__cause__``.
+    """
+
+    def __init__(self, error: BaseException, outputs: list[RequestOutput], where: str) -> None:
+        super().__init__(f"the {where} raised {type(error).__name__}: {error}; {len(outputs)} request(s) ended "
+                         f"with {ENGINE_ERROR}")
+        self.error, self.outputs, self.where = error, outputs, where
 
 
 def derive_seed(seed: int, request_id) -> int:
@@ -212,7 +230,10 @@ class Engine:
 
     def _step(self) -> tuple[list[RequestOutput], SchedulerOutput]:
         start = self.now()
-        out = self.scheduler.schedule(start)
+        try:
+            out = self.scheduler.schedule(start)
+        except Exception as e:  # half-built batch: blocks may be taken by sequences in no queue
+            raise self._fail_step(e, None, "scheduler") from e
         for seq in out.admitted:
             if seq.record.admitted_s is None:
                 seq.record.extra["cached_tokens"] = seq.num_cached_tokens
@@ -221,12 +242,19 @@ class Engine:
             seq.record.extra["preemptions"] = seq.num_preemptions
         if out.is_empty:
             return [], out
-        result = self.executor.execute(out)
+        try:
+            result = self.executor.execute(out)
+        except Exception as e:  # out of memory, a kernel error...: this step's batch is lost, the rest goes on
+            raise self._fail_step(e, out, "executor") from e
         if self.clock == "virtual":
             self._virtual_now = start + result.duration_s
         end = self.now()
-        outputs = []
-        for seq in self.scheduler.postprocess(out, result.token_ids):
+        outputs = [self._end(out.seqs[i], why, end) for i, why in (result.failed or {}).items()]
+        try:
+            got_token = self.scheduler.postprocess(out, result.token_ids)
+        except Exception as e:
+            raise self._fail_step(e, out, "postprocess") from e
+        for seq in got_token:
             seq.record.token(end)
             if seq.is_finished:
                 seq.record.finish(end)
@@ -235,6 +263,38 @@ class Engine:
                                          seq.is_finished, seq.finish_reason if seq.is_finished else None))
         self._record_step(out, start, end, sum(o.finished for o in outputs))
         return outputs, out
+
+    def fail(self, request_id, why: str) -> RequestOutput | None:
+        """End a waiting or running request with "engine_error" (``why`` kept with it), freeing its blocks."""
+        seq = self.sequences.get(request_id)
+        if seq is None or seq.is_finished:
+            return None
+        return self._end(seq, why, self.now())
+
+    def _end(self, seq: Sequence, why: str, now: float) -> RequestOutput:
+        """Fail one request with "engine_error" (its blocks freed); what its client is told."""
+        self.scheduler.fail(seq, ENGINE_ERROR)
+        seq.record.fail(now, ENGINE_ERROR)
+        seq.record.extra.update(finish_reason=ENGINE_ERROR, error=why)
+        return RequestOutput(seq.request_id, None, seq.num_output_tokens, True, ENGINE_ERROR, why)
+
+    def _fail_step(self, error: Exception, out: SchedulerOutput | None, where: str) -> StepFailed:
+        """End what a failed step takes down and leave the pool consistent; the StepFailed to raise."""
+        why = f"{type(error).__name__} in the {where}: {error}"
+        if out is not None:
+            victims = [s for s in out.seqs if s.status is SequenceStatus.RUNNING]
+        else:  # every sequence not safely queued: running, or popped from the queue when it failed
+            queued = {id(s) for s in self.scheduler.waiting}
+            victims = [s for s in self.sequences.values() if not s.is_finished and id(s) not in queued]
+        now = self.now()
+        outputs = [self._end(seq, why, now) for seq in victims]
+        if not self.scheduler.running and self.block_manager.stats().used:
+            # blocks held by no running sequence (a half-done allocation): start the pool afresh
+            self.block_manager = self.block_manager_factory(self.num_blocks, self.block_size, self.max_model_len)
+            self.scheduler.block_manager = self.block_manager
+            for seq in self.scheduler.waiting:
+                seq.block_table, seq.num_registered_blocks = [], 0
+        return StepFailed(error, outputs, where)
 
     def _record_step(self, out: SchedulerOutput, start: float, end: float, num_finished: int) -> None:
         stats = self.block_manager.stats()

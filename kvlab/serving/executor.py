@@ -15,15 +15,20 @@ import torch
 from ..cache.paged import PagedAttentionMetadata, PagedKVCache
 from ..device import now
 from ..model.decoder import Decoder
-from ..sampling import sample
+from ..sampling import NonFiniteLogits, nonfinite_rows, sample
 from .scheduler import SchedulerOutput, StepShape
 
 
 class StepResult(NamedTuple):
-    """``token_ids[i]``: the token sampled for ``out.seqs[i]`` (None where ``out.do_sample[i]`` is False)."""
+    """``token_ids[i]``: the token sampled for ``out.seqs[i]`` (None where ``out.do_sample[i]`` is False).
+
+    ``failed``: {i: why} for the sequences no token could be sampled for (NaN logits, say); the
+    engine fails those requests alone and keeps the rest of the batch.
+    """
 
     token_ids: list[int | None]
     duration_s: float  # how long the step took (measured, or predicted by a cost model)
+    failed: dict[int, str] | None = None
 
 
 class Executor(ABC):
@@ -87,30 +92,47 @@ class ModelExecutor(Executor):
         return (torch.tensor([ids], device=device), torch.tensor([positions], device=device),  # (1, N) each
                 metadata)
 
+    def compute_logits(self, out: SchedulerOutput, rows: list[int]) -> torch.Tensor:
+        """One packed forward of the step; logits (len(rows), V) of the last token of each ``out.seqs[rows[j]]``."""
+        device = self.model.device
+        input_ids, positions, metadata = self.prepare_inputs(out)
+        self.cache.metadata = metadata
+        try:
+            index = torch.tensor([metadata.query_start_loc[i + 1] - 1 for i in rows], dtype=torch.long, device=device)
+            # logits only where a token is sampled: each such sequence's last token (a prompt's other rows need none)
+            return self.model(input_ids, self.cache, positions=positions, logits_index=index)[0]  # (S', V)
+        finally:
+            self.cache.metadata = None
+
+    def sample_rows(self, out: SchedulerOutput, rows: list[int], last: torch.Tensor) -> StepResult:
+        """Each row's token by its own settings; a row with non-finite logits fails alone (``StepResult.failed``)."""
+        tokens: list[int | None] = [None] * len(out.seqs)
+        failed: dict[int, str] = {}
+        for j in nonfinite_rows(last):  # every row checked at once: one sync per step
+            failed[rows[j]] = str(NonFiniteLogits([j]))
+        greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy and i not in failed]
+        if greedy:
+            for j, t in zip(greedy, last[greedy].argmax(dim=-1).tolist()):
+                tokens[rows[j]] = t
+        for j, i in enumerate(rows):
+            sp = out.seqs[i].sampling
+            if sp.greedy or i in failed:
+                continue
+            try:
+                tokens[i] = int(sample(last[j:j + 1], sp.temperature, sp.top_k, sp.top_p,
+                                       out.seqs[i].generator).item())
+            except (ValueError, RuntimeError) as e:  # this row's distribution cannot be sampled: fail it alone
+                failed[i] = f"{type(e).__name__}: {e}"
+        return StepResult(tokens, 0.0, failed or None)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         if self.cache is None:
             raise RuntimeError("call initialize_cache(num_blocks, block_size) first (the Engine does)")
         device = self.model.device
         start = now(device)
-        input_ids, positions, metadata = self.prepare_inputs(out)
-        self.cache.metadata = metadata
         rows = [i for i, s in enumerate(out.do_sample) if s]
-        index = torch.tensor([metadata.query_start_loc[i + 1] - 1 for i in rows], dtype=torch.long, device=device)
-        # logits only where a token is sampled: each such sequence's last token (a prompt's other rows need none)
-        last = self.model(input_ids, self.cache, positions=positions, logits_index=index)[0]  # (S', V)
-        tokens: list[int | None] = [None] * len(out.seqs)
-        greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy]
-        if greedy:
-            for j, t in zip(greedy, last[greedy].argmax(dim=-1).tolist()):
-                tokens[rows[j]] = t
-        for j, i in enumerate(rows):
-            sp = out.seqs[i].sampling
-            if not sp.greedy:
-                tokens[i] = int(sample(last[j:j + 1], sp.temperature, sp.top_k, sp.top_p,
-                                       out.seqs[i].generator).item())
-        self.cache.metadata = None
-        return StepResult(tokens, now(device) - start)
-
+        result = self.sample_rows(out, rows, self.compute_logits(out, rows))
+        return result._replace(duration_s=now(device) - start)
 
 __all__ = ["Executor", "ModelExecutor", "StepResult", "StepShape"]

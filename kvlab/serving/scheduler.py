@@ -211,6 +211,16 @@ class Scheduler:
                     return seq
         return None
 
+    def fail(self, seq: Sequence, reason: str) -> None:
+        """End ``seq`` with ``reason`` wherever it is (waiting, running, or half-way between after a fault), freeing its blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.free(seq)
+        self.static_batch.discard(seq.request_id)
+        seq.status, seq.finish_reason = SequenceStatus.FAILED, reason
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
