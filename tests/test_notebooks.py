@@ -17,6 +17,7 @@ import re
 import pytest
 
 from kvlab.course import NOTEBOOKS
+from kvlab.lessons import CLAIMS
 
 from notebook_run import CHECK_OUTPUT, compare_outputs, run_notebook
 from test_course import ANY_MACHINE_PATH, PANEL_CELL, machine_paths, output_texts
@@ -25,6 +26,7 @@ from test_workshop_edition import assert_answers_folded
 FILES = [n.file for n in NOTEBOOKS]
 VERDICTS_CALL = re.compile(r"verdicts\(([^)]*)\)", re.S)
 CLAIM_LINE = re.compile(r'<div class="kvlab-claim"')
+CLAIM_TEXT = re.compile(r'<div class="kvlab-claim"[^>]*>(.*?)</div>', re.S)
 
 
 @pytest.fixture(scope="module", params=FILES, ids=lambda n: n[:2])
@@ -82,3 +84,21 @@ def test_no_output_holds_a_path_of_this_machine(run):
         match = ANY_MACHINE_PATH.search(text)
         assert not leaked and not match, (f"{run.name}, cell {i}: an output shows a machine path "
                                            f"({leaked or match.group(0)}): {text[:200]!r}")
+
+
+def test_every_deterministic_claim_says_what_the_committed_copy_says(run):
+    """Virtual clocks, counts and byte formulas: the same sentence on this run as on the authors' (line by line)."""
+    checked = 0
+    for i, (saved, cell) in enumerate(run.code_cells()):
+        for call in VERDICTS_CALL.findall(cell.source):
+            named = re.findall(r'"(\w+)"', call)
+            ours = [t for o in cell.outputs for t in CLAIM_TEXT.findall(o.get("data", {}).get("text/html", ""))]
+            theirs = [t for o in saved.outputs for t in CLAIM_TEXT.findall(o.get("data", {}).get("text/html", ""))]
+            if len(VERDICTS_CALL.findall(cell.source)) != 1 or len(ours) != len(named) or len(theirs) != len(named):
+                continue  # several calls in one cell, or a conditional one: lines cannot be matched to names
+            for name, mine, saved_line in zip(named, ours, theirs):
+                if CLAIMS[name].clock == "deterministic":
+                    checked += 1
+                    assert mine == saved_line, f"{run.name}, code cell {i}, {name}:\n saved: {saved_line}\n   run: {mine}"
+    if not checked:
+        pytest.skip(f"{run.name} shows no deterministic claim in a cell of its own")

@@ -45,9 +45,11 @@ def test_the_panel_refuses_rates_it_does_not_offer():
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return compare_engines(tmp_path_factory.mktemp("two") / "recall-tiny", low_rate=8, rates=(8.0, 64.0),
-                           cold_requests=3, warmup=2, warm_requests=4, duration_s=0.5, slo_ttft_s=1.0)
+def run():
+    """The one run of both servers in the default tier (it is also the example of 09's two-engine claims)."""
+    from claim_examples.l09_measure_a_real_server import engines_run
+
+    return engines_run()
 
 
 def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accounted_for(run):
@@ -58,7 +60,7 @@ def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accoun
         phases = t[t.engine == engine].phase.tolist()
         assert phases[:2] == ["cold", "warm"] and set(phases[2:]) == {"sweep"}
     assert (t.sent == t.completed + t.failed + t.waiting).all() and (t.waiting == 0).all()
-    assert (t[t.phase == "cold"].sent == 3).all() and (t[t.phase == "warm"].sent == 4).all()
+    assert (t[t.phase == "cold"].sent == 6).all() and (t[t.phase == "warm"].sent == 12).all()
     table = clocks_table(run)
     assert {"TTFT n", "TTFT p95 ms", "TPOT p50 ms", "sent", "completed", "failed", "waiting"} <= set(table.columns)
     assert t.attrs["settings"]["slo_ttft_s"] == 1.0 and set(t.attrs["servers"]) == set(engines)

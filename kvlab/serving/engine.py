@@ -321,7 +321,8 @@ class Engine:
         ``clock="wall"``: real time (time.perf_counter), sleeping until the next arrival when
         idle. ``clock="virtual"``: time advances only by the executor's step durations (and
         jumps over idle gaps), so a cost-model executor simulates hours in seconds.
-        ``progress(done, total)`` is called whenever a request ends.
+        ``progress(done, total)`` is called whenever a request ends. A step that raises ends the run
+        with that error (a learner's admission rule that over-admits, say); the server goes on instead.
         """
         if clock not in CLOCKS:
             raise ValueError(f"unknown clock {clock!r}; choose one of {', '.join(CLOCKS)}")
@@ -350,7 +351,10 @@ class Engine:
                 if next_arrival is not None:
                     self._advance_to(next_arrival)
                 continue
-            outputs, out = self._step()
+            try:
+                outputs, out = self._step()
+            except StepFailed as failed:  # an offline run serves no one else: it ends with the step's own error
+                raise failed.error from failed
             ended = sum(o.finished for o in outputs)
             if ended:
                 done += ended

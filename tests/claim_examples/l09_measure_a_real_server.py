@@ -80,15 +80,20 @@ def _wait_rises_then_falls(_example: Any) -> pd.DataFrame:  # TTFT p50 7 -> 60 -
                          "ttft_n": [8, 32, 100]})
 
 
-@example("two_engines_account_for_every_request", "two_engines_same_weights", "cold_start_costs_the_first_requests",
-         "two_engines_at_low_load", "per_token_time_under_load", "kvlab_knee_beyond_transformers")
 @lru_cache(maxsize=1)
-def _engines() -> pd.DataFrame:
-    """Both servers on the lesson model, the notebook's settings at a smaller size (no transformers serve: kvlab alone)."""
+def engines_run():
+    """Both servers on the lesson model, the notebook's settings at a smaller size (no transformers serve: kvlab
+    alone): started once per session, for these claims and for tests/test_two_engines.py."""
     from kvlab.lessons.l09_measure_a_real_server.two_engines import compare_engines
 
     return compare_engines(low_rate=4, rates=(4, 16, 64), cold_requests=6, warmup=4, warm_requests=12,
-                           duration_s=1.5).frame
+                           duration_s=1.5)
+
+
+@example("two_engines_account_for_every_request", "two_engines_same_weights", "cold_start_costs_the_first_requests",
+         "two_engines_at_low_load", "per_token_time_under_load", "kvlab_knee_beyond_transformers")
+def _engines() -> pd.DataFrame:
+    return engines_run().frame
 
 
 @counterexample("cold_start_costs_the_first_requests")

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ...clocks import RequestRecord
+from ...http.client import api_key_from_env, auth_headers
 from ...http.compare import measure_http_overhead
 from ...http.loadgen import LoadTestResult, base_url, http_workload, run_loadtest
 from ...http.local import LOOPBACK, ServerProcess
@@ -76,9 +77,12 @@ def start_server(model: str | None = None, max_waiting: int = 32, max_seqs: int 
 _METRIC = re.compile(r'^kvlab_(\w+?)(?:\{outcome="(\w+)"\})? ([0-9.eE+-]+)$')
 
 
-def server_metrics(url: str, timeout_s: float = 10.0) -> dict:
-    """kvlab's server's gauges and counters from `GET /metrics`: {name: value}, and `requests_total` by outcome."""
-    resp = httpx.get(base_url(url) + "/metrics", timeout=timeout_s, trust_env=False)
+def server_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
+    """kvlab's server's gauges and counters from `GET /metrics`: {name: value}, and `requests_total` by outcome.
+
+    ``api_key`` (else ``$KVLAB_API_KEY``) for a server started with one (a teacher's, for a room)."""
+    resp = httpx.get(base_url(url) + "/metrics", timeout=timeout_s, trust_env=False,
+                     headers=auth_headers(api_key_from_env(api_key)))
     if resp.status_code == 404:
         resp = None
     else:
@@ -100,11 +104,11 @@ def server_metrics(url: str, timeout_s: float = 10.0) -> dict:
     return out
 
 
-def wait_until_idle(url: str, timeout_s: float = 10.0) -> dict:
+def wait_until_idle(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
     """Poll `server_metrics` until nothing waits or runs; return the metrics then (raise after `timeout_s`)."""
     deadline = time.perf_counter() + timeout_s
     while True:
-        metrics = server_metrics(url)
+        metrics = server_metrics(url, api_key=api_key)
         if metrics["num_requests_waiting"] == 0 and metrics["num_requests_running"] == 0:
             return metrics
         if time.perf_counter() > deadline:
