@@ -13,6 +13,8 @@ from typing import Iterator
 
 import torch
 
+LESSON_THREADS = 1  # the torch threads lessons, calibration and benchmarks run on unless told (docstring above)
+
 
 def check_threads(threads) -> None:
     """Raise a clear error unless ``threads`` is a positive integer or None (keep torch's setting)."""

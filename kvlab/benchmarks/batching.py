@@ -59,13 +59,14 @@ from ..model.config import PRESETS, preset
 from ..model.decoder import Decoder, build_model
 from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
-from ..serving.scheduler import SchedulerConfig
+from ..serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from ..results_io import write_json
-from ..threads import torch_threads
+from ..threads import LESSON_THREADS, torch_threads
 from ..workload import Request
 from ..measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated
 from ..measure.rounds import spread as spread_of  # run_benchmark has an argument named spread
 from .kv_allocation import paged_vs_reservation, print_paging
+from ..cache.paged import BLOCK_SIZE
 
 SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths spread evenly over [lo, hi]: one mean (72), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
@@ -81,12 +82,12 @@ class BenchSettings:
     prompt_tokens: tuple[int, int] = (32, 512)
     output_tokens: tuple[int, int] = (16, 128)
     max_seqs: int = 8
-    max_batch_tokens: int = 512
-    block_size: int = 16
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    block_size: int = BLOCK_SIZE
     max_model_len: int = 1024
     seed: int = 0
     repeats: int = 5  # interleaved rounds: every cell runs once per round, in a rotated order
-    threads: int | None = 1  # the lab's default on a shared machine (kvlab/threads.py)
+    threads: int | None = LESSON_THREADS  # the lab's default on a shared machine (kvlab/threads.py)
     spreads: tuple[tuple[int, int], ...] = SPREADS
 
     def check(self) -> None:

@@ -32,6 +32,7 @@ from kvlab.lessons.l09_measure_a_real_server.two_engines import ENGINES, compare
 from kvlab.http.peer import transformers_serve_available
 from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
+from ..threads import LESSON_THREADS
 
 KVLAB, PEER = ENGINES
 LATENCY_GOAL, KNEE_GOAL = 1.0, 1.5  # kvlab / transformers: at most 1 for latency, at least 1.5 for the knee
@@ -40,7 +41,7 @@ DEFAULT_RATES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 def run(rounds: int = 3, low_rate: float = 4.0, requests: int = 30, cold: int = 6, warmup: int = 4,
         rates: Sequence[float] = DEFAULT_RATES, duration_s: float = 3.0, profile: str = "mixture",
-        slo_ttft_s: float = 1.0, threads: int | None = 1, model: str | None = None, seed: int = 0) -> dict:
+        slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS, model: str | None = None, seed: int = 0) -> dict:
     """Every round's rows (one frame) and the paired ratios with their spread; see the module docstring."""
     ok, why = transformers_serve_available()
     if not ok:

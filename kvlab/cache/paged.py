@@ -69,6 +69,9 @@ class PagedAttentionMetadata:
                    decode_mask=dec_mask, prefill_rows=prefill_rows, prefill_blocks=prefill_blocks)
 
 
+BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
+
+
 class PagedKVCache(KVCache):
     """K/V of many sequences in fixed-size blocks, found through each sequence's block table.
 
@@ -87,7 +90,7 @@ class PagedKVCache(KVCache):
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 num_blocks: int = 256, block_size: int = 16) -> None:
+                 num_blocks: int = 256, block_size: int = BLOCK_SIZE) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")

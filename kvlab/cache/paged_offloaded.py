@@ -35,7 +35,7 @@ import torch
 from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from .base import CacheMemory, KVCache, tensor_bytes
 from .offloaded import check_link_and_storage, make_tier, wait_for_link
-from .paged import PagedAttentionMetadata, PagedKVCache
+from .paged import BLOCK_SIZE, PagedAttentionMetadata, PagedKVCache
 
 
 def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
@@ -74,7 +74,7 @@ class OffloadedPagedKVCache(PagedKVCache):
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 num_blocks: int = 256, block_size: int = 16, link_gbps: float | None = None,
+                 num_blocks: int = 256, block_size: int = BLOCK_SIZE, link_gbps: float | None = None,
                  storage_dir: str | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")

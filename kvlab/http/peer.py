@@ -33,10 +33,13 @@ from pathlib import Path
 import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
+from ..cache.paged import BLOCK_SIZE
+from ..serving.scheduler import MAX_BATCH_TOKENS
+from ..threads import LESSON_THREADS
 
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
-BLOCK_SIZE, NUM_BLOCKS, MAX_BATCH_TOKENS = 16, 512, 512  # kvlab serve's defaults (16 sequences of 512 tokens)
+NUM_BLOCKS = 512  # kvlab serve's default pool (16 sequences of 512 tokens at BLOCK_SIZE 16)
 IGNORE_EOS = {"kvlab serve": {"ignore_eos": True},
               "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
@@ -90,7 +93,7 @@ class LoopbackServer:
     extra_body: dict
     settings: dict
     version: str | None
-    threads: int | None = 1
+    threads: int | None = LESSON_THREADS
     log_path: Path | None = None
     process: ServerProcess | None = field(default=None, repr=False)
 
@@ -159,7 +162,7 @@ def _folder(folder: str | Path) -> Path:
 
 def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
                  max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
-                 device: str = "cpu", threads: int | None = 1, prefix_caching: bool = True) -> LoopbackServer:
+                 device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True) -> LoopbackServer:
     """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
@@ -187,7 +190,7 @@ def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks
 
 def transformers_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
                         max_batch_tokens: int = MAX_BATCH_TOKENS, device: str = "cpu",
-                        threads: int | None = 1) -> LoopbackServer:
+                        threads: int | None = LESSON_THREADS) -> LoopbackServer:
     """`transformers serve --continuous-batching folder` with the same KV blocks and tokens per step.
 
     `--cb-num-blocks` matters on a CPU: without it transformers sizes its paged cache from the

@@ -26,8 +26,9 @@ from ..model.lessons import lesson_model  # the serving lessons' model; notebook
 from ..serving.engine import Engine
 from ..serving.executor import Executor, StepResult
 from ..serving.scheduler import SchedulerConfig, SchedulerOutput
-from ..threads import torch_threads
+from ..threads import LESSON_THREADS, torch_threads
 from ..workload import Request
+from ..cache.paged import BLOCK_SIZE
 
 
 class FixedStepCostExecutor(Executor):
@@ -112,7 +113,7 @@ def tokens_frame(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def make_engine(model_or_config: Decoder | ModelConfig, *, executor: Executor | None = None,
-                block_size: int = 16, kv_budget_bytes: int | None = None,
+                block_size: int = BLOCK_SIZE, kv_budget_bytes: int | None = None,
                 scheduler: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
                 seed: int = 0) -> Engine:
     """An Engine with the lessons' defaults (a thin wrapper that keeps the experiments short)."""
@@ -122,9 +123,9 @@ def make_engine(model_or_config: Decoder | ModelConfig, *, executor: Executor | 
 
 
 def serve(model_or_config: Decoder | ModelConfig, requests: Sequence[Request], *, label: str = "run",
-          clock: str = "wall", executor: Executor | None = None, block_size: int = 16,
+          clock: str = "wall", executor: Executor | None = None, block_size: int = BLOCK_SIZE,
           kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
-          enable_prefix_caching: bool = True, seed: int = 0, threads: int | None = 1) -> ServingRun:
+          enable_prefix_caching: bool = True, seed: int = 0, threads: int | None = LESSON_THREADS) -> ServingRun:
     """Run ``requests`` through a fresh engine and keep every table of the run.
 
     ``threads`` CPU threads during the run (1 by default, see ``threads.py``; None keeps torch's).
@@ -142,7 +143,7 @@ def serve(model_or_config: Decoder | ModelConfig, requests: Sequence[Request], *
 _WARM: set[int] = set()
 
 
-def warm_up(model: Decoder, threads: int | None = 1) -> None:
+def warm_up(model: Decoder, threads: int | None = LESSON_THREADS) -> None:
     """Pay one-time costs (first allocations, first kernels) once per model before timed runs."""
     if id(model) in _WARM:
         return

@@ -32,11 +32,12 @@ from ..clocks import RequestRecord
 from ..model.config import PRESETS, ModelConfig, preset
 from ..model.decoder import Decoder, build_model
 from ..results_io import write_json
-from ..threads import torch_threads
+from ..threads import LESSON_THREADS, torch_threads
 from .cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
 from .executor import ModelExecutor
 from .scheduler import SchedulerOutput
 from .sequence import SamplingParams, Sequence
+from ..cache.paged import BLOCK_SIZE
 
 MIN_REPEATS, MAX_REPEATS = 3, 50
 
@@ -131,8 +132,8 @@ def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int]
     return out
 
 
-def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | None = None, block_size: int = 16,
-                       threads: int | None = 1, seed: int = 0, budget_s: float = 20.0, progress=None) -> pd.DataFrame:
+def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | None = None, block_size: int = BLOCK_SIZE,
+                       threads: int | None = LESSON_THREADS, seed: int = 0, budget_s: float = 20.0, progress=None) -> pd.DataFrame:
     """Time ``ModelExecutor.execute`` on every shape: one row per shape with its features and median time.
 
     Blocks are drawn in a seeded random order from a pool big enough for the largest shape, so
@@ -206,8 +207,8 @@ def _model_for(config: ModelConfig | Decoder | str, seed: int = 0) -> Decoder:
     return build_model(config, seed=seed)  # random weights: a step's time does not depend on their values
 
 
-def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | None = None, threads: int | None = 1,
-              block_size: int = 16, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
+def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | None = None, threads: int | None = LESSON_THREADS,
+              block_size: int = BLOCK_SIZE, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
               validate: bool = False, progress=None) -> CostModel:
     """Measure ``model``'s executor on ``design_shapes`` and fit a CostModel (not saved: call ``.save``).
 
@@ -326,7 +327,7 @@ def check_writable(path: Path, flag: str) -> None:
                          f"is not); pass {flag} PATH to save the calibration elsewhere")
 
 
-def shapes_frame(shapes: Iterable[BatchShape], block_size: int = 16) -> pd.DataFrame:
+def shapes_frame(shapes: Iterable[BatchShape], block_size: int = BLOCK_SIZE) -> pd.DataFrame:
     """The features of each shape, for reading a design at a glance."""
     return pd.DataFrame([{"shape": s.label, **dict(zip(FEATURES, features(s.rows(), block_size)))} for s in shapes])
 

@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..cache.paged import DECODE_BATCH_MAX_SLOTS
+from ..cache.paged import BLOCK_SIZE, DECODE_BATCH_MAX_SLOTS
 from ..data import CALIBRATION, data_path
 from ..results_io import write_json
 from .executor import Executor, StepResult
@@ -56,7 +56,7 @@ def decode_attention(num_decodes: int, longest: int, sum_blocks: int, block_size
     return num_decodes, sum_blocks * block_size
 
 
-def features(rows: Iterable[Row], block_size: int = 16) -> np.ndarray:
+def features(rows: Iterable[Row], block_size: int = BLOCK_SIZE) -> np.ndarray:
     """The feature vector (in FEATURES order) of a step made of ``rows``."""
     pt = ps = ds = longest = blocks = pairs = 0
     for n, ctx, is_decode in rows:

@@ -20,6 +20,7 @@ from ..model.decoder import build_model
 from ..workload import make_workload
 from .engine import Engine
 from .scheduler import SchedulerConfig
+from ..cache.paged import BLOCK_SIZE
 
 # cache mode -> options: every strategy a lesson uses, with the sizes of this check
 CHECK_MODES: dict[str, dict] = {
@@ -46,7 +47,7 @@ class DeviceCheck:
 
 
 def _engine_tokens(model, requests) -> dict[int, list[int]]:
-    engine = Engine(model, block_size=16, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64,
+    engine = Engine(model, block_size=BLOCK_SIZE, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64,
                                                                     max_model_len=128))
     engine.run(requests, clock="wall")
     return {r.request_id: engine.sequences[r.request_id].output_token_ids for r in requests}

@@ -19,6 +19,7 @@ from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
 from .executor import Executor, ModelExecutor
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import SamplingParams, Sequence, SequenceStatus
+from ..cache.paged import BLOCK_SIZE
 
 CLOCKS = ("wall", "virtual")
 
@@ -105,7 +106,7 @@ class Engine:
     per step.
     """
 
-    def __init__(self, model_or_config: Decoder | ModelConfig, *, block_size: int = 16,
+    def __init__(self, model_or_config: Decoder | ModelConfig, *, block_size: int = BLOCK_SIZE,
                  kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
                  executor: Executor | None = None, enable_prefix_caching: bool = True,
                  sampling: SamplingParams | None = None, seed: int = 0,

@@ -12,6 +12,9 @@ POLICIES = ("continuous", "static")
 PRIORITIES = ("decode_first", "prefill_first")
 
 
+MAX_BATCH_TOKENS = 512  # tokens computed per step by default: a whole 512-token prompt fits in one step
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """The scheduling rules (vLLM's names where they exist).
@@ -36,7 +39,7 @@ class SchedulerConfig:
     policy: str = "continuous"
     priority: str = "decode_first"
     max_seqs: int = 16
-    max_batch_tokens: int = 512
+    max_batch_tokens: int = MAX_BATCH_TOKENS
     chunked_prefill: bool = True
     max_waiting: int | None = None
     max_model_len: int | None = None

@@ -17,7 +17,7 @@ import pandas as pd
 from ...generate import generate
 from ...model.decoder import Decoder
 from ...model.lessons import lesson_model
-from ...threads import check_threads, torch_threads
+from ...threads import LESSON_THREADS, check_threads, torch_threads
 from ...runs.progress import Progress, no_progress
 from .slowdown import prompt_ids
 
@@ -50,7 +50,7 @@ def check_contexts(model: Decoder, contexts: Sequence[int], steps: int, repeats:
 
 
 def run_context_steps(model: Decoder | None = None, contexts: Sequence[int] | None = None, steps: int = 8,
-                      repeats: int = 3, seed: int = 0, threads: int | None = 1,
+                      repeats: int = 3, seed: int = 0, threads: int | None = LESSON_THREADS,
                       progress: Progress = no_progress) -> pd.DataFrame:
     """Prefill a prompt of each length in ``contexts``, then time ``steps`` cached ("dynamic") decode steps.
 

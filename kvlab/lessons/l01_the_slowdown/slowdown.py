@@ -20,7 +20,7 @@ from ...model.decoder import Decoder
 # lesson 01's names for the lesson model (notebooks 01 and 06 import them from here)
 from ...model.lessons import lesson_config as slowdown_config, lesson_model as slowdown_model, lesson_scale
 from ...runs.progress import Progress, no_progress
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 
 
 def prompt_ids(model: Decoder, prompt_tokens: int, seed: int = 0) -> list[int]:
@@ -59,7 +59,7 @@ def check_slowdown_args(model: Decoder, prompt_tokens: int, max_new_tokens: int,
 
 def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None, max_new_tokens: int | None = None,
                  caches: Sequence[str] = ("none", "dynamic"), repeats: int = 1, seed: int = 0,
-                 warmup: bool = True, threads: int | None = 1, progress: Progress = no_progress) -> pd.DataFrame:
+                 warmup: bool = True, threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> pd.DataFrame:
     """Time every generated token, for each cache strategy, on the same prompt.
 
     Returns one row per (repeat, cache, token) with columns cache, repeat, token (0 = the first

@@ -22,7 +22,7 @@ from ...model.config import PUBLISHED_CONFIGS, ModelConfig, tiny_llama
 from ...model.decoder import Decoder, build_model
 from ...runs.progress import Progress, no_progress
 from ..l01_the_slowdown.slowdown import prompt_ids
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 
 GIB = 2**30
 
@@ -43,7 +43,7 @@ def _build_cache(name: str, model: Decoder, capacity: int, storage_dir: str) -> 
 
 
 def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, max_new_tokens: int = 48,
-                         caches: Sequence[str] | None = None, seed: int = 0, threads: int | None = 1,
+                         caches: Sequence[str] | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                          progress: Progress = no_progress) -> pd.DataFrame:
     """Generate with each cache and record its memory accounting after every step.
 

@@ -23,7 +23,7 @@ from ...cache import check_cache_options, make_cache
 from ...model.decoder import Decoder
 from ...quality import EXACT, compare_to_exact, describe_cache
 from ...runs.progress import Progress, no_progress
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 
 
 def _options(setting: dict) -> dict:
@@ -33,7 +33,7 @@ def _options(setting: dict) -> dict:
 def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] = (
         {"cache": "quantized", "bits": 8, "residual": 0}, {"cache": "quantized", "bits": 4, "residual": 0},
         {"cache": "quantized", "bits": 2, "residual": 0}), pairs: int = 16, examples: int = 100, seed: int = 1000,
-                         buckets: int = 4, quality_prompts: int = 4, threads: int | None = 1,
+                         buckets: int = 4, quality_prompts: int = 4, threads: int | None = LESSON_THREADS,
                          progress: Progress = no_progress) -> pd.DataFrame:
     """One row per (setting, distance bucket): recall accuracy there, beside the exact cache's.
 

@@ -22,8 +22,8 @@ import pandas as pd
 from ...clocks import quantiles
 from ...model.decoder import Decoder
 from ...serving.offloaded_executor import OffloadedModelExecutor
-from ...serving.scheduler import SchedulerConfig
-from ...threads import check_threads, torch_threads
+from ...serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
+from ...threads import LESSON_THREADS, check_threads, torch_threads
 from ..l05_batching.batching import policy_workload
 from ...runs.serving_run import ServingRun, check_positive_int, make_engine, resolve_model, warm_up
 
@@ -73,7 +73,7 @@ def _serve(model: Decoder, requests, label: str, executor, sched: SchedulerConfi
 
 def offload_under_load(model: Decoder | None = None, n: int = 16, max_seqs: int = 4, prompt_tokens: int = 192,
                        max_new_tokens: int = 32, spread: float = 0.8, link_gbps: float | None | str = "auto",
-                       max_batch_tokens: int = 512, seed: int = 0, threads: int | None = 1) -> OffloadUnderLoad:
+                       max_batch_tokens: int = MAX_BATCH_TOKENS, seed: int = 0, threads: int | None = LESSON_THREADS) -> OffloadUnderLoad:
     """Serve ``n`` requests (mixed lengths around ``prompt_tokens`` / ``max_new_tokens``, all at t = 0) with
     ``max_seqs`` batch slots, once with the KV pool on the device and once offloaded behind ``link_gbps``
     ("auto": ``default_link_gbps``; None: the tier's own speed)."""

@@ -31,7 +31,7 @@ from ...device import pick_device
 from ...generate import encode_prompt, generate, prefill
 from ...model.decoder import Decoder
 from ...model.matvec import prepare_compile
-from ...threads import set_torch_threads
+from ...threads import LESSON_THREADS, set_torch_threads
 
 
 def _decode_greedy(model: Decoder, prompt_ids: list[int], new_tokens: int, cache: FixedShapeStaticCache,
@@ -249,7 +249,7 @@ def stop_process_tree(child: subprocess.Popen) -> None:
 
 
 def try_compiled_decode(budget_s: float | None = None, pairs: int = 8, new_tokens: int = 32,
-                        threads: int = 1) -> dict:
+                        threads: int = LESSON_THREADS) -> dict:
     """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``
     (default: ``default_budget_s()``, 20 s on CPU and 120 s on CUDA).
 

@@ -44,7 +44,7 @@ from ...model.decoder import Decoder
 from ...quality import EXACT, compare_to_exact, describe_cache
 from .cache_accuracy import accuracy_by_distance, accuracy_summary
 from ...runs.progress import Progress, no_progress
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 
 DEFAULT_PAIRS: tuple[int, ...] = (4, 8, 16)  # 37, 69 and 133 prompt tokens
 DEFAULT_SETTINGS: tuple[dict, ...] = (
@@ -148,7 +148,7 @@ def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int
 
 def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFAULT_SETTINGS,
                    pairs: Sequence[int] = DEFAULT_PAIRS, new_tokens: int = 32, repeats: int = 3,
-                   examples: int = 100, quality_prompts: int = 20, seed: int = 0, threads: int | None = 1,
+                   examples: int = 100, quality_prompts: int = 20, seed: int = 0, threads: int | None = LESSON_THREADS,
                    progress: Progress = no_progress) -> pd.DataFrame:
     """Every cache setting at every context size: memory, latency and quality vs exact, one row each.
 
@@ -294,7 +294,7 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
 def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[str] = STRATEGIES,
                             bits: Sequence[int] = (8, 4, 2), residual: int = 0, group_size: int | None = None,
                             pairs: Sequence[int] = (4, 16, 32), new_tokens: int = 16, repeats: int = 2,
-                            examples: int = 60, quality_prompts: int = 3, seed: int = 1000, threads: int | None = 1,
+                            examples: int = 60, quality_prompts: int = 3, seed: int = 1000, threads: int | None = LESSON_THREADS,
                             link_gbps: float | None = DEFAULT_LINK_GBPS,
                             progress: Progress = no_progress) -> pd.DataFrame:
     """Memory and latency of every chosen setting at every context (``run_strategies``), and recall

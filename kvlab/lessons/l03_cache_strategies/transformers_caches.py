@@ -33,7 +33,7 @@ from ...cache.quantized import QuantizedCache
 from ...generate import generate
 from ...measure.transformers_steps import timed_generate
 from ...model.decoder import Decoder
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 from ...runs.progress import Progress, no_progress
 
 STRATEGIES = ("dynamic", "static", "quantized", "offloaded")
@@ -176,7 +176,7 @@ def _transformers_run(hf, prompt: list[int], strategy: str, settings: dict, new_
 
 def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[str] = STRATEGIES, pairs: int = 16,
                             questions: int = 4, new_tokens: int = 24, bits: int = 4, group_size: int = 32,
-                            residual: int = 16, repeats: int = 1, seed: int = 1000, threads: int | None = 1,
+                            residual: int = 16, repeats: int = 1, seed: int = 1000, threads: int | None = LESSON_THREADS,
                             progress: Progress = no_progress) -> pd.DataFrame:
     """Each chosen strategy in kvlab and its transformers counterpart, on the same weights and recall prompts.
 

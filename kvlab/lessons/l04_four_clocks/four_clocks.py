@@ -22,11 +22,12 @@ from ...clocks import quantiles, summarize
 from ...model.decoder import Decoder
 from ...serving.executor import Executor
 from ...serving.scheduler import SchedulerConfig
-from ...threads import check_threads, set_torch_threads
+from ...threads import LESSON_THREADS, check_threads, set_torch_threads
 from ...workload import Request, make_workload
 from ...runs.progress import Progress, no_progress
 from ...runs.serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
                           seeded_prompt, serve, warm_up)
+from ...cache.paged import BLOCK_SIZE
 
 CLOCK_ROWS = (  # (clock, from, to, how)
     ("queue wait", "arrival", "admission", "admitted_s - scheduled_s"),
@@ -58,7 +59,7 @@ def journey_workload(vocab_size: int, n_ahead: int = 4, ahead_prompt_tokens: int
 def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 2, prompt_tokens: int = 64,
                 max_new_tokens: int = 24, ahead_prompt_tokens: int = 160, ahead_new_tokens: int = 40,
                 max_batch_tokens: int = 256, clock: str = "wall", executor: Executor | None = None,
-                seed: int = 0, threads: int | None = 1, progress: Progress = no_progress) -> ServingRun:
+                seed: int = 0, threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> ServingRun:
     """Serve ``journey_workload`` with continuous batching and ``max_seqs`` slots; the watched id is ``n_ahead``.
 
     With ``executor`` (e.g. ``FixedStepCostExecutor``) and ``clock="virtual"`` every stamp is exact.
@@ -116,7 +117,7 @@ def _child(t0: float, params: dict) -> None:
     model = build_model(lesson_config(), seed=params["seed"])
     t_build = time.perf_counter()
     from ...serving.engine import Engine
-    engine = Engine(model, block_size=16, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256))
+    engine = Engine(model, block_size=BLOCK_SIZE, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256))
     t_engine = time.perf_counter()
     vocab = model.config.vocab_size
     request = Request(0, params["prompt_tokens"], params["max_new_tokens"], 0.0, "single",
@@ -131,7 +132,7 @@ def _child(t0: float, params: dict) -> None:
 
 
 def cold_vs_warm(repeats: int = 5, prompt_tokens: int = 64, max_new_tokens: int = 32, seed: int = 0,
-                 threads: int | None = 1, timeout_s: float = 180.0, progress: Progress = no_progress) -> pd.DataFrame:
+                 threads: int | None = LESSON_THREADS, timeout_s: float = 180.0, progress: Progress = no_progress) -> pd.DataFrame:
     """Start a fresh Python process, build the lesson model and an engine, and serve one request ``repeats`` times.
 
     Returns one row per serving of the request: ``run`` (0 = the first, cold), ``start``
@@ -208,7 +209,7 @@ def startup_phases(frame: pd.DataFrame) -> pd.DataFrame:
 # -- why a mean hides the wait ---------------------------------------------------------------------------
 def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0, burstiness: float = 0.1,
                    scale: float = 0.5, max_seqs: int = 2, max_batch_tokens: int = 256, seed: int = 1,
-                   clock: str = "wall", executor: Executor | None = None, threads: int | None = 1,
+                   clock: str = "wall", executor: Executor | None = None, threads: int | None = LESSON_THREADS,
                    progress: Progress = no_progress) -> ServingRun:
     """``n`` requests of the "mixture" profile (lengths x ``scale``) arriving in bursts at ``rate``/s on average.
 

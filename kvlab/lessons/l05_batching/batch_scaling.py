@@ -34,7 +34,7 @@ from ...measure.bandwidth import StepProductsProbe, machine_bandwidth, weight_by
 from ...cache.static import StaticCache
 from ...device import now
 from ...model.decoder import Decoder
-from ...threads import check_threads, torch_threads
+from ...threads import LESSON_THREADS, check_threads, torch_threads
 from ...runs.serving_run import check_positive_int, resolve_model
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -185,7 +185,7 @@ def prefill_batching(model: Decoder, prompts: int = 8, prompt_tokens: int = 32, 
 
 def batch_scaling(model: Decoder | None = None, batch_sizes: Sequence[int] = BATCH_SIZES, prompt_tokens: int = 8,
                   steps: int = 4, repeats: int = 3, prompts: int = 8, prefill_tokens: int = 32,
-                  threads: int | None = 1, seed: int = 0, bandwidth_mb: int | None = None) -> BatchScaling:
+                  threads: int | None = LESSON_THREADS, seed: int = 0, bandwidth_mb: int | None = None) -> BatchScaling:
     """This machine's limits, the decode step against the batch size, and batched against one-by-one prefill.
 
     ``threads`` CPU threads throughout (1 by default, as the serving lessons; the limits are measured with the

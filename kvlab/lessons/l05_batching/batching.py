@@ -18,8 +18,8 @@ import pandas as pd
 
 from ...model.decoder import Decoder
 from ...serving.executor import Executor
-from ...serving.scheduler import POLICIES, SchedulerConfig
-from ...threads import check_threads
+from ...serving.scheduler import MAX_BATCH_TOKENS, POLICIES, SchedulerConfig
+from ...threads import LESSON_THREADS, check_threads
 from ...workload import Request, arrival_times
 from ...runs.progress import Progress, no_progress
 from ...runs.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
@@ -61,8 +61,8 @@ def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt
 
 def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENGTHS,
                      policies: Sequence[str] = POLICIES, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
-                     max_new_tokens: int = 48, max_batch_tokens: int = 512, clock: str = "wall",
-                     executor: Executor | None = None, seed: int = 0, threads: int | None = 1,
+                     max_new_tokens: int = 48, max_batch_tokens: int = MAX_BATCH_TOKENS, clock: str = "wall",
+                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                      progress: Progress = no_progress) -> list[ServingRun]:
     """Serve the same all-at-once requests under each policy, for each length mix.
 
@@ -92,7 +92,7 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
 def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0, 0.1, 0.2, 0.4),
                     rate: float = 15.0, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
                     max_new_tokens: int = 32, include_continuous: bool = True, clock: str = "wall",
-                    executor: Executor | None = None, seed: int = 0, threads: int | None = 1,
+                    executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                     progress: Progress = no_progress) -> list[ServingRun]:
     """Static batching under a trickle (one request every 1/``rate`` s), waiting up to each of ``waits`` to fill.
 
@@ -113,7 +113,7 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
         warm_up(model, threads)
     runs = []
     for policy, w in progress(plan, total=len(plan), desc="batch wait", unit="run"):
-        sched = SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=512, batch_wait_s=w)
+        sched = SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, batch_wait_s=w)
         label = f"static, wait {w * 1e3:.0f} ms" if policy == "static" else "continuous (no wait)"
         run = serve(model.config if executor is not None else model, requests, label=label, clock=clock,
                     executor=executor, scheduler=sched, threads=threads)

@@ -37,7 +37,7 @@ from ...runs.progress import Progress, no_progress
 # the set-up lesson 08 shares (its home); DEFAULT_SLO, scheduler_config and simulator stay importable from here
 from ...runs.sweep_settings import (DEFAULT_SLO, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config, simulator,
                              sweep_settings)
-from ...threads import torch_threads
+from ...threads import LESSON_THREADS, torch_threads
 
 KEEPS_UP_RATIO = 0.9  # a level keeps up when >= 90% of the requests/s sent are served (as in mark_knee)
 
@@ -224,7 +224,7 @@ def ab_holds(frame: pd.DataFrame) -> dict:
 # -- the simulator against the real model -----------------------------------------------------------
 def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requests: int = 30,
                       config: str | ModelConfig | None = None, cost_model: CostModel | None = None,
-                      scheduler: SchedulerConfig | None = None, seed: int = 0, threads: int | None = 1,
+                      scheduler: SchedulerConfig | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                       progress: Progress = no_progress) -> pd.DataFrame:
     """The same load levels served by the real decoder (wall clock) and by the cost model (virtual clock).
 

@@ -22,6 +22,7 @@ from ...serving.block_manager import BlockManager, bytes_per_block
 from ...serving.sequence import SamplingParams, Sequence as EngineSequence
 from ...workload import Request, make_workload
 from ...runs.serving_run import check_positive_int
+from ...cache.paged import BLOCK_SIZE
 
 
 # -- counting --------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def block_manager_fit(lengths: Sequence[int], num_blocks: int, block_size: int) 
     return len(lengths)
 
 
-def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = 16,
+def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = BLOCK_SIZE,
                       max_model_len: int | None = None, max_new_tokens: int | None = None,
                       dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Sequences of the workload that fit in one budget, reserving their maximum length vs paging blocks.
@@ -149,7 +150,7 @@ def block_size_table(config: ModelConfig, requests: Sequence[Request], kv_budget
 
 def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
                     max_model_lens: Sequence[int] = (256, 512, 1024),
-                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256), block_size: int = 16,
+                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256), block_size: int = BLOCK_SIZE,
                     dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Sequences of the workload that fit, per (max context C, max new tokens M), reserved and paged.
 

@@ -9,9 +9,9 @@ from ...runs.serving_run import runs_frame
 from ...model.decoder import Decoder
 from .figures_kv_blocks import plot_kv_blocks
 from ..common.panel import ExperimentPanel
+from ...cache.paged import BLOCK_SIZE
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
-BLOCK_SIZE = 16
 MAX_MODEL_LEN = 256  # so one request needs at most 16 blocks: the smallest budget the engine accepts
 
 

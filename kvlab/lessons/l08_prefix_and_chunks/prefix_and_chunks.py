@@ -19,12 +19,13 @@ import pandas as pd
 from ...model.decoder import Decoder
 from ...serving.block_manager import bytes_per_block
 from ...serving.executor import Executor
-from ...serving.scheduler import SchedulerConfig
-from ...threads import check_threads
+from ...serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
+from ...threads import LESSON_THREADS, check_threads
 from ...workload import Request, make_workload
 from ...runs.progress import Progress, no_progress
 from ...runs.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
+from ...cache.paged import BLOCK_SIZE
 
 
 # -- running out of blocks: preemption --------------------------------------------------------------
@@ -51,8 +52,8 @@ def recomputed_tokens(run: ServingRun) -> int:
 
 
 def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None] = (None, 40), n: int = 12,
-                    max_seqs: int = 12, block_size: int = 16, max_model_len: int = 256, clock: str = "wall",
-                    executor: Executor | None = None, seed: int = 0, threads: int | None = 1,
+                    max_seqs: int = 12, block_size: int = BLOCK_SIZE, max_model_len: int = 256, clock: str = "wall",
+                    executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                     progress: Progress = no_progress) -> list[ServingRun]:
     """The same growing requests under each KV budget (in blocks; None: room for max_seqs at max_model_len).
 
@@ -71,7 +72,7 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
         warm_up(model, threads)
     runs = []
     for b in progress(plan, total=len(plan), desc="KV budgets", unit="run"):
-        sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=512, max_model_len=max_model_len)
+        sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, max_model_len=max_model_len)
         run = serve(model.config if executor is not None else model, requests, label=f"{b} blocks",
                     clock=clock, executor=executor, block_size=block_size, kv_budget_bytes=b * per_block,
                     scheduler=sched, enable_prefix_caching=False, threads=threads)
@@ -95,8 +96,8 @@ def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 
 # -- prefix caching ----------------------------------------------------------------------------------
 def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 256,
-                        rate: float = 8.0, block_size: int = 16, clock: str = "wall",
-                        executor: Executor | None = None, seed: int = 0, threads: int | None = 1,
+                        rate: float = 8.0, block_size: int = BLOCK_SIZE, clock: str = "wall",
+                        executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                         progress: Progress = no_progress) -> list[ServingRun]:
     """Chat requests sharing a system prompt, arriving every 1/``rate`` s, with prefix caching off and on.
 
@@ -118,7 +119,7 @@ def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt
         run = serve(model.config if executor is not None else model, requests,
                     label=f"prefix caching {'on' if on else 'off'}", clock=clock, executor=executor,
                     block_size=block_size, enable_prefix_caching=on, threads=threads,
-                    scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=512))
+                    scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=MAX_BATCH_TOKENS))
         run.extra.update(prefix_caching=on, expected_hit_tokens=expected if on else 0)
         runs.append(run)
     return runs
@@ -157,7 +158,7 @@ def chunked_prefill_workload(vocab_size: int, n_decoding: int = 4, decode_tokens
 def chunked_prefill_runs(model: Decoder | None = None, chunk_tokens: int = 64, n_decoding: int = 4,
                          decode_tokens: int = 120, long_prompt_tokens: int = 768, long_arrival_s: float = 0.08,
                          clock: str = "wall", executor: Executor | None = None, seed: int = 0,
-                         threads: int | None = 1, progress: Progress = no_progress) -> list[ServingRun]:
+                         threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> list[ServingRun]:
     """The same requests with the long prompt computed in one step, then in chunks under a ``chunk_tokens`` budget.
 
     Both runs use decode-first scheduling: running decodes are never left out of a step; what

@@ -32,6 +32,7 @@ from ...http.peer import (LoopbackServer, greedy_answer, kvlab_server, transform
 from ...http.shared_checkpoint import check_same_tokens, save_shared_checkpoint
 from ...workload import Request
 from ...runs.progress import Progress, no_progress
+from ...threads import LESSON_THREADS
 
 ENGINES = ("kvlab serve", "transformers serve")
 PHASES = ("cold", "warm", "sweep")
@@ -51,7 +52,7 @@ def lesson_checkpoint(folder: str | Path | None = None) -> Path:
     return folder
 
 
-def make_server(engine: str, folder: str | Path, threads: int | None = 1, **settings) -> LoopbackServer:
+def make_server(engine: str, folder: str | Path, threads: int | None = LESSON_THREADS, **settings) -> LoopbackServer:
     """`kvlab_server` or `transformers_server` by name, not started."""
     if engine == "kvlab serve":
         return kvlab_server(folder, threads=threads, **settings)
@@ -176,7 +177,7 @@ def engine_knees(frame: pd.DataFrame, slo_ttft_s: float, min_served: float = 0.9
 def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rates: Sequence[float] = (4.0, 16.0),
                     cold_requests: int = 6, warmup: int = 4, warm_requests: int = 12, duration_s: float = 2.0,
                     low_profile: str = "short_short", sweep_profile: str = "mixture", slo_ttft_s: float = 1.0,
-                    min_served: float = 0.9, threads: int | None = 1, seed: int = 0, timeout_s: float = 30.0,
+                    min_served: float = 0.9, threads: int | None = LESSON_THREADS, seed: int = 0, timeout_s: float = 30.0,
                     engines: Sequence[str] = ENGINES, progress: Progress = no_progress) -> EnginesRun:
     """Start each engine in turn on the same folder, measure cold, warm and a sweep, stop it.
 
