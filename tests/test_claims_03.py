@@ -90,3 +90,14 @@ def test_the_tier_claim_reads_the_offloaded_setting_whose_copies_were_timed():
 def test_the_cache_time_claim_reads_any_run_that_timed_the_cache():
     v = verdicts(_example(), "quantized_time_goes_into_the_cache")[0]
     assert v.holds is not None, v.text
+
+
+def test_a_tie_at_every_bit_width_is_not_a_fall():
+    """60/60 at every width once printed "fell ✓": a fall needs no rise and a strict fall from end to end."""
+    frame = _copy(_example())
+    acc = frame.attrs["accuracy"]
+    quantized = acc["setting"].str.startswith("quantized") & (acc["residual"] == 0) if "residual" in acc else \
+        acc["setting"].str.startswith("quantized")
+    assert verdicts(frame, "answers_fall_as_bits_fall")[0].holds, "the example's answers fall with the bits"
+    acc.loc[quantized, "correct"] = int(acc["examples"].max())
+    assert verdicts(frame, "answers_fall_as_bits_fall")[0].holds is False
