@@ -309,10 +309,10 @@ def workshop_links(markdown: str) -> str:
 
 
 def workshop_note(notebook: str) -> str:
-    """The first line of a workshop notebook: which edition it is, and where the teacher's copy is."""
-    return (f"> **Workshop edition.** Nothing here has been run yet, so every prediction, check and exercise "
-            f"waits for you; Run all is fine too (answers stay folded until you predict). The teacher's copy, "
-            f"with the outputs of the authors' run, is [`{notebook_path(notebook, 'teacher')}`](../{notebook}).")
+    """The first line of a workshop notebook: which edition it is. It does not link the teacher's copy, whose saved
+    outputs are the answer sheet (the teacher finds it beside this folder, and in the README)."""
+    return ("> **Workshop edition.** Nothing here has been run yet, so every prediction, check and exercise "
+            "waits for you; Run all is fine too (answers stay folded until you predict).")
 
 
 def workshop_edition(source: Path) -> nbformat.NotebookNode:
