@@ -75,12 +75,12 @@ guess
 # %%
 from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel
 
-panel = slowdown_panel(model)
+panel = slowdown_panel(model).folded_until(guess)  # its figure answers the prediction above
 panel
 
 # %%
 result = panel.run()   # the same as pressing Run with the settings above
-result.show()
+display(guess.fold(result, what="this run's table and figure"))
 
 # %%
 from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_fit, slowdown_summary
@@ -162,9 +162,10 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 #
 # The cached line above looked flat, but over a few hundred tokens only. A cached step computes one
 # new token, yet its attention reads the stored key and value of **every** earlier position, in
-# every layer: `context × 2 × layers × kv_heads × head_dim × 4` bytes (fp32) per step, the memory
-# formula of notebook 02. At a short context that read is small next to the rest of the step (the
-# weights, starting each operation); as the context grows it becomes a larger part of it. The cell
+# every layer: `context × 2 × layers × kv_heads × head_dim × bytes_per_element` bytes per step (4
+# bytes in kvlab's fp32; 2 in the fp16 or bf16 most GPU serving uses), the memory formula of
+# notebook 02. At a short context that read is small next to the rest of the step (the weights,
+# starting each operation); as the context grows it becomes a larger part of it. The cell
 # below prefills prompts of four lengths, from a short one to nearly the model's whole context, and
 # times a few cached decode steps after each (the fastest of three runs, as before).
 
@@ -180,9 +181,16 @@ verdicts(long_run, "cached_steps_grow_at_long_context")
 # the whole history, and that read grows by one token's K/V with every token written: a long answer
 # slows gradually even with a cache, far less than without one. On a small model on a CPU it takes
 # a long context to show; on a large model serving long contexts the history a step reads can
-# approach the size of the weights, which is why engines use attention kernels that read K/V at
-# full memory speed (FlashAttention, vLLM's paged attention) and shrink the K/V itself (fewer key/value
-# heads, as this model has; quantized caches, notebook 03).
+# approach the size of the weights, and a decode step's attention is bound by reading it. So
+# engines shrink the K/V itself (fewer key/value heads, as this model has; FP8 or quantized caches,
+# notebook 03). Two names often credited here do other jobs. **FlashAttention** is IO-aware: it
+# computes attention in tiles held in fast on-chip memory and never writes the full matrix of
+# query–key scores to GPU memory, which saves most on long prompts (for decode, its split-K/V
+# variant, Flash-Decoding, spreads one long history over the whole GPU). vLLM's **PagedAttention**
+# is memory management: K/V in fixed-size blocks anywhere in the pool, so almost no memory is wasted
+# and requests can share blocks (notebooks 07 and 08). Its paper reports the paged kernel somewhat
+# slower than one reading contiguous memory (the block table costs lookups), paid back by the larger
+# batches the saved memory allows.
 #
 # ### Try it
 #

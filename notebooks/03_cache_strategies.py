@@ -220,8 +220,9 @@ verdicts(result, "quantized_memory_follows_the_format", after=guess)
 # bucket of distance between the fact and the query (each column says how many questions fell
 # into it: a bucket holds only part of them, so one answer more or less moves it a lot). The
 # questions are the same for every setting, so the exact cache's row is the reference. The model,
-# the questions and greedy decoding on one CPU thread are deterministic: these counts, and the
-# verdicts under them, are the same on every machine.
+# the questions and greedy decoding on one CPU thread are deterministic: on a CPU these counts, and
+# the verdicts under them, are the same on every machine. On a GPU other kernels round differently,
+# so an answer on the edge (most likely at the lowest bits) can flip.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -267,11 +268,14 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 #
 # That is kvlab's design, and the design of transformers' offloaded cache, which also keeps whole
 # layers off the device and brings each back just before it is used, prefetching the next one while
-# the current one computes. Serving engines offload differently: vLLM and SGLang keep the K/V of the
-# sequences that are running on the GPU and move to CPU memory only blocks that are idle (a preempted
-# sequence's, or a finished request's prefix kept for reuse), copying a block back when a sequence
-# needs it again. They do not stream every running sequence's history across the link every step;
-# kvlab does, to make the cost of that traffic visible.
+# the current one computes. Serving engines keep the K/V of running sequences on the GPU. When vLLM
+# (its V1 engine) runs out of blocks it preempts by **recompute**: the preempted sequence's blocks
+# are freed, not copied, and its tokens are computed again later (notebook 08); swapping them to CPU
+# memory was an option of the older V0 engine (`preemption_mode="swap"`). What engines move to CPU
+# memory is K/V kept for reuse: vLLM through a KV connector (its own `OffloadingConnector`, or
+# LMCache), SGLang through HiCache, a host-memory tier under its radix-tree prefix cache. A block
+# comes back when a later request's prefix matches it. None of them streams every running
+# sequence's history across the link every step; kvlab does, to make the cost of that traffic visible.
 #
 # What "slower memory" means depends on the machine, and it changes what you measure:
 #
@@ -519,13 +523,14 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 #   everything (checked above); they differ in where the bytes live and when they are allocated.
 # - `static` reserves its maximum up front: memory held but empty at shorter contexts, in exchange
 #   for shapes that never change, which is what a compiled decode step needs.
-# - `quantized` takes bits/32 of the memory plus a scale and zero-point per group, exactly; it pays
+# - `quantized` takes bits/32 of kvlab's fp32 cache (bits/16 of an fp16 one) plus a scale and zero-point per group, exactly; it pays
 #   with time spent quantizing and dequantizing every step and with answers as bits fall (the
-#   verdicts above say how much on your run); an FP8 cache read inside the attention kernel (vLLM,
-#   SGLang) skips the dequantizing. Token-level measures on a few prompts order the
+#   verdicts above say how much on your run); an FP8 cache that the attention kernel converts as it
+#   reads (vLLM, SGLang) makes no dequantized copy of the history. Token-level measures on a few prompts order the
 #   settings but can miss errors that only a count of right answers shows.
 # - `offloaded` keeps little on the device and moves the whole history every step, as transformers'
-#   offloaded cache does: bytes that grow with the context (vLLM and SGLang offload only idle blocks). On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
+#   offloaded cache does: bytes that grow with the context (serving engines keep running sequences' K/V
+#   on the GPU, preempt by recompute, and offload only K/V kept for reuse). On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
 #   host memory with the next layer prefetched on a side stream. Behind a slower link, the copies'
 #   time is in every step and grows with the bytes. In a server under load, kvlab's offloaded pool moves
 #   every scheduled sequence's history each step, so steps and gaps between tokens spread out, not

@@ -307,10 +307,13 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # bigger the model, the more each operation has to read and the closer a one-sequence step comes to
 # the memory floor (`python -m kvlab bench decode --config llama-30m` measures a bigger one).
 #
-# Bottom right, prompts: a batched prefill gives every prompt its first token at once, sooner than
-# the last of them would get it one by one, and later than the first would get it alone. The mean
-# time to first token lands in between, on the side your machine decides: a prompt long enough to
-# keep the arithmetic busy on its own gains little from company. Try `batch_scaling(model,
+# Bottom right, prompts: a batched prefill gives every prompt its first token at once, when the
+# whole batch's prefill ends: sooner than the last of them would get it one by one, later than the
+# first would get it alone. What batching prompts buys is throughput, all of them through sooner;
+# it does not bring each prompt's first token sooner. Whether the *mean* time to first token
+# (`mean_ttft_s`) comes out lower batched or one by one is for your machine to decide, and it can
+# be higher batched: one by one, the early prompts are answered early. A prompt long enough to keep
+# the arithmetic busy on its own gains little from company. Try `batch_scaling(model,
 # prefill_tokens=8)` and then `prefill_tokens=128`: when does batching prompts stop paying?
 #
 # Behind this section: `kvlab.lessons.l05_batching.batch_scaling` (`batch_scaling`, `decode_scaling`,

@@ -4,8 +4,9 @@
 # use it at once: up to what load do answers start quickly and flow steadily, how many requests are
 # refused, and how much memory it takes. This notebook draws that picture, the **service curve**,
 # for several kinds of traffic, and then shows two real scheduling rules that do the same below
-# capacity, but once overloaded, the one that gets more work done is also the one that makes people
-# wait longer for the first word.
+# capacity, but once overloaded, the one that gets more work done computes new prompts from what its
+# steps leave over, which can delay first tokens; comparing first-token times then needs every
+# request counted, not only the finished ones.
 
 # %%
 # kvlab:setup
@@ -18,8 +19,9 @@
 # - explain how a simulator calibrated on your machine can sweep thousands of requests far faster
 #   than real time, and check it against the real model: what it gets right, and where it is off;
 # - reproduce "more throughput, later first token" with two real scheduling policies, see that it
-#   appears only past capacity, read time per output token beside time to first token, and count
-#   what was sent, completed, failed and still waiting when the measurement window closed.
+#   appears only past capacity, read time per output token beside time to first token, count
+#   what was sent, completed, failed and still waiting when the measurement window closed, and say
+#   why a quantile over the completed requests alone cannot settle which rule starts answers sooner.
 
 # %% [markdown]
 # ## Why a simulator
@@ -33,7 +35,7 @@
 #
 # | term | why it costs |
 # |---|---|
-# | a fixed cost per step | every weight is read once per step, whatever the batch |
+# | a fixed cost per step | every weight is read, and every operation started, once per step, whatever the batch |
 # | per prompt token | each token is one more row in every matrix product |
 # | per decoding sequence | one more row, one more token to sample |
 # | per KV slot read by decodes | attention reads the stored keys and values |
@@ -210,8 +212,11 @@ print("n behind each p95:", exact["ttft_n"].tolist())
 verdicts(exact, "quantile_counts_fewer_than_sent")
 
 # %% [markdown]
-# A p95 without those counts would flatter the service: it leaves out the refused requests and the
-# ones still queued, the very ones a user would have found slowest.
+# A p95 without those counts would flatter the service. In this sweep the engine serves every
+# admitted request to its end after sending stops, so the ones still waiting or running when the
+# window closed are in the quantile's n; what it leaves out are the refused requests, turned away
+# because the queue was full: the users the service treated worst. A measurement that stops at
+# the window, like the A/B example below, leaves out the unfinished ones as well.
 #
 # ## Explore: your own service curve
 #
@@ -233,11 +238,12 @@ result.show()
 #
 # Same requests, same load, two real scheduling rules of the engine (only `priority` differs):
 #
-# - **A, prefill first** (vLLM's original rule): whenever a prompt is waiting, the next step is
-#   spent on prompts; the running answers pause.
+# - **A, prefill first** (the rule of vLLM's original V0 scheduler without chunked prefill):
+#   whenever a prompt is waiting, the next step is spent on prompts; the running answers pause.
 # - **B, decode first** with a budget of 64 tokens per step (stall-free batching, as in
 #   Sarathi-Serve): every running answer gets its next token each step; prompts use what is left of
-#   the budget.
+#   the budget. vLLM's V1 scheduler works this way by default (running requests first, chunked
+#   prefill always on).
 #
 # The traffic is long documents in, short answers out (32 tokens each), for one minute, counted
 # when the minute ends, at two loads. **Overloaded**: the lowest load at which A alone no longer
@@ -265,11 +271,25 @@ verdicts(ab, "ab_below_capacity_both_keep_up", "ab_overloaded_more_throughput_la
 # Below capacity both rules keep up (the first line above): the same requests are served, within
 # the TTFT target. Overloaded they part (the next two lines). B keeps every answer moving, and each of its steps carries prompt
 # work *and* decodes, so the fixed cost of a step is shared: it completes more answers in the
-# minute, and they stream steadily. A starts answers sooner, since a waiting document always goes
-# next; but each of its prompt-only steps pauses every answer in progress and pays the step's fixed
-# cost alone, so its answers crawl once started and fewer finish in the minute. Neither is
-# "faster": they win on different clocks, and only once requests have to wait. Both are behind at
-# the end of the overloaded minute: read the `waiting` and `running` columns.
+# minute, and they stream steadily. Once a document is admitted, A computes its prompt in
+# consecutive prompt-only steps, so its first token follows soon; B computes it from what each step
+# leaves after the running answers, so its first token comes later. But each of A's prompt-only
+# steps pauses every answer in progress and pays the step's fixed cost alone, so its answers crawl
+# once started and fewer finish in the minute.
+#
+# Read the first-token line with care: its TTFT quantiles, like every clock in this table, are
+# over the requests that **completed** in the minute (`ttft_n`), and the two rules leave different
+# requests unfinished (the `waiting` and `running` columns). A request still running has usually
+# had its first token (unless its prompt is still being computed) but is not in the quantile; a
+# request still waiting has no first token yet, only a lower bound on it (the time it has waited so
+# far). Comparing completed-only p95s compares survivors, the bias *Every request counted* warns
+# about. So the line above compares the first tokens of the requests each rule *finished*; it
+# cannot show which rule starts answers sooner for everyone who sent one. A fair comparison counts
+# every request sent: the first-token time of each that got one, the still-waiting ones censored
+# at the window's close (a censored quantile; when more than one request in twenty is still
+# waiting, the p95 is only a lower bound), or both rules compared at the same number of completed
+# requests. Neither rule is "faster": they win on different clocks, and
+# only once requests have to wait; both are behind at the end of the overloaded minute.
 #
 # Does the trade-off hang on the authors' machine's costs? The same two loads on the round-number
 # cost model, a machine with quite different costs:
@@ -313,8 +333,11 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 #   numbers drift with the machine's load, the steps it never timed and the tails: recalibrate on a
 #   new machine (`python -m kvlab calibrate`).
 # - Below capacity, two rules can do the same work; past it, one can raise throughput and stream
-#   answers faster while delaying first tokens (decode-first vs prefill-first): compare services on
-#   every clock, with quantiles, their n, and the counts of requests refused or still waiting.
+#   answers faster while computing new prompts from each step's leftovers, which can delay first
+#   tokens (decode-first vs prefill-first).
+#   Compare services on every clock, with quantiles, their n, and the counts of requests refused,
+#   still waiting or still running; a quantile over completed requests alone compares survivors, so
+#   count the unfinished ones (censored at the window's close) before naming a winner.
 # - Behind this notebook: `kvlab.serving.cost_model` (`CostModel`, `CostModelExecutor`),
 #   `kvlab.serving.calibrate`, `kvlab.serving.sweep` (`load_sweep`, `mark_knee`),
 #   `kvlab.lessons.l06_under_load.load`, `kvlab.lessons.l06_under_load.figures`, `kvlab.lessons.l06_under_load.panel`; commands

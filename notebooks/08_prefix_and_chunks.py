@@ -33,9 +33,10 @@ model = lesson_model()
 #
 # The engine admits a request when there are blocks for its prompt, not for the answer it has not
 # written yet. If the running sequences then grow past the budget, one of them must give its
-# blocks back: vLLM (and kvlab) **preempt** the most recently admitted sequence, free its blocks, and
-# put it back at the front of the queue; when it returns, its prompt and the tokens it had already
-# written are computed again (*recompute*). Nothing is lost for the user except time.
+# blocks back: vLLM's V1 engine (and kvlab) **preempt** the most recently admitted sequence (under
+# first-come-first-served scheduling), free its blocks, and put it back at the front of the queue;
+# when it returns, its prompt and the tokens it had already written are computed again
+# (*recompute*). Nothing is lost for the user except time.
 #
 # Twelve requests with short prompts and long answers, and a budget of 40 blocks (640 tokens).
 # Press **Run**, then move the budget.
@@ -89,8 +90,9 @@ verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer
 #
 # Many requests start with the same text: a system prompt, a long instruction, a shared document.
 # Their first blocks hold the same tokens, hence the same keys and values. With **prefix caching**
-# the engine names every full block by a hash of its tokens and of all the blocks before it, and a
-# new request whose first blocks match reuses them instead of computing them. Ten chat requests
+# kvlab's engine, like vLLM, names every full block by a hash of its tokens and of all the blocks
+# before it, and a new request whose first blocks match reuses them instead of computing them
+# (SGLang finds the shared prefix in a radix tree of token sequences instead). Ten chat requests
 # sharing a 256-token system prompt, arriving eight per second, with caching off and on:
 
 # %%
@@ -188,10 +190,11 @@ verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_
 # sample has more than 8 requests (the trace has no session ids; for another trace choose a count above
 # its longest session).
 #
-# A real engine's cache is its KV pool. A finished request's blocks stay in the cache until the pool
-# needs room; then the **least recently used** go first (LRU). Blocks of running requests cannot be
-# given away, only full blocks are cached, and the prompt's last token is always computed (its logits
-# give the first output token). The panel replays the trace on the simulator of notebook 06: steps
+# In kvlab, as in vLLM, the cache is the engine's KV pool. A finished request's blocks stay in the
+# cache until the pool needs room; then the **least recently used** go first (LRU). Blocks of running
+# requests cannot be given away, only full blocks are cached (SGLang, with pages of one token by
+# default, can reuse a prefix of any length), and the prompt's last token is always computed (its
+# logits give the first output token). The panel replays the trace on the simulator of notebook 06: steps
 # priced by the cost model calibrated on the authors' machine and shipped with kvlab, on a virtual
 # clock, so every number below is the same on every machine, and the trace replays far faster than it
 # took to record. On the left, the hit ratio against KV memory, with the trace at its own pace. In the

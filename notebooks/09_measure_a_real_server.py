@@ -142,7 +142,7 @@ from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_
 
 side = client_vs_engine(srv.url, num_requests=20, rate=10)
 display(guess.fold(overhead_table(side).round(2)))
-plot_client_vs_engine(side)
+display(guess.fold(plot_client_vs_engine(side), what="this figure"))
 
 # %%
 guess.against(1e3 * side["ttft_overhead_s"].median())
@@ -386,13 +386,15 @@ verdicts(both.frame, "two_engines_at_low_load", "cold_start_costs_the_first_requ
 # %% [markdown]
 # **Reading it.** At low load little waits, so TTFT is one prompt's prefill plus the plumbing,
 # and TPOT is one decode step with a nearly empty batch: that is each engine's step overhead. The
-# cold rows pay for what an engine does only once: transformers builds its batching manager and
+# cold rows can pay for what an engine does only once: transformers builds its batching manager and
 # paged cache on the first request, so a server that looks fast when warm can make its first users
-# wait; measure the two apart, and warm a server up before you time it. Under load the per-token
-# time grows with the batch on both engines, and how fast it grows is the scheduler's and the
-# attention kernel's work per step; where it grows faster, the queue builds sooner and the knee comes
-# at a lower rate. The knee, not the low-load latency, is what decides how many machines a service
-# needs.
+# wait (the verdict says whether the cold requests were clearly slower on your run; a few cold
+# requests on a busy machine may not show it). Measure the two apart, and warm a server up before
+# you time it. Under load the per-token time grows with the batch on both engines, and how fast it
+# grows is the scheduler's and the attention kernel's work per step; where it grows faster, the
+# queue builds sooner and the knee can come at a lower rate (on a coarse ladder of rates two knees
+# can still land on the same rung). The knee, not the low-load latency, is what decides how many
+# machines a service needs.
 #
 # A benchmark repeats this in paired rounds, with the engine order rotated, and prints kvlab's
 # latency and knee as ratios to transformers' with their spread: `python -m kvlab bench serve`.

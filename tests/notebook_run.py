@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbformat.v4 import new_code_cell
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -38,6 +39,16 @@ class NotebookRun:
     executed: nbformat.NotebookNode  # the same cells, with this run's outputs
     seconds: float
     errors: list[str] = field(default_factory=list)  # "cell N: Type: message", one per failing cell
+    figure_texts: dict[int, list[str]] = field(default_factory=dict)  # cell index -> texts of the figures it drew
+
+    def shown_before(self, index: int) -> list[tuple[int, str]]:
+        """(cell index, text) of everything cells before ``index`` showed: outputs and the text inside figures."""
+        found = []
+        for i, cell in enumerate(self.executed.cells[:index]):
+            for out in cell.get("outputs", []):
+                found.append((i, visible_text(out)))
+            found += [(i, t) for t in self.figure_texts.get(i, [])]
+        return found
 
     def code_cells(self) -> list[tuple[nbformat.NotebookNode, nbformat.NotebookNode]]:
         """(saved, executed) pairs of the code cells, in order."""
@@ -48,14 +59,31 @@ _RUNS: dict[str, NotebookRun] = {}
 
 
 def _kernel_manager():
-    """A kernel of this very interpreter (never a kernelspec that another Python installed)."""
+    """A kernel of this very interpreter (never a kernelspec that another Python installed), recording figure text."""
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
+    startup = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import figure_text"
     km = KernelManager(kernel_name="python3")
-    km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                       f"--IPKernelApp.exec_lines={[startup]!r}"],
                                  display_name="kvlab tests", language="python")
     return km
+
+
+FIGURE_DUMP = "import figure_text as _ft, json as _json; print(_json.dumps(_ft.RECORDS))"
+
+
+def visible_text(out) -> str:
+    """What a reader sees of one output before clicking anything: a stream, the HTML outside folds, or plain text."""
+    from test_predict import shown_without_clicking
+
+    if out.get("output_type") == "stream":
+        return out.get("text", "")
+    data = out.get("data", {})
+    if "text/html" in data:
+        return shown_without_clicking(data["text/html"])
+    return data.get("text/plain", "") if isinstance(data.get("text/plain", ""), str) else ""
 
 
 def run_notebook(name: str) -> NotebookRun:
@@ -69,16 +97,24 @@ def run_notebook(name: str) -> NotebookRun:
     for cell in executed.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
+    executed.cells.append(new_code_cell(FIGURE_DUMP))  # read back after the run, then removed
     start = time.perf_counter()
     client = NotebookClient(executed, km=_kernel_manager(), timeout=CELL_TIMEOUT_S, allow_errors=True,
                             store_widget_state=False, record_timing=False,
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
     client.execute()
     seconds = time.perf_counter() - start
+    dump = executed.cells.pop()
+    records = json.loads("".join(o.get("text", "") for o in dump.outputs if o.get("output_type") == "stream") or "[]")
+    by_count = {cell.execution_count: i for i, cell in enumerate(executed.cells) if cell.cell_type == "code"}
+    figure_texts: dict[int, list[str]] = {}
+    for count, texts in records:
+        if count in by_count:
+            figure_texts.setdefault(by_count[count], []).extend(texts)
     errors = [f"cell {i}: {out.get('ename')}: {out.get('evalue')}"
               for i, cell in enumerate(executed.cells) if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
-    run = _RUNS[name] = NotebookRun(name, saved, executed, seconds, errors)
+    run = _RUNS[name] = NotebookRun(name, saved, executed, seconds, errors, figure_texts)
     _record_time(run)
     return run
 
@@ -92,8 +128,9 @@ def _record_time(run: NotebookRun) -> None:
     path.write_text(json.dumps(dict(sorted(times.items())), indent=1))
 
 
-def _comparable(outputs: list) -> dict[str, list]:
-    """nbval's view of a cell's outputs: MIME type (or stream name) -> values, in order."""
+def _comparable(outputs: list, only: tuple[str, ...] | None = None) -> dict[str, list]:
+    """nbval's view of a cell's outputs: MIME type (or stream name) -> values, in order (``only``: these MIME types
+    and the streams)."""
     from nbval.plugin import coalesce_streams, transform_streams_for_comparison
 
     outputs = transform_streams_for_comparison(coalesce_streams([nbformat.from_dict(o) for o in outputs]))
@@ -104,16 +141,19 @@ def _comparable(outputs: list) -> dict[str, list]:
                 continue
             if key == "data":
                 for mime, data in value.items():
-                    if mime not in NOT_COMPARED:
-                        found[mime].append(data)
+                    if mime not in NOT_COMPARED and (only is None or mime in only):
+                        found[mime].append("".join(data) if isinstance(data, list) else data)
             else:
-                found[key].append(value)
+                found[key].append("".join(value) if isinstance(value, list) else value)
     return dict(found)
 
 
-def compare_outputs(saved: list, executed: list) -> list[str]:
-    """Where the outputs of a checked cell differ from the saved ones (empty: the same), as nbval compares."""
-    want, got = _comparable(saved), _comparable(executed)
+def compare_outputs(saved: list, executed: list, only: tuple[str, ...] | None = None) -> list[str]:
+    """Where the outputs of a checked cell differ from the saved ones (empty: the same), as nbval compares.
+
+    ``only``: compare these MIME types (and the streams) alone, e.g. ``("text/plain",)`` for outputs read back
+    from a browser, whose front end may serialise HTML its own way."""
+    want, got = _comparable(saved, only), _comparable(executed, only)
     problems = []
     if set(want) != set(got):
         problems.append(f"output kinds differ: saved {sorted(want)}, this run {sorted(got)}")

@@ -173,7 +173,8 @@ def test_notebook_has_exercises_with_registered_checkers_and_folded_solutions(no
 
 def test_the_saved_notebook_shows_a_figure_to_readers_who_do_not_run_it(notebook):
     name, nb = notebook
-    pngs = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    pngs = sum("image/png" in o.get("data", {}) or "data:image/png;base64," in o.get("data", {}).get("text/html", "")
+               for c in nb.cells if c.cell_type == "code" for o in c.outputs)  # shown, or folded until a prediction
     assert pngs >= 1, f"{name}: no saved figure; run its generator with --execute"
 
 
@@ -189,7 +190,7 @@ def test_every_panel_also_shows_its_default_run_as_plain_output(notebook):
         for panel in PANEL_CELL.findall(cell.source):
             later = code[i + 1:]
             shown = next((c for c in later if re.search(rf"{panel}\.run\(.*\)(\.show\(\)|\s*#.*)?", c.source)
-                          and ".show()" in c.source), None)
+                          and (".show()" in c.source or ".fold(" in c.source)), None)
             assert shown is not None, f"{name}: {panel} is never run and shown (result = {panel}.run(); result.show())"
             plain = [o for o in shown.outputs if o.get("output_type") == "display_data"
                      and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})]

@@ -12,6 +12,7 @@ output holds a path of this machine. The workshop edition has the same code cell
 """
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -66,7 +67,7 @@ def test_each_panels_default_run_is_shown_without_widgets(run):
     code = [cell for _, cell in run.code_cells()]
     for i, cell in enumerate(code):
         for panel in PANEL_CELL.findall(cell.source):
-            shown = next((c for c in code[i + 1:] if f"{panel}.run(" in c.source and ".show()" in c.source), None)
+            shown = next((c for c in code[i + 1:] if f"{panel}.run(" in c.source and (".show()" in c.source or ".fold(" in c.source)), None)
             assert shown is not None, f"{run.name}: {panel} is never run and shown (result = {panel}.run(); result.show())"
             plain = [o for o in shown.outputs if o.get("output_type") == "display_data"
                      and "application/vnd.jupyter.widget-view+json" not in o.get("data", {})]
@@ -102,3 +103,44 @@ def test_every_deterministic_claim_says_what_the_committed_copy_says(run):
                     assert mine == saved_line, f"{run.name}, code cell {i}, {name}:\n saved: {saved_line}\n   run: {mine}"
     if not checked:
         pytest.skip(f"{run.name} shows no deterministic claim in a cell of its own")
+
+
+MEASURED = re.compile(r'<b class="kvlab-measured">([^<]*)</b>')
+
+
+def answer_needles(measured: str) -> list[str]:
+    """What would give ``measured`` away: its text as shown, and its number alone when that is specific enough."""
+    shown = html.unescape(measured).strip()
+    number = re.search(r"\d[\d,]*(?:\.\d+)?", shown)
+    needles = [shown]
+    if number and len(number.group(0).replace(",", "").replace(".", "")) >= 3:  # "175" or "3.72", not "2"
+        needles.append(number.group(0))
+    if number and "." in number.group(0):  # rounded as a legend rounds it: 4.26× is "4.3×" there
+        unit = shown[number.end():].strip()
+        rounded = f"{float(number.group(0).replace(',', '')):.1f}"
+        needles += [f"{rounded}{unit}", f"{rounded} {unit}"] if unit else []
+    return needles
+
+
+def test_nothing_before_a_prediction_states_its_answer(run):
+    """Each prediction's answer, as this run measured it, shows nowhere before the learner can have typed a guess.
+
+    Run All runs past the empty box, so everything from the top of the notebook to the cell that compares the
+    guess (``guess.against(...)``) is seen first: every output outside a fold, and the text inside every figure.
+    """
+    cells = run.executed.cells
+    for j, cell in enumerate(cells):
+        if cell.cell_type != "code" or ".against(" not in cell.source:
+            continue
+        var = re.search(r"(\w+)\.against\(", cell.source).group(1)
+        asked = [i for i, c in enumerate(cells[:j + 1]) if c.cell_type == "code"
+                 and re.search(rf"^{var}\s*=\s*predict\(", c.source, re.M)]
+        assert asked, f"{run.name}: {var}.against(...) in cell {j} but no `{var} = predict(...)` before it"
+        answers = [m for o in cell.outputs for m in MEASURED.findall(o.get("data", {}).get("text/html", ""))]
+        for measured in answers:
+            for needle in answer_needles(measured):
+                pattern = re.compile(rf"(?<![\d.]){re.escape(needle)}(?![\d])")
+                leaks = [(i, t) for i, t in run.shown_before(j + 1) if pattern.search(t)]
+                assert not leaks, (f"{run.name}: the answer to {var} (asked in cell {asked[-1]}, compared in cell "
+                                   f"{j}), {measured!r}, shows unfolded in cell {leaks[0][0]}: "
+                                   f"...{leaks[0][1][:300]!r}")

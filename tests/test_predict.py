@@ -112,3 +112,18 @@ def test_a_folded_printout_keeps_its_lines_and_escapes_them():
     page = f._repr_html_()
     assert "this printout holds the answer" in page and "a &lt;b&gt; 2.00 GiB" in page
     assert "2.00" not in shown_without_clicking(page)
+
+
+def test_a_figure_that_states_the_answer_folds_and_says_so_in_plain_text():
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.subplots().set_title("token 194 took 3.7× token 20")
+    guess = predict("How many times as long?", unit="×")
+    f = guess.fold(fig, what="this figure")
+    page = f._repr_html_()
+    assert 'class="kvlab-reveal"' in page and "data:image/png;base64," in page
+    assert not re.search(r"\d", shown_without_clicking(page).replace("🎯", "")), shown_without_clicking(page)
+    assert "3.7" not in repr(f) and getattr(fig, "kvlab_folded", False)
+    guess.box.value = 4.0
+    assert "<details" not in guess.fold(fig)._repr_html_()

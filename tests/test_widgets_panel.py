@@ -170,3 +170,18 @@ def test_calculator_recomputes_on_change_and_names_what_fits():
     assert panel.computed == 2 and "does NOT fit" in panel.result.summary
     panel.controls["batch"].value = 8
     assert panel.computed == 2 and panel.result.from_cache
+
+
+def test_a_panel_folded_until_a_prediction_shows_its_result_only_after_the_guess():
+    from kvlab.lessons.common.predict import predict
+
+    guess = predict("How many?", unit="×")
+    panel = make_panel(Recorder()).folded_until(guess)
+    panel.run()
+    (out,) = panel.output.outputs
+    assert 'class="kvlab-reveal"' in out["data"]["text/html"] and "data:image/png" in out["data"]["text/html"]
+    assert out["data"]["text/plain"] == "(folded until you predict)"
+    guess.box.value = 3.0
+    panel.run()
+    assert all("kvlab-reveal" not in o["data"].get("text/html", "") for o in panel.output.outputs)
+    assert any("image/png" in o["data"] for o in panel.output.outputs)

@@ -24,6 +24,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as tqdm_notebook
 
+from .fold import folded
+
 RunFn = Callable[..., pd.DataFrame]  # run(progress=..., **params) -> frame
 FigureFn = Callable[[pd.DataFrame, dict], Figure]  # figure(frame, params)
 SummaryFn = Callable[[pd.DataFrame, dict], "pd.DataFrame | str"]  # summary(frame, params)
@@ -42,6 +44,14 @@ def figure_output(fig: Figure) -> dict:
     w, h = fig.get_size_inches()
     return {"output_type": "display_data", "metadata": {},
             "data": {"image/png": png, "text/plain": f"<Figure size {w * 96:.0f}x{h * 96:.0f}>"}}
+
+
+def output_html(output: dict) -> str:
+    """One display output as HTML: its table or text, or its PNG as an image."""
+    data = output["data"]
+    if "image/png" in data:
+        return f'<img src="data:image/png;base64,{data["image/png"]}"/>'
+    return data.get("text/html") or f"<pre>{html.escape(data.get('text/plain', ''))}</pre>"
 
 
 def table_output(table: pd.DataFrame | str) -> dict:
@@ -147,6 +157,7 @@ class ExperimentPanel:
         self.last_exception: BaseException | None = None  # for the curious: full traceback via .traceback()
         self.computed = 0  # runs that really computed (cache misses)
         self.progress_bar: tqdm_notebook | None = None
+        self.until: Any = None  # a prediction whose answer the result shows: folded while it is not made
 
         self.button = widgets.Button(description=button_label, button_style="primary", icon="play",
                                      tooltip="run the experiment with these settings")
@@ -290,9 +301,27 @@ class ExperimentPanel:
     def _set_status(self, text_html: str) -> None:
         self.status.value = f'<span style="color:#555">{text_html}</span>'
 
+    def folded_until(self, prediction: Any) -> "ExperimentPanel":
+        """Fold every result this panel shows while ``prediction`` (a ``predict(...)`` box) has no value: the
+        panel's figure and table state its answer. Returns the panel, so a notebook writes it in one line."""
+        if not hasattr(prediction, "value"):
+            raise TypeError(f"folded_until takes the prediction box (guess = predict(...)), not "
+                            f"{type(prediction).__name__}")
+        self.until = prediction
+        return self
+
     def _show(self, result: PanelResult) -> None:
         self.result, self.error = result, None
-        self.output.outputs = tuple(result.outputs())
+        if self.until is not None and self.until.value is None:
+            if result.figure is not None:
+                result.figure.kvlab_folded = True
+            body = "".join(output_html(o) for o in result.outputs())
+            page = folded("🎯 this result holds the answer to your prediction: type your number in the box above "
+                          "and press Run again, or click here to show it", body)
+            self.output.outputs = ({"output_type": "display_data", "metadata": {},
+                                    "data": {"text/html": page, "text/plain": "(folded until you predict)"}},)
+        else:
+            self.output.outputs = tuple(result.outputs())
         if result.from_cache:
             self._set_status(f"same settings as an earlier run: shown from the cache, not recomputed "
                              f"(that run took {result.seconds:.1f} s)")

@@ -23,9 +23,18 @@ from dataclasses import dataclass
 
 import ipywidgets as widgets
 
+from matplotlib.figure import Figure
+
 from .fold import folded
+from .panel import figure_output, output_html
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
+
+
+def _folded_figure(figure: Figure) -> dict:
+    """The figure's output, marked as drawn inside a fold (tests/figure_text.py leaves it out of what shows)."""
+    figure.kvlab_folded = True
+    return figure_output(figure)
 
 
 @dataclass(frozen=True)
@@ -77,11 +86,20 @@ class Folded:
         self.shown, self.prediction, self.what = shown, prediction, what
 
     def _body_html(self) -> str:
-        to_html = getattr(self.shown, "_repr_html_", None)
+        shown = self.shown
+        if isinstance(shown, Figure):
+            return output_html(_folded_figure(shown))
+        if callable(getattr(shown, "outputs", None)):  # a panel's result: its summary and its figure
+            if getattr(shown, "figure", None) is not None:
+                shown.figure.kvlab_folded = True
+            return "".join(output_html(o) for o in shown.outputs())
+        to_html = getattr(shown, "_repr_html_", None)
         page = to_html() if callable(to_html) else None
-        return page if page is not None else f"<pre>{html.escape(str(self.shown))}</pre>"
+        return page if page is not None else f"<pre>{html.escape(str(shown))}</pre>"
 
     def __repr__(self) -> str:
+        if isinstance(self.shown, (Figure,)) or callable(getattr(self.shown, "outputs", None)):
+            return f"({self.what}: folded in the notebook until you predict)"
         return self.shown if isinstance(self.shown, str) else repr(self.shown)
 
     def _repr_html_(self) -> str:
@@ -119,7 +137,8 @@ class Prediction:
         return Comparison(self.question, self.value, float(measured), self.unit, what)
 
     def fold(self, shown: object, what: str = "this table") -> "Folded":
-        """``shown`` (a DataFrame, a text) folded away while there is no prediction, because it states the answer."""
+        """``shown`` (a DataFrame, a text, a figure, a panel's result) folded away while there is no prediction,
+        because it states the answer (a figure's legend or title can)."""
         return Folded(shown, self, what)
 
     def _ipython_display_(self) -> None:

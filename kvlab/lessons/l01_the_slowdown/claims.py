@@ -40,7 +40,7 @@ def uncached_tokens_slow_down(result: Any) -> dict:
 
 # One boundary between "flat" and "grows": a ratio is one or the other, never both (cached_steps_stay_flat at short
 # context, cached_steps_grow_at_long_context at long context).
-FLAT_WITHIN = 1.5
+FLAT_WITHIN = 1.3
 
 
 @claim(NOTEBOOK, clock="wall",
