@@ -3,7 +3,7 @@
 Every model here is built with seed 0 on the CPU and then moved, so a test sees the same weights on
 every machine. The device is the CPU unless $KVLAB_TEST_DEVICE (or else $KVLAB_DEVICE) names another:
 ``KVLAB_TEST_DEVICE=cuda pytest tests/test_generate.py`` runs the same tests on the GPU, which is
-what scripts/gpu_check.py does. Tests of a GPU-only path have their own, marked to skip without CUDA.
+what the GPU checks do (tests/gpu/README.md). Tests of a GPU-only path have their own, marked to skip without CUDA.
 """
 from __future__ import annotations
 

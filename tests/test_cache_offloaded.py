@@ -19,7 +19,7 @@ on_cpu = pytest.mark.skipif(kvlab.pick_device().type != "cpu",
                             reason="the memory-mapped tier is the CPU-only path")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA not available: pinned tier and side-stream prefetch are checked "
-                                       "by scripts/gpu_check.py")
+                                       "by the GPU checks (tests/gpu/)")
 
 
 def row_bytes(cfg, batch=1, elem=4):

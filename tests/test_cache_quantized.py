@@ -187,7 +187,7 @@ def test_generate_with_bad_bits_fails_before_any_work(model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
-                    reason="CUDA not available: the quantized cache's CUDA run is checked by scripts/gpu_check.py")
+                    reason="CUDA not available: the quantized cache's CUDA run is checked by the GPU checks (tests/gpu/)")
 def test_quantized_cache_runs_on_cuda(teacher_forced_logits):
     m = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
     cache = make_cache("quantized", m.config, device="cuda", bits=4, residual=8)

@@ -150,10 +150,13 @@ def test_one_fault_fails_only_its_requests_and_the_server_serves_on(model, fault
     engine = make_engine(model, None if fault == "scheduler" else fault, at_step=2,
                          scheduler_fault=fault == "scheduler")
     with serve(engine) as server:
-        outcomes, took = burst(server.url, 8)  # 4 run, 4 wait: the waiting ones were in no failing step
+        outcomes, took = burst(server.url, 8)  # up to 4 run, the rest wait: the waiting ones were in no failing step
         assert took < BOUND_S and "incomplete" not in outcomes
-        failed = outcomes.count(ENGINE_ERROR)
-        assert failed == (1 if fault == "nan_row" else 4) and outcomes.count("completed") == 8 - failed
+        # How many were in the failing step depends on when the 8 arrived (a busy machine spreads them); one that
+        # arrives while the step is failing may be refused with 503 and Retry-After. Every one is answered.
+        failed, refused = outcomes.count(ENGINE_ERROR), outcomes.count("http_503")
+        assert outcomes.count("completed") + failed + refused == 8, outcomes
+        assert (failed == 1) if fault == "nan_row" else (1 <= failed <= 4), outcomes
         m = wait_idle(server.url)
         assert m["kv_blocks_used"] == 0 and m["engine_up"] == 1 and m["requests_failed_total"] == failed
         assert_counts_add_up(m)

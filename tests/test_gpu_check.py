@@ -1,31 +1,27 @@
-"""scripts/gpu_check.py's decisions, on fake numbers: the pinned tier's verdict, PASS/FAIL/SKIP and the summaries.
+"""The GPU check's decisions, on fake numbers: the pinned tier's verdict, PASS/FAIL/SKIP and the summaries.
 
-The script itself runs on a lent GPU (or ``--device cpu --quick`` here, in minutes); these tests
-check only the pure functions that turn its measurements into verdicts, so a wrong rule is caught
-before a GPU is ever lent.
+The checks themselves are tests/gpu/ (``python -m pytest -m gpu tests/gpu`` on a lent GPU, or with
+KVLAB_GPU_CHECK_DEVICE=cpu here, in minutes); these tests check only the pure functions of tests/gpu/report.py
+that turn its measurements into verdicts, so a wrong rule is caught before a GPU is ever lent.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+import gpu
+import gpu.report
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("gpu_check", None)
+    """The report helpers (tests/gpu/report.py)."""
+    return gpu.report
 
 
 def fake_tier(pinned: bool, nbytes: int, device: str = "cpu"):
@@ -173,3 +169,23 @@ def test_the_report_is_strict_json(gpu_check, tmp_path):
     report = dict(checks=[vars(c) for c in checks], summary=gpu_check.summarize_checks(checks), latency=float("nan"))
     path = gpu_check.write_json(tmp_path / "gpu_check.json", report)
     assert json.loads(Path(path).read_text())["latency"] is None
+
+
+def test_a_run_where_nothing_ran_says_skip_and_why(gpu_check):
+    """No CUDA here: every check skipped. The report is neither PASS nor FAIL, and says why."""
+    checks = [gpu_check.make_check("test_1_caches.py::test_x", None, measured="no CUDA here")]
+    report = dict(env=dict(device_name="none"), settings=dict(device="none", quick=False, budget_s=450.0),
+                  seconds=1.0, note="Nothing ran on a device: no CUDA here.")
+    text = gpu_check.markdown_summary(report, checks)
+    assert text.startswith("# gpu_check: SKIP\n")
+    assert "Nothing ran on a device: no CUDA here." in text
+    assert not gpu_check.summarize_checks(checks)["ok"]
+
+
+def test_the_documented_command_names_every_device_test_and_they_exist():
+    """tests/gpu/__init__.py's one command lists exactly DEVICE_TESTS, and README.md beside it shows the same."""
+    root = Path(__file__).resolve().parent.parent
+    for text in (gpu.__doc__, (root / "tests" / "gpu" / "README.md").read_text()):
+        command = text[text.index("KVLAB_TEST_DEVICE=cuda"):].split("\n\n")[0]
+        assert re.findall(r"tests/test_\w+\.py", command) == gpu.DEVICE_TESTS
+    assert all((root / path).is_file() for path in gpu.DEVICE_TESTS)
