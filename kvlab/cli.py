@@ -30,6 +30,8 @@ COMMANDS: dict[tuple[str, ...], Command] = {
                         "service curves under load, real or simulated on the calibrated cost model"),
     ("calibrate",): Command("kvlab.serving.calibrate",
                             "fit the cost model to this machine's step times (and validate it)"),
+    ("room",): Command("kvlab.room.collector",
+                       "the teacher's collector: every learner's run, stored in SQLite, for the room view"),
     ("notebooks",): Command("kvlab.authoring", "rebuild the notebooks from their sources, notebooks/NN_*.py"),
     ("bench", "decode"): Command("kvlab.benchmarks.decode",
                                  "one prompt through every kvlab cache and transformers' generate"),

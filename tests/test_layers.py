@@ -26,7 +26,7 @@ LAYERS: dict[str, list[str]] = {
     "serving": ["kvlab.serving"],
     "tasks": ["kvlab.tasks", "kvlab.quality"],
     "measure": ["kvlab.measure"],
-    "http": ["kvlab.http"],
+    "http": ["kvlab.http", "kvlab.room"],
     "runs": ["kvlab.runs"],
     "lesson frameworks": ["kvlab.lessons.common"],
     "lessons": ["kvlab.lessons"],
