@@ -18,40 +18,28 @@ import json
 import threading
 import time
 
+import sys
+from pathlib import Path
+
 import httpx
 
-import kvlab
-from kvlab.http.local import ServerThread, free_port, wait_until_healthy
-from kvlab.http.server import create_app, run_server
-from kvlab.serving import Engine, SchedulerConfig
-from kvlab.serving.faults import FaultyExecutor, FaultyScheduler
-from kvlab.threads import torch_threads
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import kvlab  # noqa: E402
+from test_faults import one  # noqa: E402  the streamed request the fault-injection tests send
+from kvlab.http.local import ServerThread, free_port, wait_until_healthy  # noqa: E402
+from kvlab.http.server import create_app, run_server  # noqa: E402
+from kvlab.serving import Engine, SchedulerConfig  # noqa: E402
+from kvlab.serving.faults import FaultyExecutor, FaultyScheduler  # noqa: E402
+from kvlab.threads import torch_threads  # noqa: E402
 
 MODEL = "tiny-llama"
 CASES = ("raise_once", "raise_always", "oom", "nan_row", "scheduler", "temperature 1e-38")
 
 
-async def _one(c: httpx.AsyncClient, url: str, i: int, temperature: float) -> str:
-    body = {"model": MODEL, "prompt": f"request {i}", "max_tokens": 8, "stream": True, "ignore_eos": True,
-            "temperature": temperature}
-    async with c.stream("POST", url + "/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            await resp.aread()
-            return f"http_{resp.status_code}"
-        async for line in resp.aiter_lines():
-            if line.startswith("data:") and line != "data: [DONE]":
-                chunk = json.loads(line[5:])
-                if "error" in chunk:
-                    return chunk["error"]["code"]
-                if chunk["choices"] and chunk["choices"][0]["finish_reason"]:
-                    return "completed"
-    return "incomplete"
-
-
 def _burst(url: str, temperatures: list[float]) -> tuple[list[str], float]:
     async def many():
         async with httpx.AsyncClient(timeout=30) as c:
-            return await asyncio.gather(*(_one(c, url, i, t) for i, t in enumerate(temperatures)))
+            return await asyncio.gather(*(one(c, url, i, temperature=t) for i, t in enumerate(temperatures)))
     t = time.perf_counter()
     return asyncio.run(many()), time.perf_counter() - t
 
