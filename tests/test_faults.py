@@ -217,7 +217,9 @@ def test_a_stuck_step_is_caught_by_the_watchdog_within_the_bound(model):
     engine = make_engine(model, "hang", at_step=1, hang_s=6.0)
     with serve(engine, step_timeout_s=1.0) as server:
         outcomes, took = burst(server.url, 3)
-        assert outcomes == [ENGINE_ERROR] * 3 and took < 4.0  # 1 s step time-out + the 0.5 s watchdog, and margin
+        # The hung step's requests get engine_error; one that arrives while it hangs may be refused with 503.
+        assert ENGINE_ERROR in outcomes and set(outcomes) <= {ENGINE_ERROR, "http_503"}, outcomes
+        assert took < 4.0  # 1 s step time-out + the 0.5 s watchdog, and margin
         server.thread.join(5)
         assert not server.thread.is_alive()  # the server exited, for its supervisor to restart it
         assert server.app.state.kvlab.engine.state == "stopped"
