@@ -118,6 +118,12 @@ class PanelResult:
             outs.append(figure_output(self.figure))
         return outs
 
+    def folded_html(self) -> str:
+        """Summary and figure as one HTML body for a fold; the figure is marked as drawn inside it."""
+        if self.figure is not None:
+            self.figure.kvlab_folded = True  # tests/figure_text.py: not shown before the learner clicks
+        return "".join(output_html(o) for o in self.outputs())
+
     def show(self) -> None:
         """Display the summary and the figure in a notebook cell (the figure as a PNG)."""
         from IPython.display import display
@@ -313,9 +319,7 @@ class ExperimentPanel:
     def _show(self, result: PanelResult) -> None:
         self.result, self.error = result, None
         if self.until is not None and self.until.value is None:
-            if result.figure is not None:
-                result.figure.kvlab_folded = True
-            body = "".join(output_html(o) for o in result.outputs())
+            body = result.folded_html()
             page = folded("🎯 this result holds the answer to your prediction: type your number in the box above "
                           "and press Run again, or click here to show it", body)
             self.output.outputs = ({"output_type": "display_data", "metadata": {},

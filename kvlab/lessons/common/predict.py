@@ -26,7 +26,7 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 
 from .fold import folded
-from .panel import figure_output, output_html
+from .panel import PanelResult, figure_output, output_html
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
 
@@ -89,16 +89,14 @@ class Folded:
         shown = self.shown
         if isinstance(shown, Figure):
             return output_html(_folded_figure(shown))
-        if callable(getattr(shown, "outputs", None)):  # a panel's result: its summary and its figure
-            if getattr(shown, "figure", None) is not None:
-                shown.figure.kvlab_folded = True
-            return "".join(output_html(o) for o in shown.outputs())
+        if isinstance(shown, PanelResult):  # its summary and its figure
+            return shown.folded_html()
         to_html = getattr(shown, "_repr_html_", None)
         page = to_html() if callable(to_html) else None
         return page if page is not None else f"<pre>{html.escape(str(shown))}</pre>"
 
     def __repr__(self) -> str:
-        if isinstance(self.shown, (Figure,)) or callable(getattr(self.shown, "outputs", None)):
+        if isinstance(self.shown, (Figure, PanelResult)):
             return f"({self.what}: folded in the notebook until you predict)"
         return self.shown if isinstance(self.shown, str) else repr(self.shown)
 
