@@ -108,18 +108,31 @@ def test_every_deterministic_claim_says_what_the_committed_copy_says(run):
 MEASURED = re.compile(r'<b class="kvlab-measured">([^<]*)</b>')
 
 
-def answer_needles(measured: str) -> list[str]:
-    """What would give ``measured`` away: its text as shown, and its number alone when that is specific enough."""
+def answer_needles(measured: str) -> tuple[list[str], list[str]]:
+    """What would give ``measured`` away: (its text as shown, searched everywhere before the guess; its number alone
+    when that is specific enough and its rounding as a legend rounds it, searched in the prediction's own section).
+
+    A bare "3.3" or "175" in another section's experiment is another quantity that happens to share digits (04's
+    p95/mean ratio of 3.3× beside its Chinese/English tokens of 3.32×); in the section that asks, it is the answer.
+    """
     shown = html.unescape(measured).strip()
     number = re.search(r"\d[\d,]*(?:\.\d+)?", shown)
-    needles = [shown]
+    near = []
     if number and len(number.group(0).replace(",", "").replace(".", "")) >= 3:  # "175" or "3.72", not "2"
-        needles.append(number.group(0))
+        near.append(number.group(0))
     if number and "." in number.group(0):  # rounded as a legend rounds it: 4.26× is "4.3×" there
         unit = shown[number.end():].strip()
         rounded = f"{float(number.group(0).replace(',', '')):.1f}"
-        needles += [f"{rounded}{unit}", f"{rounded} {unit}"] if unit else []
-    return needles
+        near += [f"{rounded}{unit}", f"{rounded} {unit}"] if unit else []
+    return [shown], near
+
+
+def section_start(cells, index: int) -> int:
+    """The cell that opens the section (a ``## `` heading, or the notebook's top) holding cell ``index``."""
+    for i in range(index, -1, -1):
+        if cells[i].cell_type == "markdown" and re.search(r"^##\s", cells[i].source, re.M):
+            return i
+    return 0
 
 
 def test_nothing_before_a_prediction_states_its_answer(run):
@@ -127,6 +140,7 @@ def test_nothing_before_a_prediction_states_its_answer(run):
 
     Run All runs past the empty box, so everything from the top of the notebook to the cell that compares the
     guess (``guess.against(...)``) is seen first: every output outside a fold, and the text inside every figure.
+    The answer as shown is looked for from the top; its bare number and roundings from the section that asks.
     """
     cells = run.executed.cells
     for j, cell in enumerate(cells):
@@ -137,10 +151,12 @@ def test_nothing_before_a_prediction_states_its_answer(run):
                  and re.search(rf"^{var}\s*=\s*predict\(", c.source, re.M)]
         assert asked, f"{run.name}: {var}.against(...) in cell {j} but no `{var} = predict(...)` before it"
         answers = [m for o in cell.outputs for m in MEASURED.findall(o.get("data", {}).get("text/html", ""))]
+        start = section_start(cells, asked[-1])
         for measured in answers:
-            for needle in answer_needles(measured):
+            everywhere, near = answer_needles(measured)
+            for needle, first in [(n, 0) for n in everywhere] + [(n, start) for n in near]:
                 pattern = re.compile(rf"(?<![\d.]){re.escape(needle)}(?![\d])")
-                leaks = [(i, t) for i, t in run.shown_before(j + 1) if pattern.search(t)]
+                leaks = [(i, t) for i, t in run.shown_before(j + 1) if i >= first and pattern.search(t)]
                 assert not leaks, (f"{run.name}: the answer to {var} (asked in cell {asked[-1]}, compared in cell "
                                    f"{j}), {measured!r}, shows unfolded in cell {leaks[0][0]}: "
                                    f"...{leaks[0][1][:300]!r}")

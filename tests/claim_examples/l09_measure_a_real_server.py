@@ -64,9 +64,10 @@ def _curve_edit(curve: Any, row: int, **values) -> pd.DataFrame:
 
 
 @counterexample("achieved_rate_below_offered_explained")
-def _kept_up_but_slow(curve: Any) -> pd.DataFrame:  # at the rate kept up with, achieved half the sent rate
-    return _curve_edit(curve, 0, rejected=0, failed_other=0, completed=lambda r: r.sent,
-                       requests_per_s=lambda r: 0.5 * r.sent_rps)
+def _kept_up_but_slow(curve: Any) -> pd.DataFrame:  # every rate kept up with, the highest at half the sent rate
+    t = _rows(curve)  # the claim reads the highest clean rate, which a fast machine makes the last one
+    t["rejected"], t["failed_other"], t["completed"] = 0, 0, t["sent"]
+    return _curve_edit(t, -1, requests_per_s=lambda r: 0.5 * r.sent_rps)
 
 
 @counterexample("full_queue_turns_requests_away")
