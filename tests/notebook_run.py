@@ -12,6 +12,7 @@ and keyed by their name, every MIME type compared except images and widget views
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -40,6 +41,14 @@ class NotebookRun:
     seconds: float
     errors: list[str] = field(default_factory=list)  # "cell N: Type: message", one per failing cell
     figure_texts: dict[int, list[str]] = field(default_factory=dict)  # cell index -> texts of the figures it drew
+    claim_folder: Path | None = None  # <claim name>.pkl: the result each verdicts(...) call of this run was given
+
+    def claim_result(self, name: str):
+        """The result the notebook decided claim ``name`` on, as it was at that call; None where it never showed it."""
+        import pickle
+
+        path = self.claim_folder / f"{name}.pkl" if self.claim_folder else None
+        return pickle.loads(path.read_bytes()) if path is not None and path.exists() else None
 
     def shown_before(self, index: int) -> list[tuple[int, str]]:
         """(cell index, text) of everything cells before ``index`` showed: outputs and the text inside figures."""
@@ -58,12 +67,15 @@ class NotebookRun:
 _RUNS: dict[str, NotebookRun] = {}
 
 
-def _kernel_manager():
-    """A kernel of this very interpreter (never a kernelspec that another Python installed), recording figure text."""
+def _kernel_manager(claim_folder: Path | None = None):
+    """A kernel of this very interpreter (never a kernelspec that another Python installed), recording figure text
+    and, given ``claim_folder``, the result each claim was decided on (``tests/claim_runs.py``)."""
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
     startup = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import figure_text"
+    if claim_folder is not None:
+        startup += f"; import claim_runs; claim_runs.start({str(claim_folder)!r})"
     km = KernelManager(kernel_name="python3")
     km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                                        f"--IPKernelApp.exec_lines={[startup]!r}"],
@@ -98,8 +110,10 @@ def run_notebook(name: str) -> NotebookRun:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     executed.cells.append(new_code_cell(FIGURE_DUMP))  # read back after the run, then removed
+    claims = ARTIFACTS / "claim-runs" / Path(name).stem
+    shutil.rmtree(claims, ignore_errors=True)
     start = time.perf_counter()
-    client = NotebookClient(executed, km=_kernel_manager(), timeout=CELL_TIMEOUT_S, allow_errors=True,
+    client = NotebookClient(executed, km=_kernel_manager(claims), timeout=CELL_TIMEOUT_S, allow_errors=True,
                             store_widget_state=False, record_timing=False,
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
     client.execute()
@@ -114,7 +128,7 @@ def run_notebook(name: str) -> NotebookRun:
     errors = [f"cell {i}: {out.get('ename')}: {out.get('evalue')}"
               for i, cell in enumerate(executed.cells) if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
-    run = _RUNS[name] = NotebookRun(name, saved, executed, seconds, errors, figure_texts)
+    run = _RUNS[name] = NotebookRun(name, saved, executed, seconds, errors, figure_texts, claims)
     _record_time(run)
     return run
 

@@ -1,7 +1,9 @@
 """Claims: every measured sentence of the course is checked on a run, and the prose types no measured number.
 
-- every claim of every notebook is run on its example (tests/claim_examples/) and listed with its verdict
-  (test-artifacts/claims-verdicts.json); a claim on deterministic data that fails, fails here;
+- every claim of every notebook is checked on the run its notebook showed it on (each notebook executes once per
+  session; its example in tests/claim_examples/ where the run did not show it) and listed with its verdict
+  (test-artifacts/claims-verdicts.json); a claim on deterministic data that fails, fails here; each wall-clock
+  claim is marked false on its counter-example, an edit of that same run;
 - every claim a notebook shows is registered, and every registered claim is shown by its notebook;
 - no notebook source, exercise text or TEACHING.md line types a number followed by a unit of
   measurement, outside code and outside a labelled authors'-machine example;
@@ -22,6 +24,7 @@ from kvlab.course import NOTEBOOKS
 from kvlab.lessons import EXERCISES
 
 from claim_examples import COUNTEREXAMPLES, EXAMPLES, counterexample_of, example_of, module_for
+from notebook_run import run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -34,7 +37,13 @@ _EXAMPLES: dict = {}
 
 
 def example_result(c: Claim):
-    """The claim's example result, made once per example function (several claims share one run)."""
+    """The run the claim is checked on: the result its notebook decided it on, in this session's one execution of
+    that notebook (tests/notebook_run.py, tests/claim_runs.py); where the notebook did not show it (a condition the
+    run did not meet: offline, compile skipped), the claim's example (tests/claim_examples/), made once per
+    example function (several claims share one run)."""
+    shown = run_notebook(c.notebook).claim_result(c.name)
+    if shown is not None:
+        return shown
     make = example_of(c)
     if make not in _EXAMPLES:
         _EXAMPLES[make] = make()

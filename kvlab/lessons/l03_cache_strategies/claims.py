@@ -565,7 +565,8 @@ def offload_cost_follows_the_bytes(result: Any) -> dict:
     hi, lo = p[p["bytes_moved"] > med], p[p["bytes_moved"] <= med]
     extra_hi, extra_lo = float(hi["extra_s"].median()), float(lo["extra_s"].median())
     # "more" than the run's own noise: the two medians' standard errors (≈ 0.93 × IQR / √n for a median)
-    noise = max(_median_se(hi["extra_s"]), _median_se(lo["extra_s"])) if len(hi) and len(lo) else float("inf")
+    # and never less than a microsecond, below which a step's clock resolves nothing (equal costs differ by rounding)
+    noise = max(_median_se(hi["extra_s"]), _median_se(lo["extra_s"]), 1e-6) if len(hi) and len(lo) else float("inf")
     return dict(k=len(hi), k2=len(lo), med=med / 1024, extra_hi=extra_hi * 1e3, extra_lo=extra_lo * 1e3,
                 holds=len(hi) > 0 and extra_hi - extra_lo > noise)
 
