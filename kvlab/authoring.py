@@ -6,7 +6,8 @@ code, so an editor, a linter and ``grep`` see them. ``build`` turns a source int
 - a few *directives* are expanded from :mod:`kvlab.course` and :mod:`kvlab.lessons.common.exercises`, so the pieces
   every notebook shares live in one place:
   ``<!-- kvlab:header -->`` (first line of a markdown cell: title, badges, minutes),
-  ``# kvlab:setup`` (a code cell: the setup cell), ``<!-- kvlab:navigation -->`` (previous/next links),
+  ``# kvlab:setup`` (a code cell: the setup cell), ``<!-- kvlab:navigation -->`` (sharing the run with the
+  room, ``share_cells``, then previous/next links),
   ``<!-- kvlab:exercise check_name -->`` (question, answer cell and folded solution of one exercise);
 - when every code cell is unchanged, the outputs of the committed notebook are kept and no kernel
   starts (a text-only edit changes only its own cells in the ``.ipynb``);
@@ -120,6 +121,29 @@ def _read_source(path: Path) -> nbformat.NotebookNode:
     return jupytext.read(path, fmt="py:percent")
 
 
+# The notebook whose client records go to the room's one service curve, and the variable that holds them.
+ROOM_REQUESTS = {"09_measure_a_real_server.ipynb": "result"}
+
+
+def share_cells(notebook: str) -> list:
+    """The end of every notebook, before its navigation: sharing the run with a workshop's room (kvlab.room)."""
+    requests = ROOM_REQUESTS.get(notebook)
+    what = "this notebook's predictions and the verdicts of its claims" + (
+        ", and the timings of the requests your client sent in section 3" if requests else "")
+    text = ("### Share your run with the room (optional)\n\n"
+            "In a workshop your teacher may gather everyone's runs and show the room side by side: each "
+            "prediction against what each machine measured, and how often each claim held across the room "
+            "(`notebooks/TEACHING.md`, *Running a room*). Type your name below to take part; add `url=` and "
+            "`key=` if your teacher gave them, or leave them out to save a file you hand in. What goes in: the "
+            f"name you type, your machine's device, threads and versions, {what}. No paths, host names or "
+            "prompts, and nothing at all while the name is empty.")
+    args = f'name="", notebook="{notebook}"' + (f", requests={requests}" if requests else "")
+    code = ("# NBVAL_CHECK_OUTPUT\n"
+            "from kvlab.lessons.common.session import share_run\n\n"
+            f"print(share_run({args}))   # name=\"Ada\", url=\"http://...\", key=\"...\" to send it to your teacher")
+    return [new_markdown_cell(text), new_code_cell(code)]
+
+
 def expand(cells: list, notebook: str) -> list:
     """Replace the directives in ``cells`` by the shared pieces they name (see the module docstring)."""
     from .lessons.common import exercises
@@ -134,6 +158,7 @@ def expand(cells: list, notebook: str) -> list:
             out.append(new_markdown_cell(header(entry, number) + ("\n\n" + rest if rest.strip() else ""),
                                          metadata=cell.metadata))
         elif cell.cell_type == "markdown" and _NAVIGATION.match(text):
+            out.extend(share_cells(notebook))
             out.append(new_markdown_cell(navigation(entry), metadata=cell.metadata))
         elif cell.cell_type == "markdown" and _EXERCISE.match(text):
             name = _EXERCISE.match(text).group(1)

@@ -18,8 +18,10 @@ from kvlab.lessons import EXERCISES
 from kvlab.lessons.l05_batching.exercises import check_admission_rule
 from kvlab.lessons.l02_kv_cache.exercises import check_my_cache
 from kvlab.lessons.l02_kv_cache.exercises import MY_CACHE_PROMPT, MY_CACHE_TOKENS, SolutionCache, _cache_model
-from kvlab.lessons.l05_batching.exercises import skip_ahead_admission, solution_admission
-from kvlab.lessons.l05_batching.admission import builtin_admission
+from kvlab.lessons.l05_batching.exercises import (ADMISSION_CASES, _hand_built_case_failure, skip_ahead_admission,
+                                                  solution_admission)
+from kvlab.lessons.l05_batching.admission import MAX_SEQS, admission_run, builtin_admission
+from kvlab.serving.scheduler import WaitingRequest
 
 
 # --- notebook 02: write the cache ---------------------------------------------------------------------
@@ -203,6 +205,26 @@ def crashes(waiting, free_blocks, token_budget, free_slots):
     return waiting[0].prompt  # no such attribute
 
 
+def admits_one_per_step(waiting, free_blocks, token_budget, free_slots):
+    """Under-admits: never more than one request a step, however many fit."""
+    return builtin_admission(waiting, free_blocks, token_budget, min(free_slots, 1))
+
+
+def admits_only_into_an_empty_batch(waiting, free_blocks, token_budget, free_slots):
+    """Under-admits: nobody joins while any sequence runs (static batching, in spirit)."""
+    return builtin_admission(waiting, free_blocks, token_budget, free_slots) if free_slots == MAX_SEQS else []
+
+
+def keeps_a_spare_block(waiting, free_blocks, token_budget, free_slots):
+    """Under-admits: one free block held back (vLLM's watermark, in spirit), so a request that fits exactly waits."""
+    return builtin_admission(waiting, free_blocks - 1, token_budget, free_slots)
+
+
+def admits_one_when_crowded(waiting, free_blocks, token_budget, free_slots):
+    """Under-admits only with more than five waiting: right on the small hand-built queues, not in the run."""
+    return builtin_admission(waiting, free_blocks, token_budget, min(free_slots, 1) if len(waiting) > 5 else free_slots)
+
+
 ADMISSION_SLIPS = {
     ignores_the_budget: "ignores the token budget",
     ignores_free_blocks: "ignores the free KV blocks",
@@ -212,6 +234,9 @@ ADMISSION_SLIPS = {
     shortest_prompt_first: "passed over",
     admits_nobody: "admitted nobody",
     crashes: "your rule raised AttributeError",
+    admits_one_per_step: "Too few",
+    admits_only_into_an_empty_batch: "Too few",
+    keeps_a_spare_block: "Too few",
 }
 
 
@@ -222,12 +247,42 @@ def test_the_reference_rule_and_the_engines_own_pass_with_the_same_clocks():
         assert "exactly those of the engine's own rule" in feedback.message
 
 
-def test_a_valid_rule_with_other_clocks_passes_and_shows_both():
-    def keeps_a_spare_block(waiting, free_blocks, token_budget, free_slots):  # vLLM's watermark, in spirit
-        return builtin_admission(waiting, free_blocks - 1, token_budget, free_slots)
+def picks(rule, case: str) -> list:
+    """The request ids ``rule`` admits on the hand-built queue named ``case``."""
+    shapes, free_blocks, token_budget, free_slots = next(c[1:] for c in ADMISSION_CASES if c[0] == case)
+    waiting = [WaitingRequest(i, t, b, 0.0, False) for i, (t, b) in enumerate(shapes)]
+    return [getattr(w, "request_id", w) for w in rule(waiting, free_blocks, token_budget, free_slots)]
 
-    feedback = check_admission_rule(keeps_a_spare_block)
-    assert feedback.correct and "differ" in feedback.message and "(built-in" in feedback.message
+
+@pytest.mark.parametrize("rule, case", [
+    (admits_one_per_step, "three free slots, four short requests"),
+    (admits_only_into_an_empty_batch, "three free slots, four short requests"),
+    (keeps_a_spare_block, "the free blocks run out exactly"),
+], ids=lambda x: getattr(x, "__name__", "case"))
+def test_rules_that_admit_too_few_are_refused_on_a_hand_built_queue(rule, case):
+    """They over-allocate nothing and starve nobody in the run, so only the hand-built queues catch them."""
+    run, audit = admission_run(rule)
+    assert run is not None and audit.violation is None and audit.starved() is None
+    feedback = check_admission_rule(rule)
+    assert not feedback.correct
+    expected, got = picks(solution_admission, case), picks(rule, case)
+    assert len(got) < len(expected)
+    assert f'in the case "{case}"' in feedback.message, feedback.message
+    assert f"expected requests {expected} to join, your rule admitted {got}" in feedback.message
+
+
+def test_the_reference_answers_every_hand_built_queue_and_each_queue_catches_a_slip():
+    assert _hand_built_case_failure(solution_admission) is None
+    slips = (admits_one_per_step, admits_only_into_an_empty_batch, keeps_a_spare_block, skip_ahead_admission)
+    for case, *_ in ADMISSION_CASES:
+        assert picks(builtin_admission, case) == picks(solution_admission, case)
+        assert any(picks(slip, case) != picks(solution_admission, case) for slip in slips), case
+
+
+def test_a_rule_right_on_the_hand_built_queues_but_not_in_the_run_is_refused_at_its_call():
+    assert _hand_built_case_failure(admits_one_when_crowded) is None
+    feedback = check_admission_rule(admits_one_when_crowded)
+    assert not feedback.correct and "of the run" in feedback.message and "Too few" in feedback.message
 
 
 @pytest.mark.parametrize("slip", list(ADMISSION_SLIPS), ids=lambda f: f.__name__)

@@ -1,7 +1,8 @@
 """The build-it exercises of notebooks 07 and 08: attention over a paged cache, and a block table.
 
 Notebook 07, "attention over a paged cache": a function that gathers K/V by block table, checked
-against dense attention on the contiguous K/V. Notebook 08, "write the block table": a block
+against dense attention on the contiguous K/V, with as many K/V heads as query heads and with fewer
+(grouped-query attention). Notebook 08, "write the block table": a block
 allocator with prefix sharing, run side by side with kvlab's BlockManager. Every slip named in the
 question gets its own message here; tests/test_course.py feeds each checker its solution and its
 registered wrong answer.
@@ -39,12 +40,21 @@ def test_the_cases_have_tables_out_of_order_and_a_partly_filled_last_block():
     assert any(c["seq_len"] % c["k_blocks"].shape[1] == 0 for c in cases)  # a full last block too
 
 
+def test_the_cases_end_with_grouped_query_attention_at_four_and_two_query_heads_per_kv_head():
+    cases = _paged_cases()
+    groups = [c["q"].shape[0] // c["k_blocks"].shape[2] for c in cases]
+    assert all(c["q"].shape[0] % c["k_blocks"].shape[2] == 0 for c in cases)
+    assert groups[0] == 1 and {4, 2} <= set(groups)
+    assert groups == sorted(groups, key=lambda g: g > 1)  # equal heads first: a GQA slip passes them, then fails
+
+
 def test_the_oracle_agrees_with_kvlabs_paged_cache():
     """Dense attention on contiguous K/V is what kvlab's PagedKVCache computes for one decode over the same blocks."""
     for case in _paged_cases():
         k_blocks, table, seq_len = case["k_blocks"], case["block_table"], case["seq_len"]
-        num_blocks, block_size, heads, head_dim = k_blocks.shape
-        cache = PagedKVCache(1, heads, head_dim, num_blocks=num_blocks, block_size=block_size)
+        num_blocks, block_size, kv_heads, head_dim = k_blocks.shape
+        heads = case["q"].shape[0]  # a multiple of kv_heads: the model's attention groups them
+        cache = PagedKVCache(1, kv_heads, head_dim, num_blocks=num_blocks, block_size=block_size)
         cache.key_cache[0].copy_(k_blocks)
         cache.value_cache[0].copy_(case["v_blocks"])
         last = seq_len - 1  # the decode writes the newest token's k/v (the sequence's own last token) again
@@ -52,12 +62,23 @@ def test_the_oracle_agrees_with_kvlabs_paged_cache():
         q = case["q"][None, :, None, :]  # (1, heads, 1, head_dim)
         k_new, v_new = case["k"][last][None, :, None, :], case["v"][last][None, :, None, :]
         y = cache.attend(0, q, k_new, v_new)[0, :, 0]  # (heads, head_dim)
+        assert y.shape == (heads, head_dim)
         torch.testing.assert_close(y, dense_attention(case["q"], case["k"], case["v"]), rtol=1e-4, atol=1e-5)
+
+
+def test_the_oracle_is_plain_softmax_attention_with_kv_heads_repeated_for_their_group():
+    for case in _paged_cases():
+        q, k, v = case["q"], case["k"], case["v"]  # (heads, hs), (seq_len, kv_heads, hs)
+        group = q.shape[0] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (seq_len, heads, hs)
+        weights = (torch.einsum("hd,shd->hs", q, k) / q.shape[1] ** 0.5).softmax(dim=-1)
+        torch.testing.assert_close(dense_attention(case["q"], case["k"], case["v"]),
+                                   torch.einsum("hs,shd->hd", weights, v), rtol=1e-4, atol=1e-5)
 
 
 def test_the_reference_passes():
     feedback = check_paged_attention(solution_paged_attention)
-    assert feedback.correct and "all 4 cases" in feedback.message
+    assert feedback.correct and "all 6 cases" in feedback.message
 
 
 PAGED_MESSAGES = {
@@ -67,6 +88,7 @@ PAGED_MESSAGES = {
     "unscaled": "forgot the 1/sqrt(head_dim) scale",
     "by_dim": "divided the scores by head_dim",
     "softmax_heads": "softmax runs over the heads",
+    "tiled_heads": "h % kv_heads",
 }
 PAGED_VARIANTS = dict(zip(PAGED_MESSAGES, (v for v, _ in PAGED_SLIPS)))
 
@@ -77,6 +99,47 @@ def test_each_paged_attention_slip_gets_its_own_message(slip):
     assert not feedback.correct
     assert PAGED_MESSAGES[slip] in feedback.message, feedback.message
     assert not any(m in feedback.message for s, m in PAGED_MESSAGES.items() if s != slip), feedback.message
+
+
+def assumes_equal_heads(q, k_blocks, v_blocks, block_table, seq_len):
+    """GQA-ignorant: reshapes the pool with the query heads, as if K/V had as many."""
+    heads, head_dim = q.shape
+    k = k_blocks[block_table].reshape(-1, heads, head_dim)[:seq_len]
+    v = v_blocks[block_table].reshape(-1, heads, head_dim)[:seq_len]
+    weights = (torch.einsum("hd,shd->hs", q, k) / head_dim ** 0.5).softmax(dim=-1)
+    return torch.einsum("hs,shd->hd", weights, v)
+
+
+def indexes_kv_with_the_query_head(q, k_blocks, v_blocks, block_table, seq_len):
+    """GQA-ignorant: query head h reads K/V head h, which does not exist past kv_heads."""
+    heads, head_dim = q.shape
+    kv_heads = k_blocks.shape[2]
+    k = k_blocks[block_table].reshape(-1, kv_heads, head_dim)[:seq_len]
+    v = v_blocks[block_table].reshape(-1, kv_heads, head_dim)[:seq_len]
+    return torch.stack([(k[:, h] @ q[h] / head_dim ** 0.5).softmax(dim=0) @ v[:, h] for h in range(heads)])
+
+
+def one_output_per_kv_head(q, k_blocks, v_blocks, block_table, seq_len):
+    """GQA-ignorant: takes the heads from the pool, and answers for kv_heads query heads only."""
+    kv_heads, head_dim = k_blocks.shape[2], q.shape[1]
+    k = k_blocks[block_table].reshape(-1, kv_heads, head_dim)[:seq_len]
+    v = v_blocks[block_table].reshape(-1, kv_heads, head_dim)[:seq_len]
+    weights = (torch.einsum("hd,shd->hs", q[:kv_heads], k) / head_dim ** 0.5).softmax(dim=-1)
+    return torch.einsum("hs,shd->hd", weights, v)
+
+
+@pytest.mark.parametrize("ignorant", [assumes_equal_heads, indexes_kv_with_the_query_head, one_output_per_kv_head],
+                         ids=lambda f: f.__name__)
+def test_a_solution_that_ignores_grouped_query_attention_is_refused_naming_the_grouped_case(ignorant):
+    equal = [c for c in _paged_cases() if c["q"].shape[0] == c["k_blocks"].shape[2]]
+    for case in equal:  # right wherever K/V heads are as many as query heads...
+        args = {k: v for k, v in case.items() if k not in ("k", "v")}
+        torch.testing.assert_close(ignorant(**args), dense_attention(case["q"], case["k"], case["v"]),
+                                   rtol=1e-4, atol=1e-5)
+    feedback = check_paged_attention(ignorant)  # ...and refused on the first grouped case
+    assert not feedback.correct
+    assert "with heads=8, kv_heads=2" in feedback.message and "grouped-query attention" in feedback.message
+    assert "h // (heads // kv_heads)" in feedback.message, feedback.message
 
 
 def test_a_wrong_shape_a_crash_and_the_skeleton_are_explained():

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from .fold import folded
+from .session import note_verdicts
 
 __all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "verdicts"]
 
@@ -178,7 +179,9 @@ def verdicts(result: Any, *names: str, after: Any = None) -> Verdicts:
     if after is not None and not hasattr(after, "value"):
         raise TypeError(f"after= takes the prediction box these checks answer (guess = predict(...)), "
                         f"not {type(after).__name__}")
-    return Verdicts((CLAIMS[n].on(result) for n in names), after=after)
+    shown = Verdicts((CLAIMS[n].on(result) for n in names), after=after)
+    note_verdicts(shown)  # for the room (session.share_run)
+    return shown
 
 
 def frame_of(result: Any) -> Any:

@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from .fold import folded
 from .panel import PanelResult, figure_output, output_html
+from .session import note_comparison
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
 
@@ -132,7 +133,9 @@ class Prediction:
 
     def against(self, measured: float, what: str = "your run measured") -> Comparison:
         """The prediction beside ``measured``; never raises, and hides ``measured`` while there is no prediction."""
-        return Comparison(self.question, self.value, float(measured), self.unit, what)
+        comparison = Comparison(self.question, self.value, float(measured), self.unit, what)
+        note_comparison(comparison)  # for the room (session.share_run)
+        return comparison
 
     def fold(self, shown: object, what: str = "this table") -> "Folded":
         """``shown`` (a DataFrame, a text, a figure, a panel's result) folded away while there is no prediction,

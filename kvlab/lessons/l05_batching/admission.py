@@ -8,8 +8,9 @@ The engine's scheduler takes a rule of your own through ``SchedulerConfig(admiss
 
 ``admission_run(rule)`` serves a small workload (``admission_workload``) with that rule on the
 virtual clock (``FixedStepCostExecutor``: exact, the same on every machine) and keeps an
-``AdmissionAudit`` of every call: what the rule saw, what it picked, and the first pick that broke
-a limit (more blocks, tokens or slots than were free), which stops the run. The workload is made so
+``AdmissionAudit`` of every call: what the rule saw, what it picked, the first pick that broke
+a limit (more blocks, tokens or slots than were free), which stops the run, and the first call
+whose pick is not the engine's own rule's (``Difference``), which does not. The workload is made so
 that each limit binds at some step, and so that a rule that lets short requests overtake a long one
 keeps the long one waiting while they pass. ``builtin_admission`` is the engine's own rule written
 as such a function; ``clocks_table`` puts the four clocks of two runs side by side.
@@ -82,6 +83,19 @@ class Violation:
     alone_fits: bool = False  # every picked request fit on its own: the sum is what broke the limit
 
 
+@dataclass(frozen=True)
+class Difference:
+    """A call where the rule picked other requests than the engine's own rule would have, from the same queue."""
+
+    call: int  # which call of the rule, from 0
+    waiting: tuple  # the WaitingRequest views it saw, oldest first
+    free_blocks: int
+    token_budget: int
+    free_slots: int
+    expected: list  # request ids the built-in rule admits
+    got: list  # request ids the rule admitted
+
+
 class _Stop(Exception):
     """Raised inside the engine to end a run at the first violation."""
 
@@ -95,6 +109,7 @@ class AdmissionAudit:
     violation: Violation | None = None
     passed_over: dict = field(default_factory=dict)  # request id -> requests admitted ahead of it while it waited
     admitted: list = field(default_factory=list)  # request ids in the order they were admitted (first time)
+    difference: Difference | None = None  # the first call that picked otherwise than builtin_admission
     max_calls: int = 2000
 
     def __call__(self, waiting: list[WaitingRequest], free_blocks: int, token_budget: int, free_slots: int) -> list:
@@ -119,6 +134,9 @@ class AdmissionAudit:
                                      "most once")
         chosen = [by_id[i] for i in ids]
         self._check(call, chosen, waiting, free_blocks, token_budget, free_slots)
+        expected = [w.request_id for w in builtin_admission(list(waiting), free_blocks, token_budget, free_slots)]
+        if self.difference is None and ids != expected:
+            self.difference = Difference(call, tuple(waiting), free_blocks, token_budget, free_slots, expected, ids)
         first = {w.request_id for w in waiting if not w.preempted}
         for rank, w in enumerate(waiting):
             if w.request_id not in ids:

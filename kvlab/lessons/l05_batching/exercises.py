@@ -150,6 +150,70 @@ def _admits_what_does_not_fit(rule, kind: str) -> bool:
         return False
 
 
+# Situations built by hand where a rule that admits too few (one a step, only into an empty batch, one
+# block kept spare) picks otherwise than the engine's rule: (name, waiting as (tokens, blocks) oldest
+# first, free_blocks, token_budget, free_slots). The expected picks come from builtin_admission.
+ADMISSION_CASES = (
+    ("three free slots, four short requests", ((10, 1), (10, 1), (10, 1), (10, 1)), 8, 64, 3),  # the slots bind
+    ("an empty batch, three requests that all fit", ((20, 2), (20, 2), (20, 2)), 8, 64, 4),  # everyone joins
+    ("the token budget binds", ((30, 2), (30, 2), (10, 1)), 8, 64, 3),  # 30 + 30 fit, the third does not
+    ("the free blocks run out exactly", ((10, 2), (10, 2), (10, 1)), 4, 64, 3),  # 2 + 2 take all 4 blocks
+    ("the oldest does not fit", ((60, 4), (10, 1), (10, 1)), 3, 64, 2),  # it waits, and so do those behind it
+)
+
+
+def _situation(waiting, free_blocks: int, token_budget: int, free_slots: int, shown: int = 6) -> str:
+    """One line for what a rule saw: the queue, oldest first, and what is left of the step."""
+    queue = ", ".join(f"request {w.request_id} ({w.tokens} tokens, {w.blocks} block{'s' * (w.blocks != 1)})"
+                      for w in list(waiting)[:shown])
+    more = f" and {len(waiting) - shown} more" if len(waiting) > shown else ""
+    return (f"waiting, oldest first: {queue}{more}; free_blocks={free_blocks}, token_budget={token_budget}, "
+            f"free_slots={free_slots}")
+
+
+def _picked_otherwise(where: str, waiting, free_blocks: int, token_budget: int, free_slots: int,
+                      expected: list, got: list) -> str:
+    """The message for a pick that is not the engine's rule's: the situation, expected against got, and why."""
+    line = f"{where} ({_situation(waiting, free_blocks, token_budget, free_slots)}): expected requests {expected} " \
+           f"to join, your rule admitted {got}."
+    if len(got) < len(expected) and got == expected[:len(got)]:
+        by_id = {w.request_id: w for w in waiting}
+        taken = [by_id[i] for i in got]
+        nxt = by_id[expected[len(got)]]
+        blocks, tokens = free_blocks - sum(w.blocks for w in taken), token_budget - sum(w.tokens for w in taken)
+        after = f" what was left after requests {got}" if got else ""
+        return (f"{line} Too few: request {nxt.request_id} still fit{after}: it needs {nxt.blocks} "
+                f"of {blocks} free blocks and {nxt.tokens} of {tokens} tokens, and {free_slots - len(got)} "
+                f"slot{'s' * (free_slots - len(got) != 1)} stayed free. Admit every request that "
+                "fits, oldest first, whether or not the batch is empty, and stop only at the first that does not "
+                "fit or when the slots are taken.")
+    return (f"{line} Keep the queue's order: admit the oldest while it fits what is left, and stop at the first "
+            "that does not fit; nobody behind it joins.")
+
+
+def _hand_built_case_failure(rule) -> str | None:
+    """Run ``rule`` on ADMISSION_CASES; the message for the first case it answers otherwise than the engine's rule."""
+    from ...serving.scheduler import WaitingRequest
+    from .admission import builtin_admission
+
+    for name, shapes, free_blocks, token_budget, free_slots in ADMISSION_CASES:
+        waiting = [WaitingRequest(i, tokens, blocks, 0.0, False) for i, (tokens, blocks) in enumerate(shapes)]
+        expected = [w.request_id for w in builtin_admission(list(waiting), free_blocks, token_budget, free_slots)]
+        where = f'in the case "{name}"'
+        try:
+            picked = rule(list(waiting), free_blocks, token_budget, free_slots)
+        except Exception as exc:
+            return f"{where} ({_situation(waiting, free_blocks, token_budget, free_slots)}) your rule raised " \
+                   f"{type(exc).__name__}: {exc}."
+        picked = [] if picked is None else picked
+        if isinstance(picked, (WaitingRequest, str, int)) or not hasattr(picked, "__iter__"):
+            return f"{where} your rule returned {picked!r}; return a list of waiting requests."
+        got = [getattr(p, "request_id", p) for p in picked]
+        if got != expected:
+            return _picked_otherwise(where, waiting, free_blocks, token_budget, free_slots, expected, got)
+    return None
+
+
 @exercise("05_batching.ipynb", solution=solution_admission, wrong=skip_ahead_admission,
           title="write the admission rule",
           question="""At the start of every step the scheduler decides which waiting requests **join** the running
@@ -157,9 +221,11 @@ batch. Write that decision. Your function gets the queue, oldest first (each req
 the prompt tokens it computes when it joins, and `.blocks`, the free KV blocks it takes), and what is
 left of this step: `free_blocks`, `token_budget` (tokens the step can still compute after the running
 sequences' decodes) and `free_slots` (room under `max_seqs`). It returns the requests that join, in
-order. The checker runs the engine with your rule (`SchedulerConfig(admission=my_admission)`) on a
+order: as many as fit, oldest first, whether or not the batch is empty, up to the first that does
+not fit. The checker runs the engine with your rule (`SchedulerConfig(admission=my_admission)`) on a
 small workload with exact step costs (the virtual clock), checks at every step that no block, token
-or slot is over-allocated and that no request is passed over for ever, and compares the four clocks
+or slot is over-allocated and that no request is passed over for ever, tries your rule on a few
+queues built by hand where admitting too few shows, and compares every pick and the four clocks
 with those of the engine's own rule.""",
           code='''def my_admission(waiting, free_blocks, token_budget, free_slots):
     """Which waiting requests join the running batch this step, in the order they join."""
@@ -188,10 +254,12 @@ This is the rule the engine uses (`Scheduler._admit` in `kvlab/serving/scheduler
 come out exactly the same. The `break` is the heart of it: `continue` instead (skip the long request,
 admit the short ones behind it) looks better on average, but while short requests keep coming the
 long one never finds enough free blocks at once, and waits for ever. The other slips the checker
-names: ignoring the token budget or the free blocks, and checking each request against them without
-subtracting what the requests admitted before it took.""")
+names: ignoring the token budget or the free blocks, checking each request against them without
+subtracting what the requests admitted before it took, and admitting too few (one request a step,
+or only into an empty batch), which leaves slots idle that a waiting request could use.""")
 def check_admission_rule(rule: Any) -> Feedback:
-    """Run the engine with the learner's admission rule; check blocks, budget, slots and starvation; compare clocks."""
+    """Run the engine with the learner's admission rule; check blocks, budget, slots, starvation, admitting too
+    few (ADMISSION_CASES) and every pick of the run against the engine's own rule."""
     from .admission import admission_run, admission_workload, clocks_table
 
     if not callable(rule) or isinstance(rule, type):
@@ -202,10 +270,10 @@ def check_admission_rule(rule: Any) -> Feedback:
         v = audit.violation
         alone_fits = v.alone_fits and not _admits_what_does_not_fit(rule, v.kind)
         return wrong(_violation_message(v.kind, v.message, alone_fits))
-    builtin, _ = admission_run(None)
     starved = audit.starved()
     if starved is not None:
         rid, n = starved
+        builtin, _ = admission_run(None)
         req = next(r for r in admission_workload() if r.request_id == rid)
         mine, theirs = (r.first_token_s - r.scheduled_s for r in (run.record(rid), builtin.record(rid)))
         return wrong(f"your rule lets later requests overtake: request {rid} ({req.prompt_tokens} prompt tokens) was "
@@ -213,12 +281,21 @@ def check_admission_rule(rule: Any) -> Feedback:
                      f"instead of {theirs * 1e3:.0f} ms. Here the short requests stop coming; while they keep "
                      "coming it would never find its blocks free at once and wait for ever. Stop at the first "
                      "request that does not fit: it goes first once enough blocks are free.")
+    failed = _hand_built_case_failure(rule)
+    if failed is not None:
+        return wrong(failed)
+    d = audit.difference
+    if d is not None:  # right on the hand-built queues, otherwise somewhere in the run
+        return wrong(_picked_otherwise(f"in call {d.call} of the run", d.waiting, d.free_blocks, d.token_budget,
+                                       d.free_slots, d.expected, d.got))
+    builtin, _ = admission_run(None)
     table = clocks_table([run, builtin]).set_index("run")
     cols = [c for c in table.columns if c not in ("n", "steps")]
-    same = bool((table.iloc[0][cols] == table.iloc[1][cols]).all())
+    same = bool((table.iloc[0][cols] == table.iloc[1][cols]).all())  # the same picks give the same clocks
     clocks = ", ".join(f"{c} {table.iloc[0][c]:g}" + ("" if same else f" (built-in {table.iloc[1][c]:g})")
                        for c in cols)
     verdict = ("the four clocks are exactly those of the engine's own rule" if same else
-               "your clocks differ from the engine's own rule")
-    return right(f"no block, token or slot over-allocated in {audit.calls} calls, nobody passed over; "
-                 f"{verdict}: {clocks}.")
+               "yet your clocks differ from the engine's own rule")
+    return right(f"no block, token or slot over-allocated in {audit.calls} calls, nobody passed over, every pick "
+                 f"the engine's own on the {len(ADMISSION_CASES)} hand-built queues and in the run; {verdict}: "
+                 f"{clocks}.")
