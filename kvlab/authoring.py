@@ -438,6 +438,11 @@ def main(args) -> int:
                   flush=True)
     if executed:
         update_course_map()
+    if not args.check and not workshop_only:
+        from . import teachers_key
+
+        if teachers_key.write(notebook_dir()):
+            print(f"notebooks/{teachers_key.KEY_FILE}: the teacher's key rewritten from the saved runs")
     if drift:
         print(f"{drift} notebook(s) differ from their source: run python -m kvlab notebooks", file=sys.stderr)
     if stale:

@@ -218,6 +218,36 @@ def quantiles(values: Iterable[float], qs: Sequence[float] = DEFAULT_QS) -> dict
     return out
 
 
+def ttft_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0.95) -> dict:
+    """The TTFT quantile ``q`` over every request sent by ``until_s`` and not refused: the unfinished are counted.
+
+    A request whose first token came by the cut-off gives its TTFT; one with no first token yet gives the wait so
+    far, ``until_s - scheduled_s``, which its TTFT can only exceed (right-censored). Dropping those, as a quantile
+    over completed requests does, keeps the lucky survivors and hides the longest waits. The quantile of these
+    values is a lower bound of the true one (``at_least``) when any wait is censored (a true wait can only be
+    longer, which can only raise the quantile), and exact when none is. Failed requests (refused, errors) have no first token to wait for: counted apart.
+
+    Returns ``{"value", "n", "censored", "failed", "at_least"}``.
+    """
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile {q} is outside [0, 1]; write p95 as 0.95")
+    waits, open_waits, failed = [], [], 0
+    for r in records:
+        state = r.state_at(until_s)
+        if state is None:
+            continue
+        if r.first_token_s is not None and r.first_token_s <= until_s:
+            waits.append(r.first_token_s - r.scheduled_s)
+        elif state == "failed":
+            failed += 1
+        else:
+            open_waits.append(until_s - r.scheduled_s)
+    x = np.asarray(waits + open_waits, dtype=float)
+    value = float(np.quantile(x, q)) if x.size else _NAN
+    return {"value": value, "n": int(x.size), "censored": len(open_waits), "failed": failed,
+            "at_least": bool(open_waits)}
+
+
 def requests_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
     """One row per request: ids, lengths, status, raw stamps and every clock.
 

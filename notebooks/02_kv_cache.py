@@ -162,6 +162,7 @@ for name, c in kvlab.PUBLISHED_CONFIGS.items():
 guess.fold("\n".join(lines))   # folded until you type your guess above: it holds the answer
 
 # %%
+# NBVAL_CHECK_OUTPUT
 guess.against(kvlab.PUBLISHED_CONFIGS["Llama-2-7B (MHA)"].kv_bytes_per_token(2) * 4096 / 2**30,
               what="the formula gives")
 

@@ -257,6 +257,7 @@ counts = count_tokens(toks)
 guess.fold(tokens_table(counts).round(2))
 
 # %%
+# NBVAL_CHECK_OUTPUT
 guess.against(vs_english(counts, "Chinese"), what="the BPE spent")
 
 # %% [markdown]

@@ -146,6 +146,7 @@ verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_leng
          after=steps_guess)
 
 # %%
+# NBVAL_CHECK_OUTPUT
 steps = {(run.extra["policy"], run.extra["lengths"]): len(run.trace) for run in exact}
 steps_guess.against(steps["static", "mixed"] / steps["continuous", "mixed"], what="the exact runs measured")
 

@@ -256,3 +256,21 @@ def test_quantiles_never_decrease_with_q(values, qs):
     assert q["n"] == len(values)
     if values:
         assert all(a <= b + 1e-9 * (1 + abs(b)) for a, b in zip(got, got[1:]))
+
+
+def test_a_censored_ttft_quantile_counts_the_requests_still_waiting_at_their_wait_so_far():
+    """By hand: at the close (t = 10) three requests had their first token after 1, 2 and 3 s, one still waits
+    since t = 2 (8 s so far, censored), one was refused. Completed-only would drop the waiting one."""
+    from kvlab.clocks import RequestRecord, ttft_censored
+
+    rs = [RequestRecord(f"r{i}", 8, 4, scheduled_s=0.0, admitted_s=t, first_token_s=t, token_s=[t], finished_s=t,
+                        status="completed")
+          for i, t in enumerate((1.0, 2.0, 3.0))]
+    rs.append(RequestRecord("w", 8, 4, scheduled_s=2.0))  # never admitted by the close
+    rs.append(RequestRecord("x", 8, 4, scheduled_s=1.0, finished_s=1.0, status="failed", fail_reason="http_429"))
+    c = ttft_censored(rs, until_s=10.0, q=1.0)
+    assert c == {"value": 8.0, "n": 4, "censored": 1, "failed": 1, "at_least": True}
+    assert ttft_censored(rs[:3], until_s=10.0, q=0.5) == {"value": 2.0, "n": 3, "censored": 0, "failed": 0,
+                                                           "at_least": False}
+    with pytest.raises(ValueError, match="outside"):
+        ttft_censored(rs, 10.0, q=95)

@@ -68,27 +68,6 @@ def _quantized_cache_time_like_dynamic(frame: pd.DataFrame) -> pd.DataFrame:  # 
     return frame
 
 
-def _slow_link_step(frame: pd.DataFrame, added_ms) -> pd.DataFrame:
-    """The slow-link rows' median step = the plain offloaded one's at that context + ``added_ms(link_ms)``."""
-    off = frame[frame["strategy"] == "offloaded"]
-    plain = off[off["link_gbps"].isna()]
-    plain = plain[plain["setting"] == plain["setting"].iloc[0]].set_index("context_tokens")["token_ms_p50"]
-    slow = off.index[off["link_gbps"].notna()]
-    frame.loc[slow, "token_ms_p50"] = (frame.loc[slow, "context_tokens"].map(plain)
-                                       + added_ms(frame.loc[slow, "link_ms_per_step"]))
-    return frame
-
-
-@counterexample("slow_link_time_shows_in_the_step")
-def _link_hidden(frame: pd.DataFrame) -> pd.DataFrame:  # the link adds only 30% of its own time
-    return _slow_link_step(frame, lambda link: 0.3 * link)
-
-
-@counterexample("slow_link_cost_grows_with_bytes")
-def _link_cost_flat(frame: pd.DataFrame) -> pd.DataFrame:  # the same 0.5 ms added at every context
-    return _slow_link_step(frame, lambda link: 0.5 + 0 * link)
-
-
 @counterexample("memory_tier_copies_outrun_the_link")
 def _tier_as_slow_as_the_link(frame: pd.DataFrame) -> pd.DataFrame:  # copies at 1.5× the link's rate
     gbps = float(frame["link_gbps"].dropna().iloc[0])

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .fold import folded_solution
 
-__all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "check_frame_function", "check_function", "check_number",
+__all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "method_source", "solution_code", "check_frame_function", "check_function", "check_number",
            "exercise", "exercises_for", "lazy", "multiple_choice", "right", "rounding_tolerance", "wrong"]
 
 
@@ -163,6 +163,23 @@ def exercise(notebook: str, *, solution: Any, wrong: Any, title: str = "", quest
         return checker
 
     return register
+
+
+def method_source(cls: type, *names: str) -> str:
+    """The methods ``names`` of ``cls`` as the class writes them (decorators included), one blank line apart."""
+    import inspect
+
+    return "\n\n".join(inspect.getsource(getattr(m, "fget", m)).rstrip()
+                        for m in (inspect.getattr_static(cls, n) for n in names))
+
+
+def solution_code(cls: type, *names: str) -> str:
+    """A solution's code block, taken from the reference answer the tests check (``cls``): its methods ``names``,
+    or the whole class when none are named. One home: the solution shown is the one that passes the checker
+    (and a skeleton's given methods come from it with ``method_source``)."""
+    import inspect
+
+    return "```python\n" + (method_source(cls, *names) if names else inspect.getsource(cls).rstrip()) + "\n```"
 
 
 def exercises_for(notebook: str) -> list[Exercise]:

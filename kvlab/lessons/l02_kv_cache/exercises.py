@@ -14,7 +14,7 @@ from ...model.config import tiny_llama
 from ...model.decoder import Decoder
 from ...model.tokenizer import ByteTokenizer
 from .memory import GIB, max_sequences, resolve_config
-from ..common.exercises import Feedback, exercise, check_number, multiple_choice, right, wrong, _is_number
+from ..common.exercises import Feedback, exercise, check_number, multiple_choice, right, method_source, solution_code, wrong, _is_number
 
 
 def _kv_bytes(model: str, tokens: int, batch: int = 1, bytes_per_element: float = 2, kv_heads: int | None = None) -> int:
@@ -140,10 +140,10 @@ class SolutionCache(KVCache):
         self.values = [None] * num_layers
 
     def update(self, layer_idx, k, v):
-        if self.keys[layer_idx] is None:
+        if self.keys[layer_idx] is None:                  # this layer's first tokens: the prompt
             self.keys[layer_idx], self.values[layer_idx] = k, v
-        else:
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)  # dim 2: tokens
+        else:                                             # dim 2 is the tokens
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)
             self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
         return self.keys[layer_idx], self.values[layer_idx]
 
@@ -307,10 +307,7 @@ class MyCache(KVCache):
 
     name = "mine"
 
-    def __init__(self, num_layers, num_kv_heads, head_dim, batch=1, dtype=torch.float32, device="cpu"):
-        super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
-        self.keys = [None] * num_layers     # keys[layer]: (batch, kv_heads, tokens, head_dim), None while empty
-        self.values = [None] * num_layers
+''' + method_source(SolutionCache, "__init__") + '''
 
     def update(self, layer_idx, k, v):
         """Store this layer's new k, v (batch, kv_heads, new_tokens, head_dim); return all its K and V."""
@@ -323,28 +320,11 @@ class MyCache(KVCache):
         # TODO
         return 0
 
-    def reset(self):
-        self.keys, self.values = [None] * self.num_layers, [None] * self.num_layers
-
-    def memory(self):
-        n = tensor_bytes(*self.keys, *self.values)
-        return CacheMemory(allocated_bytes=n, used_bytes=n, reserved_bytes=0, device_bytes=n)
+''' + method_source(SolutionCache, "reset", "memory") + '''
 
 
 check_my_cache(MyCache)''',
-          explanation="""```python
-    def update(self, layer_idx, k, v):
-        if self.keys[layer_idx] is None:                  # this layer's first tokens: the prompt
-            self.keys[layer_idx], self.values[layer_idx] = k, v
-        else:                                             # dim 2 is the tokens
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)
-            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
-        return self.keys[layer_idx], self.values[layer_idx]
-
-    @property
-    def seq_len(self):
-        return 0 if self.keys[-1] is None else self.keys[-1].size(2)
-```
+          explanation=solution_code(SolutionCache, "update", "seq_len") + """
 This is kvlab's `DynamicCache` (`kvlab/cache/dynamic.py`), which also copies the first k and v so that
 they do not keep alive the larger tensor they are views of. The slips the checker names:
 concatenating along another dimension than the tokens; returning only the new keys and values

@@ -273,29 +273,29 @@ def _link_rows(result: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
     return slow, fast.loc[slow.index]
 
 
-@claim(NOTEBOOK, clock="wall",
-       says="at {ctx} prompt tokens a step over the {gbps:g} GB/s link took {slow:.2f} ms against {fast:.2f} ms for the "
-            "same copies at the tier's own speed: {added:.2f} ms more, where the link needs {link:.2f} ms for the "
-            "{kib} each step moves",
-       otherwise="the slow link added less than 70% of its own time to the step. The link waits are real, so this "
-                 "points at the median: on a busy machine the plain offloaded steps can be slowed more than the "
-                 "link ones; Run again.")
+# The slow link is kvlab's model, a wait inside the step until the bytes would have crossed it
+# (kvlab/cache/offloaded.py: wait_for_link): a check that the wait shows in the step could only fail on noise,
+# so the two lines about it are shown (•) as the model's arithmetic on this run, never asserted.
+@claim(NOTEBOOK, clock="wall", asserts=False,
+       says="at {ctx} prompt tokens a step over the modelled {gbps:g} GB/s link took {slow:.2f} ms against {fast:.2f} "
+            "ms for the same copies at the tier's own speed: {added:.2f} ms more, where the link needs {link:.2f} ms "
+            "for the {kib} each step moves. kvlab waits for the link inside the step, so here it shows in full; an "
+            "engine that copies on a side stream hides what its compute overlaps",
+       otherwise="")
 def slow_link_time_shows_in_the_step(result: Any) -> dict:
     slow, fast = _link_rows(result)
     ctx = int(slow.index.max())
     s, f = slow.loc[ctx], fast.loc[ctx]
     added = float(s["token_ms_p50"] - f["token_ms_p50"])
     return dict(ctx=ctx, gbps=float(s["link_gbps"]), slow=float(s["token_ms_p50"]), fast=float(f["token_ms_p50"]),
-                added=added, link=float(s["link_ms_per_step"]), kib=_kib(s["bytes_moved_per_step"]),
-                holds=added >= 0.7 * float(s["link_ms_per_step"]))
+                added=added, link=float(s["link_ms_per_step"]), kib=_kib(s["bytes_moved_per_step"]), holds=True)
 
 
-@claim(NOTEBOOK, clock="wall",
-       says="the time the slow link adds grew with the bytes moved: {a:.2f} ms at {c1} prompt tokens ({k1} per step), "
-            "{b:.2f} ms at {c2} ({k2}); the link's own time for those bytes: {l1:.2f} and {l2:.2f} ms",
-       otherwise="from one context to the next the added time did not grow by at least half of what the link's "
-                 "own time grew. A single slowed step can move a median of a few runs: Run again, or raise the "
-                 "tokens per timed run.")
+@claim(NOTEBOOK, clock="wall", asserts=False,
+       says="the time the modelled link added at each context, against the link's own time for those bytes: "
+            "{a:.2f} ms at {c1} prompt tokens ({k1} per step, link {l1:.2f} ms), {b:.2f} ms at {c2} ({k2}, link "
+            "{l2:.2f} ms)",
+       otherwise="")
 def slow_link_cost_grows_with_bytes(result: Any) -> dict:
     slow, fast = _link_rows(result)
     if len(slow) < 2:
@@ -303,11 +303,8 @@ def slow_link_cost_grows_with_bytes(result: Any) -> dict:
     c1, c2 = int(slow.index.min()), int(slow.index.max())
     added = (slow["token_ms_p50"] - fast["token_ms_p50"]).sort_index()
     link = slow["link_ms_per_step"].sort_index()
-    # "grew with the bytes": at every step from one context to the next, not only from the first to the last
-    grew = all(float(da) >= 0.5 * float(dl) for da, dl in zip(added.diff().iloc[1:], link.diff().iloc[1:]))
     return dict(a=float(added[c1]), b=float(added[c2]), c1=c1, c2=c2, k1=_kib(slow.loc[c1, "bytes_moved_per_step"]),
-                k2=_kib(slow.loc[c2, "bytes_moved_per_step"]), l1=float(link[c1]), l2=float(link[c2]),
-                holds=grew)
+                k2=_kib(slow.loc[c2, "bytes_moved_per_step"]), l1=float(link[c1]), l2=float(link[c2]), holds=True)
 
 
 @claim(NOTEBOOK, clock="wall",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..common.exercises import Feedback, check_number, exercise, right, wrong
+from ..common.exercises import Feedback, check_number, exercise, right, method_source, solution_code, wrong
 from ...cache.paged import BLOCK_SIZE
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
@@ -427,17 +427,7 @@ which blocks are shared, and `num_free_blocks` (block ids may differ; it reads `
           code='''class MyBlockTable:
     """Fixed-size KV blocks for sequences; full prefix blocks shared, counted by reference."""
 
-    def __init__(self, num_blocks, block_size):
-        self.block_size = block_size
-        self.free_blocks = list(range(num_blocks))   # ids of the blocks no sequence uses
-        self.ref_count = [0] * num_blocks             # how many sequences use each block
-        self.tables = {}                              # seq_id -> block ids, in token order
-        self.tokens = {}                              # seq_id -> its token ids
-        self.full_blocks = {}                         # tuple(tokens from the first to a full block's end) -> block id
-
-    @property
-    def num_free_blocks(self):
-        return len(self.free_blocks)
+''' + method_source(SolutionBlockTable, "__init__", "num_free_blocks") + '''
 
     def allocate(self, seq_id, token_ids):
         """Blocks for a new sequence's prompt, reusing full blocks held for the same prefix."""
@@ -459,52 +449,7 @@ which blocks are shared, and `num_free_blocks` (block ids may differ; it reads `
 
 
 check_block_table(MyBlockTable)''',
-          explanation="""```python
-    def allocate(self, seq_id, token_ids):
-        bs, tokens = self.block_size, list(token_ids)
-        shared = []
-        for i in range(len(tokens) // bs):                       # full blocks only, from the first
-            block = self.full_blocks.get(tuple(tokens[:(i + 1) * bs]))
-            if block is None:
-                break
-            shared.append(block)
-        new = -(-len(tokens) // bs) - len(shared)
-        if new > len(self.free_blocks):
-            raise MemoryError(f"sequence {seq_id} needs {new} new blocks")
-        for block in shared:
-            self.ref_count[block] += 1
-        self.tables[seq_id] = shared + [self._take() for _ in range(new)]
-        self.tokens[seq_id] = tokens
-        for i in range(len(shared), len(tokens) // bs):
-            self._register(seq_id, i)
-
-    def _take(self):
-        block = self.free_blocks.pop(0)
-        self.ref_count[block] = 1
-        return block
-
-    def _register(self, seq_id, i):                              # block i is full: reusable from now on
-        key = tuple(self.tokens[seq_id][:(i + 1) * self.block_size])
-        self.full_blocks.setdefault(key, self.tables[seq_id][i])
-
-    def append(self, seq_id, token_id):
-        tokens, table = self.tokens[seq_id], self.tables[seq_id]
-        if len(tokens) == len(table) * self.block_size:          # every slot taken
-            if not self.free_blocks:
-                raise MemoryError(f"no free block for sequence {seq_id}")
-            table.append(self._take())
-        tokens.append(token_id)
-        if len(tokens) % self.block_size == 0:
-            self._register(seq_id, len(table) - 1)
-
-    def free(self, seq_id):
-        for block in self.tables.pop(seq_id):
-            self.ref_count[block] -= 1
-            if self.ref_count[block] == 0:                       # its last user left
-                self.free_blocks.append(block)
-                self.full_blocks = {k: b for k, b in self.full_blocks.items() if b != block}
-        del self.tokens[seq_id]
-```
+          explanation=solution_code(SolutionBlockTable, "allocate", "_take", "_register", "append", "free") + """
 kvlab's `BlockManager` (`kvlab/serving/block_manager.py`) does the same with two refinements from
 vLLM: a block is named by a chain hash, `hash(parent's hash, its tokens)`, instead of the whole
 prefix, and a freed block keeps its prefix while it waits in the free list, least recently used
