@@ -18,9 +18,10 @@ from pathlib import Path
 import nbformat
 
 from .course import NOTEBOOKS
+from .lessons.common.predict import MEASURED_CLASS
 
 KEY_FILE = "KEY.md"
-MEASURED = re.compile(r'<b class="kvlab-measured">([^<]*)</b>')
+MEASURED = re.compile(rf'<b class="{MEASURED_CLASS}">([^<]*)</b>')  # what a prediction's fold hides
 
 
 def _question(source: str, var: str) -> str | None:

@@ -17,8 +17,9 @@ _FOLDER: list[Path] = []
 
 def _frame_of(result):
     """What the claims read: a panel result's table (with its ``attrs``), or the result itself."""
-    frame = getattr(result, "frame", None)
-    return frame if frame is not None and type(result).__name__ == "PanelResult" else result
+    from kvlab.lessons.common.panel import PanelResult
+
+    return result.frame if isinstance(result, PanelResult) else result
 
 
 def _recording(verdicts):

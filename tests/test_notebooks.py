@@ -19,6 +19,7 @@ import pytest
 
 from kvlab.course import NOTEBOOKS
 from kvlab.lessons import CLAIMS
+from kvlab.teachers_key import MEASURED  # the answer a prediction's fold hides
 
 from notebook_run import CHECK_OUTPUT, compare_outputs, run_notebook
 from test_course import ANY_MACHINE_PATH, PANEL_CELL, machine_paths, output_texts
@@ -103,9 +104,6 @@ def test_every_deterministic_claim_says_what_the_committed_copy_says(run):
                     assert mine == saved_line, f"{run.name}, code cell {i}, {name}:\n saved: {saved_line}\n   run: {mine}"
     if not checked:
         pytest.skip(f"{run.name} shows no deterministic claim in a cell of its own")
-
-
-MEASURED = re.compile(r'<b class="kvlab-measured">([^<]*)</b>')
 
 
 def answer_needles(measured: str) -> tuple[list[str], list[str]]:
