@@ -338,7 +338,8 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 #   transformers refuses that field, so the client sends its equivalent, an end-of-sequence id that
 #   never occurs);
 # - **the same memory and budget**: KV blocks of 16 tokens, 512 of them, up to 512 tokens per step,
-#   one CPU thread each, and only one server running at a time so they never share a core.
+#   one CPU thread each, and only one server measured at a time (both start together, to save
+#   your time, and the other sits idle while one is measured), so they never share a core.
 #
 # What stays different is each engine's own design, and that is what the run shows:
 #
@@ -349,11 +350,15 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 # | at start | the model is loaded and the engine built before `/health` answers | the model is loaded at start; the batching manager and its cache are built when the first request arrives |
 # | prefix cache | on, but this workload shares no prefix, so it plays no part here | not used by this workload either |
 #
-# The panel starts kvlab's server, measures it **cold** (the first few requests after it started),
+# The panel starts both servers, measures kvlab's **cold** (the first few requests after it started),
 # sends a few warm-up requests, measures it **warm** at the same low rate, then sweeps the mixture
 # profile (long prompts and long answers among short ones) up to its *knee*: the highest rate at
 # which at least nine requests in ten completed and the first token's p95 stayed within the bound.
-# Then it stops it and does the same with `transformers serve`. Where `transformers serve` cannot
+# Each rate is read at its *close*, a few seconds after its last request was sent: an engine that
+# has fallen behind is not waited out, its unfinished requests count as waiting, and the p95 of the
+# first token is over every request sent, an unanswered one counted at its wait so far (the
+# survivors alone would flatter it). Then it stops kvlab's server and does the same with
+# `transformers serve`. Where `transformers serve` cannot
 # run (an older transformers, or `accelerate` missing), the next cell says why in one line and the
 # panel measures kvlab's server alone.
 
@@ -367,7 +372,7 @@ engines = two_engines_panel(rates=(4, 16, 64), duration_s=1.5)
 engines
 
 # %%
-both = engines.run()   # the same as pressing Run: each server in turn, cold, warm, then the sweep
+both = engines.run()   # the same as pressing Run: both start, then each in turn: cold, warm, the sweep
 both.show()
 
 # %% [markdown]

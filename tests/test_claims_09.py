@@ -97,6 +97,7 @@ def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_cou
 
 def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine_alone():
     assert CLAIMS["two_engines_account_for_every_request"].on(engines(waiting=1)).holds is False
+    assert CLAIMS["two_engines_account_for_every_request"].on(engines(completed=7, waiting=3)).holds is True  # open
     lost = engines()
     lost.loc[0, "completed"] = 9
     assert CLAIMS["two_engines_account_for_every_request"].on(lost).holds is False

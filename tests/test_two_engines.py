@@ -26,6 +26,39 @@ def test_the_knee_is_the_highest_rate_served_with_every_lower_rate_served_too():
     assert engine_knees(both, 1.0) == {"kvlab serve": 8.0, "transformers serve": 4.0}
 
 
+def test_a_rate_is_read_at_its_close_with_the_unanswered_counted_at_their_wait():
+    """Hand-built: 4 requests, close at 2 s. One completes in time; one got its first token but is still
+    streaming; two have no first token. Counts at the close, the all-sent p95 counts the open waits, and a run
+    that ended before its close reads as if it had none."""
+    from kvlab.clocks import RequestRecord
+    from kvlab.http.loadgen import LoadTestResult
+    from kvlab.lessons.l09_measure_a_real_server.two_engines import clock_row
+
+    def rec(rid, sched, first=None, end=None):
+        r = RequestRecord(rid, 8, 2, scheduled_s=sched)
+        r.sent_s = sched
+        if first is not None:
+            r.admit(first); r.token(first)
+        if end is not None:
+            r.token(end); r.finish(end)
+        return r
+
+    records = [rec("a", 0.0, 0.1, 0.3), rec("b", 0.5, 1.0, 2.5), rec("c", 1.0, 2.4, 2.6), rec("d", 1.5)]
+    records[3].fail(2.05, "deadline")  # cut off by the client just after the close
+    row = clock_row("kvlab serve", "sweep", 4.0, LoadTestResult(records, {"close_s": 2.0}, 2.6))
+    assert (row["sent"], row["completed"], row["failed"], row["waiting"]) == (4, 1, 0, 3)
+    assert row["ttft_n"] == 1 and row["ttft_p95_s"] == pytest.approx(0.1)  # the one survivor alone
+    assert row["ttft_censored"] == 2  # c and d had no first token at 2.0 s: waits 1.0 and 0.5 so far
+    waits = sorted([0.1, 0.5, 1.0, 0.5])
+    import numpy as np
+    assert row["ttft_p95_sent_s"] == pytest.approx(float(np.quantile(waits, 0.95)))
+    assert not within_knee(row, slo_ttft_s=1.0)  # 25% served
+    done = [rec("a", 0.0, 0.1, 0.3), rec("b", 0.5, 0.6, 0.9)]
+    early = clock_row("kvlab serve", "sweep", 4.0, LoadTestResult(done, {"close_s": 5.0}, 0.9))
+    plain = clock_row("kvlab serve", "sweep", 4.0, LoadTestResult(done, {}, 0.9))
+    assert early == plain  # ended before its close: the achieved rate is over the time it took, not the close
+
+
 def test_bad_input_is_refused_before_any_server_starts(tmp_path):
     with pytest.raises(ValueError, match="low_rate"):
         compare_engines(tmp_path, low_rate=0)
@@ -33,6 +66,8 @@ def test_bad_input_is_refused_before_any_server_starts(tmp_path):
         compare_engines(tmp_path, rates=())
     with pytest.raises(ValueError, match="engines"):
         compare_engines(tmp_path, engines=("vllm",))
+    with pytest.raises(ValueError, match="drain_s"):
+        compare_engines(tmp_path, drain_s=0)
     with pytest.raises(ValueError, match="not one of"):
         make_server("vllm", tmp_path)
 
@@ -67,7 +102,11 @@ def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accoun
     for engine in engines:
         phases = t[t.engine == engine].phase.tolist()
         assert phases[:2] == ["cold", "warm"] and set(phases[2:]) == {"sweep"}
-    assert (t.sent == t.completed + t.failed + t.waiting).all() and (t.waiting == 0).all()
+    assert (t.sent == t.completed + t.failed + t.waiting).all()
+    slo, share = t.attrs["settings"]["slo_ttft_s"], t.attrs["settings"]["min_served"]
+    open_rows = t[t.waiting > 0]  # unfinished at a sweep rate's close: only where that engine fell behind
+    assert (open_rows.phase == "sweep").all() and not any(within_knee(r, slo, share) for _, r in open_rows.iterrows())
+    assert (t.ttft_p95_sent_s >= t.ttft_p95_s).all() and (t[t.waiting == 0].ttft_censored == 0).all()
     assert (t[t.phase == "cold"].sent == 6).all() and (t[t.phase == "warm"].sent == 12).all()
     table = clocks_table(run)
     assert {"TTFT n", "TTFT p95 ms", "TPOT p50 ms", "sent", "completed", "failed", "waiting"} <= set(table.columns)

@@ -1,7 +1,7 @@
 """Benchmark: kvlab serve against transformers serve --continuous-batching, same weights, same workload, same client.
 
-Each round starts both servers in turn (the order rotated from round to round, one server
-running at a time) on one checkpoint folder (default: the lesson model with a byte tokenizer,
+Each round starts both servers together and measures them in turn (the order rotated from round
+to round, one server measured at a time while the other idles) on one checkpoint folder (default: the lesson model with a byte tokenizer,
 `kvlab.lessons.l09_measure_a_real_server.two_engines.lesson_checkpoint`), and for each measures, with the load client
 over loopback (`kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engines`):
 
@@ -11,7 +11,8 @@ over loopback (`kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engi
 - **sweep**: after `--warmup` unreported requests of `--profile` (so that an engine's first long
   prompt, which pays once for new shapes, is not timed), `--profile` (default mixture: long
   prompts and long answers, enough to saturate both) at rising `--rates`, `--duration` s each, up to the first rate past the *knee*: the
-  highest rate with >= 90% of the requests completed and TTFT p95 <= `--slo-ttft` s.
+  highest rate with >= 90% of the requests completed and TTFT p95 <= `--slo-ttft` s, each rate read
+  at its close (a few seconds after its last arrival; the unfinished counted, TTFT p95 over all sent).
 
 Reported as medians of per-round ratios kvlab / transformers with their IQR and min-max
 (`kvlab.measure.rounds`): TTFT p95 and TPOT p50 at every load level both engines served (goal
@@ -28,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.command_args import command_args
-from kvlab.lessons.l09_measure_a_real_server.two_engines import ENGINES, compare_engines, knee, lesson_checkpoint
+from kvlab.lessons.l09_measure_a_real_server.two_engines import ENGINES, LOW_RATE, compare_engines, knee, lesson_checkpoint
 from kvlab.http.peer import transformers_serve_available
 from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
@@ -39,7 +40,7 @@ LATENCY_GOAL, KNEE_GOAL = 1.0, 1.5  # kvlab / transformers: at most 1 for latenc
 DEFAULT_RATES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-def run(rounds: int = 3, low_rate: float = 4.0, requests: int = 30, cold: int = 6, warmup: int = 4,
+def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 30, cold: int = 6, warmup: int = 4,
         rates: Sequence[float] = DEFAULT_RATES, duration_s: float = 3.0, profile: str = "mixture",
         slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS, model: str | None = None, seed: int = 0) -> dict:
     """Every round's rows (one frame) and the paired ratios with their spread; see the module docstring."""
@@ -105,7 +106,7 @@ def summarize(frame: pd.DataFrame, rounds: int, slo_ttft_s: float, top_rate: flo
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m kvlab bench serve`."""
     p.add_argument("--rounds", type=int, default=3, help="paired rounds (engine order rotated)")
-    p.add_argument("--low-rate", type=float, default=4.0, help="req/s of the low-load level (short_short)")
+    p.add_argument("--low-rate", type=float, default=LOW_RATE, help="req/s of the low-load level (short_short)")
     p.add_argument("--requests", type=int, default=30, help="requests of the low-load level")
     p.add_argument("--cold", type=int, default=6, help="the first requests after each start, reported apart")
     p.add_argument("--warmup", type=int, default=4, help="requests after the cold ones, not reported")

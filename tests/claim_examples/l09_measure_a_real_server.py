@@ -87,7 +87,7 @@ def engines_run():
     alone): started once per session, for these claims and for tests/test_two_engines.py."""
     from kvlab.lessons.l09_measure_a_real_server.two_engines import compare_engines
 
-    return compare_engines(low_rate=4, rates=(4, 16, 64), cold_requests=6, warmup=4, warm_requests=12,
+    return compare_engines(rates=(4, 16, 64), cold_requests=6, warmup=4, warm_requests=12,
                            duration_s=1.5)
 
 

@@ -2,7 +2,7 @@
 
 The second part of lesson 09 (and what `python -m kvlab bench serve` repeats in rounds). Both
 servers load the same folder (`lesson_checkpoint`: the lesson model with a byte tokenizer, so
-the two cut a text prompt into the same tokens), run one at a time on loopback, and get the
+the two cut a text prompt into the same tokens), measured one at a time on loopback, and get the
 same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text prompts,
 every answer run to its `max_tokens`:
 
@@ -10,15 +10,22 @@ every answer run to its `max_tokens`:
 - **warm**: after `warmup` more requests (not reported), the same low rate again;
 - **sweep**: warm, at rising offered rates, each for `duration_s` seconds, stopped at the first
   rate past the *knee*: the highest rate with at least `min_served` of the requests completed
-  and TTFT p95 within `slo_ttft_s`.
+  and TTFT p95 within `slo_ttft_s`. Each rate is read at its *close*, `drain_s` after its last
+  scheduled arrival: what is unfinished then counts as waiting or running, and the knee's TTFT
+  p95 is over every request sent, an unanswered one counted at its wait so far
+  (`kvlab.clocks.ttft_censored`), so an engine that falls behind is not waited out, nor judged
+  on the requests it happened to finish.
 
 One row per (engine, phase, rate) with the four clocks, their n and the counts
-(sent = completed + failed + waiting + running). `same_greedy_answer` checks on the wire that the
+(sent = completed + failed + waiting + running). Both servers start together (each on its own
+process; starting is not what is measured), then each is measured alone while the other idles. `same_greedy_answer` checks on the wire that the
 two servers hold the same weights: one greedy completion, equal text.
 """
 from __future__ import annotations
 
+import dataclasses
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -26,6 +33,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ...clocks import ttft_censored
 from ...http.loadgen import LoadTestResult, http_workload, run_loadtest
 from ...http.peer import (LoopbackServer, greedy_answer, kvlab_server, transformers_serve_available,
                          transformers_server)
@@ -38,6 +46,9 @@ ENGINES = ("kvlab serve", "transformers serve")
 PHASES = ("cold", "warm", "sweep")
 GREEDY_PROMPT = "k3=v7;k5=v2;k9=v4;?k5:"  # a recall query: the lesson model answers it
 CONTEXT = 512  # the lesson model's context: prompts are clipped so prompt + max_tokens fit
+LOW_RATE = 8.0  # req/s of the cold and warm phases: well below either engine's knee, so little waits
+DRAIN_S = 3.0  # a sweep rate is read this long after its last arrival: a served rate has ended by then
+CLOSE_SLACK_S = 0.05  # the client cuts off what is unfinished just after the close, so the close sees it open
 
 
 # -- the checkpoint and the servers ---------------------------------------------------------------
@@ -61,6 +72,19 @@ def make_server(engine: str, folder: str | Path, threads: int | None = LESSON_TH
     raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
 
 
+def start_together(servers: Sequence[LoopbackServer]) -> list[LoopbackServer]:
+    """Start every server at once (each loads its model in its own process) and wait for all; if one fails,
+    stop the others and raise its error."""
+    with ThreadPoolExecutor(max(1, len(servers))) as pool:
+        futures = [pool.submit(s.start) for s in servers]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for s in servers:
+            s.stop()
+        raise next(e for e in errors if e is not None)
+    return list(servers)
+
+
 def same_greedy_answer(servers: Sequence[LoopbackServer], prompt: str = GREEDY_PROMPT, max_tokens: int = 12) -> dict:
     """{engine: greedy text} of one prompt on each running server, and `same`: whether all are equal."""
     answers = {s.name: greedy_answer(s, prompt, max_tokens) for s in servers}
@@ -74,15 +98,35 @@ def engine_workload(profile: str, num_requests: int, rate: float, seed: int = 0,
     return http_workload(profile, num_requests, arrival=arrival, rate=rate, seed=seed, max_context=CONTEXT)
 
 
-def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: float = 30.0) -> LoadTestResult:
-    """Send `requests` open-loop to the running `server` as text, every answer run to its max_tokens."""
+def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: float = 30.0,
+            close_s: float | None = None) -> LoadTestResult:
+    """Send `requests` open-loop to the running `server` as text, every answer run to its max_tokens.
+
+    `close_s` (seconds from the run's start): what has not finished then is cut off just after it (the
+    client leaves), to be read at the close by `clock_row`; default: every request runs to its end or timeout."""
+    deadline = None if close_s is None else close_s + CLOSE_SLACK_S
     return run_loadtest(server.url, requests, server.model, prompt_format="text", extra_body=server.extra_body,
-                        timeout_s=timeout_s, progress=False, settings={"engine": server.name})
+                        timeout_s=timeout_s, deadline_s=deadline, progress=False,
+                        settings={"engine": server.name, "close_s": close_s})
+
+
+def burst(requests: Sequence[Request]) -> list[Request]:
+    """The same requests, all arriving at once: a warm-up, never reported, need not wait for a schedule."""
+    return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
 
 
 def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult) -> dict:
-    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates."""
+    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates.
+
+    Read once every request ended, or at the run's close (`measure`'s `close_s`) if that came first: a rate
+    served in time reads the same either way, and its achieved rate is over the time it took.
+    `ttft_p95_sent_s` is the p95 over every request sent, the unfinished counted at their wait so far
+    (a lower bound when `ttft_censored` > 0); the other quantiles are over the completed ones (n beside them)."""
+    close = result.settings.get("close_s")
     s = result.summary()
+    if close is not None and s.until_s > close:
+        s = result.summary(until_s=close)
+    sent = ttft_censored(result.records, s.until_s)
     row = {"engine": engine, "phase": phase, "offered_rps": float(rate), "sent": s.sent, "completed": s.completed,
            "failed": s.failed, "waiting": s.waiting + s.running,
            "failed_reasons": ", ".join(f"{k} {v}" for k, v in sorted(s.failed_by_reason.items())),
@@ -90,13 +134,15 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult) -> d
     for clock in ("ttft", "tpot", "e2e"):
         q = s.latency[clock]
         row.update({f"{clock}_n": q["n"], f"{clock}_p50_s": q["p50"], f"{clock}_p95_s": q["p95"]})
+    row.update(ttft_p95_sent_s=sent["value"], ttft_censored=sent["censored"])
     row.update(requests_per_s=s.requests_per_s, output_tokens_per_s=s.output_tokens_per_s, wall_s=result.wall_s)
     return row
 
 
 def within_knee(row: dict | pd.Series, slo_ttft_s: float, min_served: float = 0.9) -> bool:
-    """Whether a rate is served: at least `min_served` of its requests completed and TTFT p95 <= `slo_ttft_s`."""
-    p95 = row["ttft_p95_s"]
+    """Whether a rate is served: at least `min_served` of its requests completed and TTFT p95 <= `slo_ttft_s`
+    (over every request sent, `ttft_p95_sent_s`, where the row has it)."""
+    p95 = row["ttft_p95_sent_s"] if "ttft_p95_sent_s" in row else row["ttft_p95_s"]
     return bool(row["served"] >= min_served and np.isfinite(p95) and p95 <= slo_ttft_s)
 
 
@@ -119,17 +165,18 @@ def cold_and_warm(server: LoadTestResult | LoopbackServer, rate: float, cold_req
             raise ValueError(f"{name}={n!r} must be a whole number of requests (>= 1; warmup >= 0)")
     cold = measure(server, engine_workload(profile, cold_requests, rate, seed), timeout_s)
     if warmup:
-        measure(server, engine_workload(profile, warmup, rate, seed + 1), timeout_s)
+        measure(server, burst(engine_workload(profile, warmup, rate, seed + 1)), timeout_s)
     warm = measure(server, engine_workload(profile, warm_requests, rate, seed + 2), timeout_s)
     return [clock_row(server.name, "cold", rate, cold), clock_row(server.name, "warm", rate, warm)]
 
 
 def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.0, profile: str = "mixture",
           slo_ttft_s: float = 1.0, min_served: float = 0.9, seed: int = 0, timeout_s: float = 30.0,
-          min_requests: int = 8, stop_past_knee: bool = True, warmup: int = 0) -> list[dict]:
-    """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first.
+          min_requests: int = 8, stop_past_knee: bool = True, warmup: int = 0, drain_s: float = DRAIN_S) -> list[dict]:
+    """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first,
+    each read at its close, `drain_s` after its last scheduled arrival (`clock_row`).
 
-    `warmup` unreported requests of `profile` go first, at the lowest rate: the low-load warm-up
+    `warmup` unreported requests of `profile` go first, all at once: the low-load warm-up
     sends short prompts only, and an engine's first long prompt pays once for shapes it has not
     computed yet (a 512-token chunk), which would land in the first level's p95. With
     `stop_past_knee` the sweep ends at the first rate not served (`within_knee`): rates beyond it
@@ -137,12 +184,16 @@ def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be a whole number of requests >= 0")
+    if not (isinstance(drain_s, (int, float)) and drain_s > 0):
+        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after the last arrival")
     if warmup:
-        measure(server, engine_workload(profile, warmup, min(float(r) for r in rates), seed + 1), timeout_s)
+        measure(server, burst(engine_workload(profile, warmup, min(float(r) for r in rates), seed + 1)), timeout_s)
     rows = []
     for rate in sorted(float(r) for r in rates):
         n = max(min_requests, int(round(rate * duration_s)))
-        row = clock_row(server.name, "sweep", rate, measure(server, engine_workload(profile, n, rate, seed), timeout_s))
+        requests = engine_workload(profile, n, rate, seed)
+        close = max(r.arrival_s for r in requests) + drain_s
+        row = clock_row(server.name, "sweep", rate, measure(server, requests, timeout_s, close_s=close))
         rows.append(row)
         if stop_past_knee and not within_knee(row, slo_ttft_s, min_served):
             break
@@ -174,12 +225,13 @@ def engine_knees(frame: pd.DataFrame, slo_ttft_s: float, min_served: float = 0.9
     return {e: knee(g, slo_ttft_s, min_served) for e, g in frame[frame.phase == "sweep"].groupby("engine", sort=False)}
 
 
-def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rates: Sequence[float] = (4.0, 16.0),
+def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE, rates: Sequence[float] = (4.0, 16.0),
                     cold_requests: int = 6, warmup: int = 4, warm_requests: int = 12, duration_s: float = 2.0,
                     low_profile: str = "short_short", sweep_profile: str = "mixture", slo_ttft_s: float = 1.0,
                     min_served: float = 0.9, threads: int | None = LESSON_THREADS, seed: int = 0, timeout_s: float = 30.0,
-                    engines: Sequence[str] = ENGINES, progress: Progress = no_progress) -> EnginesRun:
-    """Start each engine in turn on the same folder, measure cold, warm and a sweep, stop it.
+                    engines: Sequence[str] = ENGINES, progress: Progress = no_progress,
+                    drain_s: float = DRAIN_S) -> EnginesRun:
+    """Start the engines together on the same folder; measure each in turn (cold, warm, a sweep), then stop it.
 
     When transformers serve cannot run here, it is left out and `EnginesRun.unavailable` says
     why in one line; kvlab serve is measured alone.
@@ -188,6 +240,8 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rat
         raise ValueError(f"low_rate={low_rate!r} must be a positive number of requests per second")
     if not rates or any(not (isinstance(r, (int, float)) and r > 0) for r in rates):
         raise ValueError(f"rates={list(rates)!r} must be positive numbers of requests per second")
+    if not (isinstance(drain_s, (int, float)) and drain_s > 0):
+        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after a rate's last arrival")
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"engines {unknown} are not among {ENGINES}")
@@ -195,19 +249,24 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rat
     ok, why = transformers_serve_available()
     todo = [e for e in engines if ok or e != "transformers serve"]
     rows, servers, greedy = [], {}, {}
-    for engine in progress(todo, total=len(todo), desc="engines", unit="engine"):
-        server = make_server(engine, folder, threads=threads).start()
-        try:
-            rows += cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed, timeout_s)
-            rows += sweep(server, rates, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s,
-                          warmup=warmup)
-            greedy[engine] = greedy_answer(server, GREEDY_PROMPT, 12)
-            servers[engine] = server.describe()
-        finally:
+    started = start_together([make_server(e, folder, threads=threads) for e in todo])
+    try:
+        for server in progress(started, total=len(started), desc="engines", unit="engine"):
+            try:
+                rows += cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed,
+                                      timeout_s)
+                rows += sweep(server, rates, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s,
+                              warmup=warmup, drain_s=drain_s)
+                greedy[server.name] = greedy_answer(server, GREEDY_PROMPT, 12)
+                servers[server.name] = server.describe()
+            finally:
+                server.stop()
+    finally:
+        for server in started:
             server.stop()
     settings = {"folder": str(folder), "low_rate": low_rate, "rates": [float(r) for r in rates],
                 "cold_requests": cold_requests, "warmup": warmup, "warm_requests": warm_requests,
-                "duration_s": duration_s, "low_profile": low_profile, "sweep_profile": sweep_profile,
+                "duration_s": duration_s, "drain_s": drain_s, "low_profile": low_profile, "sweep_profile": sweep_profile,
                 "slo_ttft_s": slo_ttft_s, "min_served": min_served, "threads": threads, "seed": seed}
     frame = pd.DataFrame(rows)
     frame.attrs.update(servers=servers, greedy=greedy, settings=settings, unavailable=None if ok else why)
@@ -215,19 +274,21 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = 4.0, rat
 
 
 def clocks_table(run: EnginesRun | pd.DataFrame) -> pd.DataFrame:
-    """The rows a learner reads: engine, phase, rate, counts, and each clock's n, p50 and p95 in ms."""
+    """The rows a learner reads: engine, phase, rate, counts, and each clock's n, p50 and p95 in ms (over the
+    completed requests, n of them; TTFT's p95 also over every request sent, the knee's)."""
     t = run.frame if isinstance(run, EnginesRun) else run
     ms = 1e3
     return pd.DataFrame({
         "engine": t["engine"], "phase": t["phase"], "offered req/s": t["offered_rps"], "sent": t["sent"],
         "completed": t["completed"], "failed": t["failed"], "waiting": t["waiting"],
         "TTFT n": t["ttft_n"], "TTFT p50 ms": t["ttft_p50_s"] * ms, "TTFT p95 ms": t["ttft_p95_s"] * ms,
+        "TTFT p95 ms, all sent": t["ttft_p95_sent_s"] * ms,
         "TPOT n": t["tpot_n"], "TPOT p50 ms": t["tpot_p50_s"] * ms, "TPOT p95 ms": t["tpot_p95_s"] * ms,
         "E2E p50 ms": t["e2e_p50_s"] * ms, "E2E p95 ms": t["e2e_p95_s"] * ms,
         "achieved req/s": t["requests_per_s"], "output tok/s": t["output_tokens_per_s"],
     })
 
 
-__all__ = ["CONTEXT", "ENGINES", "EnginesRun", "GREEDY_PROMPT", "clock_row", "clocks_table", "cold_and_warm",
-           "compare_engines", "engine_knees", "engine_workload", "knee", "lesson_checkpoint", "make_server", "measure",
-           "same_greedy_answer", "sweep", "within_knee"]
+__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "EnginesRun", "GREEDY_PROMPT", "clock_row", "clocks_table", "cold_and_warm",
+           "compare_engines", "burst", "engine_knees", "engine_workload", "knee", "lesson_checkpoint", "make_server", "measure",
+           "same_greedy_answer", "start_together", "sweep", "within_knee"]
