@@ -48,14 +48,19 @@ class Lesson:
         return (self.package, "kvlab.lessons.common", *self.uses)
 
 
+# A notebook's minutes cover at least reading its markdown at READING_WPM, its Run All and EXERCISE_MINUTES per
+# exercise (tests/test_plans.py checks it, and that the TEACHING.md plans' slots fit what they name).
+READING_WPM = 200  # words per minute: a brisk reading of technical prose with figures beside it
+EXERCISE_MINUTES = 2  # the least an exercise takes: read, write a line, run its checker
+
 # In order. Adding a notebook: its folder kvlab/lessons/lNN_<name>/ and its Lesson here; navigation follows this list.
 NOTEBOOKS: list[Lesson] = [
     Lesson("00_start_here.ipynb", "Start here",
-           "your machine (device, versions, threads), how the lab is laid out, how a panel works", 10,
+           "your machine (device, versions, threads), how the lab is laid out, how a panel works", 15,
            uses=("kvlab.course", "kvlab.env")),
     Lesson("01_the_slowdown.ipynb", "The slowdown",
            "without a cache each token takes longer than the last; time per token and cumulative time, "
-           "none vs dynamic; expected (work) vs measured ratio", 15),
+           "none vs dynamic; expected (work) vs measured ratio", 20),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
@@ -64,7 +69,7 @@ NOTEBOOKS: list[Lesson] = [
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
            "(torch.compile); a slow link whose transfer time shows in the step; offloading under load (step and "
-           "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 30),
+           "token-gap distributions, on device vs offloaded); which constraint dominates for your workload", 35),
     Lesson("04_four_clocks.ipynb", "The four clocks",
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
@@ -79,18 +84,18 @@ NOTEBOOKS: list[Lesson] = [
            "policies where the one with more throughput starts answers later; sent/completed/failed/waiting counts", 25),
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each), counted by hand and by the "
-           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 15),
+           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 20),
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
            "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
-           "capacity, caching on vs off on the four clocks", 20,
+           "capacity, caching on vs off on the four clocks", 25,
            uses=("kvlab.traces",)),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
            "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "
            "curve over the wire with 429 backpressure; the same client against transformers' own server on the same "
-           "weights (cold and warm, both service curves); the same command against vLLM and other servers", 20,
+           "weights (cold and warm, both service curves); the same command against vLLM and other servers", 30,
            uses=("kvlab.http.peer", "kvlab.http.shared_checkpoint")),
 ]
 

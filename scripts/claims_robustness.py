@@ -8,17 +8,26 @@ competing for every core, and counts the runs in which the claim held. A measure
     python scripts/claims_robustness.py                          # 3 runs each, quiet and loaded
     python scripts/claims_robustness.py --runs 5 --json results/claims_robustness.json
     python scripts/claims_robustness.py --quiet-only uncached_tokens_slow_down
+    python scripts/claims_robustness.py --json notebooks/claims_hold_rates.json --teaching   # the course's record
+    python scripts/claims_robustness.py --teaching                # TEACHING.md rewritten from the committed record
 
 Prints one line per claim and condition with the load average before and after (on a shared machine "quiet"
 means only that this script started no competing processes); the JSON also records kvlab's version, the
 device, threads, the core count and when it ran. Run it from a checkout: the examples are test fixtures.
+
+The course keeps one such record, ``notebooks/claims_hold_rates.json``; ``--teaching`` writes its figures into
+notebooks/TEACHING.md (the paragraph between the ``kvlab:hold-rates`` markers and the quiet and loaded columns
+of the table of claims), so the rates a teacher reads are the ones measured, never typed. tests/test_teaching.py
+checks that they agree.
 """
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import multiprocessing as mp
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -141,16 +150,78 @@ def as_records(rates: list[HoldRate]) -> list[dict]:
     return [dict(asdict(r), rate=r.rate) for r in rates]
 
 
+# -- the record in TEACHING.md -------------------------------------------------------------------------
+TEACHING = ROOT / "notebooks" / "TEACHING.md"
+RECORD = ROOT / "notebooks" / "claims_hold_rates.json"
+BEGIN, END = "<!-- kvlab:hold-rates -->", "<!-- /kvlab:hold-rates -->"
+ROW = re.compile(r"^\| `(\w+)` \| (\d\d) \| ([^|]*) \| ([^|]*) \|(.*)$")
+
+
+def _loads(report: dict, quiet: bool) -> tuple[float, float]:
+    rows = [r for r in report["hold_rates"] if (r["condition"] == "quiet") == quiet]
+    return (rows[0]["load_before"], rows[0]["load_after"]) if rows else (float("nan"), float("nan"))
+
+
+def measured_paragraph(report: dict, record: str = "notebooks/claims_hold_rates.json") -> str:
+    """The paragraph saying when, where and how the record was measured, from the record itself."""
+    env, runs = report["environment"], report["runs"]
+    qb, qa = _loads(report, True)
+    lb, la = _loads(report, False)
+    device = "CUDA " + env["cuda_device"] if env.get("cuda_device") else "CPU PyTorch"
+    return (f"**How often each claim holds.** Measured from {report['started']} to {report['finished']} with\n"
+            f"`python scripts/claims_robustness.py --runs {runs} --json {record} --teaching`\n"
+            f"on a machine with {report['cpu_count']} CPU cores and {device} ({env['torch_threads']} torch threads, "
+            f"kvlab {env['versions']['kvlab']}, torch {env['versions']['torch']}): each claim's example re-run with "
+            f"seeds 0 to {runs - 1}, first \"quiet\" (no competing processes started by the script), then \"loaded\" "
+            f"(one CPU-bound competing process per core). Its 1-minute load average was {qb:.2f} before and "
+            f"{qa:.2f} after the quiet runs, {lb:.2f} and {la:.2f} around the loaded ones (other programs on the "
+            f"machine count too: \"quiet\" is only as quiet as the machine was).")
+
+
+def held_columns(report: dict) -> dict[str, tuple[str, str]]:
+    """{claim: ("held/runs" quiet, "held/runs" loaded)} of the record."""
+    out: dict[str, list[str]] = {}
+    for r in report["hold_rates"]:
+        cols = out.setdefault(r["claim"], ["", ""])
+        cols[r["condition"] != "quiet"] = f"{r['held']}/{r['runs']}"
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def rewrite_teaching(text: str, report: dict) -> str:
+    """``text`` (TEACHING.md) with the record's paragraph between the markers and its rates in the claims' rows."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"TEACHING.md has no {BEGIN} ... {END} section to write the record into")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    text = f"{head}{BEGIN}\n{measured_paragraph(report)}\n{END}{tail}"
+    columns = held_columns(report)
+    lines = []
+    for line in text.splitlines(keepends=True):
+        m = ROW.match(line.rstrip("\n"))
+        if m and m.group(1) in columns:
+            quiet, loaded = columns[m.group(1)]
+            line = f"| `{m.group(1)}` | {m.group(2)} | {quiet} | {loaded} |{m.group(5)}" + ("\n" if line.endswith("\n") else "")
+        lines.append(line)
+    return "".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="claim names (default: every wall-clock claim)")
     parser.add_argument("--runs", type=int, default=3, help="runs per claim and condition (seeds 0..runs-1)")
     parser.add_argument("--quiet-only", action="store_true", help="skip the runs under competing load")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--teaching", action="store_true",
+                        help="write the record (--json's, else notebooks/claims_hold_rates.json) into TEACHING.md")
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in CLAIMS]
     if unknown:
         parser.error(f"unknown claim(s) {unknown}; known: {sorted(CLAIMS)}")
+    if args.teaching and not args.json:  # only rewrite TEACHING.md from the committed record
+        TEACHING.write_text(rewrite_teaching(TEACHING.read_text(encoding="utf-8"), json.loads(RECORD.read_text())),
+                            encoding="utf-8")
+        print(f"rewrote {TEACHING.relative_to(ROOT)} from {RECORD.relative_to(ROOT)}")
+        return
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     rates = hold_rates(args.names or None, runs=args.runs, loaded=not args.quiet_only, progress=print)
     print(f"\n{'claim':45s} {'condition':35s} held  load average before → after")
@@ -165,6 +236,10 @@ def main() -> None:
                                "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "hold_rates": as_records(rates)})
         print(f"wrote {args.json}")
+        if args.teaching:
+            TEACHING.write_text(rewrite_teaching(TEACHING.read_text(encoding="utf-8"),
+                                                 json.loads(Path(args.json).read_text())), encoding="utf-8")
+            print(f"rewrote {TEACHING.relative_to(ROOT)} from {args.json}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 
 from kvlab.http.client import API_KEY_ENV, api_key_from_env  # noqa: F401 (one home: the client's side)
 from kvlab.http.protocol import APIError
@@ -139,3 +142,24 @@ def header_timeout_protocol(timeout_s: float = READ_TIMEOUT_S) -> type:
             super().connection_lost(exc)
 
     return HeaderTimeoutProtocol
+
+
+def error_response(e: APIError, headers: dict | None = None) -> Response:
+    """``e`` as OpenAI's JSON error body. ASCII-escaped JSON: a message quoting the client's text (a lone surrogate
+    even) always encodes."""
+    return Response(json.dumps(e.body()), status_code=e.status, headers={**e.headers, **(headers or {})},
+                    media_type="application/json")
+
+
+def answer_errors_as_json(app) -> None:
+    """Every error of the FastAPI ``app`` answered as that JSON body: its own `APIError`s and starlette's
+    (404 for an unknown path, 405 for a wrong method)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code))
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return error_response(exc)

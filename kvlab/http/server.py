@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import uuid
 from pathlib import Path
@@ -46,12 +45,12 @@ from typing import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvlab.http.counts import OUTCOMES, RequestCounts, Tally  # noqa: F401 (OUTCOMES: kvlab.http.server's own before)
 from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S, STOPPED, AsyncEngine, EngineRejected, RequestStream
-from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, api_key_from_env,
-                              check_api_key, check_content_type, header_timeout_protocol, is_loopback, read_body)
+from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer_errors_as_json,
+                              api_key_from_env, check_api_key, check_content_type, error_response,
+                              header_timeout_protocol, is_loopback, read_body)
 from kvlab.http.protocol import APIError, CompletionRequest, ResponseShape, parse_request, sse
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
@@ -114,12 +113,6 @@ class ServerState:
             self.shutdown()
 
 
-def _error_response(e: APIError, headers: dict | None = None) -> Response:
-    # ASCII-escaped JSON: a message quoting the client's text (a lone surrogate even) always encodes
-    return Response(json.dumps(e.body()), status_code=e.status, headers={**e.headers, **(headers or {})},
-                    media_type="application/json")
-
-
 def _sampling(req: CompletionRequest, stop_token_ids: tuple) -> SamplingParams:
     return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
                           stop_token_ids=() if req.ignore_eos else stop_token_ids)
@@ -157,14 +150,7 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
     app = FastAPI(title="kvlab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvlab = state
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code))
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> Response:
-        return _error_response(exc)
+    answer_errors_as_json(app)
 
     @app.get("/health")
     async def health() -> Response:
@@ -231,7 +217,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
     except Exception as e:  # a bug: still a JSON answer, and counted
         log.exception("the completion handler failed")
         tally.end("failed")
-        return _error_response(APIError(500, f"the server failed on this request ({type(e).__name__}: {e})",
+        return error_response(APIError(500, f"the server failed on this request ({type(e).__name__}: {e})",
                                         "internal_error", type_="server_error"))
     finally:  # a stream's response owns its tally from here; anything else has ended it, or is cut short
         if not tally.ended and not isinstance(response, EngineStreamingResponse):
@@ -245,7 +231,7 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
         check_api_key(request, state.api_key)
     except APIError as e:
         tally.end("unauthorized")
-        return _error_response(e)
+        return error_response(e)
     try:
         check_content_type(request)
         raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
@@ -256,13 +242,13 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
         return Response(status_code=400)  # nobody reads it
     except APIError as e:
         tally.end("model_not_found" if e.status == 404 else "invalid_request")
-        return _error_response(e)
+        return error_response(e)
     headers = {"X-Kvlab-Warning": "; ".join(req.warnings)} if req.warnings else {}
     for warning in req.warnings:
         log.warning("%s", warning)
     if not state.engine.alive:
         tally.end("rejected_unavailable")
-        return _error_response(_unavailable(state, STOPPED))
+        return error_response(_unavailable(state, STOPPED))
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     work = WorkloadRequest(rid, len(req.prompt_ids), req.max_tokens, received, "chat" if chat else "completion",
                            req.prompt_ids)
@@ -271,15 +257,15 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
     except EngineRejected as e:
         if e.reason == "queue_full":
             tally.end("rejected_queue_full")
-            return _error_response(APIError(
+            return error_response(APIError(
                 429, f"the server's queue is full ({engine.scheduler_config.max_waiting} requests waiting); "
                      f"retry after {state.retry_after_s} s", "queue_full", type_="rate_limit_error",
                 headers={"Retry-After": str(state.retry_after_s)}))
         if e.reason == "prompt_too_long":
             tally.end("invalid_request")
-            return _error_response(APIError(400, "prompt + max_tokens exceed this model's context", "prompt_too_long"))
+            return error_response(APIError(400, "prompt + max_tokens exceed this model's context", "prompt_too_long"))
         tally.end("rejected_unavailable")
-        return _error_response(_unavailable(state, e.reason))
+        return error_response(_unavailable(state, e.reason))
     shape = ResponseShape(rid, state.model_name, chat)
     if req.stream:
         return EngineStreamingResponse(_events(state, stream, shape, req, tally), _closer(state, stream, tally),
@@ -393,7 +379,7 @@ async def _collect(state: ServerState, request: Request, stream: RequestStream, 
     out = collector.result()
     if out.finish_reason not in ("length", "stop"):
         status = 500 if out.finish_reason == ENGINE_ERROR else 503
-        return _error_response(APIError(status, _early_end_message(out), out.finish_reason, type_="server_error",
+        return error_response(APIError(status, _early_end_message(out), out.finish_reason, type_="server_error",
                                         headers={"Retry-After": str(state.retry_after_s)} if status == 503 else None))
     return JSONResponse(shape.response("".join(texts), out.finish_reason, stream.prompt_tokens,
                                        stream.num_output_tokens), headers=headers)

@@ -22,7 +22,6 @@ The key, the content type and the body limit are `kvlab.http.guard`'s, as in `kv
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import secrets
 from pathlib import Path
@@ -31,11 +30,10 @@ from typing import Sequence
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvlab.command_args import command_args
-from kvlab.http.guard import (MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, check_api_key, check_content_type,
-                              header_timeout_protocol, read_body)
+from kvlab.http.guard import (MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer_errors_as_json, check_api_key,
+                              check_content_type, header_timeout_protocol, read_body)
 from kvlab.http.protocol import APIError
 
 from .record import ROOM_KEY_ENV, RoomFileError, validate
@@ -43,10 +41,6 @@ from .store import Store
 
 log = logging.getLogger("kvlab.room")
 STATUS = {"accepted": 201, "superseding": 201, "duplicate": 200}
-
-
-def _error(e: APIError) -> Response:
-    return Response(json.dumps(e.body()), status_code=e.status, headers=e.headers, media_type="application/json")
 
 
 def _check_room_key(request: Request, key: str) -> None:
@@ -73,14 +67,7 @@ def create_app(store: Store, key: str, inbox: str | Path | None = None, max_body
                 if outcome.status != "duplicate":
                     log.info("inbox %s: %s — %s", name, outcome.status, outcome.message)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code))
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> Response:
-        return _error(exc)
+    answer_errors_as_json(app)
 
     @app.get("/health")
     async def health() -> Response:

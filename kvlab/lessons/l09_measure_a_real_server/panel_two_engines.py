@@ -11,7 +11,7 @@ from ...http.peer import transformers_serve_available
 from .figures_two_engines import plot_two_engines
 from ..common.panel import ExperimentPanel
 
-RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0)
 _STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 
 
