@@ -42,17 +42,16 @@ def post(server, body, headers=None, path="/v1/completions") -> httpx.Response:
 
 
 # -- the key -------------------------------------------------------------------------------------------
-def test_the_key_guards_completions_metrics_and_records_but_not_health_or_models(server):
+def test_the_key_guards_every_v1_route_metrics_and_records_but_not_health(server):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
         r = httpx.post(server.url + "/v1/completions", json=body, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert r.headers["www-authenticate"] == "Bearer"
-    for path in ("/metrics", "/kvlab/requests"):
+    for path in ("/v1/models", "/metrics", "/kvlab/requests"):
         assert httpx.get(server.url + path).status_code == 401
         assert httpx.get(server.url + path, headers=AUTH).status_code == 200
     assert httpx.get(server.url + "/health").status_code == 200
-    assert httpx.get(server.url + "/v1/models").status_code == 200
     assert post(server, body).json()["usage"]["completion_tokens"] <= 2
 
 

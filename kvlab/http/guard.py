@@ -1,9 +1,9 @@
 """What a server open to a room checks before a request reaches the model: API key, content type, size, time.
 
-- **API key** (`--api-key`, or `$KVLAB_API_KEY`): when set, the completion
-  routes, `/metrics` and `/kvlab/requests` need OpenAI's header
-  `Authorization: Bearer <key>` (compared in constant time); `/health` and
-  `/v1/models` stay open, for supervisors and for clients finding the model.
+- **API key** (`--api-key`, or `$KVLAB_API_KEY`): when set, every `/v1` route
+  (completions and `/v1/models`, as OpenAI and vLLM do), `/metrics` and
+  `/kvlab/requests` need OpenAI's header `Authorization: Bearer <key>`
+  (compared in constant time); `/health` stays open, for supervisors.
   `KVLAB_API_KEY`, not `OPENAI_API_KEY`: a learner's real OpenAI key must
   never be sent to a classroom server by default.
 - **Content type**: a POST must say `application/json`. A web page can send

@@ -130,8 +130,8 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
                step_timeout_s: float = STEP_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving `engine` under `model_name`; `app.state.kvlab` is its ServerState.
 
-    `api_key`: when set, the completion routes, `/metrics` and `/kvlab/requests` need
-    `Authorization: Bearer <api_key>` (`kvlab.http.guard`). `max_failed_steps` failing engine
+    `api_key`: when set, every `/v1` route, `/metrics` and `/kvlab/requests` need
+    `Authorization: Bearer <api_key>` (`kvlab.http.guard`); `/health` stays open. `max_failed_steps` failing engine
     steps in a row stop the engine for good; a step running past `step_timeout_s` does too.
     """
     state = ServerState(engine, model_name, retry_after_s, keep_records, api_key, max_body_bytes, read_timeout_s,
@@ -167,7 +167,8 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
+        check_api_key(request, state.api_key)  # as OpenAI's and vLLM's: every /v1 route needs the key
         return JSONResponse({"object": "list", "data": [
             {"id": model_name, "object": "model", "created": 0, "owned_by": "kvlab",
              "max_model_len": engine.max_model_len}]})
