@@ -1,7 +1,8 @@
 """Benchmark: kvlab serve against transformers serve --continuous-batching, same weights, same workload, same client.
 
 Each round starts both servers together and measures them in turn (the order rotated from round
-to round, one server measured at a time while the other idles) on one checkpoint folder (default: the lesson model with a byte tokenizer,
+to round, one server measured at a time while the other idles) on one checkpoint folder
+(default: the lesson model with a byte tokenizer,
 `kvlab.lessons.l09_measure_a_real_server.two_engines.lesson_checkpoint`), and for each measures, with the load client
 over loopback (`kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engines`):
 
@@ -29,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab.command_args import command_args
-from kvlab.lessons.l09_measure_a_real_server.two_engines import ENGINES, LOW_RATE, compare_engines, knee, lesson_checkpoint
+from kvlab.lessons.l09_measure_a_real_server.two_engines import (ENGINES, LOW_RATE, compare_engines, knee,
+                                                                 lesson_checkpoint)
 from kvlab.http.peer import transformers_serve_available
 from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results

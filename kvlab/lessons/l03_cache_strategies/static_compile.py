@@ -315,4 +315,5 @@ if __name__ == "__main__":
 
 
 __all__ = ["COMPILE_BUDGET_S", "CudaGraphWatch", "FixedShapeStaticCache", "child_env", "compiled_decode",
-           "cuda_graph_reason", "default_budget_s", "not_started_message", "stop_process_tree", "timeout_message", "try_compiled_decode"]
+           "cuda_graph_reason", "default_budget_s", "not_started_message", "stop_process_tree", "timeout_message",
+           "try_compiled_decode"]

@@ -14,7 +14,8 @@ def plot_two_engines(frame: pd.DataFrame, slo_ttft_s: float | None = None) -> Fi
 
     ``frame`` is ``kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engines(...).frame``: its ``sweep`` rows
     are drawn (cold and warm rows are the table's). Each TTFT point is the p95 over every request
-    sent, as the knee reads it, with completed/sent above it and how many had no first token at the close; the dotted line is the knee's TTFT bound (``slo_ttft_s``,
+    sent, as the knee reads it, with completed/sent above it and how many had no first token at the close;
+    the dotted line is the knee's TTFT bound (``slo_ttft_s``,
     default the run's setting).
     """
     t = frame[frame["phase"] == "sweep"]

@@ -18,7 +18,8 @@ every answer run to its `max_tokens`:
 
 One row per (engine, phase, rate) with the four clocks, their n and the counts
 (sent = completed + failed + waiting + running). Both servers start together (each on its own
-process; starting is not what is measured), then each is measured alone while the other idles. `same_greedy_answer` checks on the wire that the
+process; starting is not what is measured), then each is measured alone while the other idles.
+`same_greedy_answer` checks on the wire that the
 two servers hold the same weights: one greedy completion, equal text.
 """
 from __future__ import annotations
@@ -110,6 +111,11 @@ def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: floa
                         settings={"engine": server.name, "close_s": close_s})
 
 
+def _check_drain(drain_s: float) -> None:
+    if isinstance(drain_s, bool) or not (isinstance(drain_s, (int, float)) and drain_s > 0):
+        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after a rate's last arrival")
+
+
 def burst(requests: Sequence[Request]) -> list[Request]:
     """The same requests, all arriving at once: a warm-up, never reported, need not wait for a schedule."""
     return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
@@ -184,8 +190,7 @@ def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.
     """
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} must be a whole number of requests >= 0")
-    if not (isinstance(drain_s, (int, float)) and drain_s > 0):
-        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after the last arrival")
+    _check_drain(drain_s)
     if warmup:
         measure(server, burst(engine_workload(profile, warmup, min(float(r) for r in rates), seed + 1)), timeout_s)
     rows = []
@@ -240,8 +245,7 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE
         raise ValueError(f"low_rate={low_rate!r} must be a positive number of requests per second")
     if not rates or any(not (isinstance(r, (int, float)) and r > 0) for r in rates):
         raise ValueError(f"rates={list(rates)!r} must be positive numbers of requests per second")
-    if not (isinstance(drain_s, (int, float)) and drain_s > 0):
-        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after a rate's last arrival")
+    _check_drain(drain_s)
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"engines {unknown} are not among {ENGINES}")
@@ -266,7 +270,8 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE
             server.stop()
     settings = {"folder": str(folder), "low_rate": low_rate, "rates": [float(r) for r in rates],
                 "cold_requests": cold_requests, "warmup": warmup, "warm_requests": warm_requests,
-                "duration_s": duration_s, "drain_s": drain_s, "low_profile": low_profile, "sweep_profile": sweep_profile,
+                "duration_s": duration_s, "drain_s": drain_s, "low_profile": low_profile,
+                "sweep_profile": sweep_profile,
                 "slo_ttft_s": slo_ttft_s, "min_served": min_served, "threads": threads, "seed": seed}
     frame = pd.DataFrame(rows)
     frame.attrs.update(servers=servers, greedy=greedy, settings=settings, unavailable=None if ok else why)
@@ -289,6 +294,7 @@ def clocks_table(run: EnginesRun | pd.DataFrame) -> pd.DataFrame:
     })
 
 
-__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "EnginesRun", "GREEDY_PROMPT", "clock_row", "clocks_table", "cold_and_warm",
-           "compare_engines", "burst", "engine_knees", "engine_workload", "knee", "lesson_checkpoint", "make_server", "measure",
-           "same_greedy_answer", "start_together", "sweep", "within_knee"]
+__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "EnginesRun", "GREEDY_PROMPT", "burst", "clock_row",
+           "clocks_table", "cold_and_warm", "compare_engines", "engine_knees", "engine_workload", "knee",
+           "lesson_checkpoint", "make_server", "measure", "same_greedy_answer", "start_together", "sweep",
+           "within_knee"]
