@@ -95,6 +95,24 @@ def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_cou
         assert c.on(counterexample_of(c)(t.copy())).holds is False, name
 
 
+def test_the_knee_claim_reads_the_tail_when_both_engines_keep_up_with_every_rate():
+    """Both at the top rung: decided by the all-sent TTFT p95 there (twice kvlab's or more), never 'not checked'."""
+    both = engines()
+    both = both[(both.phase != "sweep") | (both.offered_rps <= 16.0)].copy()
+    sweep = both.phase == "sweep"
+    both.loc[sweep, "served"], both.loc[sweep, "ttft_p95_s"] = 1.0, 0.05
+    both["ttft_p95_sent_s"] = both["ttft_p95_s"]
+    knee = CLAIMS["kvlab_knee_beyond_transformers"]
+    tied = knee.on(both)
+    assert tied.holds is False and "16 req/s (the highest rate offered" in tied.text, str(tied)
+    top = sweep & (both.offered_rps == 16.0) & (both.engine == "transformers serve")
+    both.loc[top, "ttft_p95_sent_s"] = 0.09  # under twice kvlab's 50 ms: inside the margin
+    assert knee.on(both).holds is False
+    both.loc[top, "ttft_p95_sent_s"] = 0.8  # 16x kvlab's, still under the 1 s bound
+    v = knee.on(both)
+    assert v.holds is True and "50 ms on kvlab serve against 800 ms (16.0×)" in v.text, str(v)
+
+
 def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine_alone():
     assert CLAIMS["two_engines_account_for_every_request"].on(engines(waiting=1)).holds is False
     assert CLAIMS["two_engines_account_for_every_request"].on(engines(completed=7, waiting=3)).holds is True  # open

@@ -19,9 +19,11 @@ Writing a claim (notebook authors): in the lesson's ``kvlab/lessons/lNN_<noteboo
         return {"late": 194, "early": 20, "measured": m, "work": w, "holds": m > 1.2}
 
 The function reads the experiment's result and returns the numbers the sentence quotes plus
-``holds``, the check. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time,
-counts, byte formulas, hand-computed schedules: the same on every machine, so nbval checks the
-verdict) or ``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
+``holds``, the check. A sentence longer than a line is written as a paragraph (a triple-quoted
+string over several lines); ``claim`` folds its whitespace into single spaces, so the source reads as
+the page will. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time, counts, byte
+formulas, hand-computed schedules: the same on every machine, so nbval checks the verdict) or
+``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
 repeated and contended runs is recorded by ``scripts/claims_robustness.py``). ``otherwise`` tells
 the learner what to look at when the claim does not hold on their run.
 
@@ -150,6 +152,8 @@ def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, asserts: bo
     """
     if clock not in ("deterministic", "wall"):
         raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")
+
+    says, otherwise = " ".join(says.split()), " ".join(otherwise.split())  # a paragraph becomes one line
 
     def register(measure: Callable[[Any], Mapping[str, Any]]) -> Claim:
         name = measure.__name__

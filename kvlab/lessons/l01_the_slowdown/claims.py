@@ -28,10 +28,11 @@ def _row(result: Any, cache: str) -> pd.Series:
 
 @claim(NOTEBOOK, clock="wall",
        says="without a cache, token {late} took {ratio:.1f}× as long as token {early} (the work grew {work:.1f}×)",
-       otherwise="the late steps were not clearly slower than the early ones. With a short prompt and few tokens "
-                 "the growing part is small; generate more tokens, and set repeats to 3 so that steps slowed by "
-                 "other programs are filtered out. On a GPU a model this small can take about as long for a "
-                 "few hundred tokens as for one: the GPU is waiting for Python, not computing.")
+       otherwise="""
+           the late steps were not clearly slower than the early ones. With a short prompt and few tokens the
+           growing part is small; generate more tokens, and set repeats to 3 so that steps slowed by other
+           programs are filtered out. On a GPU a model this small can take about as long for a few hundred tokens
+           as for one: the GPU is waiting for Python, not computing.""")
 def uncached_tokens_slow_down(result: Any) -> dict:
     r = _row(result, "none")
     return dict(late=int(r.late_token), early=int(r.early_token), ratio=r.measured_ratio, work=r.work_ratio,
@@ -44,10 +45,12 @@ FLAT_WITHIN = 1.3
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="with a cache, token {late} took {ratio:.2f}× as long as token {early}: nearly flat at this short "
-            "context (at most {context} tokens)",
-       otherwise="the cached steps at the early and late tokens differ by more than half. That is usually "
-                 "another program on the machine during part of the run: press Run again with repeats at 3.")
+       says="""
+           with a cache, token {late} took {ratio:.2f}× as long as token {early}: nearly flat at this short
+           context (at most {context} tokens)""",
+       otherwise="""
+           the cached steps at the early and late tokens differ by more than half. That is usually another program
+           on the machine during part of the run: press Run again with repeats at 3.""")
 def cached_steps_stay_flat(result: Any) -> dict:
     r = _row(result, "dynamic")
     frame = frame_of(result)
@@ -57,12 +60,13 @@ def cached_steps_stay_flat(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the last token arrived after {none_s:.2f} s without a cache and {dynamic_s:.2f} s with one; the gap "
-            "between them grew from {gap_mid:.2f} s at token {mid} to {gap_end:.2f} s at token {last}",
-       otherwise="the gap did not keep widening: the uncached steps were not clearly slower than the cached "
-                 "ones for the whole run. Look at the left panel: where the red line sits on the blue one, "
-                 "the gap stops growing. A run slowed by other programs in its second half can also do this; "
-                 "press Run again.")
+       says="""
+           the last token arrived after {none_s:.2f} s without a cache and {dynamic_s:.2f} s with one; the gap
+           between them grew from {gap_mid:.2f} s at token {mid} to {gap_end:.2f} s at token {last}""",
+       otherwise="""
+           the gap did not keep widening: the uncached steps were not clearly slower than the cached ones for the
+           whole run. Look at the left panel: where the red line sits on the blue one, the gap stops growing. A
+           run slowed by other programs in its second half can also do this; press Run again.""")
 def uncached_wait_gap_widens(result: Any) -> dict:
     curves = step_curves(frame_of(result))
     arrival = curves.pivot(index="token", columns="cache", values="time_s")  # median run's arrival times
@@ -76,12 +80,14 @@ def uncached_wait_gap_widens(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the measured slowdown ({ratio:.1f}×) stays below the work ratio ({work:.1f}×): per token processed, "
-            "the uncached step of token {late} ({late_n} tokens) cost {late_pp:.3f} ms, less than the step of "
-            "token {early} ({early_n} tokens) at {early_pp:.3f} ms",
-       otherwise="here the measured ratio reached the work ratio: the late steps cost as much per token as the "
-                 "early ones. That happens once a pass holds enough tokens to keep the machine busy (a long "
-                 "prompt, a larger model), or when other programs slowed the late steps; press Run again.")
+       says="""
+           the measured slowdown ({ratio:.1f}×) stays below the work ratio ({work:.1f}×): per token processed, the
+           uncached step of token {late} ({late_n} tokens) cost {late_pp:.3f} ms, less than the step of token
+           {early} ({early_n} tokens) at {early_pp:.3f} ms""",
+       otherwise="""
+           here the measured ratio reached the work ratio: the late steps cost as much per token as the early
+           ones. That happens once a pass holds enough tokens to keep the machine busy (a long prompt, a larger
+           model), or when other programs slowed the late steps; press Run again.""")
 def measured_slowdown_below_work(result: Any) -> dict:
     r = _row(result, "none")
     return dict(ratio=r.measured_ratio, work=r.work_ratio, late=int(r.late_token), early=int(r.early_token),
@@ -91,11 +97,13 @@ def measured_slowdown_below_work(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="a cached step, which pushes one token through the model, cost {cached:.2f} ms per token; the "
-            "uncached steps of tokens {early} and {late}, with {early_n} and {late_n} tokens in one pass, cost "
-            "{early_pp:.3f} and {late_pp:.3f} ms per token: at least {times:.0f}× less",
-       otherwise="here a pass over many tokens did not cost clearly less per token than a pass over one. "
-                 "That is unusual; check that the run used one thread (frame.attrs) and press Run again.")
+       says="""
+           a cached step, which pushes one token through the model, cost {cached:.2f} ms per token; the uncached
+           steps of tokens {early} and {late}, with {early_n} and {late_n} tokens in one pass, cost {early_pp:.3f}
+           and {late_pp:.3f} ms per token: at least {times:.0f}× less""",
+       otherwise="""
+           here a pass over many tokens did not cost clearly less per token than a pass over one. That is unusual;
+           check that the run used one thread (frame.attrs) and press Run again.""")
 def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
     none, cached = _row(result, "none"), _row(result, "dynamic")
     one = float(cached.early_ms_per_token_processed)
@@ -107,14 +115,16 @@ def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the line through the uncached steps meets zero context at {fixed:.1f} ms ({times:.1f}× a whole cached "
-            "step of {cached:.2f} ms), and each token of context adds {slope:.3f} ms: what every pass pays, "
-            "whatever it holds, weighs as much as {worth} tokens of context",
-       otherwise="here the line's fixed part is well below a whole cached step. With a long prompt, attention "
-                 "over every pair of tokens in a pass makes the curve bend upwards and the line meets zero low; "
-                 "more often, the load of the machine changed during the run, and the line, which extends the "
-                 "measured steps down to zero context, tilted with it (press Run again with repeats at 3). "
-                 "The cost per token processed, above, does not depend on a line.")
+       says="""
+           the line through the uncached steps meets zero context at {fixed:.1f} ms ({times:.1f}× a whole cached
+           step of {cached:.2f} ms), and each token of context adds {slope:.3f} ms: what every pass pays, whatever
+           it holds, weighs as much as {worth} tokens of context""",
+       otherwise="""
+           here the line's fixed part is well below a whole cached step. With a long prompt, attention over every
+           pair of tokens in a pass makes the curve bend upwards and the line meets zero low; more often, the load
+           of the machine changed during the run, and the line, which extends the measured steps down to zero
+           context, tilted with it (press Run again with repeats at 3). The cost per token processed, above, does
+           not depend on a line.""")
 def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
     frame = frame_of(result)
     fit = slowdown_fit(frame).set_index("cache")
@@ -131,13 +141,14 @@ def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
 
 # -- with a cache, at long context (run_context_steps) --------------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
-       says="with a cache, a step at a context of {long} tokens took {ratio:.2f}× a step at {short} tokens "
-            "({short_ms:.2f} → {long_ms:.2f} ms): the K/V the step reads grew from {short_mb:.2f} to "
-            "{long_mb:.2f} MB",
-       otherwise="here the cached steps at long context were not clearly slower than at short context. On a GPU "
-                 "a model this small waits for Python and kernel launches, and reading a few MB of K/V takes "
-                 "microseconds; on a CPU, other programs slowing the short-context steps can hide it (raise "
-                 "repeats and run again).")
+       says="""
+           with a cache, a step at a context of {long} tokens took {ratio:.2f}× a step at {short} tokens
+           ({short_ms:.2f} → {long_ms:.2f} ms): the K/V the step reads grew from {short_mb:.2f} to {long_mb:.2f}
+           MB""",
+       otherwise="""
+           here the cached steps at long context were not clearly slower than at short context. On a GPU a model
+           this small waits for Python and kernel launches, and reading a few MB of K/V takes microseconds; on a
+           CPU, other programs slowing the short-context steps can hide it (raise repeats and run again).""")
 def cached_steps_grow_at_long_context(result: Any) -> dict:
     """With a cache, attention still reads every stored K/V each step: at a long context it shows in step time."""
     s = context_step_summary(frame_of(result))

@@ -24,11 +24,13 @@ def _formula(cache: Any, tokens: int) -> int:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the cache holds {stored} tokens: the {prompt} of the prompt and {fed} of the {generated} generated, "
-            "all but the last, which is fed back only by the next step; every layer's K and V have shape "
-            "(1, {kv_heads}, {stored}, {head_dim})",
-       otherwise="the cache does not hold prompt + generated − 1 tokens in every layer. Did the generation stop "
-                 "early (a stop token), or was the cache reused from another run?")
+       says="""
+           the cache holds {stored} tokens: the {prompt} of the prompt and {fed} of the {generated} generated, all
+           but the last, which is fed back only by the next step; every layer's K and V have shape (1, {kv_heads},
+           {stored}, {head_dim})""",
+       otherwise="""
+           the cache does not hold prompt + generated − 1 tokens in every layer. Did the generation stop early (a
+           stop token), or was the cache reused from another run?""")
 def cache_holds_every_token_but_the_last(result: GenerationResult) -> dict:
     cache = result.cache
     prompt, generated = len(result.prompt_ids), len(result.tokens)
@@ -42,18 +44,21 @@ def cache_holds_every_token_but_the_last(result: GenerationResult) -> dict:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="without a cache and with one, greedy decoding wrote the same {n} tokens ({same} of {n} equal)",
-       otherwise="the tokens differ. With greedy decoding they must not: the cache stores exactly the keys and "
-                 "values the uncached path recomputes. Did both runs use the same model, prompt and settings?")
+       otherwise="""
+           the tokens differ. With greedy decoding they must not: the cache stores exactly the keys and values the
+           uncached path recomputes. Did both runs use the same model, prompt and settings?""")
 def cached_and_uncached_write_the_same_tokens(runs: Mapping[str, GenerationResult]) -> dict:
     a, b = runs["none"].tokens, runs["dynamic"].tokens
     return dict(n=len(b), same=sum(x == y for x, y in zip(a, b)), holds=len(a) == len(b) > 0 and a == b)
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the formula gives {formula:,} bytes for {tokens} tokens and the dynamic cache's tensors take "
-            "{measured:,} bytes: exactly the formula",
-       otherwise="the bytes differ from the formula. The dynamic cache should hold nothing but one K and one V "
-                 "tensor per layer; look at cache.keys and cache.values for extra room or other dtypes.")
+       says="""
+           the formula gives {formula:,} bytes for {tokens} tokens and the dynamic cache's tensors take
+           {measured:,} bytes: exactly the formula""",
+       otherwise="""
+           the bytes differ from the formula. The dynamic cache should hold nothing but one K and one V tensor per
+           layer; look at cache.keys and cache.values for extra room or other dtypes.""")
 def dynamic_cache_allocates_the_formula(result: GenerationResult) -> dict:
     cache = result.cache
     formula = _formula(cache, cache.seq_len)
@@ -77,10 +82,12 @@ def _rows(result: Any, cache: str) -> pd.DataFrame:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="dynamic allocated exactly the formula after each of its {steps} steps, growing from {first:,} bytes "
-            "({first_tokens} tokens) to {last:,} bytes ({last_tokens} tokens)",
-       otherwise="at some step dynamic's bytes differ from the formula, or did not grow: look at the rows of "
-                 "memory_result.frame where allocated_bytes != formula_bytes.")
+       says="""
+           dynamic allocated exactly the formula after each of its {steps} steps, growing from {first:,} bytes
+           ({first_tokens} tokens) to {last:,} bytes ({last_tokens} tokens)""",
+       otherwise="""
+           at some step dynamic's bytes differ from the formula, or did not grow: look at the rows of
+           memory_result.frame where allocated_bytes != formula_bytes.""")
 def dynamic_memory_follows_the_formula(result: Any) -> dict:
     d = _rows(result, "dynamic")
     alloc = [int(x) for x in d["allocated_bytes"]]
@@ -91,11 +98,13 @@ def dynamic_memory_follows_the_formula(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="static allocated {allocated:,} bytes at every step, the formula for the whole request of {capacity} "
-            "tokens, while the tokens it held grew from {first_tokens} to {last_tokens}; {reserved:,} bytes were "
-            "still reserved and empty at the end",
-       otherwise="static's allocation changed during the run or is not the formula for prompt + tokens to "
-                 "generate: look at allocated_bytes and reserved_bytes of its rows.")
+       says="""
+           static allocated {allocated:,} bytes at every step, the formula for the whole request of {capacity}
+           tokens, while the tokens it held grew from {first_tokens} to {last_tokens}; {reserved:,} bytes were
+           still reserved and empty at the end""",
+       otherwise="""
+           static's allocation changed during the run or is not the formula for prompt + tokens to generate: look
+           at allocated_bytes and reserved_bytes of its rows.""")
 def static_reserves_the_whole_request(result: Any) -> dict:
     s = _rows(result, "static")
     capacity = _capacity(result, "static")
@@ -107,10 +116,12 @@ def static_reserves_the_whole_request(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="quantized allocated exactly the formula while it held at most {residual} tokens, then less: "
-            "{allocated:,} of the formula's {formula:,} bytes ({share:.2f}) at {tokens} tokens",
-       otherwise="quantized did not save memory past its full-precision window, or spent more inside it: look at "
-                 "its rows, and at memory_result.frame.attrs['options'] for its window (residual).")
+       says="""
+           quantized allocated exactly the formula while it held at most {residual} tokens, then less:
+           {allocated:,} of the formula's {formula:,} bytes ({share:.2f}) at {tokens} tokens""",
+       otherwise="""
+           quantized did not save memory past its full-precision window, or spent more inside it: look at its
+           rows, and at memory_result.frame.attrs['options'] for its window (residual).""")
 def quantized_saves_past_its_window(result: Any) -> dict:
     q = _rows(result, "quantized")
     residual = int(frame_of(result).attrs["options"]["quantized"]["residual"])
@@ -125,10 +136,12 @@ def quantized_saves_past_its_window(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="offloaded kept {device:,} bytes on the compute device at {tokens} tokens, less than the "
-            "{formula:,} its tokens take; its slower tier held {offloaded:,} bytes, room for {capacity} tokens",
-       otherwise="offloaded kept as much on the device as the tokens take: with few layers its working buffer "
-                 "(one layer's history, two with prefetch on a GPU) is a large share of the whole.")
+       says="""
+           offloaded kept {device:,} bytes on the compute device at {tokens} tokens, less than the {formula:,} its
+           tokens take; its slower tier held {offloaded:,} bytes, room for {capacity} tokens""",
+       otherwise="""
+           offloaded kept as much on the device as the tokens take: with few layers its working buffer (one
+           layer's history, two with prefetch on a GPU) is a large share of the whole.""")
 def offloaded_keeps_less_on_the_device(result: Any) -> dict:
     o = _rows(result, "offloaded")
     last = o.iloc[-1]
@@ -146,10 +159,12 @@ def _model_name(demo: Any) -> str:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="{model}: the dynamic cache holds {used:,} bytes for {tokens} tokens, the formula's {formula:,} "
-            "({kib:.1f} KiB per token)",
-       otherwise="the real model's cache does not take the formula's bytes: check its config (kv heads, head "
-                 "dimension, dtype) in demo.memory.attrs.")
+       says="""
+           {model}: the dynamic cache holds {used:,} bytes for {tokens} tokens, the formula's {formula:,}
+           ({kib:.1f} KiB per token)""",
+       otherwise="""
+           the real model's cache does not take the formula's bytes: check its config (kv heads, head dimension,
+           dtype) in demo.memory.attrs.""")
 def real_model_cache_is_the_formula(demo: Any) -> dict:
     m = demo.memory.set_index("cache").loc["dynamic"]
     return dict(model=_model_name(demo), used=int(m["used_bytes"]), tokens=int(m["tokens"]),
@@ -159,8 +174,9 @@ def real_model_cache_is_the_formula(demo: Any) -> dict:
 
 @claim(NOTEBOOK, clock="wall",
        says="{model}: a median decode step took {ratio:.1f}× as long without a cache as with one",
-       otherwise="the uncached steps were not clearly slower (by a fifth). On a short run the recomputed text "
-                 "is small; a busy machine can also hide it. Run the cell again.")
+       otherwise="""
+           the uncached steps were not clearly slower (by a fifth). On a short run the recomputed text is small; a
+           busy machine can also hide it. Run the cell again.""")
 def real_model_is_slower_without_a_cache(demo: Any) -> dict:
     s = demo.speed.set_index("cache")
     ratio = float(s.loc["none", "x_dynamic"])

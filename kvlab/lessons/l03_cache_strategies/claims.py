@@ -39,11 +39,13 @@ def _listing(items: list[str]) -> str:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="every quantized setting held exactly the bytes its format needs, at every context: {ratios} "
-            "of the dynamic cache's bytes at {context} prompt tokens",
-       otherwise="a measured size differs from bits / 32 + a scale and a zero-point per group (+ the residual "
-                 "window at full precision). Look at the payload, scale and residual columns of the frame: "
-                 "one of them is not what the format says.")
+       says="""
+           every quantized setting held exactly the bytes its format needs, at every context: {ratios} of the
+           dynamic cache's bytes at {context} prompt tokens""",
+       otherwise="""
+           a measured size differs from bits / 32 + a scale and a zero-point per group (+ the residual window at
+           full precision). Look at the payload, scale and residual columns of the frame: one of them is not what
+           the format says.""")
 def quantized_memory_follows_the_format(result: Any) -> dict:
     frame = frame_of(result)
     q = frame[frame["strategy"] == "quantized"]
@@ -56,10 +58,12 @@ def quantized_memory_follows_the_format(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="sized for {max_len} tokens, the static cache held {short} reserved and empty at {short_ctx} prompt "
-            "tokens and {long} at {long_ctx}: (max_len − stored tokens) × {bpt:,} bytes at every context",
-       otherwise="the reserved bytes differ from (max_len − stored tokens) × bytes per token: the cache "
-                 "allocated something the formula does not count.")
+       says="""
+           sized for {max_len} tokens, the static cache held {short} reserved and empty at {short_ctx} prompt
+           tokens and {long} at {long_ctx}: (max_len − stored tokens) × {bpt:,} bytes at every context""",
+       otherwise="""
+           the reserved bytes differ from (max_len − stored tokens) × bytes per token: the cache allocated
+           something the formula does not count.""")
 def static_reserves_what_shorter_contexts_leave_empty(result: Any) -> dict:
     frame = frame_of(result)
     st = frame[frame["strategy"] == "static"].sort_values("context_tokens")
@@ -78,11 +82,13 @@ def static_reserves_what_shorter_contexts_leave_empty(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="every quantized setting was slower than dynamic at every context measured ({settings} settings × "
-            "{contexts} contexts): from {lo:.2f}× to {hi:.2f}× dynamic's median time per token",
-       otherwise="at least one quantized setting was not clearly slower (by a tenth) than dynamic somewhere. "
-                 "On a busy machine one median can be inflated by other programs: look at the p95 whiskers, "
-                 "and Run again. On a GPU the dequantizing can also overlap with other work.")
+       says="""
+           every quantized setting was slower than dynamic at every context measured ({settings} settings ×
+           {contexts} contexts): from {lo:.2f}× to {hi:.2f}× dynamic's median time per token""",
+       otherwise="""
+           at least one quantized setting was not clearly slower (by a tenth) than dynamic somewhere. On a busy
+           machine one median can be inflated by other programs: look at the p95 whiskers, and Run again. On a GPU
+           the dequantizing can also overlap with other work.""")
 def quantized_slower_at_every_context(result: Any) -> dict:
     frame = frame_of(result)
     q = frame[frame["strategy"] == "quantized"].dropna(subset=["latency_ratio"])
@@ -94,12 +100,14 @@ def quantized_slower_at_every_context(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="inside the cache's update, the quantized settings spent {qlo:.2f} to {qhi:.2f} ms per step and "
-            "dynamic {dlo:.2f} to {dhi:.2f} ms: quantizing the new token and dequantizing the whole history is "
-            "work the exact cache does not do",
-       otherwise="somewhere a quantized setting spent less than twice dynamic's time inside update. A step "
-                 "slowed by another program can inflate one dynamic point; compare the lines in the plot of "
-                 "time inside the cache, and Run again.")
+       says="""
+           inside the cache's update, the quantized settings spent {qlo:.2f} to {qhi:.2f} ms per step and dynamic
+           {dlo:.2f} to {dhi:.2f} ms: quantizing the new token and dequantizing the whole history is work the
+           exact cache does not do""",
+       otherwise="""
+           somewhere a quantized setting spent less than twice dynamic's time inside update. A step slowed by
+           another program can inflate one dynamic point; compare the lines in the plot of time inside the cache,
+           and Run again.""")
 def quantized_time_goes_into_the_cache(result: Any) -> dict:
     frame = frame_of(result).dropna(subset=["cache_ms_per_step"])
     q, d = frame[frame["strategy"] == "quantized"], frame[frame["setting"] == "dynamic"]
@@ -138,10 +146,12 @@ def _exact_row(summary: pd.DataFrame) -> pd.Series:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at 8 bits the cache answered {correct}/{n} recall questions right; the exact cache {exact}/{n} on the "
-            "same questions",
-       otherwise="8 bits lost answers the exact cache got right. With a residual window of 0 and large groups, "
-                 "8 bits can still round a key enough to change a close lookup: try a smaller group size.")
+       says="""
+           at 8 bits the cache answered {correct}/{n} recall questions right; the exact cache {exact}/{n} on the
+           same questions""",
+       otherwise="""
+           8 bits lost answers the exact cache got right. With a residual window of 0 and large groups, 8 bits can
+           still round a key enough to change a close lookup: try a smaller group size.""")
 def eight_bit_cache_keeps_the_answers(result: Any) -> dict:
     s = _summary(result)
     eight = s[s["bits"] == 8]
@@ -153,10 +163,12 @@ def eight_bit_cache_keeps_the_answers(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="right answers never rose as bits fell, and fell from the most bits to the fewest: {series} "
-            "(exact cache {exact}/{n})",
-       otherwise="fewer bits answered more questions right than more bits somewhere, or every bit width answered "
-                 "the same. With few questions one lucky answer can do that; raise the number of recall questions.")
+       says="""
+           right answers never rose as bits fell, and fell from the most bits to the fewest: {series} (exact cache
+           {exact}/{n})""",
+       otherwise="""
+           fewer bits answered more questions right than more bits somewhere, or every bit width answered the
+           same. With few questions one lucky answer can do that; raise the number of recall questions.""")
 def answers_fall_as_bits_fall(result: Any) -> dict:
     s = _summary(result)
     fam = _quantized_family(s)
@@ -170,10 +182,12 @@ def answers_fall_as_bits_fall(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at {bits} bits with no residual window, {correct}/{n} answers were right (exact cache {exact}/{n}): "
-            "most lookups failed",
-       otherwise="the lowest bit width still answered at least half the questions. Smaller groups or a residual "
-                 "window keep more of the keys exact; that is what they are for.")
+       says="""
+           at {bits} bits with no residual window, {correct}/{n} answers were right (exact cache {exact}/{n}):
+           most lookups failed""",
+       otherwise="""
+           the lowest bit width still answered at least half the questions. Smaller groups or a residual window
+           keep more of the keys exact; that is what they are for.""")
 def lowest_bits_lose_most_answers(result: Any) -> dict:
     s = _summary(result)
     q = s[s["setting"].str.startswith("quantized") & (s["residual"] == 0)]
@@ -195,10 +209,12 @@ def _top1_counts(fam: pd.DataFrame) -> list[int]:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="on the first {prompts} questions ({positions} answer positions), the next-token choice agreed with the "
-            "exact cache at {agree}, and the mean KL grew as bits fell: the same order as recall accuracy",
-       otherwise="the token metrics order the settings differently from recall accuracy here. On a few prompts "
-                 "they are coarse: raise quality_prompts in run_strategy_comparison.")
+       says="""
+           on the first {prompts} questions ({positions} answer positions), the next-token choice agreed with the
+           exact cache at {agree}, and the mean KL grew as bits fell: the same order as recall accuracy""",
+       otherwise="""
+           the token metrics order the settings differently from recall accuracy here. On a few prompts they are
+           coarse: raise quality_prompts in run_strategy_comparison.""")
 def token_metrics_order_settings_like_accuracy(result: Any) -> dict:
     fam = _quantized_family(_summary(result)).dropna(subset=["top1_agreement"])
     if len(fam) < 2:
@@ -213,12 +229,14 @@ def token_metrics_order_settings_like_accuracy(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at {bits} bits the next-token choice agreed with the exact cache at all {positions} answer positions of "
-            "the {prompts} questions compared, yet {lost} of {n} recall answers were lost ({correct}/{n} against "
-            "{exact}/{n}): a few prompts cannot see errors that hit only some questions",
-       otherwise="here every setting that lost answers also disagreed with the exact cache on the compared prompts: "
-                 "the token metrics caught it. With fewer prompts compared, or rarer errors, they can miss it; "
-                 "measure the task itself before adopting a setting.")
+       says="""
+           at {bits} bits the next-token choice agreed with the exact cache at all {positions} answer positions of
+           the {prompts} questions compared, yet {lost} of {n} recall answers were lost ({correct}/{n} against
+           {exact}/{n}): a few prompts cannot see errors that hit only some questions""",
+       otherwise="""
+           here every setting that lost answers also disagreed with the exact cache on the compared prompts: the
+           token metrics caught it. With fewer prompts compared, or rarer errors, they can miss it; measure the
+           task itself before adopting a setting.""")
 def few_prompt_metrics_miss_lost_answers(result: Any) -> dict:
     s = _summary(result)
     exact = int(_exact_row(s)["correct"])
@@ -244,10 +262,12 @@ def _offloaded(result: Any) -> pd.DataFrame:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the offloaded cache moved {moved} per decode step at {contexts} prompt tokens: every stored token of "
-            "every layer read back in and the new one written out, as counted by hand",
-       otherwise="the bytes moved differ from (stored + 1) × bytes per token: the cache copied more or less than "
-                 "the history. Look at OffloadedCache._copy, the one place bytes cross tiers.")
+       says="""
+           the offloaded cache moved {moved} per decode step at {contexts} prompt tokens: every stored token of
+           every layer read back in and the new one written out, as counted by hand""",
+       otherwise="""
+           the bytes moved differ from (stored + 1) × bytes per token: the cache copied more or less than the
+           history. Look at OffloadedCache._copy, the one place bytes cross tiers.""")
 def offloaded_bytes_follow_the_count(result: Any) -> dict:
     from .figures_strategies import expected_bytes_moved
 
@@ -277,10 +297,11 @@ def _link_rows(result: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
 # (kvlab/cache/offloaded.py: wait_for_link): a check that the wait shows in the step could only fail on noise,
 # so the two lines about it are shown (•) as the model's arithmetic on this run, never asserted.
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="at {ctx} prompt tokens a step over the modelled {gbps:g} GB/s link took {slow:.2f} ms against {fast:.2f} "
-            "ms for the same copies at the tier's own speed: {added:.2f} ms more, where the link needs {link:.2f} ms "
-            "for the {kib} each step moves. kvlab waits for the link inside the step, so here it shows in full; an "
-            "engine that copies on a side stream hides what its compute overlaps",
+       says="""
+           at {ctx} prompt tokens a step over the modelled {gbps:g} GB/s link took {slow:.2f} ms against
+           {fast:.2f} ms for the same copies at the tier's own speed: {added:.2f} ms more, where the link needs
+           {link:.2f} ms for the {kib} each step moves. kvlab waits for the link inside the step, so here it shows
+           in full; an engine that copies on a side stream hides what its compute overlaps""",
        otherwise="")
 def slow_link_time_shows_in_the_step(result: Any) -> dict:
     slow, fast = _link_rows(result)
@@ -292,9 +313,9 @@ def slow_link_time_shows_in_the_step(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="the time the modelled link added at each context, against the link's own time for those bytes: "
-            "{a:.2f} ms at {c1} prompt tokens ({k1} per step, link {l1:.2f} ms), {b:.2f} ms at {c2} ({k2}, link "
-            "{l2:.2f} ms)",
+       says="""
+           the time the modelled link added at each context, against the link's own time for those bytes: {a:.2f}
+           ms at {c1} prompt tokens ({k1} per step, link {l1:.2f} ms), {b:.2f} ms at {c2} ({k2}, link {l2:.2f} ms)""",
        otherwise="")
 def slow_link_cost_grows_with_bytes(result: Any) -> dict:
     slow, fast = _link_rows(result)
@@ -308,10 +329,13 @@ def slow_link_cost_grows_with_bytes(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="at the tier's own speed the copies ran at {fast:.1f} GB/s ({ms:.3f} ms of a {step:.2f} ms step at {ctx} "
-            "prompt tokens), {times:.0f}× the {gbps:g} GB/s link: that is why plain offloading barely showed in the step",
-       otherwise="the plain tier's copies were not clearly faster than the modelled link. On a machine short of "
-                 "memory the mapped file's pages may have gone to disk; or the run was disturbed: Run again.")
+       says="""
+           at the tier's own speed the copies ran at {fast:.1f} GB/s ({ms:.3f} ms of a {step:.2f} ms step at {ctx}
+           prompt tokens), {times:.0f}× the {gbps:g} GB/s link: that is why plain offloading barely showed in the
+           step""",
+       otherwise="""
+           the plain tier's copies were not clearly faster than the modelled link. On a machine short of memory
+           the mapped file's pages may have gone to disk; or the run was disturbed: Run again.""")
 def memory_tier_copies_outrun_the_link(result: Any) -> dict:
     slow, _ = _link_rows(result)
     off = _offloaded(result)
@@ -333,9 +357,10 @@ def memory_tier_copies_outrun_the_link(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="after {compile_s:.1f} s of compiling, a decode step took {compiled:.2f} ms compiled against {eager:.2f} ms "
-            "eager ({speedup:.2f}× [min–max {lo:.2f}–{hi:.2f}] over {rounds} paired rounds); at that saving the "
-            "compile pays for itself {breakeven}",
+       says="""
+           after {compile_s:.1f} s of compiling, a decode step took {compiled:.2f} ms compiled against {eager:.2f}
+           ms eager ({speedup:.2f}× [min–max {lo:.2f}–{hi:.2f}] over {rounds} paired rounds); at that saving the
+           compile pays for itself {breakeven}""",
        otherwise="the compile did not run, so there is no compiled step to compare.")
 def compiled_step_is_faster(compiled: dict) -> dict:
     """Shown, not asserted: on a CPU a tiny model's step is mostly fixed overhead, and whether the compiler
@@ -373,11 +398,13 @@ def _row(frame: pd.DataFrame, strategy: str, library: str) -> pd.Series:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="transformers' {names} gave exactly the greedy tokens of kvlab's {kvlab} on the same weights: "
-            "{same}/{n} tokens identical over {q} recall prompts",
-       otherwise="an exact cache in transformers gave other tokens than its kvlab counterpart. Both keep exact "
-                 "fp32 numbers, so the two decoders computed different logits: check the weights' conversion "
-                 "(to_transformers) and the attention mask, as tests/test_parity_transformers.py does.")
+       says="""
+           transformers' {names} gave exactly the greedy tokens of kvlab's {kvlab} on the same weights: {same}/{n}
+           tokens identical over {q} recall prompts""",
+       otherwise="""
+           an exact cache in transformers gave other tokens than its kvlab counterpart. Both keep exact fp32
+           numbers, so the two decoders computed different logits: check the weights' conversion (to_transformers)
+           and the attention mask, as tests/test_parity_transformers.py does.""")
 def transformers_exact_caches_give_kvlab_tokens(result: Any) -> dict:
     frame = _pairs_ran(result)
     t = frame[(frame["library"] == "transformers") & (frame["strategy"] != "quantized")]
@@ -392,11 +419,13 @@ def transformers_exact_caches_give_kvlab_tokens(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="after the last step both dynamic caches held {dyn} and both static caches {static}: at every step of "
-            "every run, each cache that ran held exactly what its layout's formula says",
-       otherwise="a cache held other bytes than its layout's formula (formula_bytes) at some step: look at "
-                 "frame.attrs['steps'] where cache_bytes and formula_bytes differ. A transformers version whose "
-                 "layers keep other tensors changes what transformers_cache_bytes finds.")
+       says="""
+           after the last step both dynamic caches held {dyn} and both static caches {static}: at every step of
+           every run, each cache that ran held exactly what its layout's formula says""",
+       otherwise="""
+           a cache held other bytes than its layout's formula (formula_bytes) at some step: look at
+           frame.attrs['steps'] where cache_bytes and formula_bytes differ. A transformers version whose layers
+           keep other tensors changes what transformers_cache_bytes finds.""")
 def cache_bytes_follow_each_layout(result: Any) -> dict:
     frame = frame_of(result)
     ran = frame[frame["bytes_match"].notna()]
@@ -414,11 +443,13 @@ def cache_bytes_follow_each_layout(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the {bits}-bit quantized caches held different bytes for the same {stored} tokens, kvlab {k} and "
-            "transformers {t}, each exactly its formula: kvlab keeps its newest {window} tokens at full precision, "
-            "transformers only the {residual} stored since it last re-quantized everything",
-       otherwise="a quantized cache held other bytes than its layout's formula, or both held the same: look at "
-                 "frame.attrs['steps'] for the quantized rows, where cache_bytes and formula_bytes differ.")
+       says="""
+           the {bits}-bit quantized caches held different bytes for the same {stored} tokens, kvlab {k} and
+           transformers {t}, each exactly its formula: kvlab keeps its newest {window} tokens at full precision,
+           transformers only the {residual} stored since it last re-quantized everything""",
+       otherwise="""
+           a quantized cache held other bytes than its layout's formula, or both held the same: look at
+           frame.attrs['steps'] for the quantized rows, where cache_bytes and formula_bytes differ.""")
 def quantized_caches_hold_their_own_layouts(result: Any) -> dict:
     frame = _pairs_ran(result)
     k, t = _row(frame, "quantized", "kvlab"), _row(frame, "quantized", "transformers")
@@ -430,9 +461,10 @@ def quantized_caches_hold_their_own_layouts(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic", asserts=False,
-       says="the two {bits}-bit quantized caches agreed on {agree:.0%} of the greedy tokens ({first}); against the "
-            "exact cache kvlab's agreed on {k_exact:.0%} and transformers' on {t_exact:.0%}; recall answers right: "
-            "kvlab {k_right}/{n}, transformers {t_right}/{n}",
+       says="""
+           the two {bits}-bit quantized caches agreed on {agree:.0%} of the greedy tokens ({first}); against the
+           exact cache kvlab's agreed on {k_exact:.0%} and transformers' on {t_exact:.0%}; recall answers right:
+           kvlab {k_right}/{n}, transformers {t_right}/{n}""",
        otherwise="")
 def quantized_caches_keep_different_tokens(result: Any) -> dict:
     frame = _pairs_ran(result)
@@ -445,11 +477,13 @@ def quantized_caches_keep_different_tokens(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="in transformers too the quantized cache cost time: {q:.2f} ms per token against {d:.2f} ms with its "
-            "DynamicCache ({ratio:.2f}×, medians over {n} decode steps each)",
-       otherwise="transformers' quantized cache was not clearly slower (by a tenth) than its DynamicCache. Every "
-                 "step it dequantizes the whole history, so on a busy machine look at the p95 whiskers and Run "
-                 "again; with a long residual window most of its steps read full-precision tokens.")
+       says="""
+           in transformers too the quantized cache cost time: {q:.2f} ms per token against {d:.2f} ms with its
+           DynamicCache ({ratio:.2f}×, medians over {n} decode steps each)""",
+       otherwise="""
+           transformers' quantized cache was not clearly slower (by a tenth) than its DynamicCache. Every step it
+           dequantizes the whole history, so on a busy machine look at the p95 whiskers and Run again; with a long
+           residual window most of its steps read full-precision tokens.""")
 def transformers_quantized_cache_costs_time(result: Any) -> dict:
     frame = _pairs_ran(result)
     q, d = _row(frame, "quantized", "transformers"), _row(frame, "dynamic", "transformers")
@@ -459,9 +493,10 @@ def transformers_quantized_cache_costs_time(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="the same strategy ran at a different speed in each library, per decode token (median): {pairs}. The "
-            "cache strategy is the same; what differs is the code around it (each library's decoder and "
-            "generation loop)",
+       says="""
+           the same strategy ran at a different speed in each library, per decode token (median): {pairs}. The
+           cache strategy is the same; what differs is the code around it (each library's decoder and generation
+           loop)""",
        otherwise="")
 def same_strategy_different_speed(result: Any) -> dict:
     frame = _pairs_ran(result)
@@ -481,11 +516,13 @@ def _spread(result: Any, run: str, measure: str) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with the KV pool on the device and offloaded, the engine ran the same {steps} steps with the same "
-            "batches and gave all {n} requests the same {tokens} tokens",
-       otherwise="the two runs differ: every request arrives at once, so the schedule cannot depend on timing; "
-                 "different tokens mean the offloaded pool did not hand attention the numbers the on-device "
-                 "pool holds (a block not copied in, or a new token not written back).")
+       says="""
+           with the KV pool on the device and offloaded, the engine ran the same {steps} steps with the same
+           batches and gave all {n} requests the same {tokens} tokens""",
+       otherwise="""
+           the two runs differ: every request arrives at once, so the schedule cannot depend on timing; different
+           tokens mean the offloaded pool did not hand attention the numbers the on-device pool holds (a block not
+           copied in, or a new token not written back).""")
 def offloaded_engine_serves_the_same_tokens(result: Any) -> dict:
     dev = result.runs[0]
     return dict(steps=len(dev.trace), n=len(dev.records), tokens=int(dev.requests["output_tokens"].sum()),
@@ -493,12 +530,14 @@ def offloaded_engine_serves_the_same_tokens(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the offloaded pool moved {total:.2f} MiB over {steps} steps, exactly the count from the block tables "
-            "({blocks} blocks read in all, {new} new tokens written back); per step from {lo:.0f} to {hi:.0f} KiB "
-            "(median {med:.0f}){link}",
-       otherwise="the bytes the pool counted differ from the count by hand: a step copied blocks its sequences "
-                 "do not attend over, or missed some. (The count assumes no preemption and no prefix shared "
-                 "between the sequences of one step.)")
+       says="""
+           the offloaded pool moved {total:.2f} MiB over {steps} steps, exactly the count from the block tables
+           ({blocks} blocks read in all, {new} new tokens written back); per step from {lo:.0f} to {hi:.0f} KiB
+           (median {med:.0f}){link}""",
+       otherwise="""
+           the bytes the pool counted differ from the count by hand: a step copied blocks its sequences do not
+           attend over, or missed some. (The count assumes no preemption and no prefix shared between the
+           sequences of one step.)""")
 def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
     from .offload_load import OFFLOADED, bytes_by_hand
 
@@ -516,11 +555,13 @@ def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the slowest twentieth of the gaps between tokens began at {off:.1f} ms offloaded against {dev:.1f} ms "
-            "on the device (p95 of {n} gaps each; medians {off50:.1f} and {dev50:.1f} ms)",
-       otherwise="the offloaded run's tail of gaps was no longer than the on-device run's. Both ran the same "
-                 "steps, so something slowed the on-device run's steps (another program on the machine): look "
-                 "at the step times in the figure and run the cell again.")
+       says="""
+           the slowest twentieth of the gaps between tokens began at {off:.1f} ms offloaded against {dev:.1f} ms
+           on the device (p95 of {n} gaps each; medians {off50:.1f} and {dev50:.1f} ms)""",
+       otherwise="""
+           the offloaded run's tail of gaps was no longer than the on-device run's. Both ran the same steps, so
+           something slowed the on-device run's steps (another program on the machine): look at the step times in
+           the figure and run the cell again.""")
 def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
     from .offload_load import OFFLOADED, ON_DEVICE
 
@@ -530,12 +571,14 @@ def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="offloading widened the spread, not only the times: the middle half of the step times spanned "
-            "{off:.1f} ms offloaded against {dev:.1f} ms on the device (IQR, n = {n} steps each), and of the gaps "
-            "between tokens {toff:.1f} against {tdev:.1f} ms (n = {nt} each)",
-       otherwise="the offloaded run's times were no more spread out than the on-device run's. The bytes each "
-                 "step moves vary with the batch (see the count above), so their link time should spread the "
-                 "steps; a machine busy with other programs can spread the on-device steps as much. Run again.")
+       says="""
+           offloading widened the spread, not only the times: the middle half of the step times spanned {off:.1f}
+           ms offloaded against {dev:.1f} ms on the device (IQR, n = {n} steps each), and of the gaps between
+           tokens {toff:.1f} against {tdev:.1f} ms (n = {nt} each)""",
+       otherwise="""
+           the offloaded run's times were no more spread out than the on-device run's. The bytes each step moves
+           vary with the batch (see the count above), so their link time should spread the steps; a machine busy
+           with other programs can spread the on-device steps as much. Run again.""")
 def offloading_widens_the_spread(result: Any) -> dict:
     from .offload_load import OFFLOADED, ON_DEVICE
 
@@ -547,13 +590,15 @@ def offloading_widens_the_spread(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="steps whose batch held more context paid more for offloading: the {k} steps that moved more than the "
-            "median {med:.0f} KiB took {extra_hi:.1f} ms longer offloaded than the same steps on the device, the "
-            "{k2} others {extra_lo:.1f} ms longer (medians of the paired differences)",
-       otherwise="the steps that moved more bytes did not pay more than the others, by more than the medians' own "
-                 "uncertainty (their standard errors). Each step's link time is its "
-                 "bytes / rate, so this can only come from noise larger than that difference: a busy machine. "
-                 "Run again, or lower link_gbps to make the link's share larger.")
+       says="""
+           steps whose batch held more context paid more for offloading: the {k} steps that moved more than the
+           median {med:.0f} KiB took {extra_hi:.1f} ms longer offloaded than the same steps on the device, the
+           {k2} others {extra_lo:.1f} ms longer (medians of the paired differences)""",
+       otherwise="""
+           the steps that moved more bytes did not pay more than the others, by more than the medians' own
+           uncertainty (their standard errors). Each step's link time is its bytes / rate, so this can only come
+           from noise larger than that difference: a busy machine. Run again, or lower link_gbps to make the
+           link's share larger.""")
 def offload_cost_follows_the_bytes(result: Any) -> dict:
     from .offload_load import paired_steps
 

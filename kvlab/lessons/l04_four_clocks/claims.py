@@ -29,11 +29,13 @@ def _watched(frame: pd.DataFrame) -> pd.Series:
 
 # -- one request's journey (wall clock, the panel's run) ----------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
-       says="the watched request's TTFT was {ttft:.1f} ms, of which {queue:.1f} ms ({share:.0%}) was spent in the "
-            "queue before it was admitted",
-       otherwise="most of its TTFT was not queueing. With no long requests ahead, or as many batch slots as "
-                 "requests, nothing holds it back and its TTFT is mostly its own prefill; set the sliders back "
-                 "to their defaults (4 requests ahead, 2 slots) to see the queue.")
+       says="""
+           the watched request's TTFT was {ttft:.1f} ms, of which {queue:.1f} ms ({share:.0%}) was spent in the
+           queue before it was admitted""",
+       otherwise="""
+           most of its TTFT was not queueing. With no long requests ahead, or as many batch slots as requests,
+           nothing holds it back and its TTFT is mostly its own prefill; set the sliders back to their defaults (4
+           requests ahead, 2 slots) to see the queue.""")
 def watched_ttft_is_mostly_queue(result: Any) -> dict:
     r = _watched(_requests(result))
     ttft, queue = float(r["ttft_s"]), float(r["queue_s"])
@@ -42,12 +44,14 @@ def watched_ttft_is_mostly_queue(result: Any) -> dict:
 
 # -- the same journey on a fixed step cost (virtual clock) ---------------------------------------------------
 @claim(NOTEBOOK, clock="deterministic",
-       says="every step cost {step:.0f} ms; the watched request's first token came out of step {k}, so by hand "
-            "TTFT = ({k} + 1) × {step:.0f} − {arrival:.0f} = {ttft:.0f} ms, TPOT = one step = {tpot:.0f} ms and "
-            "E2E = TTFT + {more} × {step:.0f} = {e2e:.0f} ms: the engine's stamps say the same",
-       otherwise="the engine's stamps differ from the hand count. Every step of this run should cost the same "
-                 "(a FixedStepCostExecutor on the virtual clock) and the watched request should decode in every "
-                 "step after its first; a changed executor or scheduler breaks that.")
+       says="""
+           every step cost {step:.0f} ms; the watched request's first token came out of step {k}, so by hand TTFT
+           = ({k} + 1) × {step:.0f} − {arrival:.0f} = {ttft:.0f} ms, TPOT = one step = {tpot:.0f} ms and E2E =
+           TTFT + {more} × {step:.0f} = {e2e:.0f} ms: the engine's stamps say the same""",
+       otherwise="""
+           the engine's stamps differ from the hand count. Every step of this run should cost the same (a
+           FixedStepCostExecutor on the virtual clock) and the watched request should decode in every step after
+           its first; a changed executor or scheduler breaks that.""")
 def watched_clocks_follow_from_its_steps(run: ServingRun) -> dict:
     durations = run.trace["duration_s"].to_numpy(dtype=float)
     step = float(durations[0])
@@ -75,12 +79,14 @@ def _warm_ttft(frame: pd.DataFrame) -> pd.Series:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="starting the service took {startup:.2f} s before the first request could begin (Python and imports "
-            "{imports:.2f} s, the model {model:.2f} s, the engine {engine:.3f} s): {times:,.0f}× the TTFT of a "
-            "warm request (median {warm:.1f} ms, n = {n})",
-       otherwise="start-up took less than ten warm requests' TTFT. That happens only when the interpreter and the "
-                 "libraries were already in the operating system's file cache and the request is long; look at "
-                 "the phases in the table above.")
+       says="""
+           starting the service took {startup:.2f} s before the first request could begin (Python and imports
+           {imports:.2f} s, the model {model:.2f} s, the engine {engine:.3f} s): {times:,.0f}× the TTFT of a warm
+           request (median {warm:.1f} ms, n = {n})""",
+       otherwise="""
+           start-up took less than ten warm requests' TTFT. That happens only when the interpreter and the
+           libraries were already in the operating system's file cache and the request is long; look at the phases
+           in the table above.""")
 def startup_dwarfs_a_warm_request(frame: pd.DataFrame) -> dict:
     a = frame.attrs
     warm = _warm_ttft(frame)
@@ -91,12 +97,14 @@ def startup_dwarfs_a_warm_request(frame: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the first request's TTFT was {cold:.1f} ms; the {n} warm ones took {lo:.1f} to {hi:.1f} ms (median "
-            "{warm:.1f} ms): it differs from the warm median by {extra:+.1f} ms, {pct:.1%} of the start-up, so "
-            "most of a cold start's cost came before the request",
-       otherwise="the first request paid more on top of a warm one than half the start-up: its first forward "
-                 "pass did a lot of set-up of its own (memory, kernel selection; on a GPU, loading kernels and "
-                 "creating library handles). That is what a warm-up request before opening a service is for.")
+       says="""
+           the first request's TTFT was {cold:.1f} ms; the {n} warm ones took {lo:.1f} to {hi:.1f} ms (median
+           {warm:.1f} ms): it differs from the warm median by {extra:+.1f} ms, {pct:.1%} of the start-up, so most
+           of a cold start's cost came before the request""",
+       otherwise="""
+           the first request paid more on top of a warm one than half the start-up: its first forward pass did a
+           lot of set-up of its own (memory, kernel selection; on a GPU, loading kernels and creating library
+           handles). That is what a warm-up request before opening a service is for.""")
 def first_request_extra_is_small(frame: pd.DataFrame) -> dict:
     warm = _warm_ttft(frame)
     cold = float(frame.loc[frame["start"] == "cold", "ttft_s"].iloc[0])
@@ -115,8 +123,9 @@ def _ttft(result: Any) -> tuple[dict, int]:
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="the mean TTFT is {mean:.1f} ms and the median {p50:.1f} ms: {k} of {n} requests ({share:.0%}) waited "
-            "longer than the mean",
+       says="""
+           the mean TTFT is {mean:.1f} ms and the median {p50:.1f} ms: {k} of {n} requests ({share:.0%}) waited
+           longer than the mean""",
        otherwise="the run could not be read.")
 def share_waiting_longer_than_the_mean(result: Any) -> dict:
     """Shown, not asserted: with a long tail (bursts that queue) the share is well under half; when almost
@@ -130,11 +139,13 @@ TAIL_OVER_MEAN = 2.0  # see ttft_tail_is_well_above_the_mean
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the p95 TTFT ({p95:.1f} ms) is {times:.1f}× the mean, and the slowest request waited {max:.1f} ms "
-            "(n = {n})",
-       otherwise="the slowest twentieth waited less than twice the mean: the waits were spread evenly, not "
-                 "piled into a queue. Bursts make the tail; with burstiness=1 or a slower machine the queue is "
-                 "everywhere or nowhere. Press Run again: with n = 30 the tail moves from run to run.")
+       says="""
+           the p95 TTFT ({p95:.1f} ms) is {times:.1f}× the mean, and the slowest request waited {max:.1f} ms (n =
+           {n})""",
+       otherwise="""
+           the slowest twentieth waited less than twice the mean: the waits were spread evenly, not piled into a
+           queue. Bursts make the tail; with burstiness=1 or a slower machine the queue is everywhere or nowhere.
+           Press Run again: with n = 30 the tail moves from run to run.""")
 def ttft_tail_is_well_above_the_mean(result: Any) -> dict:
     """"Well above" is twice the mean: waits spread evenly from zero to any maximum put the p95 at 1.9× the
     mean at most, and a queue's waits (exponential-like: most requests served at once, a few behind a
@@ -153,11 +164,13 @@ def _of(frame: pd.DataFrame, tokenizer: str) -> pd.DataFrame:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="kvlab's byte tokenizer spent exactly one token per UTF-8 byte on all {n} texts: from {lo:.2f} token per "
-            "character ({lo_text}) to {hi:.2f} ({hi_text}); the same paragraph costs more tokens in some scripts only "
-            "because their characters take more bytes",
-       otherwise="some text did not cost one token per UTF-8 byte: the byte tokenizer was changed (it should map "
-                 "each byte to one id) or the table was counted with another tokenizer under its name.")
+       says="""
+           kvlab's byte tokenizer spent exactly one token per UTF-8 byte on all {n} texts: from {lo:.2f} token per
+           character ({lo_text}) to {hi:.2f} ({hi_text}); the same paragraph costs more tokens in some scripts
+           only because their characters take more bytes""",
+       otherwise="""
+           some text did not cost one token per UTF-8 byte: the byte tokenizer was changed (it should map each
+           byte to one id) or the table was counted with another tokenizer under its name.""")
 def byte_tokens_are_utf8_bytes(counts: pd.DataFrame) -> dict:
     rows = _of(counts, BYTE)
     per_char = rows.set_index("text")["tokens_per_char"]
@@ -166,13 +179,14 @@ def byte_tokens_are_utf8_bytes(counts: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the BPE trained on English spent {en:.2f} tokens per word on the English paragraph (kvlab's bytes: "
-            "{en_bytes:.2f}); every translation cost the BPE more tokens than the English original, from {lo:.2f}× "
-            "({lo_text}) to {hi:.2f}× ({hi_text}), where kvlab's bytes ranged from {blo:.2f}× ({blo_text}) to "
-            "{bhi:.2f}× ({bhi_text})",
-       otherwise="some translation cost the BPE no more tokens than the English paragraph: it was trained on "
-                 "something else than the shipped English corpus (train_bpe(corpus=...)), or the sample texts "
-                 "were changed.")
+       says="""
+           the BPE trained on English spent {en:.2f} tokens per word on the English paragraph (kvlab's bytes:
+           {en_bytes:.2f}); every translation cost the BPE more tokens than the English original, from {lo:.2f}×
+           ({lo_text}) to {hi:.2f}× ({hi_text}), where kvlab's bytes ranged from {blo:.2f}× ({blo_text}) to
+           {bhi:.2f}× ({bhi_text})""",
+       otherwise="""
+           some translation cost the BPE no more tokens than the English paragraph: it was trained on something
+           else than the shipped English corpus (train_bpe(corpus=...)), or the sample texts were changed.""")
 def english_bpe_favours_english(counts: pd.DataFrame) -> dict:
     def ratios(tokenizer: str) -> pd.Series:
         rows = _of(counts, tokenizer)
@@ -189,11 +203,13 @@ def english_bpe_favours_english(counts: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at the same {wps:g} words per second, the English paragraph counts {byte:.1f} tokens/s with kvlab's "
-            "bytes and {bpe:.1f} tokens/s with the BPE: {ratio:.2f}× the tokens/s for the same words. With the BPE "
-            "alone, the same content in {lang} counts {lang_rate:.1f} tokens/s, {lang_x:.2f}× English's",
-       otherwise="the two tokenizers count nearly the same tokens for the same words here: the BPE was trained "
-                 "with too small a vocabulary to learn English words (train_bpe(vocab_size=...)).")
+       says="""
+           at the same {wps:g} words per second, the English paragraph counts {byte:.1f} tokens/s with kvlab's
+           bytes and {bpe:.1f} tokens/s with the BPE: {ratio:.2f}× the tokens/s for the same words. With the BPE
+           alone, the same content in {lang} counts {lang_rate:.1f} tokens/s, {lang_x:.2f}× English's""",
+       otherwise="""
+           the two tokenizers count nearly the same tokens for the same words here: the BPE was trained with too
+           small a vocabulary to learn English words (train_bpe(vocab_size=...)).""")
 def same_words_different_tokens_per_second(rates: pd.DataFrame) -> dict:
     def rate(tokenizer: str) -> pd.Series:
         return _of(rates, tokenizer).set_index("text")["tokens_per_s"]
@@ -207,12 +223,13 @@ def same_words_different_tokens_per_second(rates: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the model reporting {hi_rate:g} tokens/s ({hi_tok}, {hi_tpw:.2f} tokens per word) writes {hi_words:.1f} "
-            "words/s of {text}; the one reporting {lo_rate:g} tokens/s ({lo_tok}, {lo_tpw:.2f} tokens per word) "
-            "writes {lo_words:.1f}: fewer tokens/s, more words",
-       otherwise="with these reported figures the model with more tokens/s also writes more words: its lead in "
-                 "tokens/s is larger than the extra tokens its tokenizer spends per word. Try figures closer "
-                 "together.")
+       says="""
+           the model reporting {hi_rate:g} tokens/s ({hi_tok}, {hi_tpw:.2f} tokens per word) writes {hi_words:.1f}
+           words/s of {text}; the one reporting {lo_rate:g} tokens/s ({lo_tok}, {lo_tpw:.2f} tokens per word)
+           writes {lo_words:.1f}: fewer tokens/s, more words""",
+       otherwise="""
+           with these reported figures the model with more tokens/s also writes more words: its lead in tokens/s
+           is larger than the extra tokens its tokenizer spends per word. Try figures closer together.""")
 def fewer_tokens_per_second_can_be_more_words(words: pd.DataFrame) -> dict:
     if len(words) < 2:
         raise ValueError("compare two models: pass two tokenizers to words_per_second")

@@ -35,11 +35,13 @@ def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
 
 # -- the panel's runs (wall clock) --------------------------------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
-       says="a decode step for {b} sequences took {times:.2f}× as long as a decode step for one (medians of {nb} "
-            "and {n1} steps): {b} sequences for far less than {b} times the price",
-       otherwise="here a step for several sequences cost about as much as that many single steps. On a CPU "
-                 "already busy with other programs each step's time is mostly noise: press Run again; with "
-                 "equal lengths there are no one-sequence steps to compare.")
+       says="""
+           a decode step for {b} sequences took {times:.2f}× as long as a decode step for one (medians of {nb} and
+           {n1} steps): {b} sequences for far less than {b} times the price""",
+       otherwise="""
+           here a step for several sequences cost about as much as that many single steps. On a CPU already busy
+           with other programs each step's time is mostly noise: press Run again; with equal lengths there are no
+           one-sequence steps to compare.""")
 def a_batched_step_costs_less_than_separate_steps(result: Any) -> dict:
     frame = frame_of(result)
     trace = frame.attrs["trace"] if isinstance(frame, pd.DataFrame) else frame.trace
@@ -74,12 +76,14 @@ def _margin(t: pd.DataFrame) -> tuple[float, str]:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="with mixed lengths, continuous batching delivered {times:.2f}× the output tokens per second of static "
-            "batching ({c:.0f} against {s:.0f}), in {c_steps} steps instead of {s_steps}: a gain beyond {noise}",
-       otherwise="the gain was no larger than the machine's own noise. The schedules are fixed (count the steps), "
-                 "so the difference is the machine: when other programs share it, one run can be slowed more "
-                 "than another, and the equal-length pair shows by how much. Run the cell again on a quieter "
-                 "machine; the exact runs below show the policies without the noise.")
+       says="""
+           with mixed lengths, continuous batching delivered {times:.2f}× the output tokens per second of static
+           batching ({c:.0f} against {s:.0f}), in {c_steps} steps instead of {s_steps}: a gain beyond {noise}""",
+       otherwise="""
+           the gain was no larger than the machine's own noise. The schedules are fixed (count the steps), so the
+           difference is the machine: when other programs share it, one run can be slowed more than another, and
+           the equal-length pair shows by how much. Run the cell again on a quieter machine; the exact runs below
+           show the policies without the noise.""")
 def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
     c, s = _policies(result, "mixed")
     times = float(c["output_tokens_per_s"] / s["output_tokens_per_s"])
@@ -89,11 +93,13 @@ def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="with mixed lengths, the median request got its first token after {c:.0f} ms with continuous batching "
-            "and {s:.0f} ms with static batching (TTFT p50, n = {n} each): sooner by more than {noise}",
-       otherwise="the median first token did not come sooner by more than the machine's own noise. The order in "
-                 "which slots free up is the same on every machine (the exact runs below), so one run was slowed "
-                 "by other programs more than the other: run the cell again.")
+       says="""
+           with mixed lengths, the median request got its first token after {c:.0f} ms with continuous batching
+           and {s:.0f} ms with static batching (TTFT p50, n = {n} each): sooner by more than {noise}""",
+       otherwise="""
+           the median first token did not come sooner by more than the machine's own noise. The order in which
+           slots free up is the same on every machine (the exact runs below), so one run was slowed by other
+           programs more than the other: run the cell again.""")
 def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
     c, s = _policies(result, "mixed")
     margin, noise = _margin(_table(result))
@@ -102,10 +108,12 @@ def mixed_lengths_continuous_first_tokens_sooner(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="with equal lengths both policies ran the same {steps} steps at {mb:.2f} sequences per step; their "
-            "output tokens per second differed by {diff:.0%}, which is the machine, not the policy",
-       otherwise="with equal lengths the two schedules differed. They should not: every request arrives at once "
-                 "and finishes in the same step. A changed workload (arrivals, lengths) explains it.")
+       says="""
+           with equal lengths both policies ran the same {steps} steps at {mb:.2f} sequences per step; their
+           output tokens per second differed by {diff:.0%}, which is the machine, not the policy""",
+       otherwise="""
+           with equal lengths the two schedules differed. They should not: every request arrives at once and
+           finishes in the same step. A changed workload (arrivals, lengths) explains it.""")
 def equal_lengths_same_schedule(result: Any) -> dict:
     c, s = _policies(result, "equal")
     diff = abs(c["output_tokens_per_s"] - s["output_tokens_per_s"]) / max(c["output_tokens_per_s"],
@@ -117,8 +125,9 @@ def equal_lengths_same_schedule(result: Any) -> dict:
 # -- the same runs on a fixed step cost (virtual clock) ------------------------------------------------------
 @claim(NOTEBOOK, clock="deterministic",
        says="each static run took exactly the sum over its batches of the longest output: {counts}",
-       otherwise="a static run's step count differs from the hand count: the requests were not batched in "
-                 "order, max_seqs at a time, or a batch admitted a request before its last member finished.")
+       otherwise="""
+           a static run's step count differs from the hand count: the requests were not batched in order, max_seqs
+           at a time, or a batch admitted a request before its last member finished.""")
 def static_steps_are_the_sum_of_longest_outputs(result: Sequence[ServingRun]) -> dict:
     parts, holds = [], True
     for run in result:
@@ -133,10 +142,12 @@ def static_steps_are_the_sum_of_longest_outputs(result: Sequence[ServingRun]) ->
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="equal lengths: both policies ran {steps} steps at {mb:.2f} sequences per step, and their TTFT p50 "
-            "({c:.0f} and {s:.0f} ms, n = {n} each) and output ({ct:.1f} and {st:.1f} tokens/s) are the same",
-       otherwise="with equal lengths the two policies did different things: check that every request arrives at "
-                 "once and asks for the same number of tokens.")
+       says="""
+           equal lengths: both policies ran {steps} steps at {mb:.2f} sequences per step, and their TTFT p50
+           ({c:.0f} and {s:.0f} ms, n = {n} each) and output ({ct:.1f} and {st:.1f} tokens/s) are the same""",
+       otherwise="""
+           with equal lengths the two policies did different things: check that every request arrives at once and
+           asks for the same number of tokens.""")
 def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
     c, s = _policies(result, "equal")
     same = all(abs(c[k] - s[k]) < 1e-9 for k in ("steps", "mean_batch", "ttft_p50_s", "output_tokens_per_s"))
@@ -145,11 +156,13 @@ def exact_equal_lengths_policies_coincide(result: Sequence[ServingRun]) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="mixed lengths: continuous batching ran {c_steps} steps at {c_mb:.2f} sequences per step, static "
-            "batching {s_steps} at {s_mb:.2f}; TTFT p50 {c_ttft:.0f} against {s_ttft:.0f} ms (n = {n} each), "
-            "output {c_tps:.1f} against {s_tps:.1f} tokens/s",
-       otherwise="continuous batching did not beat static batching on mixed lengths: with lengths this mixed, "
-                 "that means the scheduler did not refill freed slots.")
+       says="""
+           mixed lengths: continuous batching ran {c_steps} steps at {c_mb:.2f} sequences per step, static
+           batching {s_steps} at {s_mb:.2f}; TTFT p50 {c_ttft:.0f} against {s_ttft:.0f} ms (n = {n} each), output
+           {c_tps:.1f} against {s_tps:.1f} tokens/s""",
+       otherwise="""
+           continuous batching did not beat static batching on mixed lengths: with lengths this mixed, that means
+           the scheduler did not refill freed slots.""")
 def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> dict:
     c, s = _policies(result, "mixed")
     holds = (c["steps"] < s["steps"] and c["mean_batch"] > s["mean_batch"] and c["ttft_p50_s"] < s["ttft_p50_s"]
@@ -160,11 +173,13 @@ def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> 
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="mixed lengths: continuous batching ran all {c_waiting} of its steps that had requests waiting with "
-            "every one of its {size} slots busy; static batching ran {s_idle} of its {s_waiting} such steps with "
-            "empty slots",
-       otherwise="continuous batching left a slot empty while a request waited: the token budget per step "
-                 "(max_batch_tokens) or the KV cache, not the slots, was the limit in that step.")
+       says="""
+           mixed lengths: continuous batching ran all {c_waiting} of its steps that had requests waiting with
+           every one of its {size} slots busy; static batching ran {s_idle} of its {s_waiting} such steps with
+           empty slots""",
+       otherwise="""
+           continuous batching left a slot empty while a request waited: the token budget per step
+           (max_batch_tokens) or the KV cache, not the slots, was the limit in that step.""")
 def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[ServingRun]) -> dict:
     runs = _runs(result)
     c, s = runs["continuous", "mixed"].trace, runs["static", "mixed"].trace
@@ -184,11 +199,13 @@ def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="continuous batching's median first token came after {c:.0f} ms, no later than the static runs' "
-            "({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each)",
-       otherwise="a static run's median first token came clearly sooner than continuous batching's. Continuous "
-                 "batching starts each request at the next step, so that is the machine: a run slowed by "
-                 "other programs. Run the cell again.")
+       says="""
+           continuous batching's median first token came after {c:.0f} ms, no later than the static runs'
+           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each)""",
+       otherwise="""
+           a static run's median first token came clearly sooner than continuous batching's. Continuous batching
+           starts each request at the next step, so that is the machine: a run slowed by other programs. Run the
+           cell again.""")
 def continuous_answers_first_under_a_trickle(result: Any) -> dict:
     static, c = _knob(result)
     best = static["ttft_p50_s"].min()
@@ -198,10 +215,12 @@ def continuous_answers_first_under_a_trickle(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="waiting up to {w:.0f} ms instead of not at all took static batches from {mb0:.2f} to {mbw:.2f} "
-            "sequences per step and the median first token from {t0:.0f} to {tw:.0f} ms (n = {n} each)",
-       otherwise="the longest wait did not both fill the batches and delay the first tokens. On a machine so slow "
-                 "that requests pile up anyway, batches fill without waiting, and the wait costs nothing extra.")
+       says="""
+           waiting up to {w:.0f} ms instead of not at all took static batches from {mb0:.2f} to {mbw:.2f}
+           sequences per step and the median first token from {t0:.0f} to {tw:.0f} ms (n = {n} each)""",
+       otherwise="""
+           the longest wait did not both fill the batches and delay the first tokens. On a machine so slow that
+           requests pile up anyway, batches fill without waiting, and the wait costs nothing extra.""")
 def waiting_fills_batches_but_delays_first_tokens(result: Any) -> dict:
     static, _ = _knob(result)
     first, last = static.iloc[0], static.iloc[-1]
@@ -212,11 +231,13 @@ def waiting_fills_batches_but_delays_first_tokens(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="continuous batching ran {c:.2f} sequences per step and {ct:.0f} tokens per busy second; static "
-            "batching that waited up to {w:.0f} ms ran {s:.2f} and {st:.0f}",
-       otherwise="continuous batching ran batches as full as the longest static wait: on this machine requests "
-                 "arrived faster than they were served, so they queued and every freed slot was refilled at "
-                 "once. Under a lighter trickle (rate=4.0) its batches shrink again.")
+       says="""
+           continuous batching ran {c:.2f} sequences per step and {ct:.0f} tokens per busy second; static batching
+           that waited up to {w:.0f} ms ran {s:.2f} and {st:.0f}""",
+       otherwise="""
+           continuous batching ran batches as full as the longest static wait: on this machine requests arrived
+           faster than they were served, so they queued and every freed slot was refilled at once. Under a lighter
+           trickle (rate=4.0) its batches shrink again.""")
 def continuous_batches_only_what_has_arrived(result: Any) -> dict:
     static, c = _knob(result)
     last = static.iloc[-1]
@@ -236,10 +257,12 @@ def _rising(values) -> bool:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="static batching waiting up to {waits} ms: sequences per step {mb}; tokens per busy second {tp}; "
-            "TTFT p50 {ttft} ms (n = {n} each): no longer wait gave emptier batches or sooner first tokens",
-       otherwise="a longer wait did not give fuller batches and later first tokens: check the arrival rate "
-                 "against the waits (a wait shorter than the gap between arrivals changes nothing).")
+       says="""
+           static batching waiting up to {waits} ms: sequences per step {mb}; tokens per busy second {tp}; TTFT
+           p50 {ttft} ms (n = {n} each): no longer wait gave emptier batches or sooner first tokens""",
+       otherwise="""
+           a longer wait did not give fuller batches and later first tokens: check the arrival rate against the
+           waits (a wait shorter than the gap between arrivals changes nothing).""")
 def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
     static, _ = _knob(result)
     holds = (_rising(static["mean_batch"]) and _rising(static["tokens_per_busy_s"])
@@ -250,11 +273,13 @@ def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="continuous batching: TTFT p50 {c_ttft:.0f} ms (n = {n}), no later than any static run's, but only "
-            "{c:.2f} sequences per step and {ct:.0f} tokens per busy second, against {s:.2f} and {st:.0f} for the "
-            "longest static wait",
-       otherwise="continuous batching ran batches as full as the longest static wait: requests arrived faster "
-                 "than one is served, so they queued. Lower the rate or the step cost to see the trickle again.")
+       says="""
+           continuous batching: TTFT p50 {c_ttft:.0f} ms (n = {n}), no later than any static run's, but only
+           {c:.2f} sequences per step and {ct:.0f} tokens per busy second, against {s:.2f} and {st:.0f} for the
+           longest static wait""",
+       otherwise="""
+           continuous batching ran batches as full as the longest static wait: requests arrived faster than one is
+           served, so they queued. Lower the rate or the step cost to see the trickle again.""")
 def exact_continuous_batches_stay_small_under_a_trickle(result: Any) -> dict:
     static, c = _knob(result)
     last = static.iloc[-1]
@@ -265,12 +290,13 @@ def exact_continuous_batches_stay_small_under_a_trickle(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="over each whole run, every policy delivered between {lo:.0f} and {hi:.0f} output tokens per second, "
-            "though its fullest batches did {best:.0f} per busy second: requests came no faster, so the arrivals, "
-            "not the batches, set the pace",
-       otherwise="here the policies' throughputs differ by more than a fifth, or come close to what full batches "
-                 "can do: the machine (here, the step price) is saturated, requests queue, and fuller batches "
-                 "now buy throughput.")
+       says="""
+           over each whole run, every policy delivered between {lo:.0f} and {hi:.0f} output tokens per second,
+           though its fullest batches did {best:.0f} per busy second: requests came no faster, so the arrivals,
+           not the batches, set the pace""",
+       otherwise="""
+           here the policies' throughputs differ by more than a fifth, or come close to what full batches can do:
+           the machine (here, the step price) is saturated, requests queue, and fuller batches now buy throughput.""")
 def exact_arrivals_set_the_pace(result: Any) -> dict:
     t = _table(result)
     lo, hi = float(t["output_tokens_per_s"].min()), float(t["output_tokens_per_s"].max())
@@ -289,12 +315,14 @@ def _ms_series(d: pd.DataFrame, column: str, sizes) -> str:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="a decode step stayed under twice the time of a one-sequence step up to batch {flat} ({series}; medians "
-            "of {n} steps each): {flat} sequences for at most twice the price of one",
-       otherwise="already a small batch cost twice a single step. On a machine busy with other programs single "
-                 "steps jump by milliseconds: look at the band around the curve (p25-p75) and run the cell "
-                 "again. A machine whose arithmetic is slow next to its memory reaches the compute floor early "
-                 "(where the two dashed lines cross).")
+       says="""
+           a decode step stayed under twice the time of a one-sequence step up to batch {flat} ({series}; medians
+           of {n} steps each): {flat} sequences for at most twice the price of one""",
+       otherwise="""
+           already a small batch cost twice a single step. On a machine busy with other programs single steps jump
+           by milliseconds: look at the band around the curve (p25-p75) and run the cell again. A machine whose
+           arithmetic is slow next to its memory reaches the compute floor early (where the two dashed lines
+           cross).""")
 def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
     d = _decode_rows(result)
     one = d["step_s"].iloc[0]
@@ -310,11 +338,13 @@ def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="one step for {big} sequences took {times:.1f}× the time of a step for one, not {big}×: each sequence's "
-            "token cost {seq1:.2f} ms alone and {seqb:.3f} ms in the batch of {big}",
-       otherwise="the step grew almost in proportion to the batch: every step was slowed by something else (a "
-                 "busy machine) or the machine computes so slowly that even small batches are bound by "
-                 "arithmetic. Run the cell again and compare with the compute floor in the figure.")
+       says="""
+           one step for {big} sequences took {times:.1f}× the time of a step for one, not {big}×: each sequence's
+           token cost {seq1:.2f} ms alone and {seqb:.3f} ms in the batch of {big}""",
+       otherwise="""
+           the step grew almost in proportion to the batch: every step was slowed by something else (a busy
+           machine) or the machine computes so slowly that even small batches are bound by arithmetic. Run the
+           cell again and compare with the compute floor in the figure.""")
 def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
     d = _decode_rows(result)
     big = int(d.index[-1])
@@ -324,13 +354,14 @@ def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="a one-sequence step read its {mib:.1f} MiB of weights (plus the stored K/V) at {got:.1f} GB/s, "
-            "{share:.0%} of the {bw:.1f} GB/s this machine's memory delivered in the same run: even one sequence's "
-            "step is not at the memory floor; the rest is the fixed cost of running each operation",
-       otherwise="the step read its weights faster than the bandwidth measured here. The weights are small enough "
-                 "to stay in the processor's cache between steps, which is faster than the main memory the "
-                 "bandwidth test reads (a 256 MB matrix): on a model this small, the memory floor is not the "
-                 "main memory's.")
+       says="""
+           a one-sequence step read its {mib:.1f} MiB of weights (plus the stored K/V) at {got:.1f} GB/s,
+           {share:.0%} of the {bw:.1f} GB/s this machine's memory delivered in the same run: even one sequence's
+           step is not at the memory floor; the rest is the fixed cost of running each operation""",
+       otherwise="""
+           the step read its weights faster than the bandwidth measured here. The weights are small enough to stay
+           in the processor's cache between steps, which is faster than the main memory the bandwidth test reads
+           (a 256 MB matrix): on a model this small, the memory floor is not the main memory's.""")
 def batch_one_decode_reads_below_the_bandwidth(result: Any) -> dict:
     d = _decode_rows(result)
     bw = float(result.machine["bandwidth_GBps"])
@@ -339,11 +370,13 @@ def batch_one_decode_reads_below_the_bandwidth(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="{k} prompts prefilled in one batch all had their first token after {b:.1f} ms; one by one, the last "
-            "waited {s:.1f} ms (medians of {n} runs)",
-       otherwise="one batched prefill took about as long as the prompts one after the other: a prompt of this "
-                 "length already keeps the machine's arithmetic busy, so there is nothing left to share. Try "
-                 "shorter prompts (prefill_tokens=8), or run again on a quieter machine.")
+       says="""
+           {k} prompts prefilled in one batch all had their first token after {b:.1f} ms; one by one, the last
+           waited {s:.1f} ms (medians of {n} runs)""",
+       otherwise="""
+           one batched prefill took about as long as the prompts one after the other: a prompt of this length
+           already keeps the machine's arithmetic busy, so there is nothing left to share. Try shorter prompts
+           (prefill_tokens=8), or run again on a quieter machine.""")
 def batched_prompts_all_get_first_tokens_sooner(result: Any) -> dict:
     p = result.prefill.set_index("way")
     b, s = p.loc["batched", "all_first_s"], p.loc["one by one", "all_first_s"]
@@ -352,10 +385,12 @@ def batched_prompts_all_get_first_tokens_sooner(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the first prompt pays for the batch: alone it had its first token after {alone:.1f} ms, in the batch "
-            "after {batched:.1f} ms",
-       otherwise="the first prompt got its first token as soon in the batch as alone: the batched prefill cost "
-                 "no more than a single one, so the machine had room for all of them at once.")
+       says="""
+           the first prompt pays for the batch: alone it had its first token after {alone:.1f} ms, in the batch
+           after {batched:.1f} ms""",
+       otherwise="""
+           the first prompt got its first token as soon in the batch as alone: the batched prefill cost no more
+           than a single one, so the machine had room for all of them at once.""")
 def first_prompt_waits_for_the_batch(result: Any) -> dict:
     p = result.prefill.set_index("way")
     alone, batched = p.loc["one by one", "first_ttft_s"], p.loc["batched", "first_ttft_s"]
@@ -363,8 +398,9 @@ def first_prompt_waits_for_the_batch(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
-       says="the weight products alone took {products:.2f} ms of a {step:.2f} ms one-sequence step ({share:.0%}): "
-            "{regime}",
+       says="""
+           the weight products alone took {products:.2f} ms of a {step:.2f} ms one-sequence step ({share:.0%}):
+           {regime}""",
        otherwise="the run has no one-sequence step or no timing of its weight products to compare.")
 def batched_step_regime(result: Any) -> dict:
     """Shown, not asserted: which of the two costs a batch shares dominates this run's step. Both outcomes are

@@ -47,13 +47,14 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
 
 # -- the simulator against the real model (wall clock) -----------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
-       says="achieved throughput, real ÷ simulated from the lowest to the highest load: {ratios} "
-            "(n = {n} requests per load): within a quarter at every load",
-       otherwise="the real model served noticeably less (or more) than the simulator predicted. Usually the "
-                 "machine was busier during the real run than during the calibration a moment before (other "
-                 "programs, another notebook), so real steps took longer than the cost model says; the "
-                 "highest load, past capacity, shows it first. Run the calibration and the check again when "
-                 "the machine is quiet.")
+       says="""
+           achieved throughput, real ÷ simulated from the lowest to the highest load: {ratios} (n = {n} requests
+           per load): within a quarter at every load""",
+       otherwise="""
+           the real model served noticeably less (or more) than the simulator predicted. Usually the machine was
+           busier during the real run than during the calibration a moment before (other programs, another
+           notebook), so real steps took longer than the cost model says; the highest load, past capacity, shows
+           it first. Run the calibration and the check again when the machine is quiet.""")
 def simulator_throughput_close_to_real(check: Any) -> dict:
     g = _gap(check)
     t = g[g["clock"] == "achieved_rps"]
@@ -62,15 +63,16 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the medians agree within a factor of 2; real ÷ simulated, lowest to highest load: "
-            "TTFT p50 {ttft_p50}; TPOT p50 {tpot_p50}; and in the tails TTFT p95 {ttft_p95}, E2E p95 {e2e_p95} "
-            "(n = {n} completed requests per load and source); largest gap: {worst}",
-       otherwise="a median is more than twice (or less than half) what the simulator predicted. The cost model "
-                 "was fit on this machine a moment ago, so this is mostly the machine's load changing between "
-                 "the calibration and the real run, or the real run falling behind at the highest load, where a "
-                 "slightly slower step changes which requests are batched together. Read the ratios, not one "
-                 "number: the tails move the most (a p95 of a few dozen requests rests on its slowest two or "
-                 "three).")
+       says="""
+           the medians agree within a factor of 2; real ÷ simulated, lowest to highest load: TTFT p50 {ttft_p50};
+           TPOT p50 {tpot_p50}; and in the tails TTFT p95 {ttft_p95}, E2E p95 {e2e_p95} (n = {n} completed
+           requests per load and source); largest gap: {worst}""",
+       otherwise="""
+           a median is more than twice (or less than half) what the simulator predicted. The cost model was fit on
+           this machine a moment ago, so this is mostly the machine's load changing between the calibration and
+           the real run, or the real run falling behind at the highest load, where a slightly slower step changes
+           which requests are batched together. Read the ratios, not one number: the tails move the most (a p95 of
+           a few dozen requests rests on its slowest two or three).""")
 def simulator_medians_within_factor_two(check: Any) -> dict:
     g = _gap(check)
     by = {c: g[g["clock"] == c] for c in ("ttft_p50_s", "tpot_p50_s", "ttft_p95_s", "e2e_p95_s")}
@@ -89,13 +91,14 @@ RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the medians rise with the load at every level, on the real model and in the simulator (lowest to "
-            "highest load, real | simulated): TTFT p50 {ttft_real} | {ttft_sim} ms; TPOT p50 {tpot_real} | "
-            "{tpot_sim} ms; E2E p50 {e2e_real} | {e2e_sim} ms. {verdict}",
-       otherwise="a median fell from one load to the next, or the highest load's was not clearly above the "
-                 "lowest's. The machine's load most likely changed during the run (another program started or "
-                 "stopped), so the levels were served by a faster or slower machine; run the check again on a "
-                 "quiet machine.")
+       says="""
+           the medians rise with the load at every level, on the real model and in the simulator (lowest to
+           highest load, real | simulated): TTFT p50 {ttft_real} | {ttft_sim} ms; TPOT p50 {tpot_real} |
+           {tpot_sim} ms; E2E p50 {e2e_real} | {e2e_sim} ms. {verdict}""",
+       otherwise="""
+           a median fell from one load to the next, or the highest load's was not clearly above the lowest's. The
+           machine's load most likely changed during the run (another program started or stopped), so the levels
+           were served by a faster or slower machine; run the check again on a quiet machine.""")
 def real_and_simulated_rise_with_load(check: Any) -> dict:
     """Every median clock rises at every level, not only from the first to the last: no level below the one
     before by more than ``checks.TIE`` (two light loads give the same median up to jitter), the last above the
@@ -126,12 +129,14 @@ def _knees(curves: pd.DataFrame) -> dict[str, float | None]:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the simulator served {levels} levels, {requests} requests in all, in {wall:.1f} s of this "
-            "machine's time; the real model would have needed about {virtual:.0f} s of serving on the "
-            "authors' machine (each level from first arrival to last answer): {speed:.0f}× faster than real time",
-       otherwise="the sweep ran less than ten times faster than real time: the machine is very busy, or the "
-                 "levels were so light that they are mostly waiting for arrivals. It is still a simulation: "
-                 "its times are the cost model's, not this run's.")
+       says="""
+           the simulator served {levels} levels, {requests} requests in all, in {wall:.1f} s of this machine's
+           time; the real model would have needed about {virtual:.0f} s of serving on the authors' machine (each
+           level from first arrival to last answer): {speed:.0f}× faster than real time""",
+       otherwise="""
+           the sweep ran less than ten times faster than real time: the machine is very busy, or the levels were
+           so light that they are mostly waiting for arrivals. It is still a simulation: its times are the cost
+           model's, not this run's.""")
 def simulator_much_faster_than_real_time(curves: Any) -> dict:
     wall, virtual = float(curves["run_wall_s"].sum()), float(curves["makespan_s"].sum())
     return dict(levels=len(curves), requests=int(curves["requests"].sum()), wall=wall, virtual=virtual,
@@ -139,11 +144,13 @@ def simulator_much_faster_than_real_time(curves: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the knees: {knees}; long prompts bend at {prompts:.0%} and long answers at {answers:.0%} of the "
-            "request rate of short chats",
-       otherwise="long prompts or long answers did not bend at under half the request rate of short chats. "
-                 "With a different cost model (another machine's calibration) or scheduler settings the "
-                 "ratio moves: compare the knees in the table.")
+       says="""
+           the knees: {knees}; long prompts bend at {prompts:.0%} and long answers at {answers:.0%} of the request
+           rate of short chats""",
+       otherwise="""
+           long prompts or long answers did not bend at under half the request rate of short chats. With a
+           different cost model (another machine's calibration) or scheduler settings the ratio moves: compare the
+           knees in the table.""")
 def long_traffic_bends_at_lower_rate(curves: Any) -> dict:
     knees = _knees(curves)
     text = "; ".join(f"{PROFILE_WORDS.get(p, p)} {'no knee' if k is None else f'{k:.3g} req/s'}"
@@ -156,11 +163,13 @@ def long_traffic_bends_at_lower_rate(curves: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="p95 TTFT at the highest load against at the knee: {growth}; no request was refused up to any "
-            "knee, and at the highest load the full queue refused {refused}",
-       otherwise="past the knee TTFT did not climb at least 1.5× in every curve, requests were refused below a "
-                 "knee, or none at all. With a longer queue limit or loads that stop just past the knee the "
-                 "climb is smaller and refusals rarer; read the curves.")
+       says="""
+           p95 TTFT at the highest load against at the knee: {growth}; no request was refused up to any knee, and
+           at the highest load the full queue refused {refused}""",
+       otherwise="""
+           past the knee TTFT did not climb at least 1.5× in every curve, requests were refused below a knee, or
+           none at all. With a longer queue limit or loads that stop just past the knee the climb is smaller and
+           refusals rarer; read the curves.""")
 def latency_climbs_and_refusals_start_past_the_knee(curves: Any) -> dict:
     growth, refused, ok, refusals = [], [], True, 0
     for profile, c in curves.groupby("profile", sort=False):
@@ -181,10 +190,12 @@ def latency_climbs_and_refusals_start_past_the_knee(curves: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at {rate:g} req/s the p95 TTFT is computed over n = {n} completed requests of {sent} sent: {failed} "
-            "were refused, and when the sending window closed {waiting} were still waiting and {running} running",
-       otherwise="at the highest load every request sent was completed: no refusals, so the quantile's n is "
-                 "the whole load. Raise the load or shorten the queue limit to see the counts part.")
+       says="""
+           at {rate:g} req/s the p95 TTFT is computed over n = {n} completed requests of {sent} sent: {failed}
+           were refused, and when the sending window closed {waiting} were still waiting and {running} running""",
+       otherwise="""
+           at the highest load every request sent was completed: no refusals, so the quantile's n is the whole
+           load. Raise the load or shorten the queue limit to see the counts part.""")
 def quantile_counts_fewer_than_sent(exact: Any) -> dict:
     top = exact.sort_values("offered_rps").iloc[-1]
     return dict(rate=float(top["offered_rps"]), n=int(top["ttft_n"]), sent=int(top["sent"]),
@@ -199,16 +210,18 @@ def _ab(ab: pd.DataFrame, load: str) -> tuple[pd.Series, pd.Series]:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="overloaded ({rate:.3g} req/s): in the {window:.0f} s window B streamed {b_tps:.1f} output tokens/s, "
-            "{ratio:.2f}× A's {a_tps:.1f}, and completed {b_done} requests against A's {a_done}; yet over all the "
-            "requests each sent, every one followed to its first token (n = {b_n} and {a_n}), B's p95 first token "
-            "came at {b_ttft:.2f} s against A's {a_ttft:.2f} s. Read at the close, with those still waiting counted "
-            "at their wait so far ({b_open} and {a_open} of them), the p95s are at least {b_close:.2f} and "
-            "{a_close:.2f} s; the completed requests alone would say {b_done_ttft:.2f} against {a_done_ttft:.2f} s, "
-            "a quantile over survivors that leaves the longest waits out",
-       otherwise="here one rule did not win on throughput while losing on first tokens. On another cost model "
-                 "(another machine's calibration) the overloaded level can land where the two rules do the "
-                 "same; compare the rows of the table.")
+       says="""
+           overloaded ({rate:.3g} req/s): in the {window:.0f} s window B streamed {b_tps:.1f} output tokens/s,
+           {ratio:.2f}× A's {a_tps:.1f}, and completed {b_done} requests against A's {a_done}; yet over all the
+           requests each sent, every one followed to its first token (n = {b_n} and {a_n}), B's p95 first token
+           came at {b_ttft:.2f} s against A's {a_ttft:.2f} s. Read at the close, with those still waiting counted
+           at their wait so far ({b_open} and {a_open} of them), the p95s are at least {b_close:.2f} and
+           {a_close:.2f} s; the completed requests alone would say {b_done_ttft:.2f} against {a_done_ttft:.2f} s,
+           a quantile over survivors that leaves the longest waits out""",
+       otherwise="""
+           here one rule did not win on throughput while losing on first tokens. On another cost model (another
+           machine's calibration) the overloaded level can land where the two rules do the same; compare the rows
+           of the table.""")
 def ab_overloaded_more_throughput_later_first_token(ab: Any) -> dict:
     """Decided on every request sent (followed to its first token), never on the completed ones only: those
     drop the requests still waiting at the close, the longest waits (survivor bias)."""
@@ -225,11 +238,13 @@ def ab_overloaded_more_throughput_later_first_token(ab: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="overloaded, once an answer started, B produced a token every {b_tpot:.3f} s at the median and A "
-            "every {a_tpot:.3f} s ({times:.1f}× longer; n = {b_n} and {a_n}): A's prompt-only steps pause "
-            "every running answer",
-       otherwise="A's time per output token was not clearly longer than B's. With few prompts arriving, A "
-                 "rarely pauses its answers; at a higher load the pauses show.")
+       says="""
+           overloaded, once an answer started, B produced a token every {b_tpot:.3f} s at the median and A every
+           {a_tpot:.3f} s ({times:.1f}× longer; n = {b_n} and {a_n}): A's prompt-only steps pause every running
+           answer""",
+       otherwise="""
+           A's time per output token was not clearly longer than B's. With few prompts arriving, A rarely pauses
+           its answers; at a higher load the pauses show.""")
 def ab_overloaded_prefill_first_streams_slower(ab: Any) -> dict:
     a, b = _ab(ab, "overloaded")
     return dict(b_tpot=float(b["tpot_p50_s"]), a_tpot=float(a["tpot_p50_s"]),
@@ -238,12 +253,14 @@ def ab_overloaded_prefill_first_streams_slower(ab: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="below capacity ({rate:.3g} req/s) both keep up: each served {a_share:.0%} / {b_share:.0%} of the "
-            "requests/s sent (A / B) and completed {a_done} / {b_done} of {sent} in the window; p95 TTFT "
-            "{a_ttft:.2f} s / {b_ttft:.2f} s (n = {a_n} / {b_n}), within the {slo:g} s target; median TPOT "
-            "{a_tpot:.3f} s / {b_tpot:.3f} s (n = {a_tn} / {b_tn})",
-       otherwise="at the lower load one rule fell behind or missed the TTFT target. Lower low_fraction in "
-                 "ab_at_two_loads until both keep up: the trade-off only appears once requests must wait.")
+       says="""
+           below capacity ({rate:.3g} req/s) both keep up: each served {a_share:.0%} / {b_share:.0%} of the
+           requests/s sent (A / B) and completed {a_done} / {b_done} of {sent} in the window; p95 TTFT
+           {a_ttft:.2f} s / {b_ttft:.2f} s (n = {a_n} / {b_n}), within the {slo:g} s target; median TPOT
+           {a_tpot:.3f} s / {b_tpot:.3f} s (n = {a_tn} / {b_tn})""",
+       otherwise="""
+           at the lower load one rule fell behind or missed the TTFT target. Lower low_fraction in ab_at_two_loads
+           until both keep up: the trade-off only appears once requests must wait.""")
 def ab_below_capacity_both_keep_up(ab: Any) -> dict:
     a, b = _ab(ab, "below capacity")
     slo = DEFAULT_SLO.ttft_s

@@ -20,10 +20,12 @@ def _schemes(table: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 # -- paged blocks vs reserving the maximum ----------------------------------------------------------
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="reserving the whole context ({context:,} tokens) for every request, the budget of {capacity:,} token "
-            "slots holds {fit} sequences: {capacity:,} // {context:,} = {by_hand}",
-       otherwise="the count differs from the hand division. That happens when some reservations are smaller than "
-                 "the context (a max_new_tokens cap): then each takes only prompt + max new tokens.")
+       says="""
+           reserving the whole context ({context:,} tokens) for every request, the budget of {capacity:,} token
+           slots holds {fit} sequences: {capacity:,} // {context:,} = {by_hand}""",
+       otherwise="""
+           the count differs from the hand division. That happens when some reservations are smaller than the
+           context (a max_new_tokens cap): then each takes only prompt + max new tokens.""")
 def reservation_fits_budget_over_context(table: pd.DataFrame) -> dict:
     res, _ = _schemes(table)
     context = int(table.attrs["max_model_len"])
@@ -33,10 +35,12 @@ def reservation_fits_budget_over_context(table: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="paged blocks of {block_size} fit {paged} sequences in the same bytes, {ratio:.1f}× the {reserved} of "
-            "the reservation; the engine's BlockManager, allocating them one by one, counts {bm} as well",
-       otherwise="paging fitted no more sequences than reserving. That happens when every request really "
-                 "reaches its reserved length, so there is nothing left unused to give to others.")
+       says="""
+           paged blocks of {block_size} fit {paged} sequences in the same bytes, {ratio:.1f}× the {reserved} of
+           the reservation; the engine's BlockManager, allocating them one by one, counts {bm} as well""",
+       otherwise="""
+           paging fitted no more sequences than reserving. That happens when every request really reaches its
+           reserved length, so there is nothing left unused to give to others.""")
 def paging_fits_more_sequences(table: pd.DataFrame) -> dict:
     res, pag = _schemes(table)
     paged, reserved, bm = int(pag.sequences_fit), int(res.sequences_fit), int(pag.block_manager_fit)
@@ -45,10 +49,12 @@ def paging_fits_more_sequences(table: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="of the {reserved:,} token slots the reservations hold, {unused:,} ({share:.0%}) are set aside and "
-            "never written: most of what reserving holds is empty",
-       otherwise="less than half of the reservations stayed empty: the requests come close to their maximum, "
-                 "so reserving it wastes little. Try a workload of short answers.")
+       says="""
+           of the {reserved:,} token slots the reservations hold, {unused:,} ({share:.0%}) are set aside and never
+           written: most of what reserving holds is empty""",
+       otherwise="""
+           less than half of the reservations stayed empty: the requests come close to their maximum, so reserving
+           it wastes little. Try a workload of short answers.""")
 def reservation_wastes_most(table: pd.DataFrame) -> dict:
     res, _ = _schemes(table)
     reserved = int(res.tokens_held + res.reserved_unused_tokens)
@@ -57,10 +63,12 @@ def reservation_wastes_most(table: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="paging wastes {waste:,} token slots, {share:.1%} of what it holds: the unfilled ends of last blocks, "
-            "{per_seq:.1f} slots per sequence, less than one block of {block_size} each",
-       otherwise="the waste per sequence reached a whole block, which the unfilled tail of one last block "
-                 "cannot do: look at in_block_waste_tokens and sequences_fit in the table.")
+       says="""
+           paging wastes {waste:,} token slots, {share:.1%} of what it holds: the unfilled ends of last blocks,
+           {per_seq:.1f} slots per sequence, less than one block of {block_size} each""",
+       otherwise="""
+           the waste per sequence reached a whole block, which the unfilled tail of one last block cannot do: look
+           at in_block_waste_tokens and sequences_fit in the table.""")
 def paging_wastes_only_last_blocks(table: pd.DataFrame) -> dict:
     _, pag = _schemes(table)
     waste, seqs, block_size = int(pag.in_block_waste_tokens), int(pag.sequences_fit), int(table.attrs["block_size"])
@@ -72,10 +80,12 @@ def paging_wastes_only_last_blocks(table: pd.DataFrame) -> dict:
 # -- block size -------------------------------------------------------------------------------------
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="for every block size from {smallest} to {largest}, the unfilled tail averages within {dev:.1f} slots of "
-            "(block_size − 1) / 2 per sequence (blocks of 16: {w16:.1f} slots, rule {r16:.1f})",
-       otherwise="the waste strayed from half a block. The rule assumes lengths fall anywhere within a block; a "
-                 "workload whose lengths cluster (say, all multiples of 16) breaks it.")
+       says="""
+           for every block size from {smallest} to {largest}, the unfilled tail averages within {dev:.1f} slots of
+           (block_size − 1) / 2 per sequence (blocks of 16: {w16:.1f} slots, rule {r16:.1f})""",
+       otherwise="""
+           the waste strayed from half a block. The rule assumes lengths fall anywhere within a block; a workload
+           whose lengths cluster (say, all multiples of 16) breaks it.""")
 def waste_is_about_half_a_block(sizes: pd.DataFrame) -> dict:
     dev = (sizes["waste_per_sequence"] - sizes["rule_of_thumb"]).abs()
     t = sizes.set_index("block_size")
@@ -86,10 +96,12 @@ def waste_is_about_half_a_block(sizes: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="sequences that fit never rise as blocks grow: {first} with blocks of {bs_first}, {last} with blocks "
-            "of {bs_last}",
-       otherwise="a larger block fitted more sequences, which in-block waste alone cannot explain: check that "
-                 "every row uses the same budget.")
+       says="""
+           sequences that fit never rise as blocks grow: {first} with blocks of {bs_first}, {last} with blocks of
+           {bs_last}""",
+       otherwise="""
+           a larger block fitted more sequences, which in-block waste alone cannot explain: check that every row
+           uses the same budget.""")
 def bigger_blocks_fit_fewer(sizes: pd.DataFrame) -> dict:
     t = sizes.sort_values("block_size")
     fit = t["sequences_fit"]
@@ -106,10 +118,12 @@ def _at_context(levers: pd.DataFrame, context: int | None = None) -> pd.DataFram
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at max context {context}, lowering max new tokens from {m_hi} to {m_lo} lets reservation admit "
-            "{r_hi} → {r_lo} sequences (+{dr}), and paging {p_hi} → {p_lo} (+{dp})",
-       otherwise="paging gained as much as reservation: the answers of this workload reach their cap, so the "
-                 "cap is what both schemes hold.")
+       says="""
+           at max context {context}, lowering max new tokens from {m_hi} to {m_lo} lets reservation admit {r_hi} →
+           {r_lo} sequences (+{dr}), and paging {p_hi} → {p_lo} (+{dp})""",
+       otherwise="""
+           paging gained as much as reservation: the answers of this workload reach their cap, so the cap is what
+           both schemes hold.""")
 def shorter_answers_help_reservation_most(levers: pd.DataFrame) -> dict:
     t = _at_context(levers)
     lo, hi = t.iloc[0], t.iloc[-1]
@@ -120,10 +134,12 @@ def shorter_answers_help_reservation_most(levers: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with max new tokens at {m_lo}, reserving and paging fit nearly as many: {pairs} (reserved vs paged, "
-            "by max context)",
-       otherwise="the two schemes stay far apart even with a small cap: the prompts vary a lot, and a "
-                 "reservation is sized by the prompt plus the cap.")
+       says="""
+           with max new tokens at {m_lo}, reserving and paging fit nearly as many: {pairs} (reserved vs paged, by
+           max context)""",
+       otherwise="""
+           the two schemes stay far apart even with a small cap: the prompts vary a lot, and a reservation is
+           sized by the prompt plus the cap.""")
 def small_reservation_matches_paging(levers: pd.DataFrame) -> dict:
     m_lo = int(levers["max_new_tokens"].min())
     t = levers[levers["max_new_tokens"] == m_lo].sort_values("max_model_len")
@@ -133,8 +149,9 @@ def small_reservation_matches_paging(levers: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="a max context of {c_lo} cuts {cut_lo} of the {n} prompts to fit (max context {c_hi}: {cut_hi}), and "
-            "fits {fit_lo} paged sequences instead of {fit_hi}",
+       says="""
+           a max context of {c_lo} cuts {cut_lo} of the {n} prompts to fit (max context {c_hi}: {cut_hi}), and
+           fits {fit_lo} paged sequences instead of {fit_hi}""",
        otherwise="the shorter context cut no prompt: this workload's prompts all fit; lower the context further.")
 def short_context_cuts_prompts(levers: pd.DataFrame) -> dict:
     m_lo = int(levers["max_new_tokens"].min())

@@ -31,10 +31,12 @@ def _tight_and_ample(result: Any) -> tuple[pd.Series, pd.Series]:
 # -- preemption ---------------------------------------------------------------------------------------
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with {tight} blocks the engine preempted {p} times and computed {r:,} tokens a second time; with "
-            "{ample} blocks it preempted {p_a} times; all {n} requests completed in both",
-       otherwise="the tight budget preempted nothing: it holds every sequence at its longest. Lower kv_blocks, "
-                 "or send more requests.")
+       says="""
+           with {tight} blocks the engine preempted {p} times and computed {r:,} tokens a second time; with
+           {ample} blocks it preempted {p_a} times; all {n} requests completed in both""",
+       otherwise="""
+           the tight budget preempted nothing: it holds every sequence at its longest. Lower kv_blocks, or send
+           more requests.""")
 def tight_budget_preempts_and_recomputes(result: Any) -> dict:
     tight, ample = _tight_and_ample(result)
     n = int(tight.completed)
@@ -45,11 +47,13 @@ def tight_budget_preempts_and_recomputes(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the tight pool ran {m_t:.1f} sequences per step on average against {m_a:.1f}, so the same answers "
-            "took {s_t} steps instead of {s_a}; it peaked at {peak} of its {tight} blocks, the ample pool at "
-            "{peak_a} of its {ample}",
-       otherwise="the tight pool ran as many sequences per step as the ample one: it never ran out. Lower the "
-                 "budget until preemptions appear.")
+       says="""
+           the tight pool ran {m_t:.1f} sequences per step on average against {m_a:.1f}, so the same answers took
+           {s_t} steps instead of {s_a}; it peaked at {peak} of its {tight} blocks, the ample pool at {peak_a} of
+           its {ample}""",
+       otherwise="""
+           the tight pool ran as many sequences per step as the ample one: it never ran out. Lower the budget
+           until preemptions appear.""")
 def tight_budget_runs_fewer_sequences_per_step(result: Any) -> dict:
     tight, ample = _tight_and_ample(result)
     return dict(m_t=float(tight.mean_batch), m_a=float(ample.mean_batch), s_t=int(tight.steps), s_a=int(ample.steps),
@@ -60,12 +64,14 @@ def tight_budget_runs_fewer_sequences_per_step(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="on this machine the {tight}-block run ({p} preemptions) took {x:.1f}× as long as the {ample}-block run "
-            "({t_t:.2f} s vs {t_a:.2f} s for the same {n} answers)",
-       otherwise="the tight run was not clearly slower this time. It runs more steps and recomputes tokens, so on "
-                 "a quiet machine it takes longer; but when other programs compete for the cores, either run can "
-                 "be slowed more than the other, and with few preemptions the extra work is small. Press Run in "
-                 "the panel, then run this cell and the one above again, or lower the budget.")
+       says="""
+           on this machine the {tight}-block run ({p} preemptions) took {x:.1f}× as long as the {ample}-block run
+           ({t_t:.2f} s vs {t_a:.2f} s for the same {n} answers)""",
+       otherwise="""
+           the tight run was not clearly slower this time. It runs more steps and recomputes tokens, so on a quiet
+           machine it takes longer; but when other programs compete for the cores, either run can be slowed more
+           than the other, and with few preemptions the extra work is small. Press Run in the panel, then run this
+           cell and the one above again, or lower the budget.""")
 def tight_budget_costs_time(result: Any) -> dict:
     tight, ample = _tight_and_ample(result)
     x = float(tight.wall_s) / float(ample.wall_s)
@@ -86,11 +92,13 @@ def _prefix_rows(result: Any) -> tuple[pd.Series, pd.Series]:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with caching on, {hits:,} prompt tokens came from the cache, the hand count exactly ({later} later "
-            "requests × {blocks} full blocks × {block_size} tokens = {expected:,}); {computed:,} of {prompt:,} "
-            "prompt tokens were computed, against all {prompt:,} with caching off",
-       otherwise="the hits differ from the hand count: on the virtual clock every request arrives after the "
-                 "previous one's prompt is done, so a difference means the block hashing changed.")
+       says="""
+           with caching on, {hits:,} prompt tokens came from the cache, the hand count exactly ({later} later
+           requests × {blocks} full blocks × {block_size} tokens = {expected:,}); {computed:,} of {prompt:,}
+           prompt tokens were computed, against all {prompt:,} with caching off""",
+       otherwise="""
+           the hits differ from the hand count: on the virtual clock every request arrives after the previous
+           one's prompt is done, so a difference means the block hashing changed.""")
 def prefix_hits_match_hand_count(result: Any) -> dict:
     off, on = _prefix_rows(result)
     runs = [r for r in result if r.extra.get("prefix_caching")] if not isinstance(result, pd.DataFrame) else []
@@ -105,11 +113,13 @@ def prefix_hits_match_hand_count(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="your run found {hits:,} prompt tokens in the cache, of the {expected:,} the hand count expects, and "
-            "computed {computed:,} of {prompt:,} ({share:.0%})",
-       otherwise="fewer hits than the hand count: a request arrived while an earlier one was still computing the "
-                 "system prompt, so its blocks were not in the cache yet. On a slow or busy machine prompts take "
-                 "longer; lower the rate (rate=4) and run again.")
+       says="""
+           your run found {hits:,} prompt tokens in the cache, of the {expected:,} the hand count expects, and
+           computed {computed:,} of {prompt:,} ({share:.0%})""",
+       otherwise="""
+           fewer hits than the hand count: a request arrived while an earlier one was still computing the system
+           prompt, so its blocks were not in the cache yet. On a slow or busy machine prompts take longer; lower
+           the rate (rate=4) and run again.""")
 def prefix_hits_on_your_run(result: Any) -> dict:
     _, on = _prefix_rows(result)
     return dict(hits=int(on.hit_tokens), expected=int(on.expected_hit_tokens), computed=int(on.prompt_tokens_computed),
@@ -118,11 +128,13 @@ def prefix_hits_on_your_run(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="TTFT p50 was {on_ms:.1f} ms with caching on and {off_ms:.1f} ms with it off ({ratio:.2f}×; n={n} "
-            "requests each)",
-       otherwise="the first token did not come clearly sooner. When the model is fast next to the engine's fixed "
-                 "cost per step, skipping prompt tokens saves little time; a busy machine can also hide it. Run "
-                 "both again, or lengthen the shared prompt (system_prompt_tokens=512).")
+       says="""
+           TTFT p50 was {on_ms:.1f} ms with caching on and {off_ms:.1f} ms with it off ({ratio:.2f}×; n={n}
+           requests each)""",
+       otherwise="""
+           the first token did not come clearly sooner. When the model is fast next to the engine's fixed cost per
+           step, skipping prompt tokens saves little time; a busy machine can also hide it. Run both again, or
+           lengthen the shared prompt (system_prompt_tokens=512).""")
 def prefix_cache_brings_first_token_sooner(result: Any) -> dict:
     off, on = _prefix_rows(result)
     ratio = float(on.ttft_p50_s) / float(off.ttft_p50_s)
@@ -142,11 +154,13 @@ def _chunk_rows(result: Any) -> tuple[pd.Series, pd.Series]:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the longest gap between tokens of the running answers was {whole_ms:.0f} ms with the whole prompt in "
-            "one step and {chunk_ms:.0f} ms in chunks; the median gap was {p50_ms:.1f} ms (n={n} gaps in each run)",
-       otherwise="chunks did not cut the longest gap in half. If the answers were done before the long prompt "
-                 "arrived, nothing was waiting: raise decode_tokens. A busy machine can also stretch one gap of "
-                 "the chunked run: run it again.")
+       says="""
+           the longest gap between tokens of the running answers was {whole_ms:.0f} ms with the whole prompt in
+           one step and {chunk_ms:.0f} ms in chunks; the median gap was {p50_ms:.1f} ms (n={n} gaps in each run)""",
+       otherwise="""
+           chunks did not cut the longest gap in half. If the answers were done before the long prompt arrived,
+           nothing was waiting: raise decode_tokens. A busy machine can also stretch one gap of the chunked run:
+           run it again.""")
 def chunks_cap_the_longest_gap(result: Any) -> dict:
     whole, chunks = _chunk_rows(result)
     return dict(whole_ms=whole.decode_gap_max_s * 1e3, chunk_ms=chunks.decode_gap_max_s * 1e3,
@@ -155,11 +169,13 @@ def chunks_cap_the_longest_gap(result: Any) -> dict:
 
 
 @claim(NOTEBOOK, clock="wall",
-       says="the long prompt's first token came {ratio:.2f}× as late with chunks: {chunk_ms:.0f} ms after it "
-            "arrived, against {whole_ms:.0f} ms in one step",
-       otherwise="in chunks the long prompt was not later. Each chunk step pays the engine's fixed cost again, "
-                 "which is what usually delays it; with a large chunk budget there are few chunks. Lower "
-                 "chunk_tokens, or run again if the machine was busy.")
+       says="""
+           the long prompt's first token came {ratio:.2f}× as late with chunks: {chunk_ms:.0f} ms after it
+           arrived, against {whole_ms:.0f} ms in one step""",
+       otherwise="""
+           in chunks the long prompt was not later. Each chunk step pays the engine's fixed cost again, which is
+           what usually delays it; with a large chunk budget there are few chunks. Lower chunk_tokens, or run
+           again if the machine was busy.""")
 def chunks_delay_the_long_prompt(result: Any) -> dict:
     whole, chunks = _chunk_rows(result)
     ratio = float(chunks.long_prompt_ttft_s) / float(whole.long_prompt_ttft_s)
@@ -170,11 +186,13 @@ def chunks_delay_the_long_prompt(result: Any) -> dict:
 # -- a trace's shared prefixes (the shipped Mooncake-format sample, on the simulator's virtual clock) ----------
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="the trace holds {n} requests over {span:.0f} s ({rate:.2f} requests/s); an ideal cache that kept every "
-            "block ever seen would find {tokens:.1%} of their prompt tokens in it ({hit:,} of {prompt:,}), and "
-            "{blocks:.1%} of their {b:,} blocks of {bt} tokens",
-       otherwise="the ideal cache finds nothing: no two prompts of this trace share a first block. An Azure-format "
-                 "trace has no block ids, so it shares nothing by construction; a Mooncake trace should.")
+       says="""
+           the trace holds {n} requests over {span:.0f} s ({rate:.2f} requests/s); an ideal cache that kept every
+           block ever seen would find {tokens:.1%} of their prompt tokens in it ({hit:,} of {prompt:,}), and
+           {blocks:.1%} of their {b:,} blocks of {bt} tokens""",
+       otherwise="""
+           the ideal cache finds nothing: no two prompts of this trace share a first block. An Azure-format trace
+           has no block ids, so it shares nothing by construction; a Mooncake trace should.""")
 def ideal_cache_hit_ratio_of_the_trace(frame: pd.DataFrame) -> dict:
     from .prefix_traces import ideal_hit_ratio
     ideal = ideal_hit_ratio(frame)
@@ -186,12 +204,14 @@ def ideal_cache_hit_ratio_of_the_trace(frame: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="{later:.0%} of those hit tokens are in the {n_later} later turns, prompts that resend their session so "
-            "far; {first:.0%} are in the {n_first} first turns under a shared system or tool prompt, and {n_none} "
-            "requests reuse nothing. Counted by block instead: {own:.0%} of the hits are a session's own earlier "
-            "blocks, {shared:.0%} blocks of a shared prompt (a block found in {k} or more requests)",
-       otherwise="later turns hold no more than half of the hits: in this trace, sharing comes mostly from prompts "
-                 "that many sessions send, not from conversations resending their history.")
+       says="""
+           {later:.0%} of those hit tokens are in the {n_later} later turns, prompts that resend their session so
+           far; {first:.0%} are in the {n_first} first turns under a shared system or tool prompt, and {n_none}
+           requests reuse nothing. Counted by block instead: {own:.0%} of the hits are a session's own earlier
+           blocks, {shared:.0%} blocks of a shared prompt (a block found in {k} or more requests)""",
+       otherwise="""
+           later turns hold no more than half of the hits: in this trace, sharing comes mostly from prompts that
+           many sessions send, not from conversations resending their history.""")
 def later_turns_hold_most_of_the_ideal_hits(frame: pd.DataFrame) -> dict:
     from .prefix_traces import SHARED_MIN_REQUESTS, hit_sources, hit_sources_table
     t = hit_sources_table(hit_sources(frame)).set_index("kind")
@@ -207,12 +227,15 @@ def later_turns_hold_most_of_the_ideal_hits(frame: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with KV room for {lo_tok:,} tokens (one request at its full context) the engine found {lo:.1%} of the "
-            "prompt tokens in its cache ({pre} preemptions); the hit ratio never fell as the pool grew, and with room "
-            "for the whole trace ({hi_tok:,} tokens) it was {hi:.1%}: the ideal at the engine's block size, exactly",
-       otherwise="the hit ratio did not rise to the ideal. If requests arrive faster, a request can come while the "
-                 "one it shares a prefix with is still computing it, and find it missing; replay at the trace's "
-                 "own pace to compare with the ideal.")
+       says="""
+           with KV room for {lo_tok:,} tokens (one request at its full context) the engine found {lo:.1%} of the
+           prompt tokens in its cache ({pre} preemptions); the hit ratio never fell as the pool grew, and with
+           room for the whole trace ({hi_tok:,} tokens) it was {hi:.1%}: the ideal at the engine's block size,
+           exactly""",
+       otherwise="""
+           the hit ratio did not rise to the ideal. If requests arrive faster, a request can come while the one it
+           shares a prefix with is still computing it, and find it missing; replay at the trace's own pace to
+           compare with the ideal.""")
 def engine_hits_rise_with_kv_memory_to_the_ideal(curve: pd.DataFrame) -> dict:
     c = curve.sort_values("kv_tokens").reset_index(drop=True)
     lo, hi = c.iloc[0], c.iloc[-1]
@@ -223,10 +246,12 @@ def engine_hits_rise_with_kv_memory_to_the_ideal(curve: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="{frac:.0%} of that ideal was reached with room for {tok:,} tokens, {share:.0%} of the {foot:,} it takes "
-            "to keep every block of the trace",
-       otherwise="the engine needed most of the trace's footprint to come near the ideal: its requests reuse blocks "
-                 "sent long before, which least-recently-used eviction drops first.")
+       says="""
+           {frac:.0%} of that ideal was reached with room for {tok:,} tokens, {share:.0%} of the {foot:,} it takes
+           to keep every block of the trace""",
+       otherwise="""
+           the engine needed most of the trace's footprint to come near the ideal: its requests reuse blocks sent
+           long before, which least-recently-used eviction drops first.""")
 def lru_reaches_most_of_the_ideal_with_a_fraction_of_the_memory(curve: pd.DataFrame) -> dict:
     c = curve.sort_values("kv_tokens").reset_index(drop=True)
     reach = float(c["reachable_token_hit_ratio"].iloc[0])
@@ -247,10 +272,12 @@ def _on_off_rows(on_off: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="with caching on the engine computed {on:,} of the {sent:,} prompt tokens sent ({share:.0%}) and found "
-            "{hit:.1%} in its cache; with caching off it computed {off:,}",
-       otherwise="caching on computed as many prompt tokens as caching off: a pool this small keeps no block long "
-                 "enough to be reused. Give it more KV memory.")
+       says="""
+           with caching on the engine computed {on:,} of the {sent:,} prompt tokens sent ({share:.0%}) and found
+           {hit:.1%} in its cache; with caching off it computed {off:,}""",
+       otherwise="""
+           caching on computed as many prompt tokens as caching off: a pool this small keeps no block long enough
+           to be reused. Give it more KV memory.""")
 def caching_on_computes_fewer_prompt_tokens(on_off: pd.DataFrame) -> dict:
     on, off = _on_off_rows(on_off)
     return dict(on=int(on.prefill_tokens_computed), sent=int(on.prompt_tokens),
@@ -260,11 +287,13 @@ def caching_on_computes_fewer_prompt_tokens(on_off: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="at {rate:g} requests/s offered, caching on against off: TTFT p50 {on50:.2f} s vs {off50:.2f} s, p95 "
-            "{on95:.2f} s vs {off95:.2f} s (n={n} requests each); TPOT p50 {ontp:.3f} s vs {offtp:.3f} s "
-            "(n={tn} each); E2E p50 {one:.2f} s vs {offe:.2f} s",
-       otherwise="the first token did not come sooner with caching on. At a light load, or with a pool too small to "
-                 "keep shared blocks, there is little to save; raise the load or the KV pool.")
+       says="""
+           at {rate:g} requests/s offered, caching on against off: TTFT p50 {on50:.2f} s vs {off50:.2f} s, p95
+           {on95:.2f} s vs {off95:.2f} s (n={n} requests each); TPOT p50 {ontp:.3f} s vs {offtp:.3f} s (n={tn}
+           each); E2E p50 {one:.2f} s vs {offe:.2f} s""",
+       otherwise="""
+           the first token did not come sooner with caching on. At a light load, or with a pool too small to keep
+           shared blocks, there is little to save; raise the load or the KV pool.""")
 def caching_on_answers_sooner_at_the_same_load(on_off: pd.DataFrame) -> dict:
     on, off = _on_off_rows(on_off)
     return dict(rate=float(on.sent_rps), on50=on.ttft_p50_s, off50=off.ttft_p50_s, on95=on.ttft_p95_s,
@@ -275,11 +304,13 @@ def caching_on_answers_sooner_at_the_same_load(on_off: pd.DataFrame) -> dict:
 
 
 @claim(NOTEBOOK, clock="deterministic",
-       says="of the {rate:g} requests/s ({offered:.0f} output tokens/s) offered, caching on served {on_rps:.2f} "
-            "requests/s and {on_tps:.0f} output tokens/s, caching off {off_rps:.2f} and {off_tps:.0f}; the engine "
-            "computed for {on_busy:.0f} simulated seconds against {off_busy:.0f}",
-       otherwise="caching on served less than caching off at the same load: look at its preemptions, a pool too "
-                 "small for the cached blocks and the running requests together.")
+       says="""
+           of the {rate:g} requests/s ({offered:.0f} output tokens/s) offered, caching on served {on_rps:.2f}
+           requests/s and {on_tps:.0f} output tokens/s, caching off {off_rps:.2f} and {off_tps:.0f}; the engine
+           computed for {on_busy:.0f} simulated seconds against {off_busy:.0f}""",
+       otherwise="""
+           caching on served less than caching off at the same load: look at its preemptions, a pool too small for
+           the cached blocks and the running requests together.""")
 def caching_on_serves_at_least_as_much(on_off: pd.DataFrame) -> dict:
     on, off = _on_off_rows(on_off)
     return dict(rate=float(on.sent_rps), offered=float(on.offered_output_tokens_per_s), on_rps=on.achieved_rps,
