@@ -10,6 +10,8 @@ competing for every core, and counts the runs in which the claim held. A measure
     python scripts/claims_robustness.py --quiet-only uncached_tokens_slow_down
     python scripts/claims_robustness.py --json notebooks/claims_hold_rates.json --teaching   # the course's record
     python scripts/claims_robustness.py --teaching                # TEACHING.md rewritten from the committed record
+    python scripts/claims_robustness.py --notebooks --runs 2      # the teacher's key's ranges (every notebook)
+    python scripts/claims_robustness.py --notebooks --runs 1 --only 00 03 --json /tmp/key_ranges.json
 
 Prints one line per claim and condition with the load average before and after (on a shared machine "quiet"
 means only that this script started no competing processes); the JSON also records kvlab's version, the
@@ -19,6 +21,16 @@ The course keeps one such record, ``notebooks/claims_hold_rates.json``; ``--teac
 notebooks/TEACHING.md (the paragraph between the ``kvlab:hold-rates`` markers and the quiet and loaded columns
 of the table of claims), so the rates a teacher reads are the ones measured, never typed. tests/test_teaching.py
 checks that they agree.
+
+``--notebooks`` measures the predictions instead of the claims: it executes each teacher's copy
+(``notebooks/NN_name.ipynb``, top to bottom in a fresh kernel of this interpreter, working directory notebooks/,
+as a learner's Run All; the copy on disk is never written) ``--runs`` times quiet and as many times loaded, and
+reads from each run every prediction's answer (``kvlab.teachers_key.predictions``) and the marks of its claim
+lines (✓ ✗ • ·). It writes the record ``notebooks/key_ranges.json`` (or ``--json``): each prediction's answers
+of every run, quiet and loaded apart, with the same machine, dates and load averages as the hold rates and the
+command that measured them, and rewrites notebooks/KEY.md from it (the range beside each authors' answer).
+With ``--only`` the record holds those notebooks alone, replacing a record of every notebook (give ``--json``
+to keep that one); the key says "not measured" for the others.
 """
 from __future__ import annotations
 
@@ -42,9 +54,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the claims' examples (tests/claim_exa
 from kvlab.lessons import CLAIMS, Claim  # noqa: E402
 
 
-def _spin(stop_at: float) -> None:  # a CPU-bound competitor: pure Python arithmetic until told to stop
-    x = 0
-    while time.time() < stop_at:
+def _spin(stop_at: float, parent: int | None = None) -> None:  # a CPU-bound competitor: pure Python arithmetic
+    x = 0  # until told to stop, or until the script that started it is gone (``parent``: its process id)
+    while time.time() < stop_at and (parent is None or os.getppid() == parent):
         for i in range(10_000):
             x += i * i
 
@@ -54,7 +66,7 @@ def competing_load(processes: int | None = None, max_s: float = 600.0) -> Iterat
     """CPU-bound processes, one per core by default, busy for the duration of the block (at most ``max_s``)."""
     n = processes or os.cpu_count() or 1
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_spin, args=(time.time() + max_s,), daemon=True) for _ in range(n)]
+    procs = [ctx.Process(target=_spin, args=(time.time() + max_s, os.getpid()), daemon=True) for _ in range(n)]
     for p in procs:
         p.start()
     try:
@@ -205,15 +217,151 @@ def rewrite_teaching(text: str, report: dict) -> str:
     return "".join(lines)
 
 
+# -- the teacher's key: each prediction's answer across executed notebooks --------------------------------
+NOTEBOOKS_DIR = ROOT / "notebooks"
+KEY_RECORD = NOTEBOOKS_DIR / "key_ranges.json"
+NOTEBOOK_TIMEOUT_S = 3600  # per cell: generous, a loaded 2-core machine runs 09's sweeps several times slower
+CLAIM_LINE = re.compile(r'<div class="kvlab-claim"[^>]*>([^<]*)</div>')
+MARKS = ("✓", "✗", "•", "·")  # holds, does not hold, an observation, not checked (kvlab.lessons.common.claims)
+
+
+def _kernel():
+    """A kernel of this very interpreter, never a kernelspec another Python installed (as tests/notebook_run.py)."""
+    from jupyter_client.kernelspec import KernelSpec
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                                 display_name="kvlab key ranges", language="python")
+    return km
+
+
+def execute_notebook(name: str, timeout_s: int = NOTEBOOK_TIMEOUT_S) -> tuple[Any, float, list[str]]:
+    """``notebooks/<name>`` executed in memory, outputs cleared first: (the executed copy, seconds, errors)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    km, start = _kernel(), time.perf_counter()
+    try:  # a kernel handed to nbclient is the caller's to shut down: else each run's would live on with its model
+        NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=True, store_widget_state=False,
+                       record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+    errors = [f"cell {i}: {out.get('ename')}: {out.get('evalue')}" for i, cell in enumerate(nb.cells)
+              if cell.cell_type == "code" for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    return nb, time.perf_counter() - start, errors
+
+
+def claim_marks(nb: Any) -> tuple[dict[str, int], list[str]]:
+    """How many claim lines of an executed notebook show each mark, and the text of those that do not hold (✗)."""
+    import html
+
+    lines = [html.unescape(t).strip() for cell in nb.cells for out in cell.get("outputs", [])
+             for t in CLAIM_LINE.findall(out.get("data", {}).get("text/html", ""))]
+    return {m: sum(t.startswith(m) for t in lines) for m in MARKS}, [t for t in lines if t.startswith("✗")]
+
+
+def notebook_answers(names: list[str], runs: int = 2, loaded: bool = True, timeout_s: int = NOTEBOOK_TIMEOUT_S,
+                     progress: Callable[[str], None] | None = None) -> dict:
+    """Each notebook in ``names`` executed ``runs`` times quiet, then (``loaded``) as many times under competing
+    load: {"conditions": [...], "executions": [one per run], "predictions": [answers per condition]}."""
+    from kvlab.teachers_key import parse_answer, predictions
+
+    conditions, executions = [], []
+    answers: dict[tuple[str, str], dict] = {}
+    for label, procs in [("quiet", None)] + ([("loaded", os.cpu_count() or 1)] if loaded else []):
+        started, load_before = time.strftime("%Y-%m-%d %H:%M:%S"), load_average()
+        with (competing_load(procs, max_s=24 * 3600.0) if procs else nullcontext()) as n:
+            for name in names:
+                for run in range(runs):
+                    before = load_average()
+                    nb, seconds, errors = execute_notebook(name, timeout_s)
+                    marks, not_holding = claim_marks(nb)
+                    found = predictions(nb)
+                    executions.append({"notebook": name, "condition": label, "run": run, "seconds": seconds,
+                                       "load_before": before, "load_after": load_average(), "errors": errors,
+                                       "claim_marks": marks, "not_holding": not_holding})
+                    for p in found:
+                        row = answers.setdefault((name, p["question"]), {
+                            "notebook": name, "question": p["question"], "every_machine": p["every_machine"],
+                            "unit": None, **{c: {"values": [], "answers": []} for c in ("quiet", "loaded")}})
+                        parsed = parse_answer(p["answer"])
+                        row[label]["answers"].append(p["answer"])
+                        row[label]["values"].append(parsed[0] if parsed else None)
+                        row["unit"] = row["unit"] or (parsed[1] if parsed else None)
+                    if progress:
+                        shown = ", ".join(str(p["answer"]) for p in found)
+                        progress(f"{name} [{label} {run + 1}/{runs}]: {seconds:.1f} s, answers {shown or 'none'}, "
+                                 f"claims {' '.join(f'{m}{k}' for m, k in marks.items() if k)}"
+                                 + (f", {len(errors)} error(s): {errors[0]}" if errors else ""))
+        conditions.append({"condition": label, "processes": n if procs else 0, "started": started,
+                           "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": load_before,
+                           "load_after": load_average()})
+        if progress:
+            progress(f"[{label}] load average {load_before:.2f} before, {conditions[-1]['load_after']:.2f} after")
+    for row in answers.values():
+        if not loaded:
+            del row["loaded"]
+    return {"conditions": conditions, "executions": executions, "predictions": list(answers.values())}
+
+
+def _shown_path(path: str) -> str:
+    """``path`` as the record's command names it: relative to the checkout when inside it (no machine paths)."""
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
+def measure_key(args: argparse.Namespace) -> None:
+    """``--notebooks``: execute the teacher's copies, write the record, rewrite KEY.md from the course's record."""
+    from kvlab import teachers_key
+    from kvlab.authoring import selected
+    from kvlab.env import environment
+    from kvlab.results_io import write_json
+
+    names = [p.name for p in selected(args.only)]
+    out = Path(args.json) if args.json else KEY_RECORD
+    command = " ".join(["python scripts/claims_robustness.py --notebooks --runs", str(args.runs)]
+                       + (["--only", *args.only] if args.only else []) + (["--quiet-only"] if args.quiet_only else [])
+                       + (["--json", _shown_path(args.json)] if args.json else []))
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    found = notebook_answers(names, runs=args.runs, loaded=not args.quiet_only, timeout_s=args.timeout, progress=print)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
+                     "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
+                     "notebooks": names, **found})
+    print(f"wrote {_shown_path(str(out))}")
+    if out.resolve() == KEY_RECORD.resolve() and teachers_key.write(NOTEBOOKS_DIR):
+        print(f"rewrote notebooks/{teachers_key.KEY_FILE} from {_shown_path(str(out))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="claim names (default: every wall-clock claim)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per claim and condition (seeds 0..runs-1)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per claim (seeds 0..runs-1) or notebook, and condition")
     parser.add_argument("--quiet-only", action="store_true", help="skip the runs under competing load")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--teaching", action="store_true",
                         help="write the record (--json's, else notebooks/claims_hold_rates.json) into TEACHING.md")
+    parser.add_argument("--notebooks", action="store_true",
+                        help="execute the teacher's copies and record each prediction's answers (default record: "
+                             "notebooks/key_ranges.json, then KEY.md rewritten from it)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NN",
+                        help="with --notebooks: only the notebooks whose names start so (e.g. 00 03)")
+    parser.add_argument("--timeout", type=int, default=NOTEBOOK_TIMEOUT_S,
+                        help="with --notebooks: seconds one cell may take")
     args = parser.parse_args()
+    if args.notebooks:
+        if args.names or args.teaching:
+            parser.error("--notebooks runs notebooks, not claims: no claim names, no --teaching")
+        measure_key(args)
+        return
+    if args.only:
+        parser.error("--only goes with --notebooks")
     unknown = [n for n in args.names if n not in CLAIMS]
     if unknown:
         parser.error(f"unknown claim(s) {unknown}; known: {sorted(CLAIMS)}")
