@@ -329,7 +329,8 @@ def measure_key(args: argparse.Namespace) -> None:
                        + (["--only", *args.only] if args.only else []) + (["--quiet-only"] if args.quiet_only else [])
                        + (["--json", _shown_path(args.json)] if args.json else []))
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    found = notebook_answers(names, runs=args.runs, loaded=not args.quiet_only, timeout_s=args.timeout, progress=print)
+    found = notebook_answers(names, runs=args.runs, loaded=not args.quiet_only, timeout_s=args.timeout,
+                             progress=print)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
                      "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
@@ -342,7 +343,8 @@ def measure_key(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="claim names (default: every wall-clock claim)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per claim (seeds 0..runs-1) or notebook, and condition")
+    parser.add_argument("--runs", type=int, default=3,
+                        help="runs per claim (seeds 0..runs-1) or notebook, and condition")
     parser.add_argument("--quiet-only", action="store_true", help="skip the runs under competing load")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--teaching", action="store_true",
