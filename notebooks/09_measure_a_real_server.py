@@ -368,7 +368,7 @@ from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engine
 
 ok, why = transformers_serve_available()
 print(why if ok else f"transformers serve is unavailable here: {why}. The panel measures kvlab serve alone.")
-engines = two_engines_panel(rates=(4, 16, 48), duration_s=1.5)
+engines = two_engines_panel(rates=(8, 24, 48), duration_s=1.0)
 engines
 
 # %%

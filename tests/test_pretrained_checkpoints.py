@@ -114,3 +114,70 @@ def test_a_broken_tokenizer_file_is_reported_and_bytes_are_used(tmp_path, device
     with pytest.warns(UserWarning, match="could not load the tokenizer.*ByteTokenizer"):
         model = kvlab.from_pretrained(folder, device=device)
     assert isinstance(model.tokenizer, kvlab.ByteTokenizer)
+
+
+# -- a plain checkpoint, read without transformers -----------------------------------------------------------------
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    sa, sb = a.state_dict(), b.state_dict()  # parameters and buffers (RoPE's inv_freq among them)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name].cpu(), sb[name].cpu()), name
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_plain_checkpoint_reads_as_transformers_would(tmp_path, family, tied):
+    """No tokenizer files, one safetensors file: safetensors alone, the same parameters and buffers as the
+    transformers path (qkv bias, grouped K/V heads and tied embeddings included)."""
+    from kvlab.model.loading import from_transformers, read_plain_checkpoint
+    from kvlab.model.tiny_checkpoint import tiny_transformers_model
+
+    hf = tiny_transformers_model(family, 128, seed=1)
+    hf.config.tie_word_embeddings = tied
+    if tied:
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    else:  # a head of its own, different from the embedding
+        hf.lm_head.weight = torch.nn.Parameter(torch.randn_like(hf.model.embed_tokens.weight))
+    hf.save_pretrained(tmp_path)
+    plain = read_plain_checkpoint(tmp_path)
+    assert plain is not None and plain.config.qkv_bias == (family == "qwen2")
+    assert plain.config.num_kv_heads < plain.config.num_heads or family == "llama"
+    reference = from_transformers(transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32))
+    _same_weights(plain, reference)
+    assert plain.config.tie_word_embeddings == reference.config.tie_word_embeddings == tied
+
+
+def test_what_is_not_plain_goes_through_transformers(tmp_path):
+    """A tokenizer of its own, GPT-2 or scaled RoPE: read_plain_checkpoint declines (None) and from_pretrained
+    uses transformers, which reads them."""
+    import json
+
+    from kvlab.model.loading import read_plain_checkpoint
+
+    assert read_plain_checkpoint(save_tiny_checkpoint(tmp_path / "with-tokenizer", "llama")) is None
+    assert read_plain_checkpoint(save_tiny_checkpoint(tmp_path / "gpt2", "gpt2")) is None
+    from kvlab.model.tiny_checkpoint import tiny_transformers_model
+
+    scaled = tmp_path / "scaled"
+    tiny_transformers_model("llama", 128, seed=0).save_pretrained(scaled)
+    raw = json.loads((scaled / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    (scaled / "config.json").write_text(json.dumps(raw))
+    assert read_plain_checkpoint(scaled) is None
+
+
+def test_the_shipped_model_loads_without_importing_transformers(tmp_path):
+    """kvlab serve's start-up: the recall checkpoint in a fresh process, transformers never imported, and the same
+    weights as transformers reads from the folder."""
+    import subprocess
+    import sys
+
+    from kvlab.model.loading import from_transformers
+    from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
+
+    code = ("import sys; from kvlab.tasks.recall import load_recall_model; load_recall_model(); "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert out.stdout.strip() == "False", out.stderr
+    reference = transformers.AutoModelForCausalLM.from_pretrained(RECALL_MODEL_DIR, dtype=torch.float32)
+    _same_weights(load_recall_model(device="cpu"), from_transformers(reference, device="cpu"))

@@ -1,12 +1,15 @@
 """Loading: transformers models and checkpoints into kvlab's Decoder, and back."""
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
+from ..device import pick_device
 from .config import ModelConfig
 from .decoder import Decoder
 from .tokenizer import ByteTokenizer, HFTokenizer
@@ -65,23 +68,24 @@ def config_from_transformers(hf_config) -> ModelConfig:
                        name=getattr(hf_config, "name_or_path", "") or model_type)
 
 
-def _llama_weights(hf, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    m, out = hf.model, {}
-    out["embed"] = m.embed_tokens.weight
-    for i, layer in enumerate(m.layers):
-        a, p = layer.self_attn, f"blocks.{i}."
+def _llama_weights(sd: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """kvlab's parameters from a Llama-family state dict in transformers' names (a model's or a safetensors file's)."""
+    out = {"embed": sd["model.embed_tokens.weight"], "final_norm.weight": sd["model.norm.weight"]}
+    for i in range(cfg.num_layers):
+        a, p = f"model.layers.{i}.self_attn.", f"blocks.{i}."
+        mlp = f"model.layers.{i}.mlp."
         # transformers stores [out, in]; kvlab stores [in, out] (see decoder.py)
-        out[p + "attn.w_qkv"] = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).T
+        out[p + "attn.w_qkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
+                                           sd[a + "v_proj.weight"]]).T
         if cfg.qkv_bias:
-            out[p + "attn.b_qkv"] = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-        out[p + "attn.w_o"] = a.o_proj.weight.T
-        out[p + "mlp.w_gate_up"] = torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]).T
-        out[p + "mlp.w_down"] = layer.mlp.down_proj.weight.T
-        out[p + "attn_norm.weight"] = layer.input_layernorm.weight
-        out[p + "mlp_norm.weight"] = layer.post_attention_layernorm.weight
-    out["final_norm.weight"] = m.norm.weight
+            out[p + "attn.b_qkv"] = torch.cat([sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"]])
+        out[p + "attn.w_o"] = sd[a + "o_proj.weight"].T
+        out[p + "mlp.w_gate_up"] = torch.cat([sd[mlp + "gate_proj.weight"], sd[mlp + "up_proj.weight"]]).T
+        out[p + "mlp.w_down"] = sd[mlp + "down_proj.weight"].T
+        out[p + "attn_norm.weight"] = sd[f"model.layers.{i}.input_layernorm.weight"]
+        out[p + "mlp_norm.weight"] = sd[f"model.layers.{i}.post_attention_layernorm.weight"]
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = hf.lm_head.weight.T
+        out["lm_head"] = sd["lm_head.weight"].T
     return out
 
 
@@ -101,32 +105,72 @@ def _gpt2_weights(hf, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     return out
 
 
+def _decoder_with(cfg: ModelConfig, weights: Mapping[str, torch.Tensor]) -> Decoder:
+    """A Decoder of ``cfg`` holding ``weights`` (kvlab's names), every parameter set."""
+    model = Decoder(cfg)
+    missing = set(dict(model.named_parameters())) - set(weights)
+    if missing:
+        raise RuntimeError(f"conversion left parameters unset: {sorted(missing)}")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(weights[name].detach().to(torch.float32).contiguous())
+    return model
+
+
 def from_transformers(hf_model, device: torch.device | str | None = None,
                       dtype: torch.dtype | None = torch.float32, tokenizer=None) -> Decoder:
     """Convert a transformers causal-LM object (Llama, Mistral, Qwen2, GPT-2) into a kvlab Decoder."""
-    from ..device import pick_device
-
     cfg = config_from_transformers(hf_model.config)
-    weights = (_gpt2_weights if cfg.arch == "gpt2" else _llama_weights)(hf_model, cfg)
-    model = Decoder(cfg)
-    with torch.no_grad():
-        missing = set(dict(model.named_parameters())) - set(weights)
-        if missing:
-            raise RuntimeError(f"conversion left parameters unset: {sorted(missing)}")
-        for name, p in model.named_parameters():
-            p.copy_(weights[name].detach().to(torch.float32).contiguous())
-        if cfg.arch == "llama":
-            # transformers' own rotary frequencies, so scaled RoPE variants (e.g. Llama 3) carry over
-            rotary = getattr(hf_model.model, "rotary_emb", None)
-            if rotary is not None and getattr(rotary, "attention_scaling", 1.0) != 1.0:
-                raise _unsupported("RoPE scaling with attention_scaling != 1 (e.g. YaRN)")
-            if rotary is not None:
-                inv_freq = rotary.inv_freq  # (hs/2,)
-                if inv_freq.dtype != torch.float32:  # cast by hf_model.to(dtype): recompute it in fp32
-                    inv_freq = type(rotary)(hf_model.config).inv_freq
+    if cfg.arch == "gpt2":
+        model = _decoder_with(cfg, _gpt2_weights(hf_model, cfg))
+    else:
+        model = _decoder_with(cfg, _llama_weights(hf_model.state_dict(), cfg))
+        # transformers' own rotary frequencies, so scaled RoPE variants (e.g. Llama 3) carry over
+        rotary = getattr(hf_model.model, "rotary_emb", None)
+        if rotary is not None and getattr(rotary, "attention_scaling", 1.0) != 1.0:
+            raise _unsupported("RoPE scaling with attention_scaling != 1 (e.g. YaRN)")
+        if rotary is not None:
+            inv_freq = rotary.inv_freq  # (hs/2,)
+            if inv_freq.dtype != torch.float32:  # cast by hf_model.to(dtype): recompute it in fp32
+                inv_freq = type(rotary)(hf_model.config).inv_freq
+            with torch.no_grad():
                 model.inv_freq.copy_(inv_freq.float())
     model.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     return model.to(device=pick_device(device), dtype=dtype or torch.float32).eval()
+
+
+# A checkpoint kvlab reads without transformers: one safetensors file, no tokenizer of its own, a Llama-family
+# config with plain RoPE (what kvlab saves, e.g. the shipped recall-tiny). Anything else goes through transformers.
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges.txt", "*.model", "special_tokens_map.json")
+
+
+def read_plain_checkpoint(path: str | Path) -> Decoder | None:
+    """The Decoder of a plain Llama-family checkpoint directory, read with safetensors alone, or None if it is not
+    one (tokenizer files, sharded weights, GPT-2, scaled RoPE): then ``from_pretrained`` uses transformers.
+
+    Skips importing transformers, most of a server's start-up on a small model; ``tests/test_pretrained_checkpoints``
+    checks it yields the same parameters and buffers as the transformers path."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    weights, config = path / "model.safetensors", path / "config.json"
+    if not (weights.is_file() and config.is_file()) or any(any(path.glob(g)) for g in TOKENIZER_FILES):
+        return None
+    raw = json.loads(config.read_text())
+    rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    if SUPPORTED_MODEL_TYPES.get(raw.get("model_type")) != "llama" or rope.get("rope_type", "default") != "default":
+        return None
+    defaults = dict(num_key_value_heads=None, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                    hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=2048)  # LlamaConfig's defaults
+    try:
+        cfg = config_from_transformers(SimpleNamespace(**{**defaults, **raw}))
+    except AttributeError:  # a key transformers would default some other way: let it read the config
+        return None
+    model = _decoder_with(cfg, _llama_weights(load_file(str(weights)), cfg))
+    model.tokenizer = ByteTokenizer()
+    return model
 
 
 def to_transformers(model: Decoder):
@@ -140,7 +184,6 @@ def to_transformers(model: Decoder):
                                          n_positions=cfg.max_position_embeddings, layer_norm_epsilon=cfg.norm_eps,
                                          bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
         hf = transformers.GPT2LMHeadModel(hf_cfg)
-        names = _gpt2_weights
     else:
         kind = transformers.Qwen2Config if cfg.qkv_bias else transformers.LlamaConfig
         hf_cfg = kind(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -150,12 +193,11 @@ def to_transformers(model: Decoder):
                       tie_word_embeddings=cfg.tie_word_embeddings,
                       bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
         hf = (transformers.Qwen2ForCausalLM if cfg.qkv_bias else transformers.LlamaForCausalLM)(hf_cfg)
-        names = _llama_weights
     hf = hf.float().eval()
     src = dict(model.named_parameters())
     with torch.no_grad():
         if cfg.arch == "gpt2":
-            for name, t in names(hf, cfg).items():  # kvlab name -> the transformers tensor it maps to
+            for name, t in _gpt2_weights(hf, cfg).items():  # kvlab name -> the transformers tensor it maps to
                 t.copy_(src[name])
         else:
             C, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
@@ -195,10 +237,14 @@ def from_pretrained(name_or_path: str | Path, device: torch.device | str | None 
     ``local_files_only=True`` reads a hub name from the local cache only, never the network
     (default: True for a directory, else transformers' own rule).
     """
-    import transformers
-
     path = Path(name_or_path)
     local = path.is_dir()
+    plain = read_plain_checkpoint(path) if local else None
+    if plain is not None:
+        plain.config.name = str(name_or_path)
+        return plain.to(device=pick_device(device), dtype=dtype).eval()
+    import transformers
+
     if not local and not HUB_ID.fullmatch(str(name_or_path)):
         raise FileNotFoundError(f"no checkpoint directory at {name_or_path}; pass a directory holding "
                                 "config.json and weights, or a hub model name such as 'HuggingFaceTB/SmolLM2-135M'")

@@ -6,17 +6,17 @@ from typing import Sequence
 import ipywidgets as widgets
 import pandas as pd
 
-from .two_engines import LOW_RATE, clocks_table, compare_engines
+from .two_engines import LOW_RATE, SWEEP_DURATION_S, SWEEP_RATES, clocks_table, compare_engines
 from ...http.peer import transformers_serve_available
 from .figures_two_engines import plot_two_engines
 from ..common.panel import ExperimentPanel
 
-RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 48.0, 64.0)
+RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 _STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 
 
-def two_engines_panel(folder=None, rates: Sequence[float] = (4.0, 16.0, 32.0), low_rate: float = LOW_RATE,
-                      duration_s: float = 2.0, slo_ttft_s: float = 1.0) -> ExperimentPanel:
+def two_engines_panel(folder=None, rates: Sequence[float] = SWEEP_RATES, low_rate: float = LOW_RATE,
+                      duration_s: float = SWEEP_DURATION_S, slo_ttft_s: float = 1.0) -> ExperimentPanel:
     """Sweep rates, seconds per rate and the knee's TTFT bound; Run starts both servers and measures each in turn.
 
     `compare_engines` behind it: cold, warm at `low_rate`, then the mixture sweep to each

@@ -49,6 +49,10 @@ GREEDY_PROMPT = "k3=v7;k5=v2;k9=v4;?k5:"  # a recall query: the lesson model ans
 CONTEXT = 512  # the lesson model's context: prompts are clipped so prompt + max_tokens fit
 LOW_RATE = 8.0  # req/s of the cold and warm phases: well below either engine's knee, so little waits
 DRAIN_S = 3.0  # a sweep rate is read this long after its last arrival: a served rate has ended by then
+# The lesson's ladder: both engines keep up at the low rungs; near the top transformers serve falls behind on a
+# 2-core CPU while kvlab serve still keeps up. A second each (at least `min_requests`): about 4 s of sweep per engine.
+SWEEP_RATES = (8.0, 24.0, 48.0)
+SWEEP_DURATION_S = 1.0
 CLOSE_SLACK_S = 0.05  # the client cuts off what is unfinished just after the close, so the close sees it open
 
 
@@ -294,7 +298,7 @@ def clocks_table(run: EnginesRun | pd.DataFrame) -> pd.DataFrame:
     })
 
 
-__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "EnginesRun", "GREEDY_PROMPT", "burst", "clock_row",
+__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "SWEEP_DURATION_S", "SWEEP_RATES", "EnginesRun", "GREEDY_PROMPT", "burst", "clock_row",
            "clocks_table", "cold_and_warm", "compare_engines", "engine_knees", "engine_workload", "knee",
            "lesson_checkpoint", "make_server", "measure", "same_greedy_answer", "start_together", "sweep",
            "within_knee"]
