@@ -19,8 +19,8 @@ device, threads, the core count and when it ran. Run it from a checkout: the exa
 
 The course keeps one such record, ``notebooks/claims_hold_rates.json``; ``--teaching`` writes its figures into
 notebooks/TEACHING.md (the paragraph between the ``kvlab:hold-rates`` markers and the quiet and loaded columns
-of the table of claims), so the rates a teacher reads are the ones measured, never typed. tests/test_teaching.py
-checks that they agree.
+of the table of claims), so the rates a teacher reads are the ones measured, never typed.
+tests/test_teaching_record.py checks that they agree.
 
 ``--notebooks`` measures the predictions instead of the claims: it executes each teacher's copy
 (``notebooks/NN_name.ipynb``, top to bottom in a fresh kernel of this interpreter, working directory notebooks/,
@@ -212,7 +212,8 @@ def rewrite_teaching(text: str, report: dict) -> str:
         m = ROW.match(line.rstrip("\n"))
         if m and m.group(1) in columns:
             quiet, loaded = columns[m.group(1)]
-            line = f"| `{m.group(1)}` | {m.group(2)} | {quiet} | {loaded} |{m.group(5)}" + ("\n" if line.endswith("\n") else "")
+            end = "\n" if line.endswith("\n") else ""
+            line = f"| `{m.group(1)}` | {m.group(2)} | {quiet} | {loaded} |{m.group(5)}{end}"
         lines.append(line)
     return "".join(lines)
 
