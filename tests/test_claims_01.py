@@ -120,3 +120,18 @@ def test_cached_steps_flat_at_every_context_are_not_called_growing():
 def test_the_flat_claim_names_the_short_context_it_was_measured_at():
     v = CLAIMS["cached_steps_stay_flat"].on(run())
     assert "at most 226 tokens" in str(v)  # prompt 32 + token 194
+
+
+def test_one_step_ratio_is_never_both_slowing_down_and_nearly_flat():
+    """Uncached steps 1.25× slower once read "slow down ✓" (> 1.2) while 1.25× cached read "nearly flat ✓"
+    (< 1.3): both sentences now share one boundary, FLAT_WITHIN."""
+    from kvlab.lessons.l01_the_slowdown.claims import FLAT_WITHIN
+
+    frame = run(fixed=6.44, per_token=0.01)  # uncached: (6.44 + 2.26) / (6.44 + 0.52) = 1.25
+    late = (frame["cache"] == "dynamic") & (frame["token"] >= 100)
+    frame.loc[late, "step_ms"] = 2.0 * 1.25  # cached: the same 1.25×
+    slow, flat = (CLAIMS[n].on(frame) for n in ("uncached_tokens_slow_down", "cached_steps_stay_flat"))
+    assert slow.values["ratio"] == pytest.approx(1.25, abs=0.01) and 1.2 < 1.25 < FLAT_WITHIN
+    assert flat.values["ratio"] == pytest.approx(1.25, abs=0.01)
+    assert slow.holds is False and flat.holds is True
+    assert CLAIMS["uncached_tokens_slow_down"].on(run(fixed=0.0, per_token=0.1)).holds  # 4.3×: slows down

@@ -101,3 +101,21 @@ def test_a_tie_at_every_bit_width_is_not_a_fall():
     assert verdicts(frame, "answers_fall_as_bits_fall")[0].holds, "the example's answers fall with the bits"
     acc.loc[quantized, "correct"] = int(acc["examples"].max())
     assert verdicts(frame, "answers_fall_as_bits_fall")[0].holds is False
+
+
+def test_two_equal_kl_divergences_did_not_grow():
+    """The KL claim once checked "grew as bits fell" as never falling plus a rise end to end: two bit widths with the
+    same mean KL passed. Each step to fewer bits must raise it."""
+    frame = _copy(_example())
+    acc = frame.attrs["accuracy"]
+    assert verdicts(frame, "token_metrics_order_settings_like_accuracy")[0].holds, "the example's KL grows"
+    from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_summary
+    from kvlab.lessons.l03_cache_strategies.claims import _quantized_family
+
+    fam = _quantized_family(accuracy_summary(acc)).dropna(subset=["top1_agreement"])
+    assert len(fam) >= 3, "needs three bit widths: the tie between the first two, the rise to the last"
+    most, next_ = (acc["setting"] == fam["setting"].iloc[0]), (acc["setting"] == fam["setting"].iloc[1])
+    acc.loc[next_, "kl_mean"] = float(acc.loc[most, "kl_mean"].iloc[0])  # the same mean KL as the most bits
+    kl = _quantized_family(accuracy_summary(acc)).dropna(subset=["top1_agreement"])["kl_mean"].tolist()
+    assert kl[0] == kl[1] < kl[-1]  # what the old check let through: never falling, up end to end
+    assert verdicts(frame, "token_metrics_order_settings_like_accuracy")[0].holds is False

@@ -95,3 +95,16 @@ def test_the_default_mixed_load_queues_in_clumps_and_shows_a_tail(seed):
     assert row["n"] == 30 and row["p95"] > 2 * row["mean"] and row["mean"] > 1.2 * row["p50"], row.to_dict()
     assert row["share_above_mean"] < 0.5
     assert CLAIMS["ttft_tail_is_well_above_the_mean"].on(run).holds
+
+
+def test_equal_tokens_per_second_are_not_fewer():
+    """Two models reporting the same tokens/s once read "fewer tokens/s, more words ✓" (the sort put one of them
+    last): a tie is not fewer, in either order."""
+    rows = [dict(tokenizer="bytes", text="English", tokens_per_s=100.0, tokens_per_word=5.0, words_per_s=20.0),
+            dict(tokenizer="bpe", text="English", tokens_per_s=100.0, tokens_per_word=1.5, words_per_s=100 / 1.5)]
+    c = CLAIMS["fewer_tokens_per_second_can_be_more_words"]
+    verdicts_ = [c.on(pd.DataFrame(r)) for r in (rows, rows[::-1])]
+    assert any(v.values["lo_words"] > v.values["hi_words"] for v in verdicts_)  # what the old check read
+    assert [v.holds for v in verdicts_] == [False, False]
+    rows[0]["tokens_per_s"] = 120.0  # more tokens/s, fewer words: the sentence
+    assert c.on(pd.DataFrame(rows)).holds is True

@@ -89,3 +89,17 @@ def test_the_curve_claims_read_a_curve_without_a_knee_as_not_holding():
                            "failed": 0, "failure_rate": 0.0})
     assert CLAIMS["long_traffic_bends_at_lower_rate"].on(curves).holds is None
     assert CLAIMS["latency_climbs_and_refusals_start_past_the_knee"].on(curves).holds is False
+
+
+def test_the_below_capacity_target_counts_the_requests_still_waiting_at_the_close():
+    """The completed requests' p95 once decided "within the target" alone: a rule whose requests still waiting at
+    the close (followed to their first token) put the p95 over every request sent past the target passed."""
+    from kvlab.lessons.l06_under_load.load import DEFAULT_SLO
+
+    ab = example_of(CLAIMS["ab_below_capacity_both_keep_up"])().copy()
+    c = CLAIMS["ab_below_capacity_both_keep_up"]
+    assert c.on(ab).holds is True
+    low_b = (ab["load"] == "below capacity") & (ab["policy"] == "B")
+    ab.loc[low_b, "ttft_p95_sent_s"] = 1.5 * DEFAULT_SLO.ttft_s  # the survivors' p95 is left within the target
+    assert float(ab.loc[low_b, "ttft_p95_s"].iloc[0]) <= DEFAULT_SLO.ttft_s
+    assert c.on(ab).holds is False

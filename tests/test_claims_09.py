@@ -128,3 +128,28 @@ def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine
     assert CLAIMS["kvlab_knee_beyond_transformers"].on(alone).holds is None
     assert CLAIMS["two_engines_account_for_every_request"].on(alone).holds is True
     assert CLAIMS["two_engines_at_low_load"].on(alone).holds is True
+
+
+def test_the_accounting_claim_compares_what_was_sent_with_the_schedule():
+    """sent = completed + failed + waiting is how clock_row counts sent, so it held on every measured run: a
+    measurement that sent one request fewer than scheduled (the client fell behind past the close) now fails."""
+    t = engines()
+    t.attrs["settings"].update(cold_requests=10, warm_requests=10, duration_s=0.5)  # sweep: 8, 8 and 16 requests
+    sweep = t["phase"] == "sweep"
+    t.loc[sweep, "sent"] = t.loc[sweep, "completed"] = [max(8, round(r * 0.5)) for r in t.loc[sweep, "offered_rps"]]
+    c = CLAIMS["two_engines_account_for_every_request"]
+    assert c.on(t).holds is True, str(c.on(t))
+    short = t.index[sweep & (t["offered_rps"] == 32.0)][0]
+    t.loc[short, ["sent", "completed"]] = 15  # 16 scheduled; the counts still add up
+    assert (t["sent"] == t["completed"] + t["failed"] + t["waiting"]).all()  # what the old check read
+    assert c.on(t).holds is False
+
+
+def test_the_wait_claim_says_what_fall_it_calls_a_tie():
+    """A 5% dip between two rates below capacity is a tie (checks.TIE), and the sentence says so instead of "fell at
+    no rate"; a 15% dip is a fall."""
+    dip = pd.DataFrame({"offered_rps": [8.0, 32.0, 128.0], "ttft_p50_s": [0.010, 0.0095, 0.060], "ttft_n": [8, 32, 90]})
+    v = CLAIMS["wait_grows_past_capacity"].on(dip)
+    assert v.holds is True and "fell by more than 10%" in v.text and "10.0 → 9.5 → 60.0 ms" in v.text, v.text
+    dip.loc[1, "ttft_p50_s"] = 0.0085
+    assert CLAIMS["wait_grows_past_capacity"].on(dip).holds is False

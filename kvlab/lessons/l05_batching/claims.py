@@ -198,10 +198,16 @@ def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
     return static, t[t["policy"] == "continuous"].iloc[0]
 
 
+# "No later" on the wall clock: a static run that never makes anyone wait (a fast machine, no wait) ties with continuous
+# batching, and one run's median moves by this share (plus a millisecond) on a shared machine; the sentence says so.
+NO_LATER_SLACK, NO_LATER_FLOOR_S = 0.25, 0.001
+
+
 @claim(NOTEBOOK, clock="wall",
        says="""
            continuous batching's median first token came after {c:.0f} ms, no later than the static runs'
-           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each)""",
+           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each) by more than the {slack:.0%} (plus {floor:.0f} ms)
+           that noise moves a median""",
        otherwise="""
            a static run's median first token came clearly sooner than continuous batching's. Continuous batching
            starts each request at the next step, so that is the machine: a run slowed by other programs. Run the
@@ -209,9 +215,9 @@ def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
 def continuous_answers_first_under_a_trickle(result: Any) -> dict:
     static, c = _knob(result)
     best = static["ttft_p50_s"].min()
-    # "no later": a static run that never makes anyone wait (a fast machine, no wait) ties with it, up to noise
     return dict(c=c["ttft_p50_s"] * 1e3, lo=best * 1e3, hi=static["ttft_p50_s"].max() * 1e3,
-                n=int(c["ttft_n"]), holds=c["ttft_p50_s"] <= 1.25 * best + 0.001)
+                n=int(c["ttft_n"]), slack=NO_LATER_SLACK, floor=NO_LATER_FLOOR_S * 1e3,
+                holds=c["ttft_p50_s"] <= (1 + NO_LATER_SLACK) * best + NO_LATER_FLOOR_S)
 
 
 @claim(NOTEBOOK, clock="wall",

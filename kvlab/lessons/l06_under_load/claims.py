@@ -259,9 +259,14 @@ def ab_overloaded_prefill_first_streams_slower(ab: Any) -> dict:
            {a_ttft:.2f} s / {b_ttft:.2f} s (n = {a_n} / {b_n}), within the {slo:g} s target; median TPOT
            {a_tpot:.3f} s / {b_tpot:.3f} s (n = {a_tn} / {b_tn})""",
        otherwise="""
-           at the lower load one rule fell behind or missed the TTFT target. Lower low_fraction in ab_at_two_loads
-           until both keep up: the trade-off only appears once requests must wait.""")
+           at the lower load one rule fell behind or missed the TTFT target, on the requests it completed or on
+           every request it was sent (those still waiting at the close followed to their first token). Lower
+           low_fraction in ab_at_two_loads until both keep up: the trade-off only appears once requests must
+           wait.""")
 def ab_below_capacity_both_keep_up(ab: Any) -> dict:
+    """The target is also checked over every request sent, each followed to its first token (as the overloaded
+    claim decides): the completed ones alone leave out those still waiting at the close, the longest waits. The
+    sentence quotes the completed ones' p95, which notebook 06's committed copy prints."""
     a, b = _ab(ab, "below capacity")
     slo = DEFAULT_SLO.ttft_s
     return dict(rate=float(a["offered_rps"]), a_share=float(a["throughput_ratio"]),
@@ -269,4 +274,5 @@ def ab_below_capacity_both_keep_up(ab: Any) -> dict:
                 sent=int(a["sent"]), a_ttft=float(a["ttft_p95_s"]), b_ttft=float(b["ttft_p95_s"]), slo=slo,
                 a_tpot=float(a["tpot_p50_s"]), b_tpot=float(b["tpot_p50_s"]), a_n=int(a["ttft_n"]),
                 b_n=int(b["ttft_n"]), a_tn=int(a["tpot_n"]), b_tn=int(b["tpot_n"]),
-                holds=bool(a["keeps_up"] and b["keeps_up"]) and max(a["ttft_p95_s"], b["ttft_p95_s"]) <= slo)
+                holds=bool(a["keeps_up"] and b["keeps_up"])
+                and max(a["ttft_p95_s"], b["ttft_p95_s"], a["ttft_p95_sent_s"], b["ttft_p95_sent_s"]) <= slo)

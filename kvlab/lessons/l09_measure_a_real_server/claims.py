@@ -3,8 +3,9 @@
 The seeded schedule of requests is the same on every machine (deterministic); what the server
 made of it, the window, the achieved rate, the waits and the rejections (429), is measured (wall).
 The server and load generator need kvlab's "serve" extra (httpx, FastAPI, uvicorn), which
-notebook 09 installs in its first cell: this module imports them only inside the one measure that
-reads them (``kvlab_knee_beyond_transformers``), so ``kvlab.lessons`` imports without them.
+notebook 09 installs in its first cell: this module imports them only inside the measures that
+read them (``kvlab_knee_beyond_transformers``, the schedule of ``two_engines_account_for_every_request``), so
+``kvlab.lessons`` imports without them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..common.checks import rises_at_every_level, series
+from ..common.checks import TIE, rises_at_every_level, series
 from ..common.claims import claim
 
 NOTEBOOK = "09_measure_a_real_server.ipynb"
@@ -98,7 +99,8 @@ def full_queue_turns_requests_away(curve: Any) -> dict:
 @claim(NOTEBOOK, clock="wall",
        says="""
            TTFT p50 rose from {lo_ms:.1f} ms at {lo:g} req/s (n={n_lo}) to {hi_ms:.1f} ms at {hi:g} req/s
-           (n={n_hi}), {ratio:.1f}× as long, and fell at no rate in between ({levels} ms)""",
+           (n={n_hi}), {ratio:.1f}× as long, and at no rate in between fell by more than {tie:.0%}, the jitter of
+           two rates below capacity ({levels} ms)""",
        otherwise="""
            the wait did not grow clearly, or fell from one rate to the next: the highest rate was still within
            what this machine serves, or the machine's load changed between rates. Add higher rates in the panel,
@@ -111,7 +113,7 @@ def wait_grows_past_capacity(curve: Any) -> dict:
     ratio = float(hi.ttft_p50_s) / float(lo.ttft_p50_s)
     return dict(lo=float(lo.offered_rps), hi=float(hi.offered_rps), lo_ms=lo.ttft_p50_s * 1e3,
                 hi_ms=hi.ttft_p50_s * 1e3, n_lo=int(lo.ttft_n), n_hi=int(hi.ttft_n), ratio=ratio,
-                levels=series(t["ttft_p50_s"], "{:.1f}", 1e3),
+                levels=series(t["ttft_p50_s"], "{:.1f}", 1e3), tie=TIE,
                 holds=len(t) > 1 and ratio > 1.5 and rises_at_every_level(t["ttft_p50_s"]))
 
 
@@ -138,13 +140,34 @@ def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
            every request of every measurement is accounted for: {sent} sent to the two servers, each one
            completed, failed{reasons} or still open when its rate closed (counted as waiting, never dropped)""",
        otherwise="""
-           some request is unaccounted for (sent != completed + failed + waiting): the load client lost track of
-           it. That is a bug of the client, not of a server: report it.""")
+           some request is unaccounted for (sent != completed + failed + waiting), or a measurement sent fewer
+           requests than its schedule holds: the load client lost track of them, or fell behind its schedule past
+           the close. That is the client, not a server: report it.""")
 def two_engines_account_for_every_request(run: Any) -> dict:
+    """sent = completed + failed + waiting holds by construction (``clock_row`` counts sent as the sum of the
+    states), so the check is against the schedule: each measurement sent every request it was to send."""
     t = _engine_rows(run, need_both=False)
     reasons = "; ".join(r for r in t["failed_reasons"] if r)
+    scheduled = _scheduled(t)
     return dict(sent=int(t["sent"].sum()), reasons=f" ({reasons})" if reasons else "",
-                holds=bool((t["sent"] == t["completed"] + t["failed"] + t["waiting"]).all()))
+                holds=bool((t["sent"] == t["completed"] + t["failed"] + t["waiting"]).all())
+                and (scheduled is None or t["sent"].tolist() == scheduled))
+
+
+def _scheduled(t: pd.DataFrame) -> list[int] | None:
+    """The requests each row's measurement was to send, from the run's settings (as ``cold_and_warm`` and
+    ``sweep`` size them); None for a table without them (made by hand)."""
+    settings = t.attrs.get("settings") or {}
+    if not {"cold_requests", "warm_requests", "duration_s"} <= set(settings):
+        return None
+    import inspect
+
+    from .two_engines import sweep
+
+    least = inspect.signature(sweep).parameters["min_requests"].default  # compare_engines keeps sweep's default
+    per_phase = {"cold": settings["cold_requests"], "warm": settings["warm_requests"]}
+    return [int(per_phase.get(r.phase, max(least, int(round(r.offered_rps * settings["duration_s"])))))
+            for r in t.itertuples()]
 
 
 @claim(NOTEBOOK, clock="deterministic",
