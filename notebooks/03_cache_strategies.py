@@ -406,7 +406,9 @@ plot_offload_under_load(loaded)
 verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_moves_the_counted_bytes")
 
 # %% [markdown]
-# The times, on your run:
+# The times, on your run. Over a real link (a GPU's, with no `link_gbps`) these are checked, ✓ or ✗.
+# Behind a modelled link (a CPU's, where RAM to RAM needs one) each step waits its bytes / rate, so
+# the offloaded run is slower by construction: the lines then show the numbers, marked •, not checked.
 
 # %%
 verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_the_spread",

@@ -119,3 +119,24 @@ def test_two_equal_kl_divergences_did_not_grow():
     kl = _quantized_family(accuracy_summary(acc)).dropna(subset=["top1_agreement"])["kl_mean"].tolist()
     assert kl[0] == kl[1] < kl[-1]  # what the old check let through: never falling, up end to end
     assert verdicts(frame, "token_metrics_order_settings_like_accuracy")[0].holds is False
+
+
+def test_the_offload_claims_are_shown_not_checked_behind_a_modelled_link():
+    """Behind a modelled link (link_gbps set, the CPU default) each step sleeps its bytes / rate, so the offloaded
+    run is slower by construction: the three claims show their numbers with the reason (•), never ✓ or ✗; over a
+    real link (no link_gbps) the same run is checked."""
+    import copy
+
+    from claim_examples.l03_cache_strategies import _offload_load_example
+
+    from kvlab.lessons import CLAIMS
+
+    modelled = _offload_load_example()
+    real = copy.deepcopy(modelled)
+    real.settings = {**real.settings, "link_gbps": None}
+    for name in ("offloaded_tail_between_tokens_is_longer", "offloading_widens_the_spread",
+                 "offload_cost_follows_the_bytes"):
+        shown, checked = CLAIMS[name].on(modelled), CLAIMS[name].on(real)
+        if modelled.settings["link_gbps"]:
+            assert not shown.asserted and str(shown).startswith("• on your run") and "by construction" in shown.text
+        assert checked.asserted and str(checked)[0] in "✓✗", str(checked)

@@ -584,8 +584,10 @@ def accuracy_by_bits_and_distance(text: str | None = None):
 
 
 def offloading_spread(text: str | None = None):
+    """✓ over a real link; • behind a CPU's modelled link (shown, not checked): the direction holds either way."""
     t = out("03") if text is None else text
-    m = verdict(t, rf"offloading widened the spread, not only the times: the middle half of the step times spanned "
+    mark = "•" if "• on your run: offloading widened" in t else "✓"
+    m = (observation if mark == "•" else verdict)(t, rf"offloading widened the spread, not only the times: the middle half of the step times spanned "
                    rf"{NUM} ms offloaded against {NUM} ms on the device")
     assert f(m.group(1)) > f(m.group(2))
     claim_asserts("03", "offloading_widens_the_spread")()
@@ -761,7 +763,7 @@ FACTS: list[Fact] = [
     Fact("draws the floor it cannot beat", slower_tier_is_a_file_and_the_link_waits),
     Fact("accuracy falls as bits fall", accuracy_by_bits_and_distance),
     Fact("on the shipped model the farthest facts are not the ones lost most", accuracy_by_bits_and_distance),
-    Fact("(`offloading_widens_the_spread` checks it on each run)", offloading_spread),
+    Fact("`offloading_widens_the_spread` checks it on each run", offloading_spread),
     Fact("most of this TTFT is queue", ttft_mostly_queue),
     Fact("Grey is the queue, orange the prefill, the star the first token, ticks every later token", journey_colours),
     Fact("The same paragraph in eleven languages", eleven_languages),

@@ -58,6 +58,7 @@ class Verdict:
     holds: bool | None  # None: the run does not hold what the claim needs (say, a skipped step)
     text: str
     values: Mapping[str, Any] = field(default_factory=dict)
+    asserted: bool = True  # False: shown with its n, never ✓ or ✗ (an observation, or a run that cannot refute it)
 
     def __bool__(self) -> bool:
         return bool(self.holds)
@@ -65,7 +66,7 @@ class Verdict:
     def __str__(self) -> str:
         if self.holds is None:
             return f"· not checked on your run: {self.text}"
-        if not self.claim.asserts:
+        if not self.asserted:
             return f"• on your run: {self.text}"
         if self.holds:
             return f"✓ on your run: {self.text}"
@@ -74,7 +75,7 @@ class Verdict:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds if self.claim.asserts else None]
+        color = {True: "#1b7f3b", False: "#b00020", None: "#555"}[self.holds if self.asserted else None]
         return f'<div class="kvlab-claim" style="color:{color}">{html.escape(str(self))}</div>'
 
 
@@ -131,14 +132,21 @@ class Claim:
         except Exception as exc:  # a claim must never break a learner's notebook
             return Verdict(self, None, f"{self.name} could not read this run ({type(exc).__name__}: {exc})")
         holds = values.pop("holds", None)
+        because = values.pop(SHOWN_ONLY, None)  # this run cannot refute it (say, a modelled link): shown, not checked
         try:
             text = self.says.format(**values)
         except (KeyError, ValueError, TypeError) as exc:
             text = f"{self.says} [values {values}: {exc}]"
-        return Verdict(self, None if holds is None else bool(holds), text, values)
+        if because:
+            text += f" (shown, not checked: {because})"
+        return Verdict(self, None if holds is None else bool(holds), text, values,
+                       asserted=self.asserts and not because)
 
 
 CLAIMS: dict[str, Claim] = {}
+# A measure may return this key with a reason when the run it reads cannot make the claim fail (it would hold by
+# construction there): the verdict is then shown with its numbers and the reason, as an observation (•).
+SHOWN_ONLY = "shown_only_because"
 
 
 def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, asserts: bool = True,
