@@ -816,7 +816,7 @@ FACTS: list[Fact] = [
     Fact("TTFT p50 12.0 → 111.0 → 17.0", the_constructed_x_is_rendered_from_the_counterexample),
     Fact("`compiled_step_is_faster` (03) is shown as an observation (•), not asserted", observations_not_asserted),
     Fact("never ✗: the slow link is kvlab's model", observations_not_asserted),
-    Fact("(`SWEEP_RATES`, 8, 24 and 48 req/s)", rates_of_the_two_engines),
+    Fact("(`SWEEP_RATES = (8.0, 24.0, 48.0)`)", rates_of_the_two_engines),
     Fact("`try_compiled_decode(budget_s=120)`", compile_budget),
     Fact("the 01 example uses the lesson's longer sizes on a GPU", gpu_example_sizes_of_01),
     Fact("but for 03's answer counts", gpu_caveat_in_03),
