@@ -83,12 +83,12 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # token is stamped when its event is read from the socket. Every request asks for `ignore_eos`, so
 # it writes exactly its `max_tokens` and we know in advance how many tokens must come back.
 #
-# 20 short chat-like requests at 8 per second, Poisson arrivals:
+# 20 short chat-like requests at 16 per second, Poisson arrivals:
 
 # %%
 from kvlab.lessons.l09_measure_a_real_server.wire import accounting, measure_at_client
 
-result = measure_at_client(srv.url, num_requests=20, rate=8)
+result = measure_at_client(srv.url, num_requests=20, rate=16)
 result.summary().latency_frame()   # seconds; n = completed requests behind each quantile
 
 # %% [markdown]
@@ -140,7 +140,7 @@ guess
 from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine, overhead_table
 from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine
 
-side = client_vs_engine(srv.url, num_requests=20, rate=10)
+side = client_vs_engine(srv.url, num_requests=20, rate=20)
 display(guess.fold(overhead_table(side).round(2)))
 display(guess.fold(plot_client_vs_engine(side), what="this figure"))
 

@@ -130,3 +130,22 @@ def test_the_figure_draws_each_engines_sweep(run):
     assert "kvlab serve" in lines and (("transformers serve" in lines) == OK)
     with pytest.raises(ValueError, match="no sweep rows"):
         plot_two_engines(run.frame[run.frame.phase != "sweep"])
+
+
+def test_the_lesson_checkpoint_is_the_shipped_weights_beside_a_byte_tokenizer(tmp_path):
+    """Copied as shipped (already transformers' format), not re-saved: the same bytes of weights, a tokenizer that
+    cuts text as kvlab's, and both loaders read the same parameters from it."""
+    import torch
+    import transformers
+
+    from kvlab.lessons.l09_measure_a_real_server.two_engines import lesson_checkpoint
+    from kvlab.model.loading import checkpoint_tokenizer, from_transformers
+    from kvlab.model.tokenizer import ByteTokenizer
+    from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
+
+    folder = lesson_checkpoint(tmp_path / "lesson")
+    assert (folder / "model.safetensors").read_bytes() == (RECALL_MODEL_DIR / "model.safetensors").read_bytes()
+    assert checkpoint_tokenizer(folder).encode("a cache, 12 keys!") == ByteTokenizer().encode("a cache, 12 keys!")
+    theirs = from_transformers(transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
+    ours = load_recall_model(device="cpu")
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))

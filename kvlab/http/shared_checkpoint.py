@@ -87,15 +87,16 @@ def save_shared_checkpoint(model, folder: str | Path) -> Path:
 def check_same_tokens(folder: str | Path, text: str = SAMPLE) -> list[int]:
     """Raise unless the folder's tokenizer, loaded as transformers serve loads it, cuts `text` as kvlab does.
 
-    kvlab's side: `kvlab.from_pretrained(folder).tokenizer` (what `kvlab serve --model folder` uses).
+    kvlab's side: `checkpoint_tokenizer(folder)`, the tokenizer `kvlab.from_pretrained(folder)` (and so
+    `kvlab serve --model folder`) gives the model, read without loading the weights.
     transformers' side: `AutoTokenizer` called as its `/v1/completions` handler calls it
     (`tokenizer(prompt)`, special tokens included). Returns the ids.
     """
     import transformers
 
-    from kvlab.model.loading import from_pretrained
+    from kvlab.model.loading import checkpoint_tokenizer
 
-    ours = from_pretrained(folder).tokenizer.encode(text)
+    ours = checkpoint_tokenizer(folder).encode(text)
     theirs = list(transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(text)["input_ids"])
     if ours != theirs:
         raise ValueError(f"{folder}: kvlab and transformers cut {text!r} into different tokens "

@@ -222,6 +222,23 @@ def to_transformers(model: Decoder):
     return hf
 
 
+def checkpoint_tokenizer(name_or_path: str | Path, local_files_only: bool = True):
+    """The tokenizer ``from_pretrained`` gives a checkpoint: its own (transformers' AutoTokenizer behind kvlab's
+    interface), or kvlab's ByteTokenizer where it has none (with a warning where its files fail to load)."""
+    import transformers
+
+    path = Path(name_or_path)
+    try:
+        return HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(name_or_path),
+                                                                      local_files_only=local_files_only))
+    except (OSError, ValueError, TypeError) as exc:
+        if not path.is_dir() or any(path.glob("tokenizer*")):  # it has a tokenizer, which failed to load: say so
+            warnings.warn(f"could not load the tokenizer of {name_or_path} ({type(exc).__name__}: {exc}); using "
+                          "kvlab's ByteTokenizer, so text will not match what the model was trained on",
+                          stacklevel=3)
+        return ByteTokenizer()
+
+
 def from_pretrained(name_or_path: str | Path, device: torch.device | str | None = None,
                     dtype: torch.dtype = torch.float32, local_files_only: bool | None = None) -> Decoder:
     """Load a checkpoint directory offline (or a hub name where the hub is reachable) into kvlab.
@@ -260,14 +277,6 @@ def from_pretrained(name_or_path: str | Path, device: torch.device | str | None 
     config_from_transformers(hf_config)  # refuse unsupported architectures before loading weights
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(name_or_path), local_files_only=local,
                                                            dtype=torch.float32)
-    try:
-        tok = HFTokenizer(transformers.AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=local))
-    except (OSError, ValueError, TypeError) as exc:
-        if not path.is_dir() or any(path.glob("tokenizer*")):  # it has a tokenizer, which failed to load: say so
-            warnings.warn(f"could not load the tokenizer of {name_or_path} ({type(exc).__name__}: {exc}); using "
-                          "kvlab's ByteTokenizer, so text will not match what the model was trained on",
-                          stacklevel=2)
-        tok = ByteTokenizer()
-    model = from_transformers(hf, device=device, dtype=dtype, tokenizer=tok)
+    model = from_transformers(hf, device=device, dtype=dtype, tokenizer=checkpoint_tokenizer(name_or_path, local))
     model.config.name = str(name_or_path)
     return model

@@ -25,6 +25,7 @@ two servers hold the same weights: one greedy completion, equal text.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from ...clocks import ttft_censored
 from ...http.loadgen import LoadTestResult, http_workload, run_loadtest
 from ...http.peer import (LoopbackServer, greedy_answer, kvlab_server, transformers_serve_available,
                          transformers_server)
-from ...http.shared_checkpoint import check_same_tokens, save_shared_checkpoint
+from ...http.shared_checkpoint import check_same_tokens, save_byte_tokenizer, save_shared_checkpoint
 from ...workload import Request
 from ...runs.progress import Progress, no_progress
 from ...threads import LESSON_THREADS
@@ -48,7 +49,7 @@ PHASES = ("cold", "warm", "sweep")
 GREEDY_PROMPT = "k3=v7;k5=v2;k9=v4;?k5:"  # a recall query: the lesson model answers it
 CONTEXT = 512  # the lesson model's context: prompts are clipped so prompt + max_tokens fit
 LOW_RATE = 8.0  # req/s of the cold and warm phases: well below either engine's knee, so little waits
-DRAIN_S = 3.0  # a sweep rate is read this long after its last arrival: a served rate has ended by then
+DRAIN_S = 2.0  # a sweep rate is read this long after its last arrival: a served rate ends within a second
 # The lesson's ladder: both engines keep up at the low rungs; near the top transformers serve falls behind on a
 # 2-core CPU while kvlab serve still keeps up. A second each (at least `min_requests`): about 4 s of sweep per engine.
 SWEEP_RATES = (8.0, 24.0, 48.0)
@@ -58,12 +59,21 @@ CLOSE_SLACK_S = 0.05  # the client cuts off what is unfinished just after the cl
 
 # -- the checkpoint and the servers ---------------------------------------------------------------
 def lesson_checkpoint(folder: str | Path | None = None) -> Path:
-    """The lesson model (recall-tiny) saved with a byte tokenizer as one folder both servers load; checked."""
-    from ...tasks.recall import load_recall_model
+    """The lesson model (recall-tiny) with a byte tokenizer as one folder both servers load; checked.
+
+    The shipped files are in transformers' format already (config.json, model.safetensors), so they are copied as
+    they are, beside `save_byte_tokenizer`'s files (`save_shared_checkpoint` does the same for any kvlab model)."""
+    from ...tasks.recall import RECALL_MODEL_DIR, load_recall_model
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="kvlab-two-engines-")) / "recall-tiny"
     if not (folder / "tokenizer.json").is_file():
-        save_shared_checkpoint(load_recall_model(), folder)
+        if not (RECALL_MODEL_DIR / "model.safetensors").is_file():
+            save_shared_checkpoint(load_recall_model(), folder)  # says what is missing, or saves what loads
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("config.json", "generation_config.json", "model.safetensors"):
+                shutil.copy2(RECALL_MODEL_DIR / name, folder / name)
+            save_byte_tokenizer(folder)
     check_same_tokens(folder)
     return folder
 
