@@ -11,7 +11,7 @@ competing for every core, and counts the runs in which the claim held. A measure
     python scripts/claims_robustness.py --json notebooks/claims_hold_rates.json --teaching   # the course's record
     python scripts/claims_robustness.py --teaching                # TEACHING.md rewritten from the committed record
     python scripts/claims_robustness.py --notebooks --runs 2      # the teacher's key's ranges (every notebook)
-    python scripts/claims_robustness.py --notebooks --runs 1 --only 00 03 --json /tmp/key_ranges.json
+    python scripts/claims_robustness.py --notebooks --runs 1 --only 00 03 --json results/key_ranges.json
 
 Prints one line per claim and condition with the load average before and after (on a shared machine "quiet"
 means only that this script started no competing processes); the JSON also records kvlab's version, the

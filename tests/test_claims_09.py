@@ -134,9 +134,10 @@ def test_the_accounting_claim_compares_what_was_sent_with_the_schedule():
     """sent = completed + failed + waiting is how clock_row counts sent, so it held on every measured run: a
     measurement that sent one request fewer than scheduled (the client fell behind past the close) now fails."""
     t = engines()
-    t.attrs["settings"].update(cold_requests=10, warm_requests=10, duration_s=0.5)  # sweep: 8, 8 and 16 requests
+    t["num_requests"] = 10  # cold and warm: 10 each; sweep: 8, 8 and 16 requests (as sweep sizes them)
     sweep = t["phase"] == "sweep"
-    t.loc[sweep, "sent"] = t.loc[sweep, "completed"] = [max(8, round(r * 0.5)) for r in t.loc[sweep, "offered_rps"]]
+    t.loc[sweep, "sent"] = t.loc[sweep, "completed"] = t.loc[sweep, "num_requests"] = [
+        max(8, round(r * 0.5)) for r in t.loc[sweep, "offered_rps"]]
     c = CLAIMS["two_engines_account_for_every_request"]
     assert c.on(t).holds is True, str(c.on(t))
     short = t.index[sweep & (t["offered_rps"] == 32.0)][0]

@@ -3,9 +3,8 @@
 The seeded schedule of requests is the same on every machine (deterministic); what the server
 made of it, the window, the achieved rate, the waits and the rejections (429), is measured (wall).
 The server and load generator need kvlab's "serve" extra (httpx, FastAPI, uvicorn), which
-notebook 09 installs in its first cell: this module imports them only inside the measures that
-read them (``kvlab_knee_beyond_transformers``, the schedule of ``two_engines_account_for_every_request``), so
-``kvlab.lessons`` imports without them.
+notebook 09 installs in its first cell: this module imports them only inside the one measure that
+reads them (``kvlab_knee_beyond_transformers``), so ``kvlab.lessons`` imports without them.
 """
 from __future__ import annotations
 
@@ -145,29 +144,14 @@ def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
            the close. That is the client, not a server: report it.""")
 def two_engines_account_for_every_request(run: Any) -> dict:
     """sent = completed + failed + waiting holds by construction (``clock_row`` counts sent as the sum of the
-    states), so the check is against the schedule: each measurement sent every request it was to send."""
+    states), so the check is also against the schedule (``num_requests``, where the table records it): each
+    measurement sent every request it was to send."""
     t = _engine_rows(run, need_both=False)
     reasons = "; ".join(r for r in t["failed_reasons"] if r)
-    scheduled = _scheduled(t)
+    scheduled = t["num_requests"] if "num_requests" in t else None  # None: a table made by hand
     return dict(sent=int(t["sent"].sum()), reasons=f" ({reasons})" if reasons else "",
                 holds=bool((t["sent"] == t["completed"] + t["failed"] + t["waiting"]).all())
-                and (scheduled is None or t["sent"].tolist() == scheduled))
-
-
-def _scheduled(t: pd.DataFrame) -> list[int] | None:
-    """The requests each row's measurement was to send, from the run's settings (as ``cold_and_warm`` and
-    ``sweep`` size them); None for a table without them (made by hand)."""
-    settings = t.attrs.get("settings") or {}
-    if not {"cold_requests", "warm_requests", "duration_s"} <= set(settings):
-        return None
-    import inspect
-
-    from .two_engines import sweep
-
-    least = inspect.signature(sweep).parameters["min_requests"].default  # compare_engines keeps sweep's default
-    per_phase = {"cold": settings["cold_requests"], "warm": settings["warm_requests"]}
-    return [int(per_phase.get(r.phase, max(least, int(round(r.offered_rps * settings["duration_s"])))))
-            for r in t.itertuples()]
+                and (scheduled is None or bool((t["sent"] == scheduled).all())))
 
 
 @claim(NOTEBOOK, clock="deterministic",

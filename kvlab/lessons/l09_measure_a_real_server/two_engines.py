@@ -135,8 +135,9 @@ def burst(requests: Sequence[Request]) -> list[Request]:
     return [dataclasses.replace(r, arrival_s=0.0) for r in requests]
 
 
-def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult) -> dict:
-    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates.
+def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_requests: int | None = None) -> dict:
+    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates;
+    `num_requests`, what the measurement's schedule held, where given.
 
     Read once every request ended, or at the run's close (`measure`'s `close_s`) if that came first: a rate
     served in time reads the same either way, and its achieved rate is over the time it took.
@@ -155,6 +156,8 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult) -> d
         q = s.latency[clock]
         row.update({f"{clock}_n": q["n"], f"{clock}_p50_s": q["p50"], f"{clock}_p95_s": q["p95"]})
     row.update(ttft_p95_sent_s=sent["value"], ttft_censored=sent["censored"])
+    if num_requests is not None:  # what the schedule held: `sent` is counted from the records, so they can differ
+        row["num_requests"] = int(num_requests)
     row.update(requests_per_s=s.requests_per_s, output_tokens_per_s=s.output_tokens_per_s, wall_s=result.wall_s)
     return row
 
@@ -187,7 +190,8 @@ def cold_and_warm(server: LoadTestResult | LoopbackServer, rate: float, cold_req
     if warmup:
         measure(server, burst(engine_workload(profile, warmup, rate, seed + 1)), timeout_s)
     warm = measure(server, engine_workload(profile, warm_requests, rate, seed + 2), timeout_s)
-    return [clock_row(server.name, "cold", rate, cold), clock_row(server.name, "warm", rate, warm)]
+    return [clock_row(server.name, "cold", rate, cold, cold_requests),
+            clock_row(server.name, "warm", rate, warm, warm_requests)]
 
 
 def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.0, profile: str = "mixture",
@@ -212,7 +216,7 @@ def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.
         n = max(min_requests, int(round(rate * duration_s)))
         requests = engine_workload(profile, n, rate, seed)
         close = max(r.arrival_s for r in requests) + drain_s
-        row = clock_row(server.name, "sweep", rate, measure(server, requests, timeout_s, close_s=close))
+        row = clock_row(server.name, "sweep", rate, measure(server, requests, timeout_s, close_s=close), n)
         rows.append(row)
         if stop_past_knee and not within_knee(row, slo_ttft_s, min_served):
             break
