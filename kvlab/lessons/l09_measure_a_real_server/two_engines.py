@@ -49,7 +49,7 @@ PHASES = ("cold", "warm", "sweep")
 GREEDY_PROMPT = "k3=v7;k5=v2;k9=v4;?k5:"  # a recall query: the lesson model answers it
 CONTEXT = 512  # the lesson model's context: prompts are clipped so prompt + max_tokens fit
 LOW_RATE = 8.0  # req/s of the cold and warm phases: well below either engine's knee, so little waits
-DRAIN_S = 2.0  # a sweep rate is read this long after its last arrival: a served rate ends within a second
+DRAIN_S = 2.0  # a sweep rate is read this long after its last arrival; whatever is open then counts as waiting
 # The lesson's ladder: both engines keep up at the low rungs; near the top transformers serve falls behind on a
 # 2-core CPU while kvlab serve still keeps up. A second each (at least `min_requests`): about 4 s of sweep per engine.
 SWEEP_RATES = (8.0, 24.0, 48.0)
