@@ -140,8 +140,10 @@ verdicts(result, "many_tokens_per_pass_cost_less_each", "measured_slowdown_below
 # A straight line through the uncached step times splits them into the two parts: `fixed_ms`,
 # where the line meets zero context, and `us_per_context_token`, what each token of text adds to
 # **every** later step. The line extends the measured steps down to zero context, so it is an
-# estimate: a change of load on the machine during the run tilts it. Compare the fixed part with
-# a whole cached step, which pays every per-pass cost for one token:
+# estimate: a change of load on the machine during the run tilts it, and `fixed_low_ms` to
+# `fixed_high_ms` is how far resampling this run's steps moves it. Compare the fixed part with a
+# whole cached step, which pays the same per-pass costs for one token and its cache's own work
+# besides (kvlab's dynamic cache copies its keys and values into a longer tensor every step):
 
 # %%
 slowdown_fit(result.frame)

@@ -45,8 +45,23 @@ def test_time_proportional_to_work_leaves_no_gap_to_explain():
     flat_cost = run(fixed=0.0, per_token=0.1)
     assert not CLAIMS["measured_slowdown_below_work"].on(flat_cost).holds
     v = CLAIMS["uncached_steps_share_a_per_pass_cost"].on(flat_cost)
-    assert not v.holds and "meets zero context at 0.0 ms" in str(v)
+    assert not v.holds and "meets zero context at 0.00 ms (0.00 to 0.00 ms" in str(v)
     assert CLAIMS["uncached_tokens_slow_down"].on(flat_cost).holds
+
+
+def test_the_fixed_part_is_judged_by_the_runs_own_scatter_not_by_a_share_of_a_cached_step():
+    """A fixed part well below a cached step (the cache's own work is in the cached step) still holds when the
+    steps' scatter leaves it clearly above zero; the same line with a scatter as large as it does not."""
+    import numpy as np
+
+    frame = run(fixed=0.5, per_token=0.05, cached_ms=1.2)
+    v = CLAIMS["uncached_steps_share_a_per_pass_cost"].on(frame)
+    assert v.holds and v.values["times"] == pytest.approx(0.5 / 1.2) and v.values["low"] > 0
+    noisy = run(fixed=0.5, per_token=0.05, cached_ms=1.2)
+    uncached = noisy["cache"] == "none"
+    noisy.loc[uncached, "step_ms"] += np.random.default_rng(1).normal(0, 3.0, uncached.sum())
+    v = CLAIMS["uncached_steps_share_a_per_pass_cost"].on(noisy)
+    assert not v.holds and v.values["low"] <= 0 < v.values["high"], str(v)
 
 
 def test_uncached_steps_that_do_not_grow_are_reported_as_such():

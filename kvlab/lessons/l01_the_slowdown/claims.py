@@ -4,7 +4,7 @@ Every claim here rests on wall-clock time, so each states a qualitative fact wit
 uncached steps grow and cached ones stay nearly flat; the gap between the two arrivals widens;
 the measured slowdown stays below the work ratio, because a pass over many tokens costs far less
 per token than a pass over one; and a line through the uncached steps splits each into a part
-every pass pays whatever it holds (of the order of a whole cached step) and a small part per token.
+every pass pays whatever it holds (clearly above zero: a sizeable share of a cached step) and a part per token.
 At a long context (``run_context_steps``) the cached steps are no longer flat: each reads every
 stored K/V, and that read grows with the context.
 """
@@ -116,27 +116,30 @@ def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
 
 @claim(NOTEBOOK, clock="wall",
        says="""
-           the line through the uncached steps meets zero context at {fixed:.1f} ms ({times:.1f}× a whole cached
-           step of {cached:.2f} ms), and each token of context adds {slope:.3f} ms: what every pass pays, whatever
-           it holds, weighs as much as {worth} tokens of context""",
+           the line through the uncached steps meets zero context at {fixed:.2f} ms ({low:.2f} to {high:.2f} ms
+           over resampled steps; {times:.1f}× a whole cached step of {cached:.2f} ms), and each token of context
+           adds {slope:.3f} ms: what every pass pays, whatever it holds, weighs as much as {worth} tokens of
+           context""",
        otherwise="""
-           here the line's fixed part is well below a whole cached step. With a long prompt, attention over every
-           pair of tokens in a pass makes the curve bend upwards and the line meets zero low; more often, the load
-           of the machine changed during the run, and the line, which extends the measured steps down to zero
-           context, tilted with it (press Run again with repeats at 3). The cost per token processed, above, does
-           not depend on a line.""")
+           here the line's fixed part is not clearly above zero: resampling the steps moves where it meets zero
+           context down to nothing or below. With a long prompt, attention over every pair of tokens in a pass
+           makes the curve bend upwards and the line meets zero low; more often, the load of the machine changed
+           during the run, and the line, which extends the measured steps down to zero context, tilted with it
+           (press Run again with repeats at 3). The cost per token processed, above, does not depend on a
+           line.""")
 def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
+    """Decided by the run's own scatter: the lower end of the meeting point's resampled interval is above zero."""
     frame = frame_of(result)
     fit = slowdown_fit(frame).set_index("cache")
     cached = float(_row(result, "dynamic").early_step_ms)
-    fixed = float(fit.loc["none", "fixed_ms"])
+    fixed, low, high = (float(fit.loc["none", k]) for k in ("fixed_ms", "fixed_low_ms", "fixed_high_ms"))
     slope = float(fit.loc["none", "us_per_context_token"]) / 1e3
     if fixed <= 0:
         worth = "no"
     else:  # steps that do not grow at all: the whole step is paid per pass
         worth = f"{fixed / slope:.0f}" if slope > 0 else "any number of"
-    return dict(fixed=fixed, cached=cached, times=fixed / cached, slope=slope, worth=worth,
-                holds=fixed > 0.5 * cached)
+    return dict(fixed=fixed, low=low, high=high, cached=cached, times=fixed / cached, slope=slope, worth=worth,
+                holds=low > 0)
 
 
 # -- with a cache, at long context (run_context_steps) --------------------------------------------------------

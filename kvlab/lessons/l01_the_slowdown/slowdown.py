@@ -125,8 +125,8 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
     late / early of that cost per token, so it falls short of the work ratio exactly when a pass
     over more tokens costs less per token: the matrix products of a pass read every weight once
     for all the tokens in it, and each operation is started once per pass, not once per token
-    (``per_token_costs`` shows it). What a pass pays once is of the order of a whole cached step
-    (which pays it for a single token: Python, starting each operation, reading the weights, the
+    (``per_token_costs`` shows it). What a pass pays once is a sizeable share of a whole cached step
+    (which pays it for a single token, and its cache's own work besides: Python, starting each operation, reading the weights, the
     output layer, which both paths run for the last position only); an uncached pass shares it
     among all its tokens.
     """
@@ -174,31 +174,45 @@ def per_token_costs(frame: pd.DataFrame, **summary_options) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def slowdown_fit(frame: pd.DataFrame) -> pd.DataFrame:
+def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(slope, intercept) of the Theil-Sen line: the median of pairwise slopes, then the median intercept."""
+    i, j = np.triu_indices(len(x), k=1)
+    keep = x[j] != x[i]  # a resample may hold one step twice
+    slope = float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep]))
+    return slope, float(np.median(y - slope * x))
+
+
+def slowdown_fit(frame: pd.DataFrame, level: float = 0.95, resamples: int = 200, seed: int = 0) -> pd.DataFrame:
     """Per cache, a line through decode step time vs context length: step_ms ≈ fixed_ms + slope × position.
 
     ``us_per_context_token`` is what one more token of context adds to every step within the
     measured range: without a cache, the cost of recomputing that token; with one, the cost of
     reading its stored K/V. ``fixed_ms`` is where the line meets zero context: an estimate of
     what every uncached pass pays whatever it holds, to compare with a whole cached step (which
-    pays the same per-pass costs for one token). It is an extrapolation: where the cost per token
-    is still falling across the measured range the curve bends and the line meets zero higher,
-    and a change of machine load during the run tilts it (``per_token_costs`` needs no line).
-    The line is a Theil-Sen fit (median of pairwise slopes), so steps slowed by other programs
-    on the machine barely move it.
+    pays the same per-pass costs for one token, and its cache's own work besides). It is an
+    extrapolation: where the cost per token is still falling across the measured range the curve
+    bends and the line meets zero higher, and a change of machine load during the run tilts it
+    (``per_token_costs`` needs no line). The line is a Theil-Sen fit (median of pairwise slopes),
+    so steps slowed by other programs on the machine barely move it; ``fixed_low_ms`` and
+    ``fixed_high_ms`` bound ``fixed_ms`` at ``level`` over ``resamples`` seeded resamples of the
+    steps (a bootstrap): how far this run's own scatter leaves the meeting point uncertain.
     """
+    if not 0 < level < 1 or resamples < 1:
+        raise ValueError(f"level={level} must lie in (0, 1) and resamples={resamples} be at least 1")
     med = step_curves(frame)
+    rng = np.random.default_rng(seed)
     rows = []
     for cache, curve in med.groupby("cache", sort=False):
         d = curve[curve["token"] >= 1]
         x, y = d["position"].to_numpy(dtype=float), d["step_ms"].to_numpy(dtype=float)
         if len(x) < 2:
             raise ValueError(f"cache {cache!r} has {len(x)} decode step(s); a line needs 2, generate more tokens")
-        i, j = np.triu_indices(len(x), k=1)
-        slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
-        intercept = float(np.median(y - slope * x))
-        rows.append(dict(cache=cache, fixed_ms=intercept, us_per_context_token=slope * 1e3,
-                         first_position=int(x[0]), last_position=int(x[-1])))
+        slope, intercept = _theil_sen(x, y)
+        picks = (np.sort(rng.integers(0, len(x), len(x))) for _ in range(resamples))
+        fixed = [_theil_sen(x[k], y[k])[1] for k in picks if len(np.unique(x[k])) > 1]
+        low, high = np.quantile(fixed, [(1 - level) / 2, (1 + level) / 2])
+        rows.append(dict(cache=cache, fixed_ms=intercept, fixed_low_ms=float(low), fixed_high_ms=float(high),
+                         us_per_context_token=slope * 1e3, first_position=int(x[0]), last_position=int(x[-1])))
     return pd.DataFrame(rows)
 
 
