@@ -248,6 +248,37 @@ def ttft_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0
             "at_least": bool(open_waits)}
 
 
+def tpot_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0.5) -> dict:
+    """The TPOT quantile ``q`` over every request with a first token by ``until_s``: the unfinished are counted.
+
+    A request completed by the cut-off gives its TPOT. One still streaming, with ``k`` tokens (streamed chunks)
+    by then, gives ``(until_s - first_token_s) / k``: its next token comes after the cut-off, so its TPOT at
+    that token can only be larger (right-censored). Dropping those keeps the requests that got through and
+    hides a stalled stream. The quantile is then a lower bound of the true one (``at_least``), exact when
+    nothing is open. Failed requests and those without a first token count apart (the latter are TTFT's wait,
+    ``ttft_censored``). Over HTTP an open request's ``k`` counts chunks: a server packing several tokens into
+    one chunk makes its gap per chunk, not per token.
+
+    Returns ``{"value", "n", "censored", "at_least"}``.
+    """
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile {q} is outside [0, 1]; write p50 as 0.5")
+    done, open_gaps = [], []
+    for r in records:
+        state = r.state_at(until_s)
+        if state is None or state == "failed" or r.first_token_s is None or r.first_token_s > until_s:
+            continue
+        if state == "completed":
+            done.append(r.clocks()["tpot_s"])
+        else:
+            k = sum(t <= until_s for t in r.token_s)
+            open_gaps.append((until_s - r.first_token_s) / k)
+    x = np.asarray(done + open_gaps, dtype=float)
+    x = x[~np.isnan(x)]  # a completed one-token request has no TPOT
+    value = float(np.quantile(x, q)) if x.size else _NAN
+    return {"value": value, "n": int(x.size), "censored": len(open_gaps), "at_least": bool(open_gaps)}
+
+
 def requests_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
     """One row per request: ids, lengths, status, raw stamps and every clock.
 

@@ -95,6 +95,20 @@ def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_cou
         assert c.on(counterexample_of(c)(t.copy())).holds is False, name
 
 
+def test_the_token_time_claim_counts_the_streams_still_open_at_the_close():
+    """With the all-sent TPOT beside it the claim decides on that: here transformers' completed requests were
+    quick but its open streams stalled, so the survivors alone would have called it the cheaper one."""
+    t = engines()
+    t = t.assign(tpot_p50_sent_s=t.tpot_p50_s, tpot_sent_n=t.tpot_n + 5, tpot_censored=5)
+    top = (t.phase == "sweep") & (t.offered_rps == 16.0)
+    t.loc[top & (t.engine == "transformers serve"), ["tpot_p50_s", "tpot_p50_sent_s"]] = [0.001, 0.030]
+    v = CLAIMS["per_token_time_under_load"].on(t)
+    assert v.holds is True and "5 and 5 still streaming counted at their gap so far" in v.text, v.text
+    assert "n=15 and 15" in v.text
+    t.loc[top & (t.engine == "transformers serve"), "tpot_p50_sent_s"] = 0.001
+    assert CLAIMS["per_token_time_under_load"].on(t).holds is False
+
+
 def test_the_knee_claim_reads_the_tail_when_both_engines_keep_up_with_every_rate():
     """Both at the top rung: decided by the all-sent TTFT p95 there (twice kvlab's or more), never 'not checked'."""
     both = engines()

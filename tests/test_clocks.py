@@ -274,3 +274,23 @@ def test_a_censored_ttft_quantile_counts_the_requests_still_waiting_at_their_wai
                                                            "at_least": False}
     with pytest.raises(ValueError, match="outside"):
         ttft_censored(rs, 10.0, q=95)
+
+
+def test_a_censored_tpot_quantile_counts_a_stalled_stream_at_its_gap_so_far():
+    """By hand: at the close (t = 10) one request completed 5 tokens from t = 1 to 5 (TPOT 1 s); one streamed 2
+    tokens at t = 2 and 3 and then stalled (at least (10 - 2) / 2 = 4 s per token by its next one); one is still
+    waiting for its first token and one was refused: neither has a TPOT to count."""
+    from kvlab.clocks import RequestRecord, tpot_censored
+
+    done = RequestRecord("d", 8, 5, scheduled_s=0.0, admitted_s=1.0, first_token_s=1.0,
+                         token_s=[1.0, 2.0, 3.0, 4.0, 5.0], finished_s=5.0, status="completed")
+    stalled = RequestRecord("s", 8, 5, scheduled_s=0.0, admitted_s=2.0, first_token_s=2.0, token_s=[2.0, 3.0],
+                            status="running")
+    waiting = RequestRecord("w", 8, 5, scheduled_s=1.0)
+    refused = RequestRecord("x", 8, 5, scheduled_s=1.0, finished_s=1.0, status="failed", fail_reason="http_429")
+    c = tpot_censored([done, stalled, waiting, refused], until_s=10.0, q=1.0)
+    assert c == {"value": 4.0, "n": 2, "censored": 1, "at_least": True}
+    assert tpot_censored([done, stalled], until_s=10.0, q=0.0)["value"] == 1.0
+    assert tpot_censored([done], until_s=10.0) == {"value": 1.0, "n": 1, "censored": 0, "at_least": False}
+    with pytest.raises(ValueError, match="outside"):
+        tpot_censored([done], 10.0, q=50)

@@ -53,6 +53,10 @@ def test_a_rate_is_read_at_its_close_with_the_unanswered_counted_at_their_wait()
     import numpy as np
     assert row["ttft_p95_sent_s"] == pytest.approx(float(np.quantile(waits, 0.95)))
     assert not within_knee(row, slo_ttft_s=1.0)  # 25% served
+    # TPOT over every request with a first token by 2.0 s: a's 0.2 s, and b still streaming after one token at
+    # 1.0 s, counted at its gap so far (2.0 - 1.0) / 1; c's first token came after the close, d had none
+    assert (row["tpot_sent_n"], row["tpot_censored"]) == (2, 1) and row["tpot_p50_sent_s"] == pytest.approx(0.6)
+    assert row["tpot_n"] == 1 and row["tpot_p50_s"] == pytest.approx(0.2)  # the survivor alone
     done = [rec("a", 0.0, 0.1, 0.3), rec("b", 0.5, 0.6, 0.9)]
     early = clock_row("kvlab serve", "sweep", 4.0, LoadTestResult(done, {"close_s": 5.0}, 0.9))
     plain = clock_row("kvlab serve", "sweep", 4.0, LoadTestResult(done, {}, 0.9))

@@ -213,17 +213,23 @@ def _shared_top_rate(t: pd.DataFrame) -> float:
 @claim(NOTEBOOK, clock="wall",
        says="""
            under load each token costs transformers serve more: at {rate:g} req/s offered (mixture), TPOT p50
-           {k_ms:.2f} ms on kvlab serve vs {t_ms:.2f} ms on transformers serve (n={k_n} and {t_n})""",
+           {k_ms:.2f} ms on kvlab serve vs {t_ms:.2f} ms on transformers serve (n={k_n} and {t_n}, {over})""",
        otherwise="""
            on your run kvlab's step was not the cheaper one at this load. Both engines batch every running request
            into each step; a busy machine slows whichever ran during the busy spell. Run it again.""")
 def per_token_time_under_load(run: Any) -> dict:
+    """Decided on every request with a first token at the rate's close, a stream still open counted at its gap
+    so far (`tpot_p50_sent_s`, a lower bound where any is open), where the rows have it."""
     t = _engine_rows(run)
     rate = _shared_top_rate(t)
     s = t[(t["phase"] == "sweep") & (t["offered_rps"] == rate)].set_index("engine")
     k, tr = s.loc["kvlab serve"], s.loc["transformers serve"]
-    return dict(rate=rate, k_ms=k.tpot_p50_s * 1e3, t_ms=tr.tpot_p50_s * 1e3, k_n=int(k.tpot_n), t_n=int(tr.tpot_n),
-                holds=bool(k.tpot_p50_s < tr.tpot_p50_s))
+    sent = "tpot_p50_sent_s" in s and s["tpot_p50_sent_s"].notna().all()
+    p50, n = ("tpot_p50_sent_s", "tpot_sent_n") if sent else ("tpot_p50_s", "tpot_n")
+    over = (f"every request with a first token, {int(k.tpot_censored)} and {int(tr.tpot_censored)} still streaming "
+            "counted at their gap so far" if sent else "the completed requests")
+    return dict(rate=rate, k_ms=k[p50] * 1e3, t_ms=tr[p50] * 1e3, k_n=int(k[n]), t_n=int(tr[n]), over=over,
+                holds=bool(k[p50] < tr[p50]))
 
 
 # A knee is read on a coarse ladder of rates, and both engines can keep up with its top rung: the tail at the

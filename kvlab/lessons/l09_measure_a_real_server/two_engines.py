@@ -35,7 +35,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ...clocks import ttft_censored
+from ...clocks import tpot_censored, ttft_censored
 from ...http.loadgen import LoadTestResult, http_workload, run_loadtest
 from ...http.peer import (LoopbackServer, greedy_answer, kvlab_server, transformers_serve_available,
                          transformers_server)
@@ -142,7 +142,9 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_
     Read once every request ended, or at the run's close (`measure`'s `close_s`) if that came first: a rate
     served in time reads the same either way, and its achieved rate is over the time it took.
     `ttft_p95_sent_s` is the p95 over every request sent, the unfinished counted at their wait so far
-    (a lower bound when `ttft_censored` > 0); the other quantiles are over the completed ones (n beside them)."""
+    (a lower bound when `ttft_censored` > 0), and `tpot_p50_sent_s` the TPOT p50 over every request with a first
+    token, a stream still open counted at its gap so far (`kvlab.clocks.tpot_censored`, n and the open count
+    beside it); the other quantiles are over the completed ones (n beside them)."""
     close = result.settings.get("close_s")
     s = result.summary()
     if close is not None and s.until_s > close:
@@ -155,7 +157,9 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_
     for clock in ("ttft", "tpot", "e2e"):
         q = s.latency[clock]
         row.update({f"{clock}_n": q["n"], f"{clock}_p50_s": q["p50"], f"{clock}_p95_s": q["p95"]})
-    row.update(ttft_p95_sent_s=sent["value"], ttft_censored=sent["censored"])
+    gaps = tpot_censored(result.records, s.until_s)
+    row.update(ttft_p95_sent_s=sent["value"], ttft_censored=sent["censored"], tpot_p50_sent_s=gaps["value"],
+               tpot_sent_n=gaps["n"], tpot_censored=gaps["censored"])
     if num_requests is not None:  # what the schedule held: `sent` is counted from the records, so they can differ
         row["num_requests"] = int(num_requests)
     row.update(requests_per_s=s.requests_per_s, output_tokens_per_s=s.output_tokens_per_s, wall_s=result.wall_s)
