@@ -18,19 +18,24 @@ means only that this script started no competing processes); the JSON also recor
 device, threads, the core count and when it ran. Run it from a checkout: the examples are test fixtures.
 
 The course keeps one such record, ``notebooks/claims_hold_rates.json``; ``--teaching`` writes its figures into
-notebooks/TEACHING.md (the paragraph between the ``kvlab:hold-rates`` markers and the quiet and loaded columns
-of the table of claims), so the rates a teacher reads are the ones measured, never typed.
-tests/test_teaching_record.py checks that they agree.
+notebooks/TEACHING.md (the paragraph between the ``kvlab:hold-rates`` markers and the columns "example runs
+quiet / loaded" of the table of claims), and those of ``notebooks/key_ranges.json`` (below) into its columns "in
+the notebook quiet / loaded" and the paragraph's last sentence, so the rates a teacher reads are the ones
+measured, never typed. tests/test_teaching_record.py checks that they agree.
 
 ``--notebooks`` measures the predictions instead of the claims: it executes each teacher's copy
 (``notebooks/NN_name.ipynb``, top to bottom in a fresh kernel of this interpreter, working directory notebooks/,
 as a learner's Run All; the copy on disk is never written) ``--runs`` times quiet and as many times loaded, and
 reads from each run every prediction's answer (``kvlab.teachers_key.predictions``) and the marks of its claim
-lines (✓ ✗ • ·). It writes the record ``notebooks/key_ranges.json`` (or ``--json``): each prediction's answers
-of every run, quiet and loaded apart, with the same machine, dates and load averages as the hold rates and the
-command that measured them, and rewrites notebooks/KEY.md from it (the range beside each authors' answer).
-With ``--only`` the record holds those notebooks alone, replacing a record of every notebook (give ``--json``
-to keep that one); the key says "not measured" for the others.
+lines (✓ ✗ • ·): per execution ``claim_marks`` (how many lines show each mark), ``not_holding`` (the ✗ lines'
+text) and ``claims`` ({claim name: mark}, recorded inside the kernel by tests/claim_runs.py, the tests' own
+wrapper of ``verdicts(...)``). It writes the record ``notebooks/key_ranges.json`` (or ``--json``): each
+prediction's answers of every run, quiet and loaded apart, with the same machine, dates and load averages as the
+hold rates and the command that measured them, and rewrites notebooks/KEY.md (the range beside each authors'
+answer) and TEACHING.md's notebook columns from it: held/runs, the runs of the claim's notebook whose line for it
+said ✓; "shown (•)" where it was an observation; — where the record did not measure that notebook or claim (or
+predates ``claims``). With ``--only`` the record holds those notebooks alone, replacing a record of every
+notebook (give ``--json`` to keep that one); the key says "not measured" for the others.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import multiprocessing as mp
 import os
 import re
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
@@ -166,7 +172,9 @@ def as_records(rates: list[HoldRate]) -> list[dict]:
 TEACHING = ROOT / "notebooks" / "TEACHING.md"
 RECORD = ROOT / "notebooks" / "claims_hold_rates.json"
 BEGIN, END = "<!-- kvlab:hold-rates -->", "<!-- /kvlab:hold-rates -->"
-ROW = re.compile(r"^\| `(\w+)` \| (\d\d) \| ([^|]*) \| ([^|]*) \|(.*)$")
+# a row of the table of claims: name, notebook, example runs quiet | loaded, in the notebook quiet | loaded, the rest
+ROW = re.compile(r"^\| `(\w+)` \| (\d\d) \| ([^|]*) \| ([^|]*) \| ([^|]*) \| ([^|]*) \|(.*)$")
+NOT_MEASURED = "—"
 
 
 def _loads(report: dict, quiet: bool) -> tuple[float, float]:
@@ -174,20 +182,44 @@ def _loads(report: dict, quiet: bool) -> tuple[float, float]:
     return (rows[0]["load_before"], rows[0]["load_after"]) if rows else (float("nan"), float("nan"))
 
 
-def measured_paragraph(report: dict, record: str = "notebooks/claims_hold_rates.json") -> str:
-    """The paragraph saying when, where and how the record was measured, from the record itself."""
-    env, runs = report["environment"], report["runs"]
+def _machine(report: dict) -> str:
+    env = report["environment"]
+    device = "CUDA " + env["cuda_device"] if env.get("cuda_device") else "CPU PyTorch"
+    return (f"a machine with {report['cpu_count']} CPU cores and {device} ({env['torch_threads']} torch threads, "
+            f"kvlab {env['versions']['kvlab']}, torch {env['versions']['torch']})")
+
+
+def measured_paragraph(report: dict, key: dict | None = None,
+                       record: str = "notebooks/claims_hold_rates.json") -> str:
+    """The paragraph saying when, where and how the records were measured, from the records themselves: the
+    examples' (``report``), then in one sentence the notebooks' (``key``, notebooks/key_ranges.json)."""
+    runs = report["runs"]
     qb, qa = _loads(report, True)
     lb, la = _loads(report, False)
-    device = "CUDA " + env["cuda_device"] if env.get("cuda_device") else "CPU PyTorch"
     return (f"**How often each claim holds.** Measured from {report['started']} to {report['finished']} with\n"
             f"`python scripts/claims_robustness.py --runs {runs} --json {record} --teaching`\n"
-            f"on a machine with {report['cpu_count']} CPU cores and {device} ({env['torch_threads']} torch threads, "
-            f"kvlab {env['versions']['kvlab']}, torch {env['versions']['torch']}): each claim's example re-run with "
+            f"on {_machine(report)}: each claim's example re-run with "
             f"seeds 0 to {runs - 1}, first \"quiet\" (no competing processes started by the script), then \"loaded\" "
             f"(one CPU-bound competing process per core). Its 1-minute load average was {qb:.2f} before and "
             f"{qa:.2f} after the quiet runs, {lb:.2f} and {la:.2f} around the loaded ones (other programs on the "
-            f"machine count too: \"quiet\" is only as quiet as the machine was).")
+            f"machine count too: \"quiet\" is only as quiet as the machine was).\n{notebook_sentence(key)}")
+
+
+def notebook_sentence(key: dict | None) -> str:
+    """Where the columns "in the notebook" come from: the command, dates and load averages of ``key``."""
+    if key is None:
+        return f"The columns \"in the notebook\" say {NOT_MEASURED}: there is no record notebooks/key_ranges.json."
+    around = "; ".join(f"{c['condition']}" + (f" ({c['processes']} competing processes)" if c["processes"] else "")
+                       + f" from {c['started']} to {c['finished']}, load average {c['load_before']:.2f} before and "
+                         f"{c['load_after']:.2f} after" for c in key["conditions"])
+    kept = any("claims" in e for e in key["executions"])
+    return (f"The columns \"in the notebook\" count the executions of each teacher's notebook itself (top to bottom "
+            f"in a fresh kernel, as a learner's Run All) in which the claim's line said ✓, from "
+            f"`notebooks/key_ranges.json`, measured with `{key['command']}` on {_machine(key)}, {key['runs']} "
+            f"run{'s' if key['runs'] != 1 else ''} of each notebook per condition: {around}"
+            + (f"; {NOT_MEASURED} where it did not measure the notebook or the claim." if kept else
+               f". That record predates the script's recording of each line's claim, so they say {NOT_MEASURED} until "
+               f"it is measured again."))
 
 
 def held_columns(report: dict) -> dict[str, tuple[str, str]]:
@@ -199,23 +231,52 @@ def held_columns(report: dict) -> dict[str, tuple[str, str]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
-def rewrite_teaching(text: str, report: dict) -> str:
-    """``text`` (TEACHING.md) with the record's paragraph between the markers and its rates in the claims' rows."""
+def notebook_columns(key: dict | None, notebook: str, claim: str) -> tuple[str, str]:
+    """("held/runs" quiet, loaded) of ``claim`` over the executions of ``notebook`` (its number, "01") in the record
+    ``key`` that kept each line's claim: the runs whose line for it said ✓, of them all; "shown (•)" where it was
+    an observation each time; — where none measured it."""
+    out = []
+    for condition in ("quiet", "loaded"):
+        runs = [e["claims"] for e in (key or {}).get("executions", [])
+                if e["notebook"][:2] == notebook and e["condition"] == condition and "claims" in e]
+        marks = [r.get(claim) for r in runs]
+        shown = [m for m in marks if m]
+        out.append(NOT_MEASURED if not shown else "shown (•)" if all(m == "•" for m in shown)
+                   else f"{marks.count('✓')}/{len(runs)}")
+    return out[0], out[1]
+
+
+def rewrite_teaching(text: str, report: dict, key: dict | None = None) -> str:
+    """``text`` (TEACHING.md) with the records' paragraph between the markers, the examples' rates (``report``)
+    and the notebooks' (``key``) in the claims' rows; the rest of each row as it was."""
     if BEGIN not in text or END not in text:
         raise ValueError(f"TEACHING.md has no {BEGIN} ... {END} section to write the record into")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    text = f"{head}{BEGIN}\n{measured_paragraph(report)}\n{END}{tail}"
+    text = f"{head}{BEGIN}\n{measured_paragraph(report, key)}\n{END}{tail}"
     columns = held_columns(report)
     lines = []
     for line in text.splitlines(keepends=True):
         m = ROW.match(line.rstrip("\n"))
-        if m and m.group(1) in columns:
-            quiet, loaded = columns[m.group(1)]
+        if m:
+            name, nb = m.group(1), m.group(2)
+            quiet, loaded = columns.get(name, (m.group(3), m.group(4)))
+            nb_quiet, nb_loaded = notebook_columns(key, nb, name)
             end = "\n" if line.endswith("\n") else ""
-            line = f"| `{m.group(1)}` | {m.group(2)} | {quiet} | {loaded} |{m.group(5)}{end}"
+            line = f"| `{name}` | {nb} | {quiet} | {loaded} | {nb_quiet} | {nb_loaded} |{m.group(7)}{end}"
         lines.append(line)
     return "".join(lines)
+
+
+def write_teaching(report_path: Path = RECORD) -> None:
+    """Rewrite TEACHING.md from the examples' record at ``report_path`` and the committed notebooks/key_ranges.json."""
+    from kvlab.teachers_key import read_record
+
+    text = rewrite_teaching(TEACHING.read_text(encoding="utf-8"), json.loads(Path(report_path).read_text()),
+                            read_record(NOTEBOOKS_DIR))
+    TEACHING.write_text(text, encoding="utf-8")
+    print(f"rewrote {_shown_path(str(TEACHING))} from {_shown_path(str(report_path))} and "
+          f"{_shown_path(str(KEY_RECORD))}")
 
 
 # -- the teacher's key: each prediction's answer across executed notebooks --------------------------------
@@ -226,36 +287,46 @@ CLAIM_LINE = re.compile(r'<div class="kvlab-claim"[^>]*>([^<]*)</div>')
 MARKS = ("✓", "✗", "•", "·")  # holds, does not hold, an observation, not checked (kvlab.lessons.common.claims)
 
 
-def _kernel():
-    """A kernel of this very interpreter, never a kernelspec another Python installed (as tests/notebook_run.py)."""
+def _kernel(claims: Path):
+    """A kernel of this very interpreter, never a kernelspec another Python installed (as tests/notebook_run.py),
+    recording each claim line's mark into the folder ``claims`` (tests/claim_runs.py, imported from tests/ and
+    tests/ taken off the kernel's path again, so the notebook imports what a learner's would)."""
     from jupyter_client.kernelspec import KernelSpec
     from jupyter_client.manager import KernelManager
 
+    tests = str(ROOT / "tests")
+    startup = (f"import sys; sys.path.insert(0, {tests!r}); import claim_runs; sys.path.remove({tests!r}); "
+               f"claim_runs.start({str(claims)!r}, results=False)")
     km = KernelManager(kernel_name="python3")
-    km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    km._kernel_spec = KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                       f"--IPKernelApp.exec_lines={[startup]!r}"],
                                  display_name="kvlab key ranges", language="python")
     return km
 
 
-def execute_notebook(name: str, timeout_s: int = NOTEBOOK_TIMEOUT_S) -> tuple[Any, float, list[str]]:
-    """``notebooks/<name>`` executed in memory, outputs cleared first: (the executed copy, seconds, errors)."""
+def execute_notebook(name: str, timeout_s: int = NOTEBOOK_TIMEOUT_S) -> tuple[Any, float, list[str], dict[str, str]]:
+    """``notebooks/<name>`` executed in memory, outputs cleared first: (the executed copy, seconds, errors,
+    {claim name: the mark of its line})."""
     import nbformat
+    from claim_runs import read_marks
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOKS_DIR / name, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    km, start = _kernel(), time.perf_counter()
-    try:  # a kernel handed to nbclient is the caller's to shut down: else each run's would live on with its model
-        NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=True, store_widget_state=False,
-                       record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
-    finally:
-        if km.has_kernel:
-            km.shutdown_kernel(now=True)
+    with tempfile.TemporaryDirectory(prefix="kvlab-claims-") as folder:
+        km, start = _kernel(Path(folder)), time.perf_counter()
+        try:  # a kernel handed to nbclient is the caller's to shut down: else each run's would live on with its model
+            NotebookClient(nb, km=km, timeout=timeout_s, allow_errors=True, store_widget_state=False,
+                           record_timing=False, resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+        seconds, claims = time.perf_counter() - start, read_marks(folder)
     errors = [f"cell {i}: {out.get('ename')}: {out.get('evalue')}" for i, cell in enumerate(nb.cells)
               if cell.cell_type == "code" for out in cell.get("outputs", []) if out.get("output_type") == "error"]
-    return nb, time.perf_counter() - start, errors
+    return nb, seconds, errors, claims
 
 
 def claim_marks(nb: Any) -> tuple[dict[str, int], list[str]]:
@@ -281,12 +352,12 @@ def notebook_answers(names: list[str], runs: int = 2, loaded: bool = True, timeo
             for name in names:
                 for run in range(runs):
                     before = load_average()
-                    nb, seconds, errors = execute_notebook(name, timeout_s)
+                    nb, seconds, errors, claims = execute_notebook(name, timeout_s)
                     marks, not_holding = claim_marks(nb)
                     found = predictions(nb)
                     executions.append({"notebook": name, "condition": label, "run": run, "seconds": seconds,
                                        "load_before": before, "load_after": load_average(), "errors": errors,
-                                       "claim_marks": marks, "not_holding": not_holding})
+                                       "claim_marks": marks, "not_holding": not_holding, "claims": claims})
                     for p in found:
                         row = answers.setdefault((name, p["question"]), {
                             "notebook": name, "question": p["question"], "every_machine": p["every_machine"],
@@ -299,6 +370,8 @@ def notebook_answers(names: list[str], runs: int = 2, loaded: bool = True, timeo
                         shown = ", ".join(str(p["answer"]) for p in found)
                         progress(f"{name} [{label} {run + 1}/{runs}]: {seconds:.1f} s, answers {shown or 'none'}, "
                                  f"claims {' '.join(f'{m}{k}' for m, k in marks.items() if k)}"
+                                 + (f" ({sum(marks.values()) - len(claims)} line(s) without their claim recorded)"
+                                    if sum(marks.values()) != len(claims) else "")
                                  + (f", {len(errors)} error(s): {errors[0]}" if errors else ""))
         conditions.append({"condition": label, "processes": n if procs else 0, "started": started,
                            "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_before": load_before,
@@ -337,8 +410,10 @@ def measure_key(args: argparse.Namespace) -> None:
                      "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
                      "notebooks": names, **found})
     print(f"wrote {_shown_path(str(out))}")
-    if out.resolve() == KEY_RECORD.resolve() and teachers_key.write(NOTEBOOKS_DIR):
-        print(f"rewrote notebooks/{teachers_key.KEY_FILE} from {_shown_path(str(out))}")
+    if out.resolve() == KEY_RECORD.resolve():
+        if teachers_key.write(NOTEBOOKS_DIR):
+            print(f"rewrote notebooks/{teachers_key.KEY_FILE} from {_shown_path(str(out))}")
+        write_teaching()
 
 
 def main() -> None:
@@ -349,10 +424,12 @@ def main() -> None:
     parser.add_argument("--quiet-only", action="store_true", help="skip the runs under competing load")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--teaching", action="store_true",
-                        help="write the record (--json's, else notebooks/claims_hold_rates.json) into TEACHING.md")
+                        help="write the record (--json's, else notebooks/claims_hold_rates.json) and "
+                             "notebooks/key_ranges.json into TEACHING.md")
     parser.add_argument("--notebooks", action="store_true",
-                        help="execute the teacher's copies and record each prediction's answers (default record: "
-                             "notebooks/key_ranges.json, then KEY.md rewritten from it)")
+                        help="execute the teacher's copies and record each prediction's answers and claim's mark "
+                             "(default record: notebooks/key_ranges.json, then KEY.md and TEACHING.md rewritten "
+                             "from it)")
     parser.add_argument("--only", nargs="+", default=[], metavar="NN",
                         help="with --notebooks: only the notebooks whose names start so (e.g. 00 03)")
     parser.add_argument("--timeout", type=int, default=NOTEBOOK_TIMEOUT_S,
@@ -368,10 +445,8 @@ def main() -> None:
     unknown = [n for n in args.names if n not in CLAIMS]
     if unknown:
         parser.error(f"unknown claim(s) {unknown}; known: {sorted(CLAIMS)}")
-    if args.teaching and not args.json:  # only rewrite TEACHING.md from the committed record
-        TEACHING.write_text(rewrite_teaching(TEACHING.read_text(encoding="utf-8"), json.loads(RECORD.read_text())),
-                            encoding="utf-8")
-        print(f"rewrote {TEACHING.relative_to(ROOT)} from {RECORD.relative_to(ROOT)}")
+    if args.teaching and not args.json:  # only rewrite TEACHING.md from the committed records
+        write_teaching()
         return
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     rates = hold_rates(args.names or None, runs=args.runs, loaded=not args.quiet_only, progress=print)
@@ -388,9 +463,7 @@ def main() -> None:
                                "hold_rates": as_records(rates)})
         print(f"wrote {args.json}")
         if args.teaching:
-            TEACHING.write_text(rewrite_teaching(TEACHING.read_text(encoding="utf-8"),
-                                                 json.loads(Path(args.json).read_text())), encoding="utf-8")
-            print(f"rewrote {TEACHING.relative_to(ROOT)} from {args.json}")
+            write_teaching(Path(args.json))
 
 
 if __name__ == "__main__":
