@@ -126,9 +126,9 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
     over more tokens costs less per token: the matrix products of a pass read every weight once
     for all the tokens in it, and each operation is started once per pass, not once per token
     (``per_token_costs`` shows it). What a pass pays once is a sizeable share of a whole cached step
-    (which pays it for a single token, and its cache's own work besides: Python, starting each operation, reading the weights, the
-    output layer, which both paths run for the last position only); an uncached pass shares it
-    among all its tokens.
+    (which pays it for a single token, and its cache's own work besides: Python, starting each
+    operation, reading the weights, the output layer, which both paths run for the last position
+    only); an uncached pass shares it among all its tokens.
     """
     n = int(frame["token"].max()) + 1  # tokens per run; decode tokens are 1 .. n-1
     early = max(window + 1, round(0.1 * n)) if early is None else early
@@ -208,7 +208,7 @@ def slowdown_fit(frame: pd.DataFrame, level: float = 0.95, resamples: int = 200,
         if len(x) < 2:
             raise ValueError(f"cache {cache!r} has {len(x)} decode step(s); a line needs 2, generate more tokens")
         slope, intercept = _theil_sen(x, y)
-        picks = (np.sort(rng.integers(0, len(x), len(x))) for _ in range(resamples))
+        picks = (rng.integers(0, len(x), len(x)) for _ in range(resamples))
         fixed = [_theil_sen(x[k], y[k])[1] for k in picks if len(np.unique(x[k])) > 1]
         low, high = np.quantile(fixed, [(1 - level) / 2, (1 + level) / 2])
         rows.append(dict(cache=cache, fixed_ms=intercept, fixed_low_ms=float(low), fixed_high_ms=float(high),
