@@ -52,6 +52,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from .course import NOTEBOOKS, WORKSHOP_DIR, header, lesson, navigation, notebook_path, setup_cell
+from .reading import mark_collapsed
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -181,6 +182,7 @@ def from_source(path: Path) -> nbformat.NotebookNode:
             cells.append(new_code_cell(cell.source, metadata=meta))
         else:
             cells.append(new_markdown_cell(cell.source, metadata=meta))
+    mark_collapsed(cells)  # Going deeper sections open folded
     return new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
 
 
@@ -337,7 +339,9 @@ def workshop_note(notebook: str) -> str:
     """The first line of a workshop notebook: which edition it is. It does not link the teacher's copy, whose saved
     outputs are the answer sheet (the teacher finds it beside this folder, and in the README)."""
     return ("> **Workshop edition.** Nothing here has been run yet, so every prediction, check and exercise "
-            "waits for you; Run all is fine too (answers stay folded until you predict).")
+            "waits for you. Run the cells one at a time from the top (Shift+Enter): when a box asks for your "
+            "prediction, type it before you run the next cell. *Going deeper* sections are folded: open them "
+            "when you have time.")
 
 
 def workshop_edition(source: Path) -> nbformat.NotebookNode:

@@ -43,6 +43,11 @@ class Lesson:
         return f"kvlab.lessons.l{self.file.removesuffix('.ipynb')}"
 
     @property
+    def word_budget(self) -> int:
+        """The most words its main path may hold: READING_SHARE of its minutes at READING_WPM."""
+        return int(self.minutes * READING_SHARE * READING_WPM)
+
+    @property
     def modules(self) -> tuple[str, ...]:
         """Every kvlab module behind the notebook's outputs: its folder, the lessons' shared frameworks, ``uses``."""
         return (self.package, "kvlab.lessons.common", *self.uses)
@@ -50,8 +55,13 @@ class Lesson:
 
 # A notebook's minutes cover at least reading its markdown at READING_WPM, its Run All and EXERCISE_MINUTES per
 # exercise (tests/test_plans.py checks it, and that the TEACHING.md plans' slots fit what they name).
-READING_WPM = 200  # words per minute: a brisk reading of technical prose with figures beside it
+READING_WPM = 150  # words per minute: technical prose read with figures beside it
 EXERCISE_MINUTES = 2  # the least an exercise takes: read, write a line, run its checker
+# The main path (kvlab.reading: markdown outside folds and Going deeper sections, plus the claim lines shown
+# unfolded) reads at READING_WPM within READING_SHARE of a notebook's minutes; the rest is for running, trying
+# the knobs and the exercises (tests/test_reading.py). Depth goes into folds, never into more minutes.
+READING_SHARE = 0.4
+MAIN_PATH_CLAIMS = 6  # claim lines a notebook shows on its main path; the others in "every check on your run"
 
 # In order. Adding a notebook: its folder kvlab/lessons/lNN_<name>/ and its Lesson here; navigation follows this list.
 NOTEBOOKS: list[Lesson] = [

@@ -31,7 +31,7 @@ LAYERS: dict[str, list[str]] = {
     "lesson frameworks": ["kvlab.lessons.common"],
     "lessons": ["kvlab.lessons"],
     "benchmarks": ["kvlab.benchmarks"],
-    "course": ["kvlab.course", "kvlab.teachers_key", "kvlab.authoring", "kvlab.cli", "kvlab.__main__"],
+    "course": ["kvlab.course", "kvlab.reading", "kvlab.teachers_key", "kvlab.authoring", "kvlab.cli", "kvlab.__main__"],
     "api": ["kvlab"],
 }
 ROOT_PACKAGE = "kvlab"

@@ -13,6 +13,7 @@ output holds a path of this machine. The workshop edition has the same code cell
 from __future__ import annotations
 
 import html
+import json
 import re
 
 import pytest
@@ -158,3 +159,46 @@ def test_nothing_before_a_prediction_states_its_answer(run):
                 assert not leaks, (f"{run.name}: the answer to {var} (asked in cell {asked[-1]}, compared in cell "
                                    f"{j}), {measured!r}, shows unfolded in cell {leaks[0][0]}: "
                                    f"...{leaks[0][1][:300]!r}")
+
+
+PROVENANCE = re.compile(r'<div class="kvlab-prediction" data-asked="(\d*)" data-produced="(\d*)" data-inputs="([^"]*)"')
+
+
+def input_needles(value: float) -> list[str]:
+    """How a number an answer is computed from would show: as an integer, or to 3 significant figures and to 1 and
+    2 decimals; only forms of at least 3 digits (a bare "4" is every other number's digit)."""
+    forms = {f"{value:,.0f}", f"{value:.0f}"} if float(value).is_integer() else {
+        f"{value:.3g}", f"{value:.2f}", f"{value:.1f}"}
+    return sorted(f for f in forms if len(re.sub(r"\D", "", f)) >= 3)
+
+
+def test_every_prediction_is_asked_before_the_experiment_that_answers_it(run):
+    """By construction: ``guess.against(result, measure)`` notes the cell that asked and the cell whose experiment
+    produced ``result`` (kvlab.lessons.common.provenance); the result must come after the question. And nothing
+    shown before the question states a number the answer is computed from (the ``measure``'s inputs)."""
+    cells = run.executed.cells
+    by_count = {c.execution_count: i for i, c in enumerate(cells) if c.cell_type == "code" and c.execution_count}
+    found = 0
+    for j, cell in enumerate(cells):
+        for out in cell.get("outputs", []):
+            page = out.get("data", {}).get("text/html", "")
+            if "kvlab-prediction" not in page:
+                continue
+            m = PROVENANCE.search(page)
+            assert m and m.group(1) and m.group(2), (
+                f"{run.name}, cell {j}: a prediction compared without its experiment's result; write "
+                f"guess.against(result, measure) with a result from an @experiment")
+            asked, made = by_count[int(m.group(1))], by_count[int(m.group(2))]
+            assert made > asked, (f"{run.name}: the result compared in cell {j} was produced in cell {made}, "
+                                  f"before its question was asked in cell {asked}")
+            inputs = json.loads(html.unescape(m.group(3)))
+            for name, value in inputs.items():
+                for needle in input_needles(float(value)):
+                    pattern = re.compile(rf"(?<![\d.]){re.escape(needle)}(?![\d])")
+                    leaks = [(i, t) for i, t in run.shown_before(asked) if pattern.search(t)]
+                    assert not leaks, (f"{run.name}: {name} = {needle}, from which the answer compared in cell {j} "
+                                       f"is computed, shows in cell {leaks[0][0]} before the question (cell {asked}): "
+                                       f"...{leaks[0][1][:300]!r}")
+            found += 1
+    if not found:
+        pytest.skip(f"{run.name} asks no prediction")

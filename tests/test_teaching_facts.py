@@ -206,7 +206,7 @@ def plan_90_names_five_notebooks_and_one_cell_of_06():
 def reading_rate():
     from kvlab.course import EXERCISE_MINUTES, READING_WPM
 
-    assert (READING_WPM, EXERCISE_MINUTES) == (200, 2)
+    assert (READING_WPM, EXERCISE_MINUTES) == (150, 2)
 
 
 def three_misconceptions():
@@ -728,7 +728,7 @@ FACTS: list[Fact] = [
     Fact("the same on every CPU (on a GPU, 03's answer counts can differ by an answer on the edge", gpu_caveat_in_03),
     # the plans
     Fact("The core story in five notebooks and one cell of a sixth", plan_90_names_five_notebooks_and_one_cell_of_06),
-    Fact("read at 200 words a minute, the cells run, and two minutes per exercise", reading_rate),
+    Fact("read at 150 words a minute, the cells run, and two minutes per exercise", reading_rate),
     Fact("Exercise 1 (the work ratio)", exercise_is("01", 1, "check_work_ratio")),
     Fact("Exercise 3 (what the cache keeps)", exercise_is("02", 3, "check_what_the_cache_keeps")),
     Fact("the decode-first rule streams more output tokens per second and, over every request each rule was sent "

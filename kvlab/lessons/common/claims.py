@@ -82,15 +82,16 @@ class Verdict:
 class Verdicts(list):
     """Several verdicts, shown one per line (a notebook cell's last expression).
 
-    ``after``: a prediction (anything with ``.value``, e.g. ``kvlab.lessons.common.predict``'s box) whose
-    answer these lines give away. While its ``value`` is None the lines are folded into a
+    ``fold``: lines off the main path, shown folded under "every check on your run" (the plain text stays whole,
+    for nbval and a terminal). ``after``: a prediction (anything with ``.value``, e.g.
+    ``kvlab.lessons.common.predict``'s box) whose answer these lines give away. While its ``value`` is None the lines are folded into a
     ``<details>`` the learner clicks to open, and the plain text (a terminal, nbval) says how to
     show them and holds none of their numbers; with a prediction they are shown as always.
     """
 
-    def __init__(self, verdicts: Iterable[Verdict] = (), after: Any = None) -> None:
+    def __init__(self, verdicts: Iterable[Verdict] = (), after: Any = None, fold: bool = False) -> None:
         super().__init__(verdicts)
-        self.after = after
+        self.after, self.fold = after, fold
 
     @property
     def hidden(self) -> bool:
@@ -107,6 +108,10 @@ class Verdicts(list):
 
     def _repr_html_(self) -> str:
         lines = "".join(v._repr_html_() for v in self)
+        if self.fold:
+            marks = "".join(str(v)[:1] for v in self)
+            lines = (f'<details class="{CHECKS_CLASS}"><summary>every check on your run ({len(self)}: {marks})'
+                     f'</summary>{lines}</details>')
         if not self.hidden:
             return lines
         return folded("🔒 checks on your run hidden until you predict: type your number in the box above and run this "
@@ -144,6 +149,7 @@ class Claim:
 
 
 CLAIMS: dict[str, Claim] = {}
+CHECKS_CLASS = "kvlab-checks"  # the fold of claim lines off the main path (kvlab.reading leaves them out)
 # A measure may return this key with a reason when the run it reads cannot make the claim fail (it would hold by
 # construction there): the verdict is then shown with its numbers and the reason, as an observation (•).
 SHOWN_ONLY = "shown_only_because"
@@ -179,9 +185,11 @@ def claims_for(notebook: str) -> list[Claim]:
     return [c for c in CLAIMS.values() if c.notebook == notebook]
 
 
-def verdicts(result: Any, *names: str, after: Any = None) -> Verdicts:
+def verdicts(result: Any, *names: str, after: Any = None, fold: bool = False) -> Verdicts:
     """Check the named claims on ``result`` and show them, one line each.
 
+    ``fold=True``: checks the story does not need on its main path, folded under "every check on your run"
+    (a notebook shows at most ``MAIN_PATH_CLAIMS`` lines unfolded, ``tests/test_reading.py``).
     ``after=guess`` (the ``predict(...)`` box whose answer these lines state) keeps them folded until
     the learner has made that prediction (see :class:`Verdicts`).
     """
@@ -191,7 +199,7 @@ def verdicts(result: Any, *names: str, after: Any = None) -> Verdicts:
     if after is not None and not hasattr(after, "value"):
         raise TypeError(f"after= takes the prediction box these checks answer (guess = predict(...)), "
                         f"not {type(after).__name__}")
-    shown = Verdicts((CLAIMS[n].on(result) for n in names), after=after)
+    shown = Verdicts((CLAIMS[n].on(result) for n in names), after=after, fold=fold)
     note_verdicts(shown)  # for the room (session.share_run)
     return shown
 

@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as tqdm_notebook
 
+from .provenance import cell_of, produced
 from .fold import folded
 
 RunFn = Callable[..., pd.DataFrame]  # run(progress=..., **params) -> frame
@@ -254,7 +255,7 @@ class ExperimentPanel:
         k = self.key(params)
         if k in self.cache:
             self.cache.move_to_end(k)
-            result = replace(self.cache[k], from_cache=True)
+            result = produced(replace(self.cache[k], from_cache=True), cell_of(self.cache[k]))  # made back then
             self._show(result)
             return result
         self.button.disabled = True
@@ -281,8 +282,8 @@ class ExperimentPanel:
         finally:
             self.button.disabled = False
         notes = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
-        result = PanelResult(params=params, frame=frame, figure=fig, summary=summary,
-                             seconds=time.perf_counter() - start, warnings=notes)
+        result = produced(PanelResult(params=params, frame=frame, figure=fig, summary=summary,
+                                      seconds=time.perf_counter() - start, warnings=notes))
         self.computed += 1
         self.cache[k] = result
         while len(self.cache) > self.max_cached:

@@ -1,9 +1,14 @@
 """Predict, then run: a box where the learner writes a number before an experiment, shown beside the measurement.
 
     guess = predict("Without a cache, how many times as long as token 20 will token 194 take?", unit="×")
-    guess                      # a number box; type the prediction, then press the experiment's Run
-    ...
-    guess.against(measured)    # "you predicted 3×; your run measured 2.5× (0.83 times your prediction)"
+    guess                      # a number box; type the prediction, then run the experiment
+    result = panel.run()       # an experiment (``@experiment``): the result notes the cell that produced it
+    guess.against(result, late_over_early)  # "you predicted 3×; your run measured 2.5× (0.83 times your prediction)"
+
+``against(result, measure)`` takes the experiment's result and the function that reads the answer from it
+(a number, or ``(number, {name: input})`` naming the numbers the answer is computed from). It notes the cell
+that asked and the cell that produced the result (:mod:`.provenance`), so a notebook whose result came before
+its question fails its test by construction, and the inputs are what no earlier output may state.
 
 The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
 teacher's projected notebook fill it. An empty box never raises, and it never shows the answer
@@ -19,7 +24,9 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import ipywidgets as widgets
 
@@ -27,6 +34,7 @@ from matplotlib.figure import Figure
 
 from .fold import folded
 from .panel import PanelResult, figure_output, output_html
+from .provenance import cell_of, current_cell
 from .session import note_comparison
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
@@ -47,6 +55,22 @@ class Comparison:
     measured: float
     unit: str
     what: str
+    asked_in: int | None = None  # the execution count of the cell that asked (None outside a kernel)
+    produced_in: int | None = None  # ... and of the cell whose experiment produced the result
+    inputs: Mapping[str, float] = field(default_factory=dict)  # the numbers the answer is computed from
+
+    @property
+    def in_order(self) -> bool | None:
+        """True when the result was produced after the question was asked; None where a cell is unknown."""
+        if self.asked_in is None or self.produced_in is None:
+            return None
+        return self.produced_in > self.asked_in
+
+    def _provenance(self) -> str:
+        """HTML attributes the notebook tests read: where the question and the result came from."""
+        inputs = html.escape(json.dumps(dict(self.inputs), ensure_ascii=False), quote=True)
+        return (f' data-asked="{"" if self.asked_in is None else self.asked_in}"'
+                f' data-produced="{"" if self.produced_in is None else self.produced_in}" data-inputs="{inputs}"')
 
     def _fmt(self, x: float) -> str:
         return f"{x:,.3g}{self.unit}" if self.unit in ("×", "%") else f"{x:,.3g} {self.unit}".rstrip()
@@ -67,13 +91,17 @@ class Comparison:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        warn = ""
+        if self.in_order is False:
+            warn = ('<div style="color:#b00020">⚠ this result was produced before the question was asked: '
+                    'predict first, then run the experiment again</div>')
         if not self.hidden:
-            return f'<div class="kvlab-prediction">🎯 {html.escape(str(self))}</div>'
+            return f'<div class="kvlab-prediction"{self._provenance()}>🎯 {html.escape(str(self))}</div>{warn}'
         summary = (f"🎯 no prediction yet: type your number in the box above and run this cell again — "
                    f"or click here to reveal what {self.what}")
         measured = (f'{html.escape(self.what)}: <b class="{MEASURED_CLASS}">'
                     f'{html.escape(self._fmt(self.measured))}</b>')
-        return f'<div class="kvlab-prediction">{folded(summary, measured)}</div>'
+        return f'<div class="kvlab-prediction"{self._provenance()}>{folded(summary, measured)}</div>{warn}'
 
 
 class Folded:
@@ -117,6 +145,7 @@ class Prediction:
                                      style={"description_width": "initial"},
                                      layout=widgets.Layout(width="220px"))
         self._set = value is not None
+        self.asked_in = current_cell()  # the cell that asked: its experiment must run after it
         self.box.observe(self._mark_set, names="value")
         self.widget = widgets.VBox([widgets.HTML(f"<b>Predict first.</b> {html.escape(question)}"
                                                  + (f" (in {html.escape(unit)})" if unit else "")), self.box],
@@ -131,9 +160,23 @@ class Prediction:
         """The learner's number, or None while the box was never filled."""
         return float(self.box.value) if self._set else None
 
-    def against(self, measured: float, what: str = "your run measured") -> Comparison:
-        """The prediction beside ``measured``; never raises, and hides ``measured`` while there is no prediction."""
-        comparison = Comparison(self.question, self.value, float(measured), self.unit, what)
+    def against(self, result: Any, measure: Callable[[Any], Any] | None = None,
+                what: str = "your run measured") -> Comparison:
+        """The prediction beside the answer ``measure(result)`` reads from the experiment's ``result``.
+
+        ``measure`` returns the number, or ``(number, {name: input})`` with the numbers it is computed from.
+        Without ``measure``, ``result`` is the number itself (a script or a test: no provenance is checked).
+        Hides the answer while there is no prediction."""
+        inputs: Mapping[str, float] = {}
+        if measure is None:
+            measured, produced_in = result, None
+        else:
+            measured = measure(result)
+            produced_in = cell_of(result)
+            if isinstance(measured, tuple):
+                measured, inputs = measured
+        comparison = Comparison(self.question, self.value, float(measured), self.unit, what,
+                                self.asked_in, produced_in, dict(inputs))
         note_comparison(comparison)  # for the room (session.share_run)
         return comparison
 

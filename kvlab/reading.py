@@ -1,0 +1,111 @@
+"""What a learner reads: a notebook's main path, counted in words against its minutes.
+
+The main path is every markdown cell outside *Going deeper* sections, less what sits inside ``<details>``
+folds, plus the claim lines its run shows unfolded (``verdicts(...)`` outside ``fold=True``). A *Going deeper*
+section is a heading that starts with "Going deeper" and every cell under it up to the next heading of the same
+or a higher level; the notebook builder saves it collapsed (JupyterLab's ``jp-MarkdownHeadingCollapsed``), so a
+learner opens it by choice. ``Lesson.word_budget`` (:mod:`kvlab.course`) is what the main path may hold.
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+WORD = re.compile(r"[A-Za-z0-9']+")
+HEADING = re.compile(r"^(#{1,6})\s+(.*)$", re.M)
+DEEPER = re.compile(r"^going deeper\b", re.I)
+DETAILS = re.compile(r"<details\b.*?</details>", re.S | re.I)
+COMMENT = re.compile(r"<!--.*?-->", re.S)
+TAG = re.compile(r"<[^>]+>")
+CLAIM_LINE = re.compile(r'<div class="kvlab-claim"[^>]*>(.*?)</div>', re.S)
+PLAIN_CLAIM = re.compile(r"^[✓✗•·] .*$", re.M)
+COLLAPSED = "jp-MarkdownHeadingCollapsed"  # JupyterLab and Notebook 7 open such a heading folded
+
+
+def _source(cell: Any) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
+def deeper_heading(cell: Any) -> int | None:
+    """The level of the *Going deeper* heading that opens ``cell`` (a markdown cell), or None."""
+    if cell["cell_type"] != "markdown":
+        return None
+    first = HEADING.search(_source(cell))
+    if first and DEEPER.match(first.group(2).strip("*_ ")):
+        return len(first.group(1))
+    return None
+
+
+def main_path_cells(cells: list) -> Iterator[tuple[int, Any]]:
+    """(index, cell) of the cells on the main path: outside every *Going deeper* section."""
+    inside: int | None = None  # the level of the Going deeper heading we are under
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            levels = [len(m.group(1)) for m in HEADING.finditer(_source(cell))]
+            level = deeper_heading(cell)
+            if level is not None:
+                inside = level if inside is None else min(inside, level)
+                continue
+            if inside is not None and levels and min(levels) <= inside:
+                inside = None
+        if inside is None:
+            yield i, cell
+
+
+def markdown_words(text: str) -> int:
+    """Words a reader sees in a markdown cell: folds, comments and tags left out."""
+    return len(WORD.findall(html.unescape(TAG.sub(" ", DETAILS.sub(" ", COMMENT.sub(" ", text))))))
+
+
+def claim_lines(cell: Any) -> list[str]:
+    """The claim lines a code cell's outputs show unfolded (folds of "every check on your run" left out)."""
+    lines: list[str] = []
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        page = data.get("text/html")
+        if page is not None:
+            page = "".join(page) if isinstance(page, list) else page
+            lines += [html.unescape(TAG.sub("", m)) for m in CLAIM_LINE.findall(DETAILS.sub(" ", page))]
+        elif out.get("output_type") in ("execute_result", "display_data"):
+            plain = data.get("text/plain", "")
+            lines += PLAIN_CLAIM.findall("".join(plain) if isinstance(plain, list) else plain)
+    return lines
+
+
+@dataclass(frozen=True)
+class MainPath:
+    """What a notebook's main path holds: markdown words, claim lines and their words."""
+
+    markdown: int
+    claim_lines: int
+    claim_words: int
+
+    @property
+    def words(self) -> int:
+        return self.markdown + self.claim_words
+
+
+def main_path(nb: Any) -> MainPath:
+    """Count ``nb``'s main path (an executed notebook for its claim lines; a source counts markdown alone)."""
+    md = n_claims = claim_words = 0
+    for _, cell in main_path_cells(nb["cells"]):
+        if cell["cell_type"] == "markdown":
+            md += markdown_words(_source(cell))
+        else:
+            lines = claim_lines(cell)
+            n_claims += len(lines)
+            claim_words += sum(len(WORD.findall(line)) for line in lines)
+    return MainPath(md, n_claims, claim_words)
+
+
+def mark_collapsed(cells: list) -> None:
+    """Save every *Going deeper* heading collapsed (JupyterLab, Notebook 7), every other heading as it is."""
+    for cell in cells:
+        if deeper_heading(cell) is not None:
+            cell.setdefault("metadata", {})[COLLAPSED] = True
+
+
+__all__ = ["MainPath", "claim_lines", "deeper_heading", "main_path", "main_path_cells", "mark_collapsed"]
