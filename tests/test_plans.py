@@ -1,6 +1,6 @@
 """The course's minutes and TEACHING.md's plans fit the notebooks they name.
 
-A notebook's minutes (kvlab/course.py) cover at least reading all its markdown at READING_WPM, its Run All (as
+A notebook's minutes (kvlab/course.py) cover at least reading its main path's markdown (kvlab.reading) at READING_WPM, its Run All (as
 recorded in the teacher's copy) and EXERCISE_MINUTES per exercise. A slot of the 90-minute plan covers the sections
 it names (their markdown read, two minutes per exercise it names); the half-day plan's slots are the minutes."""
 from __future__ import annotations
@@ -15,25 +15,26 @@ import pytest
 from kvlab import authoring
 from kvlab.course import EXERCISE_MINUTES, NOTEBOOKS, READING_WPM
 from kvlab.lessons import EXERCISES
+from kvlab.reading import COMMENT, DETAILS, main_path_cells, markdown_words
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 TEACHING = NOTEBOOK_DIR / "TEACHING.md"
-WORD = re.compile(r"[A-Za-z0-9']+")
 SLOT = re.compile(r"^\| (\d):(\d\d)–(\d):(\d\d) \| (`(\d\d)_\w+\.ipynb`)? *\|(.*)$")
 
 
 def section_words(file: str) -> dict[str, int]:
-    """Words of markdown under each ``## `` heading of a notebook's source ("" for the part before the first)."""
+    """Main-path words of markdown under each ``## `` heading of a notebook's source ("" for the part before the
+    first): folds and Going deeper sections left out, as kvlab.reading counts them."""
     nb = authoring.from_source(authoring.source_path(NOTEBOOK_DIR / file))
     words, heading = {"": 0}, ""
-    for cell in nb.cells:
+    for _, cell in main_path_cells(nb.cells):
         if cell.cell_type != "markdown":
             continue
-        for line in cell.source.splitlines():
+        for line in DETAILS.sub(" ", COMMENT.sub(" ", cell.source)).splitlines():
             if line.startswith("## "):
                 heading = line[3:].strip()
                 words.setdefault(heading, 0)
-            words[heading] += len(WORD.findall(line))
+            words[heading] += markdown_words(line)
     return words
 
 
