@@ -12,7 +12,12 @@ A fault stays in its request. A step that raises (`StepFailed`: the
 executor ran out of memory, a kernel failed, the scheduler broke) ends the
 requests of that step with `engine_error`, their KV blocks freed, and the
 engine goes on with everything else; a request whose own logits are NaN
-ends alone. After `max_failed_steps` failing steps in a row the engine
+ends alone, but a step that yields no finite logits for any of its
+sequences is a failed step like a raising one (a model that only returns
+NaN is broken). A request the server itself cannot go on with (its
+tokens cannot be turned into text) is failed with `fail`: the engine stops
+generating for it and frees its blocks at its next turn. After
+`max_failed_steps` failing steps in a row the engine
 stops for good (vLLM's choice: a broken engine is restarted, not nursed):
 every open request is answered (`engine_error`, or 503 `engine_stopped`
 for one not yet admitted), and `on_stop` is called so the server can exit
@@ -186,6 +191,11 @@ class AsyncEngine:
         """Cancel a request (the client left); its blocks are freed at the engine's next turn."""
         self._commands.put(("abort", request_id))
 
+    def fail(self, request_id: str, why: str) -> None:
+        """End a request with `engine_error` (`why` kept in its record): the engine stops generating for it and
+        frees its blocks at its next turn. For a fault of the request's own outside the engine (its text)."""
+        self._commands.put(("fail", request_id, why))
+
     def release(self, request_id: str) -> None:
         """The handler is done with this stream."""
         self.streams.pop(request_id, None)
@@ -268,6 +278,12 @@ class AsyncEngine:
         elif command[0] == "abort":
             rid = command[1]
             if engine.abort(rid):
+                self._retire(rid)
+                self._publish_gauges()
+        elif command[0] == "fail":
+            _, rid, why = command
+            if engine.fail(rid, why) is not None:  # None: it had ended already
+                self.counters["failed_requests"] += 1
                 self._retire(rid)
                 self._publish_gauges()
         elif command[0] == "stop":

@@ -21,7 +21,10 @@ records of recent requests, for comparing clocks with the client's).
 - A client that disconnects mid-request has its request aborted in the
   engine, which frees its KV blocks.
 - Faults stay in their requests (`kvlab.http.engine_loop`): a failing step
-  ends its own requests with `engine_error` and the engine goes on; after
+  (one that raises, or one whose logits are NaN or inf for every sequence in
+  it) ends its own requests with `engine_error` and the engine goes on; a
+  request whose tokens cannot be turned into text fails alone (an error event
+  then `[DONE]`, or a JSON 500), its generation stopped and its blocks freed; after
   `--max-failed-steps` in a row it stops for good, every open request is
   answered, `/health` says 503 "stopped", and the process exits with status
   1 so that a supervisor restarts it.
@@ -54,7 +57,7 @@ from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, Clien
 from kvlab.http.protocol import APIError, CompletionRequest, ResponseShape, parse_request, sse
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.serving import ENGINE_ERROR, Engine, SamplingParams
+from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
 from kvlab.serving.scheduler_cli import add_scheduler_arguments, scheduler_config_from_args
 from kvlab.workload import Request as WorkloadRequest
 from kvlab.command_args import command_args
@@ -150,7 +153,7 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
     app = FastAPI(title="kvlab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvlab = state
 
-    answer_errors_as_json(app)
+    answer_errors_as_json(app, api_key)
 
     @app.get("/health")
     async def health() -> Response:
@@ -313,8 +316,29 @@ def _text(state: ServerState, token_id: int | None, finish_reason: str | None) -
     return state.tokenizer.decode([token_id])
 
 
+def _text_or_failure(state: ServerState, stream: RequestStream, out: RequestOutput) -> tuple[str, RequestOutput | None]:
+    """(the token's text, None), or ("", the request's failed output) when turning it into text raised.
+
+    A detokenizer fault belongs to this request alone: it is failed in the engine (which stops generating for it
+    and frees its blocks) and answered as an engine error, while every other request goes on.
+    """
+    try:
+        return _text(state, out.token_id, out.finish_reason if out.finished else None), None
+    except Exception as e:
+        why = f"turning token {out.token_id} into text failed ({type(e).__name__}: {e})"
+        log.exception("request %s: %s", stream.request_id, why)
+        state.engine.fail(stream.request_id, why)
+        return "", RequestOutput(stream.request_id, None, out.num_output_tokens, True, ENGINE_ERROR, why)
+
+
 def _early_end_message(out) -> str:
     return f"the request ended early: {out.finish_reason}" + (f" ({out.error})" if out.error else "")
+
+
+def _error_event(out: RequestOutput) -> bytes:
+    """The SSE error event of a stream that ended early (OpenAI's error shape); `[DONE]` follows it."""
+    return sse({"error": {"message": _early_end_message(out), "type": "server_error", "param": None,
+                          "code": out.finish_reason}})
 
 
 async def _events(state: ServerState, stream: RequestStream, shape: ResponseShape, req: CompletionRequest,
@@ -327,8 +351,13 @@ async def _events(state: ServerState, stream: RequestStream, shape: ResponseShap
             out = await stream.queue.get()  # the watchdog answers it if the engine stops making progress
             if out.finished and out.finish_reason not in ("length", "stop"):  # cancelled, engine error
                 tally.end("cancelled" if out.finish_reason == "cancelled" else "failed")
-                yield sse({"error": {"message": _early_end_message(out), "type": "server_error", "param": None,
-                                     "code": out.finish_reason}})
+                yield _error_event(out)
+                yield sse("[DONE]")
+                return
+            text, failure = _text_or_failure(state, stream, out)
+            if failure is not None:
+                tally.end("failed")
+                yield _error_event(failure)
                 yield sse("[DONE]")
                 return
             tally.running()
@@ -336,7 +365,7 @@ async def _events(state: ServerState, stream: RequestStream, shape: ResponseShap
             reason = out.finish_reason if out.finished else None
             if out.finished:
                 tally.end("completed")
-            yield sse(shape.chunk(_text(state, out.token_id, reason), reason))
+            yield sse(shape.chunk(text, reason))
             if out.finished:
                 break
         if req.include_usage:
@@ -356,9 +385,12 @@ async def _collect(state: ServerState, request: Request, stream: RequestStream, 
             out = await stream.queue.get()
             if out.finished and out.finish_reason not in ("length", "stop"):
                 return out
+            text, failure = _text_or_failure(state, stream, out)
+            if failure is not None:
+                return failure
             tally.running()
             stream.num_output_tokens = out.num_output_tokens
-            texts.append(_text(state, out.token_id, out.finish_reason if out.finished else None))
+            texts.append(text)
             if out.finished:
                 return out
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from ..cache.paged import PagedAttentionMetadata, PagedKVCache
 from .block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
-from .engine import ENGINE_ERROR, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
+from .engine import ENGINE_ERROR, MODEL_FAILED, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
 from .executor import Executor, ModelExecutor, StepResult
 from .scheduler import (PRIORITIES, POLICIES, AdmissionError, Scheduler, SchedulerConfig, SchedulerOutput, StepShape,
                         WaitingRequest)
 from .sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = [
-    "ENGINE_ERROR", "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",
+    "ENGINE_ERROR", "MODEL_FAILED", "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",
     "PRIORITIES", "PagedAttentionMetadata", "PagedKVCache", "RequestOutput", "SamplingParams", "Scheduler",
     "SchedulerConfig", "SchedulerOutput", "Sequence", "SequenceStatus", "StepFailed", "StepRecord", "StepResult", "StepShape",
     "TRACE_COLUMNS", "WaitingRequest", "bytes_per_block", "num_blocks_for_budget",

@@ -14,6 +14,7 @@ import torch
 from ..clocks import RequestRecord
 from ..model.config import ModelConfig
 from ..model.decoder import Decoder
+from ..sampling import NonFiniteLogits
 from ..workload import Request
 from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
 from .executor import Executor, ModelExecutor
@@ -68,6 +69,7 @@ class RequestOutput:
 
 
 ENGINE_ERROR = "engine_error"  # the finish reason of a request a failing step (or its own bad logits) ended
+MODEL_FAILED = "model"  # StepFailed.where of a step that ran but gave no finite logits for any sequence
 
 
 class StepFailed(RuntimeError):
@@ -76,6 +78,12 @@ class StepFailed(RuntimeError):
     ``outputs``: one finished RequestOutput per request ended (the step's batch; every running
     request if the scheduler itself failed, since its state can no longer be trusted). The
     engine can go on stepping the others. The original exception is ``__cause__``.
+
+    A step that ran but whose logits were NaN or inf for every sequence sampled in it is a failed
+    step too (``where`` is ``MODEL_FAILED``): each of its requests already ended on its own, with its
+    own bad row, but a model that yields nothing finite is broken, and a server counts such steps
+    with the raising ones (``kvlab.http.engine_loop``). A NaN row among finite ones is that request's
+    fault alone, and no failed step.
     """
 
     def __init__(self, error: BaseException, outputs: list[RequestOutput], where: str) -> None:
@@ -263,6 +271,9 @@ class Engine:
             outputs.append(RequestOutput(seq.request_id, seq.token_ids[-1], seq.num_output_tokens,
                                          seq.is_finished, seq.finish_reason if seq.is_finished else None))
         self._record_step(out, start, end, sum(o.finished for o in outputs))
+        sampled = sum(out.do_sample)
+        if sampled and len(result.nonfinite) == sampled:  # no finite logits at all: the model failed, not a request
+            raise StepFailed(NonFiniteLogits(list(range(sampled))), outputs, MODEL_FAILED)
         return outputs, out
 
     def fail(self, request_id, why: str) -> RequestOutput | None:
@@ -355,13 +366,15 @@ class Engine:
             try:
                 outputs, out = self._step()
             except StepFailed as failed:  # an offline run serves no one else: it ends with the step's own error
-                raise failed.error from failed
+                if failed.where != MODEL_FAILED:
+                    raise failed.error from failed
+                outputs, out = failed.outputs, None  # its requests ended with their rows; the others go on
             ended = sum(o.finished for o in outputs)
             if ended:
                 done += ended
                 if progress:
                     progress(done, total)
-            if out.is_empty:
+            if out is not None and out.is_empty:
                 wake = [t for t in (out.wake_at_s, next_arrival) if t is not None]
                 if not wake:
                     raise RuntimeError(f"the scheduler cannot make progress: {len(self.scheduler.waiting)} waiting, "

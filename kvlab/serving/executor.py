@@ -23,12 +23,14 @@ class StepResult(NamedTuple):
     """``token_ids[i]``: the token sampled for ``out.seqs[i]`` (None where ``out.do_sample[i]`` is False).
 
     ``failed``: {i: why} for the sequences no token could be sampled for (NaN logits, say); the
-    engine fails those requests alone and keeps the rest of the batch.
+    engine fails those requests alone and keeps the rest of the batch. ``nonfinite``: those of them whose
+    logits were not finite; when that is every sequence sampled, the model itself failed the step.
     """
 
     token_ids: list[int | None]
     duration_s: float  # how long the step took (measured, or predicted by a cost model)
     failed: dict[int, str] | None = None
+    nonfinite: tuple[int, ...] = ()  # the sequences (indices into out.seqs) whose logits held NaN or inf
 
 
 class Executor(ABC):
@@ -110,6 +112,7 @@ class ModelExecutor(Executor):
         failed: dict[int, str] = {}
         for j in nonfinite_rows(last):  # every row checked at once: one sync per step
             failed[rows[j]] = str(NonFiniteLogits([j]))
+        nonfinite = tuple(failed)
         greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy and i not in failed]
         if greedy:
             for j, t in zip(greedy, last[greedy].argmax(dim=-1).tolist()):
@@ -123,7 +126,7 @@ class ModelExecutor(Executor):
                                        out.seqs[i].generator).item())
             except (ValueError, RuntimeError) as e:  # this row's distribution cannot be sampled: fail it alone
                 failed[i] = f"{type(e).__name__}: {e}"
-        return StepResult(tokens, 0.0, failed or None)
+        return StepResult(tokens, 0.0, failed or None, nonfinite)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:

@@ -8,11 +8,17 @@ fault added at its ``at_step``-th call of ``execute`` (counted from 0):
 - ``raise_always``: a RuntimeError at that step and every step after it;
 - ``oom``: ``torch.OutOfMemoryError`` at that step, as a GPU that ran out of memory raises;
 - ``nan_row``: the logits of one sampled row (``row``) become NaN at that step;
+- ``nan_step``: every sampled row's logits become NaN at that step (a failed step);
+- ``nan_always``: every sampled row's logits are NaN at that step and every step after it (a broken model
+  that still runs: it never raises, it only returns NaN);
 - ``hang``: that step sleeps ``hang_s`` seconds before it runs (a stuck kernel, a deadlock).
 
 ``FaultyScheduler`` raises from inside ``schedule`` at its ``at_step``-th non-empty step, after
 it has admitted, preempted and allocated blocks: the worst place, where the batch it built is
 lost with blocks taken. ``install`` puts one into an engine in place of its scheduler.
+
+``FaultyTokenizer`` wraps a tokenizer whose ``decode`` raises at its ``at_call``-th call (counted
+from 0), once or from then on: a server's detokenizer failing on one request's text.
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ from ..model.decoder import Decoder
 from .executor import ModelExecutor, StepResult
 from .scheduler import Scheduler, SchedulerOutput
 
-FAULTS = ("raise_once", "raise_always", "oom", "nan_row", "hang")
+FAULTS = ("raise_once", "raise_always", "oom", "nan_row", "nan_step", "nan_always", "hang")
+NAN_FAULTS = ("nan_row", "nan_step", "nan_always")
 
 
 class InjectedFault(RuntimeError):
@@ -48,11 +55,11 @@ class FaultyExecutor(ModelExecutor):
 
     def _due(self) -> bool:
         step = self.calls - 1
-        return step >= self.at_step if self.fault == "raise_always" else step == self.at_step
+        return step >= self.at_step if self.fault in ("raise_always", "nan_always") else step == self.at_step
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         self.calls += 1
-        if self._due() and self.fault != "nan_row":
+        if self._due() and self.fault not in NAN_FAULTS:
             self.faults += 1
             if self.fault == "hang":
                 time.sleep(self.hang_s)
@@ -64,10 +71,13 @@ class FaultyExecutor(ModelExecutor):
 
     def compute_logits(self, out: SchedulerOutput, rows: list[int]) -> torch.Tensor:
         logits = super().compute_logits(out, rows)  # (len(rows), V)
-        if self.fault == "nan_row" and self._due() and len(rows):
+        if self.fault in NAN_FAULTS and self._due() and len(rows):
             self.faults += 1
             logits = logits.clone()
-            logits[min(self.row, len(rows) - 1)] = float("nan")
+            if self.fault == "nan_row":
+                logits[min(self.row, len(rows) - 1)] = float("nan")
+            else:
+                logits[:] = float("nan")
         return logits
 
     def poisoned_request(self, out: SchedulerOutput) -> object:
@@ -106,4 +116,29 @@ class FaultyScheduler(Scheduler):
         return engine.scheduler
 
 
-__all__ = ["FAULTS", "FaultyExecutor", "FaultyScheduler", "InjectedFault"]
+class FaultyTokenizer:
+    """A tokenizer whose ``decode`` raises ``InjectedFault`` at its ``at_call``-th call (and after, if ``always``).
+
+    Everything else is the wrapped tokenizer's. ``calls`` counts decodes, ``faults`` the ones that raised.
+    """
+
+    def __init__(self, tokenizer, at_call: int = 0, always: bool = False) -> None:
+        if at_call < 0:
+            raise ValueError(f"at_call ({at_call}) must be >= 0")
+        self.tokenizer, self.at_call, self.always = tokenizer, at_call, always
+        self.calls = 0
+        self.faults = 0
+
+    def decode(self, ids, *args, **kwargs) -> str:
+        call = self.calls
+        self.calls += 1
+        if call == self.at_call or (self.always and call > self.at_call):
+            self.faults += 1
+            raise InjectedFault(f"injected detokenizer fault at decode call {call} (token ids {list(ids)[:8]})")
+        return self.tokenizer.decode(ids, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+
+__all__ = ["FAULTS", "FaultyExecutor", "FaultyScheduler", "FaultyTokenizer", "InjectedFault"]
