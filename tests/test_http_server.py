@@ -40,7 +40,7 @@ def state(server):
     return server.app.state.kvlab
 
 
-def wait_idle(server, timeout_s: float = 15.0) -> dict:
+def wait_idle(server, timeout_s: float = 60.0) -> dict:
     """Wait until the engine holds no request and no handler holds a stream; return the gauges."""
     st = state(server)
     deadline = time.perf_counter() + timeout_s

@@ -151,14 +151,25 @@ def error_response(e: APIError, headers: dict | None = None) -> Response:
                     media_type="application/json")
 
 
-def answer_errors_as_json(app) -> None:
+GUARDED_PREFIXES = ("/v1/", "/kvlab/")  # what the key guards, known routes or not (plus "/v1" itself)
+
+
+def answer_errors_as_json(app, api_key: str | None = None) -> None:
     """Every error of the FastAPI ``app`` answered as that JSON body: its own `APIError`s and starlette's
-    (404 for an unknown path, 405 for a wrong method)."""
+    (404 for an unknown path, 405 for a wrong method). With ``api_key`` set, a path under `/v1` or `/kvlab`
+    that no route serves asks for the key first (401), as the known ones do: without the key, nothing says
+    which paths exist."""
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        path = request.url.path
+        if path == "/v1" or path.startswith(GUARDED_PREFIXES):
+            try:
+                check_api_key(request, api_key)
+            except APIError as e:
+                return error_response(e)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code))
+        return error_response(APIError(exc.status_code, f"{request.method} {path}: {exc.detail}", code))
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
