@@ -46,9 +46,12 @@ COMMANDS: dict[tuple[str, ...], Command] = {
     ("bench", "http"): Command("kvlab.benchmarks.http_overhead",
                                "what HTTP and streaming add to TTFT, client vs engine clocks"),
     ("bench", "serve"): Command("kvlab.benchmarks.serve",
-                                "kvlab serve vs transformers serve --continuous-batching: same weights, workload, client"),
+                                "kvlab serve, transformers serve and vLLM: same weights, workload, client"),
+    ("peer", "vllm"): Command("kvlab.http.vllm",
+                              "set vLLM up in its own venv and serve the lesson model with it on loopback"),
 }
-GROUPS = {"bench": "benchmarks, each writing JSON with its settings and machine"}
+GROUPS = {"bench": "benchmarks, each writing JSON with its settings and machine",
+          "peer": "other engines beside kvlab serve, on the same weights (each in its own environment)"}
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:

@@ -211,6 +211,38 @@ def transformers_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num
                           _version("transformers"), threads)
 
 
+def _proc_stat(pid: int) -> tuple[int, float, int] | None:
+    """(parent pid, CPU seconds used, threads) of a live process, from Linux's /proc; None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, int(fields[17])  # ppid, utime+stime, threads
+
+
+def process_usage(pid: int) -> dict | None:
+    """What a server's process tree (the process `pid` and its descendants) holds and has used: processes, OS
+    threads, CPU seconds so far and the cores it may run on. None where /proc is missing (not Linux) or it is gone."""
+    if not Path("/proc/self/stat").exists() or _proc_stat(pid) is None:
+        return None
+    stats = {int(p.name): _proc_stat(int(p.name)) for p in Path("/proc").iterdir() if p.name.isdigit()}
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, st in stats.items() if st is not None and st[0] in tree} - tree
+        tree |= more
+        grew = bool(more)
+    cores: set[int] = set()
+    for p in tree:
+        try:
+            cores |= os.sched_getaffinity(p)
+        except OSError:
+            pass
+    live = [stats[p] for p in tree if stats.get(p) is not None]
+    return {"processes": len(live), "threads": sum(st[2] for st in live),
+            "cpu_s": round(sum(st[1] for st in live), 2), "cores_allowed": len(cores)}
+
+
 def greedy_answer(server: LoopbackServer, prompt: str, max_tokens: int = 16, timeout_s: float = 60.0) -> str:
     """The server's greedy (temperature 0) completion of `prompt`, `max_tokens` tokens, not streamed."""
     body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": False,
@@ -221,5 +253,5 @@ def greedy_answer(server: LoopbackServer, prompt: str, max_tokens: int = 16, tim
     return resp.json()["choices"][0]["text"]
 
 
-__all__ = ["IGNORE_EOS", "LoopbackServer", "child_env", "greedy_answer", "kvlab_server", "transformers_server",
-           "transformers_serve_available"]
+__all__ = ["IGNORE_EOS", "LoopbackServer", "child_env", "greedy_answer", "kvlab_server", "process_usage",
+           "transformers_server", "transformers_serve_available"]
