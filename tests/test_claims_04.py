@@ -24,11 +24,23 @@ def test_cold_start_claims_on_a_hand_made_start():
     frame = _cold(9.0, [7.0, 8.0, 6.0, 20.0], startup_s=2.0)
     startup, extra = verdicts(frame, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
     assert startup.holds and startup.values["warm"] == pytest.approx(7.5) and startup.values["n"] == 4
+    assert startup.values["slowest"] == pytest.approx(20.0) and startup.values["times"] == pytest.approx(100)
     assert startup.values["imports"] == pytest.approx(1.8) and "the engine 0.100 s" in startup.text
     assert extra.holds and extra.values["extra"] == pytest.approx(1.5)
+    assert extra.values["extra_max"] == pytest.approx(3.0)  # against the fastest warm serving (6 ms)
     assert "6.0 to 20.0 ms" in extra.text
     slow_first = _cold(1500.0, [7.0, 8.0], startup_s=2.0)
     assert not CLAIMS["first_request_extra_is_small"].on(slow_first).holds  # 1.5 s extra: most of the cold cost
+
+
+def test_the_start_up_must_dwarf_every_warm_serving_not_only_the_median():
+    """Old rule: start-up > 10x the warm median (n = 4 in the notebook). New: > 10x the slowest warm serving, so one
+    stalled warm request that the median hides makes the claim say so."""
+    frame = _cold(9.0, [7.0, 8.0, 6.0, 7.5, 250.0], startup_s=2.0)  # median 7.5 ms, one warm serving 250 ms
+    v = CLAIMS["startup_dwarfs_a_warm_request"].on(frame)
+    assert 2.0 > 10 * 0.0075 and not v.holds and v.values["slowest"] == pytest.approx(250.0)
+    first = _cold(1100.0, [1.0, 1000.0, 1000.0], startup_s=2.0)  # +100 ms over the median, +1099 over the fastest
+    assert not CLAIMS["first_request_extra_is_small"].on(first).holds
 
 
 def test_the_mean_vs_tail_claims_count_requests_above_the_mean():

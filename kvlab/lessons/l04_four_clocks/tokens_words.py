@@ -28,6 +28,7 @@ import pandas as pd
 
 from ...data import shipped
 from ...model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from ..common.provenance import experiment
 
 SAMPLES = "texts/samples.json"
 CORPUS = "texts/english_corpus.txt"
@@ -177,6 +178,7 @@ def lesson_tokenizers(real: str | Path | None = REAL_TOKENIZER, timeout_s: float
 
 
 # -- counting ------------------------------------------------------------------------------------------------
+@experiment
 def count_tokens(tokenizers: dict[str, Tokenizer], samples: list[Sample] | None = None) -> pd.DataFrame:
     """One row per (text, tokenizer): characters, UTF-8 bytes, words, tokens and the ratios between them.
 
@@ -291,6 +293,14 @@ def vs_english(counts: pd.DataFrame, text: str, tokenizer: str = BPE) -> float:
         raise ValueError(f"no counts for {text!r} with {tokenizer!r}; texts: {sorted(set(counts['text']))}, "
                          f"tokenizers: {sorted(set(counts['tokenizer']))}")
     return float(rows["vs_english"].iloc[0])
+
+
+def chinese_vs_english(counts: pd.DataFrame) -> tuple[float, dict[str, int]]:
+    """The answer to notebook 04's prediction: the BPE's tokens for the Chinese paragraph over the English one's,
+    with the two counts it is computed from (what no output before the question may show)."""
+    bpe = counts[counts["tokenizer"] == BPE].set_index("text")["tokens"]
+    return vs_english(counts, "Chinese"), {"BPE tokens, English paragraph": int(bpe[REFERENCE]),
+                                           "BPE tokens, Chinese paragraph": int(bpe["Chinese"])}
 
 
 # -- what it does to tokens/s ----------------------------------------------------------------------------------
