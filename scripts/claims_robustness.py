@@ -222,12 +222,28 @@ def notebook_sentence(key: dict | None) -> str:
                f"it is measured again."))
 
 
+def wilson(held: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% by default) of a hold rate of ``held`` in ``runs``: honest at 0/n and n/n."""
+    if runs <= 0:
+        return 0.0, 1.0
+    p = held / runs
+    centre = (p + z * z / (2 * runs)) / (1 + z * z / runs)
+    half = z * ((p * (1 - p) / runs + z * z / (4 * runs * runs)) ** 0.5) / (1 + z * z / runs)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate_cell(held: int, runs: int) -> str:
+    """A hold rate as TEACHING.md's table shows it: "held/runs (low–high%)", the Wilson 95% interval."""
+    low, high = wilson(held, runs)
+    return f"{held}/{runs} ({100 * low:.0f}–{100 * high:.0f}%)"
+
+
 def held_columns(report: dict) -> dict[str, tuple[str, str]]:
-    """{claim: ("held/runs" quiet, "held/runs" loaded)} of the record."""
+    """{claim: ("held/runs (interval)" quiet, loaded)} of the record."""
     out: dict[str, list[str]] = {}
     for r in report["hold_rates"]:
         cols = out.setdefault(r["claim"], ["", ""])
-        cols[r["condition"] != "quiet"] = f"{r['held']}/{r['runs']}"
+        cols[r["condition"] != "quiet"] = rate_cell(r["held"], r["runs"])
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -242,7 +258,7 @@ def notebook_columns(key: dict | None, notebook: str, claim: str) -> tuple[str, 
         marks = [r.get(claim) for r in runs]
         shown = [m for m in marks if m]
         out.append(NOT_MEASURED if not shown else "shown (•)" if all(m == "•" for m in shown)
-                   else f"{marks.count('✓')}/{len(runs)}")
+                   else rate_cell(marks.count("✓"), len(runs)))
     return out[0], out[1]
 
 

@@ -78,11 +78,11 @@ def _key(key: dict, claims: list[dict | None]) -> dict:
 def test_the_notebook_columns_count_the_runs_each_claim_held(key):
     made = _key(key, [{NAME: "✓", "cached_steps_stay_flat": "•"}, {NAME: "✗", "cached_steps_stay_flat": "•"},
                       None])
-    assert notebook_columns(made, "01", NAME) == ("1/2", NOT_MEASURED)  # no loaded run: not measured
+    assert notebook_columns(made, "01", NAME) == ("1/2 (9–91%)", NOT_MEASURED)  # no loaded run: not measured
     assert notebook_columns(made, "01", "cached_steps_stay_flat") == ("shown (•)", NOT_MEASURED)
     assert notebook_columns(made, "01", "uncached_tokens_slow_down") == (NOT_MEASURED, NOT_MEASURED)
     assert notebook_columns(made, "00", NAME) == (NOT_MEASURED, NOT_MEASURED)
-    assert notebook_columns(_key(key, [{NAME: "✓"}, {}]), "01", NAME) == ("1/2", NOT_MEASURED)  # not shown: not held
+    assert notebook_columns(_key(key, [{NAME: "✓"}, {}]), "01", NAME) == ("1/2 (9–91%)", NOT_MEASURED)  # not shown: not held
     assert notebook_columns(_key(key, [None, None]), "01", NAME) == (NOT_MEASURED, NOT_MEASURED)  # no field
     assert NOT_MEASURED in notebook_sentence(_key(key, [None]))
 
@@ -94,7 +94,7 @@ def test_the_rewrite_replaces_only_the_rates_and_the_paragraph(record, key):
             f"| `slow_link_time_shows_in_the_step` | 03 | shown (•) | shown (•) | 5/5 | 4/5 | never | *say* |\nafter\n")
     out = rewrite_teaching(text, record, made)
     quiet, loaded = held_columns(record)[NAME]
-    assert f"| `{NAME}` | 01 | {quiet} | {loaded} | 1/2 | {NOT_MEASURED} | why | *say* |" in out
+    assert f"| `{NAME}` | 01 | {quiet} | {loaded} | 1/2 (9–91%) | {NOT_MEASURED} | why | *say* |" in out
     assert (f"| `slow_link_time_shows_in_the_step` | 03 | shown (•) | shown (•) | {NOT_MEASURED} | {NOT_MEASURED} "
             f"| never | *say* |") in out
     assert "old words" not in out and measured_paragraph(record, made) in out
@@ -103,3 +103,12 @@ def test_the_rewrite_replaces_only_the_rates_and_the_paragraph(record, key):
     assert rewrite_teaching(out, record, made) == out
     with pytest.raises(ValueError, match="hold-rates"):
         rewrite_teaching("no markers", record, made)
+
+
+def test_a_hold_rate_comes_with_its_wilson_interval():
+    from claims_robustness import rate_cell, wilson
+
+    assert rate_cell(10, 10) == "10/10 (72–100%)"  # ten of ten still allows a 28% failure rate
+    assert rate_cell(0, 10) == "0/10 (0–28%)"
+    low, high = wilson(7, 10)
+    assert 0.39 < low < 0.40 and 0.89 < high < 0.90  # the textbook case: 7/10 gives 39.7%–89.2%
