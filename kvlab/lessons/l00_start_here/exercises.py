@@ -9,9 +9,8 @@ from ..common.exercises import Feedback, _is_number, exercise, multiple_choice, 
 
 @exercise("00_start_here.ipynb", solution=(32, 1), wrong=(1, 1),
           title='prefill and decode',
-          question="""The panel above used a 32-token prompt and a KV cache. How many tokens did the model process in
-the step that wrote token 0, and in the step that wrote token 5? Reason it out, or read the
-`tokens_processed` column of `result.frame`. Answer with a pair, `(token 0, token 5)`.""",
+          question="""With the 32-token prompt and the KV cache above, how many tokens did the step that wrote token 0
+process, and the step that wrote token 5? Reason it out, or read `result.frame`. Answer `(token 0, token 5)`.""",
           code="""answer = None   # (tokens processed for token 0, for token 5)
 check_prefill_and_decode(answer)""",
           explanation="""```python
@@ -44,18 +43,17 @@ check_comparing_machines = multiple_choice(
     stem="""Your neighbour runs the same panel with the same settings, and every step takes half as long as
 yours. What explains it?""",
     options={
-        "a": ("one of you has a bug in the lab;",
+        "a": ("one of you has a bug: the same code and settings give the same times;",
               "a bug would change the tokens, not only the time. Same settings, same tokens, different machine: "
               "different time is expected."),
-        "b": ("the same work done faster: same model, prompt and seed give the same tokens, and the seconds "
-              "belong to the machine;", None),
-        "c": ("their machine must have a GPU;",
-              "a GPU is one way to be faster, not the only one: faster cores, more threads, or fewer other "
-              "programs competing for the CPU halve a step too. The setup report says which."),
-        "d": ("their model, prompt or seed must differ from yours, since the same settings on the same code always "
-              "take the same time.",
-              "the model, the prompt and the seed are the same, so the work is the same. Time depends on the "
-              "machine doing the work: its device, cores, threads and what else is running."),
+        "b": ("the same work done faster: the same settings give the same tokens, and the seconds belong to "
+              "the machine;", None),
+        "c": ("their run did less work: a faster machine gets fewer tokens per step;",
+              "the tokens each step processes are set by the prompt and the cache, not by the machine: the "
+              "`tokens_processed` column is the same on both. The same work took less time on their machine."),
+        "d": ("their times come from a virtual clock, which prices each step instead of timing it.",
+              "this panel times the real model on each machine's wall clock. A virtual clock (the serving "
+              "notebooks) would give both of you the same times, not times half as long."),
     },
     correct="b", wrong_example="d",
     confirm="the same work, a different machine: the tokens are the same, the seconds are not. Compare the "

@@ -8,7 +8,7 @@ through the model) that explains it.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -233,3 +233,20 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
     decode = float(curve.loc[1:, "step_ms"].median())
     return pd.Series(dict(cache=cache, prompt_tokens=int(curve.at[0, "tokens_processed"]), prefill_ms=prefill,
                           decode_ms=decode, ratio=prefill / decode))
+
+
+# -- what a prediction is compared with (``guess.against(result, measure)``) ------------------------------------
+
+
+def prefill_over_decode(result: Any) -> tuple[float, dict]:
+    """Notebook 00's answer from a run (a panel's result or its frame): the prefill's time over a decode step's,
+    with the two step times it is computed from (``prefill_vs_decode``)."""
+    r = prefill_vs_decode(getattr(result, "frame", result))
+    return float(r.ratio), {"prefill ms": float(r.prefill_ms), "decode step ms": float(r.decode_ms)}
+
+
+def late_over_early(result: Any) -> tuple[float, dict]:
+    """Notebook 01's answer from a run: without a cache, the late step's time over the early step's
+    (``slowdown_summary``), with the two step times it is computed from."""
+    r = slowdown_summary(getattr(result, "frame", result)).set_index("cache").loc["none"]
+    return float(r.measured_ratio), {"early step ms": float(r.early_step_ms), "late step ms": float(r.late_step_ms)}
