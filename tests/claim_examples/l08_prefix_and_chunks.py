@@ -89,10 +89,6 @@ def _chunks_gap_uncut(runs: Any) -> pd.DataFrame:  # the longest gap in chunks 0
     return _chunk_table(runs, "decode_gap_max_s", 0.7)
 
 
-@counterexample("chunks_delay_the_long_prompt")
-def _chunks_not_later(runs: Any) -> pd.DataFrame:  # the long prompt's first token as soon in chunks (1.02×)
-    return _chunk_table(runs, "long_prompt_ttft_s", 1.02)
-
 
 @example("ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_the_ideal_hits")
 @lru_cache(maxsize=1)

@@ -70,7 +70,7 @@ def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_
 @exercise(NOTEBOOK, solution=prefix_hit_tokens(), wrong=250,
           title='what can be reused?',
           question="""A 250-token system prompt, blocks of 16, and a request whose prompt is that system prompt
-followed by 50 words of its own. How many of its prompt tokens can come from the prefix cache?""",
+followed by 50 tokens of its own. How many of its prompt tokens can come from the prefix cache?""",
           code="""check_prefix_hit(None)   # replace None with a whole number""",
           explanation="""250 // 16 = 15 full blocks hold nothing but system prompt: **240** tokens. The 16th block holds
 the last 10 system-prompt tokens and the first 6 of the user's own, so its hash differs from

@@ -187,18 +187,30 @@ def chunked_prefill_runs(model: Decoder | None = None, chunk_tokens: int = 64, n
     return runs
 
 
+def _steps_to_first_token(run: ServingRun, record) -> int:
+    """How many engine steps carried ``record``'s request up to its first token (its prompt's steps)."""
+    if record.first_token_s is None or run.trace.empty:
+        return 0
+    t = run.trace
+    carried = t["request_ids"].apply(lambda ids: record.request_id in ids)
+    return int((carried & (t["end_s"] <= record.first_token_s + 1e-9)).sum())
+
+
 def chunked_prefill_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
-    """Per run: the gaps between tokens of the running decodes (median, max) and the long prompt's TTFT."""
+    """Per run: the gaps between tokens of the running decodes (median, max), the long prompt's TTFT and the number
+    of steps its prompt took (``long_prompt_steps``: 1 in one step, about prompt / chunk budget in chunks)."""
     rows = []
     for r in runs:
         long_id = r.extra["long_id"]
         decoders = [rec for rec in r.records if rec.request_id != long_id and rec.status == "completed"]
         gaps = np.array([g for rec in decoders for g in rec.itl_s()])
-        long = r.record(long_id).clocks()
+        long_rec = r.record(long_id)
+        long = long_rec.clocks()
         rows.append(dict(run=r.label, decode_gaps_n=len(gaps),
                          decode_gap_p50_s=float(np.median(gaps)) if len(gaps) else np.nan,
                          decode_gap_max_s=float(gaps.max()) if len(gaps) else np.nan,
-                         long_prompt_ttft_s=long["ttft_s"], steps=len(r.trace),
+                         long_prompt_ttft_s=long["ttft_s"], long_prompt_steps=_steps_to_first_token(r, long_rec),
+                         steps=len(r.trace),
                          max_step_tokens=int(r.trace["num_tokens"].max())))
     out = pd.DataFrame(rows)
     out["max_over_p50"] = out["decode_gap_max_s"] / out["decode_gap_p50_s"]

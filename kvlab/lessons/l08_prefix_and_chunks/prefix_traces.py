@@ -49,6 +49,7 @@ from ...traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncake_f
 from ...workload import Request
 from ...runs.sweep_settings import DEFAULT_SLO, MAX_MODEL_LEN, scheduler_config, simulator
 from ...runs.progress import Progress, no_progress
+from ..common.provenance import experiment
 
 SAMPLE_LENGTH_SCALE = 16  # the shipped sample's prompts (median ~3,800 tokens, at most ~12,900) / 16 fit 1024
 
@@ -96,6 +97,12 @@ def ideal_hit_ratio(frame: pd.DataFrame) -> dict:
             "hit_blocks": int(s["hit_blocks"].sum()), "block_hit_ratio": s["hit_blocks"].sum() / blocks,
             "prompt_tokens": tokens, "hit_tokens": int(s["hit_tokens"].sum()),
             "token_hit_ratio": s["hit_tokens"].sum() / tokens}
+
+
+def ideal_hit_percent(frame: pd.DataFrame) -> tuple[float, dict]:
+    """The ideal token hit ratio in percent, with the two counts it is computed from (a prediction's measure)."""
+    ideal = ideal_hit_ratio(frame)
+    return 100 * ideal["token_hit_ratio"], {"hit tokens": ideal["hit_tokens"], "prompt tokens": ideal["prompt_tokens"]}
 
 
 SHARED_MIN_REQUESTS = 9  # the shipped sample's sessions have at most 8 requests: a block in 9 or more is shared
@@ -296,6 +303,13 @@ def sample_frame() -> pd.DataFrame:
     return mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=SAMPLE_LENGTH_SCALE, max_context=MAX_MODEL_LEN)
 
 
+@experiment
+def load_sample_trace() -> pd.DataFrame:
+    """``sample_frame``, run as a notebook's experiment: the result notes the cell that loaded it, so a prediction
+    of its hit ratio is checked to have been asked first (``guess.against(trace, ideal_hit_percent)``)."""
+    return sample_frame()
+
+
 @lru_cache(maxsize=2)
 def _sample_curve(points: int) -> pd.DataFrame:
     return capacity_curve(sample_frame(), points=points)
@@ -363,5 +377,6 @@ def clipped_requests(path: str | Path, trace_format: str | None, length_scale: f
 
 
 __all__ = ["SAMPLE_LENGTH_SCALE", "SHARED_MIN_REQUESTS", "caching_on_off", "capacity_curve", "clipped_requests",
-           "engine_hits", "footprint_blocks", "hit_sources", "hit_sources_table", "ideal_hit_ratio", "prefix_sharing",
+           "engine_hits", "footprint_blocks", "hit_sources", "hit_sources_table", "ideal_hit_percent", "ideal_hit_ratio",
+           "load_sample_trace", "prefix_sharing",
            "reachable_hits", "replay_row", "sample_curve", "sample_frame", "trace_curve", "trace_engine"]
