@@ -177,8 +177,8 @@ def test_bad_chat_messages_get_a_clear_error(server):
 
 def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_its_blocks(server):
     before = metric(server, 'kvlab_requests_total{outcome="cancelled"}')
-    body = {"model": MODEL, "prompt": "a" * 100, "max_tokens": 500, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body) as resp:
+    body = {"model": MODEL, "prompt": "a" * 100, "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as resp:
         lines = resp.iter_lines()
         got = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
         assert len(got) >= 2
@@ -186,13 +186,13 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_its_blocks(se
     assert_nothing_leaked(server)
     assert metric(server, 'kvlab_requests_total{outcome="cancelled"}') == before + 1
     record = next(r for r in reversed(state(server).engine.records) if r.fail_reason == "cancelled")
-    assert record.status == "failed" and 2 <= len(record.token_s) < 500
+    assert record.status == "failed" and 2 <= len(record.token_s) < 900
 
 
 def test_a_client_leaving_a_non_streamed_request_cancels_it(server):
-    body = {"model": MODEL, "prompt": "b" * 50, "max_tokens": 600, "ignore_eos": True}
+    body = {"model": MODEL, "prompt": "b" * 50, "max_tokens": 950, "ignore_eos": True}  # far longer than 0.3 s
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(5, read=0.3))
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
     assert_nothing_leaked(server)
     assert state(server).engine.records[-1].fail_reason == "cancelled"
 
@@ -259,7 +259,7 @@ def test_shutdown_cancels_open_streams_and_frees_every_block(model):
         next(resp.iter_lines())
         t = time.perf_counter()
         server.stop()  # uvicorn drains for 1 s, then cancels the stream
-        assert time.perf_counter() - t < 8
+        assert time.perf_counter() - t < 30  # 1 s, and whatever a busy machine adds; not the 1000 tokens' time
     assert not server.thread.is_alive() and not app.state.kvlab.engine.alive
     assert engine.block_manager.stats().used == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting

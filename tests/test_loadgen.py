@@ -25,7 +25,10 @@ from kvlab.http.local import ServerProcess, ServerThread, free_port
 from kvlab.http.testing import scripted_app
 from kvlab.workload import Request
 
-TTFT_S, GAP_S, TOLERANCE_S = 0.08, 0.02, 0.02
+# The tolerance on a median: half the scripted time (a client that mis-times a request is off by a whole TTFT or
+# more; a busy machine's scheduling adds milliseconds, which a tighter bound would turn into a red suite).
+TTFT_S, GAP_S = 0.08, 0.02
+TOLERANCE_S = TTFT_S / 2
 
 
 def workload(n=8, rate=25.0, max_new_tokens=6, **kw):
@@ -55,7 +58,7 @@ def test_client_clocks_match_the_scripted_ttft_and_gaps(timed_server, chat):
     # Medians within the stated tolerance, timed from when each request went out (a client that
     # fell behind its schedule is the open-loop test's subject). Chat's role-only chunk is not a token.
     assert (frame.ttft_s - frame.send_delay_s).median() - TTFT_S <= TOLERANCE_S
-    assert abs(frame.tpot_s.median() - GAP_S) <= TOLERANCE_S / 4
+    assert abs(frame.tpot_s.median() - GAP_S) <= GAP_S / 2
     summary = summarize(result.records)
     assert summary.latency["itl"]["n"] == len(frame) * (n_tokens - 1)
     assert abs(summary.latency["itl"]["p50"] - GAP_S) <= TOLERANCE_S
@@ -106,6 +109,20 @@ def test_rejections_are_failures_with_their_reason_and_retry_after():
     assert app.state.counts == {"received": 9, "rejected": 3, "completed": 6, "disconnected": 0}
 
 
+def test_the_run_records_when_its_clock_started_on_the_wall_clock(timed_server, monkeypatch):
+    from kvlab.room import LearnerRun
+
+    before = time.time()
+    result = run_loadtest(timed_server.url, workload(n=3, rate=50.0))
+    after = time.time()
+    started = result.settings["started_at_unix"]
+    assert before <= started <= after - result.wall_s + 0.01  # clock 0 on the wall clock, within the run
+    later = time.time() + 600  # the learner shares ten minutes later: the run stays where it happened
+    monkeypatch.setattr(time, "time", lambda: later)
+    run = LearnerRun("Ada", "09_measure_a_real_server.ipynb").add_requests(result)
+    assert run.load["started_at"] == started and run.load["started_at_from"] == "client"
+
+
 def test_a_server_nobody_runs_is_a_connect_error_for_every_request():
     url = f"http://127.0.0.1:{free_port()}"
     result = run_loadtest(url, workload(n=3, rate=100.0), model="any", timeout_s=5)
@@ -117,21 +134,22 @@ def test_a_slow_server_times_out_and_sees_the_client_leave():
     with ServerThread(app) as server:
         result = run_loadtest(server.url, workload(n=3, rate=100.0), timeout_s=0.3)
         assert [r.fail_reason for r in result.records] == ["timeout"] * 3
-        deadline = time.perf_counter() + 5
+        deadline = time.perf_counter() + 60
         while app.state.counts["disconnected"] < 3 and time.perf_counter() < deadline:
             time.sleep(0.02)
     assert app.state.counts["disconnected"] == 3 and app.state.counts["completed"] == 0
 
 
 def test_the_deadline_bounds_the_run_and_accounts_for_every_request(timed_server):
-    requests = workload(n=10, rate=2.0)  # arrivals over 4.5 s
+    requests = workload(n=20, rate=2.0)  # arrivals over 9.5 s
     result = run_loadtest(timed_server.url, requests, deadline_s=1.2)
-    assert result.wall_s < 4.0  # bounded by the deadline, not by the last arrival
+    assert result.wall_s < 6.0  # bounded by the deadline (and a busy machine's lag), not by the last arrival
     frame = result.frame()
-    assert len(frame) == 10 and set(frame.status) <= {"completed", "failed"}
+    assert len(frame) == 20 and set(frame.status) <= {"completed", "failed"}
     late = frame[frame.scheduled_s > 1.2]
-    assert len(late) >= 5 and (late.fail_reason == "deadline").all() and (late.sent == False).all()  # noqa: E712
-    assert (frame[frame.scheduled_s < 0.9].status == "completed").all()
+    assert len(late) >= 15 and (late.fail_reason == "deadline").all() and (late.sent == False).all()  # noqa: E712
+    # a request takes ~0.2 s: the first two, sent 0.7 s or more before the deadline, completed
+    assert (frame[frame.scheduled_s < 0.6].status == "completed").all()
 
 
 def test_an_open_loop_clock_starts_at_the_scheduled_arrival_even_when_the_client_falls_behind():

@@ -126,7 +126,7 @@ def test_thirty_learners_at_once_through_a_kill_and_a_restart_lose_nothing(tmp_p
 @pytest.fixture
 def client(tmp_path):
     store = Store(tmp_path / "room.sqlite")
-    with TestClient(create_app(store, KEY, max_body_bytes=16_384)) as c:
+    with TestClient(create_app(store, KEY, max_body_bytes=16_384), raise_server_exceptions=False) as c:
         c.store = store
         yield c
     store.close()
@@ -170,6 +170,35 @@ def test_a_malformed_file_is_refused_with_422_and_says_what_is_wrong(client):
     for problem in ("path separator", "submission_id is not 32 hex digits", "predictions[0].guess is 'lots'",
                     "machine holds ['hostname']"):
         assert problem in message
+    assert client.store.count() == 0
+
+
+@pytest.mark.parametrize("what", ["a body of 8,000 nested arrays", "a machine nested 10 deep", "a 5,000-character text",
+                                  "a bug behind the route"])
+def test_a_file_no_one_could_have_shared_is_a_4xx_json_error_and_a_bug_a_json_500(client, what, monkeypatch):
+    body = a_run().to_dict()
+    if what == "a body of 8,000 nested arrays":  # past Python's recursion limit, under the 16 KiB body limit
+        raw = b"[" * 8000 + b"]" * 8000
+    elif what == "a machine nested 10 deep":
+        deep: dict = {}
+        body["machine"]["device"] = deep
+        for _ in range(10):
+            deep["x"] = deep = {}
+        raw = json.dumps(body).encode()
+    elif what == "a 5,000-character text":
+        body["predictions"][0]["unit"] = "$" * 5000
+        raw = json.dumps(body).encode()
+    else:
+        monkeypatch.setattr(client.store, "add", lambda *a, **k: 1 / 0)
+        raw = a_run().to_json().encode()
+    r = send(client, raw)
+    assert r.headers["content-type"] == "application/json", r.text
+    if what == "a bug behind the route":
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+        return
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_room_file"
+    assert {"a body of 8,000 nested arrays": "nested too deeply", "a machine nested 10 deep": "nested more than 6",
+            "a 5,000-character text": "5,000 characters"}[what] in r.json()["error"]["message"]
     assert client.store.count() == 0
 
 
@@ -281,7 +310,8 @@ def test_a_load_test_result_becomes_request_records_with_a_start_time():
     refused = RequestRecord(1, 8, 4, 0.5, finished_s=0.51, status="failed", fail_reason="http_429:queue_full")
     result = LoadTestResult([done, refused], {"url": "http://teacher:8000", "rate": 2.0, "num_requests": 2}, 1.0)
     run = a_run().add_requests(result, started_at=1_767_000_000.0)
-    assert run.load == {"started_at": 1_767_000_000.0, "num_requests": 2, "rate": 2.0}  # no URL kept
+    assert run.load == {"started_at": 1_767_000_000.0, "started_at_from": "caller", "num_requests": 2,
+                        "rate": 2.0}  # no URL kept
     assert run.requests[0]["output_tokens"] == 4 and run.requests[1]["fail_reason"] == "http_429:queue_full"
     assert validate(run.to_json()).requests == run.requests
 

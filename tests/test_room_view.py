@@ -23,7 +23,7 @@ NB = "01_the_slowdown.ipynb"
 
 
 def room_of(*runs: LearnerRun) -> Room:
-    return Room([{"run": r, "note": None, "current": True, "source": "test", "received_at": 0.0} for r in runs])
+    return Room([{"run": r, "note": None, "current": True, "source": "test", "received_at": None} for r in runs])
 
 
 def learner(name: str, device_class: str = "cpu", threads: int = 4, device: str | None = None) -> LearnerRun:
@@ -111,7 +111,72 @@ def test_one_service_curve_pooled_from_known_requests():
     assert low["tpot_p50_s"] == pytest.approx(((0.4 / 4) + (0.6 / 4)) / 2)
     assert (high["requests"], high["ttft_n"], high["served"]) == (4, 3, 0.75)  # the 429 is not served
     assert high["ttft_p50_s"] == pytest.approx(0.6) and high["ttft_p95_s"] == pytest.approx(0.6 + 0.9 * 0.4)
-    assert curve["is_knee"].tolist() == [True, False] and room.knee_rps(window_s=2.0, bins=[0, 1.5, 10]) == 1.0
+    assert curve["is_knee"].tolist() == [True, False]
+    knee = room.knee_rps(window_s=2.0, bins=[0, 1.5, 10])
+    assert (knee.rps, knee.case) == (1.0, "knee") and str(knee).startswith("1 requests/s")
+    assert (low["refused"], high["refused"], high["failed_otherwise"]) == (0.0, 0.25, 0.0)  # the 429, beside the curve
+    assert room.requests()["fail_reason"].tolist().count("http_429:queue_full") == 1  # the reason is kept
+
+
+def served_room(rates_and_outcomes) -> Room:
+    """One learner per (offered rate, outcome) pair: a 10 s run at that rate, every request ``outcome``."""
+    runs = []
+    for k, (rate, outcome) in enumerate(rates_and_outcomes):
+        run = LearnerRun(f"L{k}", "09_measure_a_real_server.ipynb")
+        n = int(rate * 10)
+        run.requests = [{"request_id": str(i), "scheduled_s": i / rate, "first_token_s": i / rate + 0.1 if
+                         outcome == "completed" else None, "finished_s": i / rate + 0.3, "status":
+                         "completed" if outcome == "completed" else "failed", "fail_reason":
+                         None if outcome == "completed" else outcome, "output_tokens": 4} for i in range(n)]
+        run.load = {"started_at": 1000.0 + 20 * k}  # one after another: each learner's rate is its windows' rate
+        runs.append(run)
+    return room_of(*runs)
+
+
+def test_the_knee_says_which_case_it_is():
+    knee = served_room([(1.0, "completed"), (2.0, "completed"), (4.0, "completed")]).knee_rps(bins=[0, 1.5, 3, 10])
+    assert (knee.rps, knee.case) == (None, "kept_up") and "every rate the room offered kept up" in str(knee)
+    knee = served_room([(1.0, "http_429:queue_full"), (2.0, "http_429:queue_full")]).knee_rps(bins=[0, 1.5, 10])
+    assert (knee.rps, knee.case) == (None, "behind_from_the_start") and "100% refused" in str(knee)
+    assert "the knee lies below it" in str(knee)
+    knee = served_room([(1.0, "completed"), (2.0, "completed"), (4.0, "timeout")]).knee_rps(bins=[0, 1.5, 3, 10])
+    assert (knee.rps, knee.case) == (2.0, "knee") and "100% failed otherwise" in str(knee)
+    assert room_of().knee_rps().case == "no_requests"
+
+
+MATH = r"$\frac{$"  # matplotlib's math syntax, unbalanced: parsed as math, it raises when the figure is drawn
+
+
+def test_nothing_a_learner_types_breaks_a_figure_or_the_html():
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from kvlab.room.figures import answers_figure, guesses_figure, hold_rates_figure, service_figure
+    from kvlab.room.record import MAX_TEXT, RoomFileError, validate
+
+    eve = learner("<Eve>", device=f"{MATH} <script>alert(1)</script>")
+    eve.add_prediction(2.0, 3.0, question=f"late {MATH} over early?", unit=MATH)
+    eve.add_verdicts([{"claim": MATH, "holds": False}]).add_figure(MATH, 1.0)
+    room = room_of(eve, learner("Ada").add_prediction(2.5, 3.0, question=f"late {MATH} over early?", unit=MATH))
+    for draw in (lambda: answers_figure(room, NB), lambda: guesses_figure(room), lambda: hold_rates_figure(room),
+                 lambda: service_figure(room)):
+        with plt.rc_context({"text.usetex": True}):  # a teacher's TeX setting: still plain text, no LaTeX run
+            fig = draw()
+        fig.canvas.draw()  # math parsing would raise ValueError here
+        assert not any(t.get_usetex() for t in fig.findobj(Text))
+        plt.close(fig)
+    fig = answers_figure(room, NB)
+    assert any(r"\$\frac{\$" in t.get_text() for t in fig.findobj(Text))  # the learner's text, drawn literally
+    plt.close(fig)
+    html = room.learners()._repr_html_() + room.measured()._repr_html_() + room.hold_rates()._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html and "&lt;Eve&gt;" in html
+    long = learner("Al").add_prediction(1.0, 2.0, question="x" * 500, unit="u" * 500)
+    assert len(long.predictions[0]["text"]) == len(long.predictions[0]["unit"]) == MAX_TEXT
+    assert validate(long.to_json()).predictions == long.predictions
+    data = long.to_dict()
+    data["machine"]["device"] = "y" * 5000
+    with pytest.raises(RoomFileError, match="5,000 characters"):
+        validate(data)
 
 
 # -- the teacher's notebook ----------------------------------------------------------------------------------------
@@ -141,3 +206,35 @@ def test_the_teachers_notebook_runs_top_to_bottom_and_shows_all_thirty():
     assert "30 learners, 151 submissions" in text and "knee: " in text
     assert all(name in text for name in NAMES)
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+
+
+def rooms_of_one_kind() -> dict:
+    """Rooms a workshop may really have: only 09 and no predictions or verdicts, only 01, nobody yet."""
+    from kvlab.room.simulate import simulated_room
+
+    runs = simulated_room(6)
+    only_09 = [r for r in runs if r.notebook.startswith("09")]
+    for r in only_09:
+        r.predictions, r.verdicts, r.figures = [], [], {}
+    return {"only 09, no predictions, no verdicts": only_09,
+            "only 01": [r for r in runs if r.notebook.startswith("01")], "nobody yet": []}
+
+
+@pytest.mark.parametrize("kind", list(rooms_of_one_kind()))
+def test_the_teachers_notebook_runs_top_to_bottom_on_any_room(kind, tmp_path, monkeypatch):
+    jupytext = pytest.importorskip("jupytext")
+    import matplotlib.pyplot as plt
+
+    from kvlab.room.store import room_file
+
+    rows = [{"body": r.to_json(), "received_at": None, "source": "test", "note": None, "current": True}
+            for r in rooms_of_one_kind()[kind]]
+    path = tmp_path / "room.json"
+    path.write_text(json.dumps(room_file(rows)), encoding="utf-8")
+    monkeypatch.setenv("KVLAB_ROOM", str(path))
+    namespace: dict = {}
+    for cell in jupytext.read(ROOM_DIR / "room_view.py").cells:  # the cells in order, in one namespace, as a kernel
+        if cell.cell_type == "code":
+            exec(compile(cell.source, f"room_view.py ({kind})", "exec"), namespace)
+    plt.close("all")
+    assert namespace["room"].summary().startswith(f"{len({r.learner for r in rooms_of_one_kind()[kind]})} learners")

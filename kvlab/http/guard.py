@@ -155,10 +155,10 @@ GUARDED_PREFIXES = ("/v1/", "/kvlab/")  # what the key guards, known routes or n
 
 
 def answer_errors_as_json(app, api_key: str | None = None) -> None:
-    """Every error of the FastAPI ``app`` answered as that JSON body: its own `APIError`s and starlette's
-    (404 for an unknown path, 405 for a wrong method). With ``api_key`` set, a path under `/v1` or `/kvlab`
-    that no route serves asks for the key first (401), as the known ones do: without the key, nothing says
-    which paths exist."""
+    """Every error of the FastAPI ``app`` answered as that JSON body: its own `APIError`s, starlette's (404 for
+    an unknown path, 405 for a wrong method) and a bug's 500. With ``api_key`` set, a path under `/v1` or
+    `/kvlab` that no route serves asks for the key first (401), as the known ones do: without the key,
+    nothing says which paths exist."""
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -174,3 +174,8 @@ def answer_errors_as_json(app, api_key: str | None = None) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
         return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> Response:  # still JSON; starlette logs the traceback
+        return error_response(APIError(500, f"the server failed on this request ({type(exc).__name__}); the "
+                                            "server's log has the details", "internal_error", type_="server_error"))

@@ -157,7 +157,11 @@ def discover_model(url: str, timeout_s: float = 10.0, api_key: str | None = None
 # -- the result ----------------------------------------------------------------------
 @dataclass
 class LoadTestResult:
-    """Per-request records (times in seconds since the run began), settings and wall time."""
+    """Per-request records (times in seconds since the run began), settings and wall time.
+
+    ``settings["started_at_unix"]``: the wall-clock time (unix seconds) at which the run's clock read 0, so
+    records shared later (``kvlab.room``) are placed where they happened.
+    """
 
     records: list[RequestRecord]
     settings: dict
@@ -257,6 +261,7 @@ async def loadtest(
 
     async with lanes:
         t0 = time.perf_counter()
+        started_at_unix = time.time()  # the same instant on the wall clock: where a room places this run
 
         def clock() -> float:
             return time.perf_counter() - t0
@@ -303,7 +308,7 @@ async def loadtest(
                     "num_requests": len(requests), "timeout_s": timeout_s, "deadline_s": deadline_s,
                     "max_connections": max_connections, "temperature": temperature,
                     "extra_body": extra_body or {}, "clock": "client, seconds since the run started",
-                    **(settings or {})}
+                    **(settings or {}), "started_at_unix": started_at_unix}
     return LoadTestResult(records, run_settings, wall)
 
 

@@ -8,7 +8,10 @@ Routes:
   body up to `--max-body-bytes`): one learner's file (`kvlab.room.record`). 201 accepted (or
   superseding an older run of the same learner and notebook), 200 duplicate (merged, nothing
   doubled), 401 wrong or missing key, 409 a submission id reused for other content, 413 too large,
-  415 not JSON, 422 a file that cannot be read, with every problem and what to do. A file from
+  415 not JSON, 422 a file that cannot be read (nested too deeply, a text too long, ...), with every
+  problem and what to do. The learner's clock at sending (`X-Kvlab-Sent-At`) against the
+  collector's gives its error, kept with the submission; a run whose times cannot be right against
+  when it was received is accepted with a `clock_note` (`kvlab.room.store.clock_check`). A file from
   another kvlab major.minor version is **accepted with a note** (the answer's `note`, the room view
   marks it): refusing it would lose a learner's work in the middle of a workshop. One of another
   *schema* version cannot be read and is refused (422) with the upgrade to make.
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import secrets
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -36,7 +41,7 @@ from kvlab.http.guard import (MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer
                               check_content_type, header_timeout_protocol, read_body)
 from kvlab.http.protocol import APIError
 
-from .record import ROOM_KEY_ENV, RoomFileError, validate
+from .record import ROOM_KEY_ENV, SENT_AT_HEADER, RoomFileError, validate
 from .store import Store
 
 log = logging.getLogger("kvlab.room")
@@ -53,9 +58,20 @@ def _check_room_key(request: Request, key: str) -> None:
                             "or save the file (url=None) and hand it over", e.code, headers=e.headers) from None
 
 
+def clock_offset(request: Request, now: float) -> float | None:
+    """The collector's clock (``now``) minus the learner's, from the ``SENT_AT_HEADER`` ``LearnerRun.submit`` sends
+    (None without one: an older kvlab, or another client)."""
+    try:
+        sent = float(request.headers.get(SENT_AT_HEADER, "nan"))
+    except ValueError:
+        return None
+    return now - sent if math.isfinite(sent) else None
+
+
 def create_app(store: Store, key: str, inbox: str | Path | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
-    """The collector over ``store``; ``key`` is required on submissions and export (`app.state.store`)."""
+               read_timeout_s: float = READ_TIMEOUT_S, clock: Callable[[], float] = time.time) -> FastAPI:
+    """The collector over ``store``; ``key`` is required on submissions and export (`app.state.store`). ``clock``:
+    the collector's wall clock (unix seconds), which learners' clocks are measured against."""
     if not key:
         raise ValueError(f"the collector needs a room key (--key or ${ROOM_KEY_ENV}); none was given")
     app = FastAPI(title="kvlab room", docs_url=None, redoc_url=None, openapi_url=None)
@@ -75,6 +91,8 @@ def create_app(store: Store, key: str, inbox: str | Path | None = None, max_body
 
     @app.post("/room/submissions")
     async def submit(request: Request) -> Response:
+        arrived = clock()
+        offset = clock_offset(request, arrived)  # at once: the body's transfer time is not the learner's clock error
         _check_room_key(request, key)
         check_content_type(request)
         try:
@@ -86,14 +104,15 @@ def create_app(store: Store, key: str, inbox: str | Path | None = None, max_body
         except RoomFileError as e:
             log.warning("refused a submission: %s", e)
             raise APIError(422, str(e), "invalid_room_file") from None
-        outcome = await run_in_threadpool(store.add, run, "http")  # committed before we answer
+        outcome = await run_in_threadpool(store.add, run, "http", offset, arrived)  # committed before we answer
         if not outcome.ok:
             log.warning("refused %s's %s: %s", run.learner, run.notebook, outcome.message)
             raise APIError(409, outcome.message, "submission_conflict")
-        log.info("%s: %s%s", outcome.status, outcome.message, f" ({outcome.note})" if outcome.note else "")
+        notes = "; ".join(n for n in (outcome.note, outcome.clock_note) if n) or None
+        log.info("%s: %s%s", outcome.status, outcome.message, f" ({notes})" if notes else "")
         return JSONResponse({"status": outcome.status, "message": outcome.message + (
-            f" — note: {outcome.note}" if outcome.note else ""), "submission_id": outcome.submission_id,
-            "note": outcome.note}, status_code=STATUS[outcome.status])
+            f" — note: {notes}" if notes else ""), "submission_id": outcome.submission_id,
+            "note": outcome.note, "clock_note": outcome.clock_note}, status_code=STATUS[outcome.status])
 
     @app.get("/room/export")
     async def export(request: Request) -> Response:

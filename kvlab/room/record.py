@@ -36,6 +36,8 @@ SCHEMA, SCHEMA_VERSION = "kvlab-room-run", 1
 ROOM_KEY_ENV = "KVLAB_ROOM_KEY"  # not $KVLAB_API_KEY: the room's key is not the model server's
 MAX_NAME = 40
 MAX_REQUESTS = 5000  # per file: 09's client sends tens to hundreds
+MAX_TEXT = 200  # characters of any text in a file (a prediction's question is the longest: add_prediction cuts it)
+MAX_DEPTH = 6  # levels of nesting a file may hold (it needs 4: the file, machine, versions, a value)
 # The machine facts a room file keeps (everything else environment() says stays on the machine).
 MACHINE_KEYS = ("device", "device_class", "cpu", "cpu_count", "torch_threads", "cuda_device", "machine", "python",
                 "system", "runtime", "versions")
@@ -44,6 +46,7 @@ VERSION_PACKAGES = ("kvlab", "torch", "transformers", "numpy", "pandas")
 REQUEST_FIELDS = ("request_id", "prompt_tokens", "max_new_tokens", "scheduled_s", "sent_s", "admitted_s",
                   "first_token_s", "finished_s", "status", "fail_reason", "output_tokens")
 REQUEST_STATUSES = ("completed", "failed", "waiting", "running")
+SENT_AT_HEADER = "X-Kvlab-Sent-At"  # the learner's clock (unix s) as submit sends: the collector measures its error
 NOTEBOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,78}\.ipynb$")
 
 
@@ -76,7 +79,7 @@ def _scrub(value: Any, personal: tuple[str, ...]) -> Any:
         if "/" in value or "\\" in value or any(re.search(rf"(?<![A-Za-z0-9]){re.escape(p)}(?![A-Za-z0-9])", value,
                                                             re.IGNORECASE) for p in personal):
             return "(removed)"
-        return value
+        return value[:MAX_TEXT]
     if isinstance(value, Mapping):
         return {k: _scrub(v, personal) for k, v in value.items()}
     return value
@@ -148,8 +151,8 @@ class LearnerRun:
         text = question or text
         if not text:
             raise ValueError("a prediction needs its question: add_prediction(guess, measured, question='...')")
-        self.predictions.append({"question": _slug(text), "text": str(text)[:200], "guess": _number(guess),
-                                 "measured": _number(measured), "unit": unit or ""})
+        self.predictions.append({"question": _slug(text), "text": str(text)[:MAX_TEXT], "guess": _number(guess),
+                                 "measured": _number(measured), "unit": str(unit or "")[:MAX_TEXT]})
         return self
 
     def add_verdicts(self, verdicts: Iterable[Any]) -> "LearnerRun":
@@ -160,37 +163,43 @@ class LearnerRun:
             else:
                 name, holds = v.claim.name, v.holds
                 asserts, values = getattr(v.claim, "asserts", True), getattr(v, "values", {})
-            numbers = {str(k): _number(x) for k, x in dict(values).items()
+            numbers = {str(k)[:MAX_TEXT]: _number(x) for k, x in dict(values).items()
                        if isinstance(x, (int, float)) and not isinstance(x, bool)}
-            self.verdicts.append({"claim": str(name), "holds": None if holds is None else bool(holds),
+            self.verdicts.append({"claim": str(name)[:MAX_TEXT], "holds": None if holds is None else bool(holds),
                                   "asserts": bool(asserts), "values": numbers})
         return self
 
     def add_figure(self, name: str, value: float | None) -> "LearnerRun":
         """One headline figure the course map names (01's late/early ratio, 05's continuous/static ratio, ...)."""
-        self.figures[str(name)] = _number(value)
+        self.figures[str(name)[:MAX_TEXT]] = _number(value)
         return self
 
     def add_requests(self, result: Any, started_at: float | None = None) -> "LearnerRun":
         """09: the client's per-request records (a ``LoadTestResult`` or a list of ``RequestRecord``).
 
         ``started_at`` (unix seconds when the run began) puts everyone's requests on one time axis; by
-        default it is now minus the run's wall time, so call this right after the run.
+        default it is the ``started_at_unix`` the load generator recorded when its clock started, so sharing
+        later places the requests where they happened. Only for records without it (a plain list), it is
+        estimated as now minus the run's wall time (``load["started_at_from"]`` says which).
         """
         import time
 
         records = getattr(result, "records", result)
         settings = getattr(result, "settings", {}) or {}
-        if started_at is None:
-            started_at = settings.get("started_at_unix") or time.time() - float(getattr(result, "wall_s", 0.0))
+        source = "caller"
+        if started_at is None and _number(settings.get("started_at_unix")) is not None:
+            started_at, source = settings["started_at_unix"], "client"
+        elif started_at is None:
+            started_at, source = time.time() - float(getattr(result, "wall_s", 0.0)), "share"
         for r in list(records)[:MAX_REQUESTS - len(self.requests)]:
-            self.requests.append({"request_id": str(r.request_id), "prompt_tokens": int(r.prompt_tokens),
+            self.requests.append({"request_id": str(r.request_id)[:MAX_TEXT], "prompt_tokens": int(r.prompt_tokens),
                                   "max_new_tokens": int(r.max_new_tokens), "scheduled_s": _number(r.scheduled_s),
                                   "sent_s": _number(r.sent_s), "admitted_s": _number(r.admitted_s),
                                   "first_token_s": _number(r.first_token_s), "finished_s": _number(r.finished_s),
-                                  "status": r.status, "fail_reason": r.fail_reason,
+                                  "status": r.status, "fail_reason": None if r.fail_reason is None
+                                  else str(r.fail_reason)[:MAX_TEXT],
                                   "output_tokens": int(r.output_tokens)})
-        self.load = {"started_at": float(started_at),
+        self.load = {"started_at": float(started_at), "started_at_from": source,
                      **{k: settings[k] for k in ("num_requests", "rate", "profile", "max_connections")
                         if isinstance(settings.get(k), (int, float, str)) and not isinstance(settings.get(k), bool)}}
         return self
@@ -221,6 +230,8 @@ class LearnerRun:
 
     def submit(self, url: str, key: str | None = None, timeout_s: float = 10.0) -> str:
         """POST the file to the collector at ``url``; returns its message, raises RuntimeError saying why not."""
+        import time
+
         import httpx
 
         from kvlab.http.client import auth_headers
@@ -228,7 +239,8 @@ class LearnerRun:
         key = key if key is not None else os.environ.get(ROOM_KEY_ENV) or None
         try:
             r = httpx.post(url.rstrip("/") + "/room/submissions", content=self.to_json().encode(), timeout=timeout_s,
-                           headers={**auth_headers(key), "content-type": "application/json"})
+                           headers={**auth_headers(key), "content-type": "application/json",
+                                    SENT_AT_HEADER: f"{time.time():.3f}"})  # the collector measures this clock
         except httpx.HTTPError as e:
             raise RuntimeError(f"the collector at {url} could not be reached ({type(e).__name__})") from None
         try:
@@ -252,9 +264,14 @@ def validate(data: Any) -> LearnerRun:
         except (ValueError, UnicodeDecodeError) as e:
             raise RoomFileError([f"it is not JSON ({e}); send the file share() or LearnerRun.save() wrote, "
                                  "unedited"]) from None
+        except RecursionError:
+            raise RoomFileError(["it is JSON nested too deeply to read; send the file share() or LearnerRun.save() "
+                                 "wrote, unedited"]) from None
     if not isinstance(data, dict):
         raise RoomFileError([f"it is a JSON {type(data).__name__}, not an object; send the file share() wrote"])
-    p: list[str] = []
+    p: list[str] = _shape_problems(data)
+    if p:
+        raise RoomFileError(p)
     if data.get("schema") != SCHEMA:
         raise RoomFileError([f"schema is {data.get('schema')!r}, not {SCHEMA!r}: this is not a kvlab room file"])
     version = data.get("schema_version")
@@ -295,6 +312,31 @@ def validate(data: Any) -> LearnerRun:
     fields = {k: data[k] for k in ("learner", "notebook", "machine", "predictions", "verdicts", "figures",
                                    "requests", "load", "submission_id", "created", "kvlab_version")}
     return LearnerRun(**fields)
+
+
+def _shape_problems(data: Any) -> list[str]:
+    """Texts longer than MAX_TEXT and nesting deeper than MAX_DEPTH, anywhere in a file (keys included); no
+    recursion, so no file can exhaust the stack. A file share() wrote has neither."""
+    problems: list[str] = []
+    stack: list[tuple[Any, str, int]] = [(data, "the file", 1)]
+    while stack and len(problems) < 5:
+        value, where, depth = stack.pop()
+        if isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                problems.append(f"{where} holds a text of {len(value):,} characters; at most {MAX_TEXT} are kept")
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth > MAX_DEPTH:
+            problems.append(f"{where} is nested more than {MAX_DEPTH} levels deep; a room file never is")
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            name = f"{where}[{str(k)[:40]!r}]" if isinstance(value, dict) else f"{where}[{k}]"
+            if isinstance(k, str) and len(k) > MAX_TEXT:
+                problems.append(f"{where} has a key of {len(k):,} characters; at most {MAX_TEXT} are kept")
+            stack.append((v, name, depth + 1))
+    return problems
 
 
 def _is_number(v: Any) -> bool:

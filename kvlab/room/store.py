@@ -12,12 +12,16 @@ Rules, in ``Store.add``:
 - a learner's newer run of the same notebook **supersedes** the older one in the view, which stays in
   the table (history); newer means a later ``created`` stamp, then a later arrival;
 - a file from another kvlab major.minor version is accepted with a **note** (its numbers come from other
-  code: the view marks it); one of another schema version is refused by ``record.validate``.
+  code: the view marks it); one of another schema version is refused by ``record.validate``;
+- a run's request times are checked against when it was received (``clock_check``): the learner's clock
+  error measured at sending is kept with it (``clock_offset_s``), and times that cannot be right are
+  accepted with a **clock note**, and left out of the room's curve by the view.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import threading
 import time
@@ -31,6 +35,8 @@ from .record import LearnerRun, RoomFileError, validate
 
 ROOM_FILE_SCHEMA = "kvlab-room"
 MAX_FILE_BYTES = 1 << 20  # a dropped file is held to the collector's body limit too
+SKEW_TOLERANCE_S = 2.0  # a learner's clock this close to the collector's is taken as right (a send takes ms)
+LATE_S = 30 * 60.0  # a run received longer than this after it ended is "shared late": its clock is checked or named
 
 _TABLE = """CREATE TABLE IF NOT EXISTS submissions (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -43,22 +49,83 @@ _TABLE = """CREATE TABLE IF NOT EXISTS submissions (
     source TEXT NOT NULL,
     note TEXT,
     digest TEXT NOT NULL,
-    body TEXT NOT NULL)"""
+    body TEXT NOT NULL,
+    clock_offset_s REAL)"""
+# clock_offset_s: the collector's clock minus the learner's, measured when the file was sent (NULL: not measured,
+# a file from the inbox or an older kvlab). Added after the first release: an older database gains the column.
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What became of one submission: "accepted", "duplicate" (merged), "superseding" (accepted, replaces an
-    older run of the same learner and notebook) or "refused"; ``message`` says it in words."""
+    older run of the same learner and notebook) or "refused"; ``message`` says it in words. ``note``: another
+    kvlab version's; ``clock_note``: what ``clock_check`` found in its times (None: nothing to say)."""
 
     status: str
     message: str
     submission_id: str | None = None
     note: str | None = None
+    clock_note: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.status != "refused"
+
+
+@dataclass(frozen=True)
+class ClockCheck:
+    """Where a run's requests go on the room's time axis: moved by ``shift_s`` (the learner's clock error, when it
+    was measured), ``placed`` False when its times cannot be right (left out of the room's curve), and ``note``."""
+
+    shift_s: float = 0.0
+    placed: bool = True
+    note: str | None = None
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def clock_check(run: LearnerRun, received_at: float | None, clock_offset_s: float | None = None) -> ClockCheck:
+    """Check a run's request times (the learner's clock) against when the collector received it (its own clock).
+
+    - ``clock_offset_s`` (the collector's clock minus the learner's, measured as the file was sent) beyond
+      SKEW_TOLERANCE_S: the learner's clock is off by that much, and the run is moved by it.
+    - requests that end after the collector received them: the learner's clock runs ahead, unmeasured; the
+      times cannot be right and the run is left out (``placed`` False).
+    - received more than LATE_S after the run ended: with the clock measured at sending, placed and noted; with
+      no measurement (a file handed in), a clock off by an hour would look just like this: left out, named.
+    A run without requests has nothing to place.
+    """
+    if not run.requests:
+        return ClockCheck()
+    notes, placed = [], True
+    measured = clock_offset_s is not None and math.isfinite(clock_offset_s)
+    shift = float(clock_offset_s) if measured and abs(clock_offset_s) > SKEW_TOLERANCE_S else 0.0
+    if shift:
+        notes.append(f"the learner's clock was {_span(shift)} {'behind' if shift > 0 else 'ahead of'} the "
+                     "collector's when it was shared: its requests are moved by that much")
+    last = max(max(r.get("scheduled_s") or 0.0, r.get("finished_s") or 0.0) for r in run.requests)
+    end = float(run.load.get("started_at", 0.0)) + shift + last
+    if received_at is not None and end > received_at + SKEW_TOLERANCE_S:
+        placed = False
+        notes.append(f"its requests end {_span(end - received_at)} after the collector received it, which cannot be "
+                     "(the learner's clock runs ahead); left out of the room's curve")
+    elif received_at is not None and received_at - end > LATE_S:
+        if measured:
+            notes.append(f"shared {_span(received_at - end)} after its run ended; placed by the learner's clock, "
+                         "checked when it was shared")
+        else:
+            placed = False
+            notes.append(f"received {_span(received_at - end)} after its run ended, and the learner's clock was never "
+                         "checked (a file handed in): a clock that far off would look the same; left out of the "
+                         "room's curve")
+    if run.load.get("started_at_from") == "share":
+        notes.append("its client recorded no start time: the start was estimated when it was shared, so sharing "
+                     "late places it late")
+    return ClockCheck(shift, placed, "; ".join(notes) or None)
 
 
 def version_note(version: str) -> str | None:
@@ -80,16 +147,26 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(_TABLE)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(submissions)")}
+        if "clock_offset_s" not in columns:  # a database from before the column
+            self._db.execute("ALTER TABLE submissions ADD COLUMN clock_offset_s REAL")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def add(self, run: LearnerRun, source: str = "http") -> Outcome:
-        """Store ``run`` (already validated) under the rules of the module docstring; committed on return."""
+    def add(self, run: LearnerRun, source: str = "http", clock_offset_s: float | None = None,
+            received_at: float | None = None) -> Outcome:
+        """Store ``run`` (already validated) under the rules of the module docstring; committed on return.
+        ``clock_offset_s``: the collector's clock minus the learner's as it was sent (``clock_check``);
+        ``received_at``: when it arrived, unix seconds (default now)."""
         body = run.to_json()
         digest = hashlib.sha256(body.encode()).hexdigest()
         note = version_note(run.kvlab_version)
+        received_at = time.time() if received_at is None else received_at
+        if clock_offset_s is not None and not math.isfinite(clock_offset_s):
+            clock_offset_s = None
+        clock_note = clock_check(run, received_at, clock_offset_s).note
         with self._lock:
             row = self._db.execute("SELECT digest, received_at FROM submissions WHERE submission_id = ?",
                                    (run.submission_id,)).fetchone()
@@ -97,20 +174,22 @@ class Store:
                 if row[0] == digest:
                     when = time.strftime("%H:%M:%S", time.localtime(row[1]))
                     return Outcome("duplicate", f"{run.learner}'s {run.notebook} was already received at {when}; "
-                                   "nothing changed", run.submission_id, note)
+                                   "nothing changed", run.submission_id, note)  # its clock was checked then
                 return Outcome("refused", f"submission {run.submission_id} was already received with other "
                                "content; share again (a new submission gets a new id)", run.submission_id)
             older = self._db.execute("SELECT COUNT(*) FROM submissions WHERE learner = ? AND notebook = ?",
                                      (run.learner, run.notebook)).fetchone()[0]
             self._db.execute("INSERT INTO submissions (submission_id, learner, notebook, created, kvlab_version, "
-                             "received_at, source, note, digest, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             "received_at, source, note, digest, body, clock_offset_s) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (run.submission_id, run.learner, run.notebook, run.created, run.kvlab_version,
-                              time.time(), source, note, digest, body))
+                              received_at, source, note, digest, body, clock_offset_s))
         if older:
             return Outcome("superseding", f"received {run.learner}'s {run.notebook}; it replaces the earlier "
                            f"run{'s' if older > 1 else ''} in the view (kept in history). Not you? Share again with "
-                           "your initial added to the name", run.submission_id, note)
-        return Outcome("accepted", f"received {run.learner}'s {run.notebook}, thank you", run.submission_id, note)
+                           "your initial added to the name", run.submission_id, note, clock_note)
+        return Outcome("accepted", f"received {run.learner}'s {run.notebook}, thank you", run.submission_id, note,
+                       clock_note)
 
     def add_json(self, raw: bytes | str | dict, source: str = "http") -> Outcome:
         """Validate then add; a file that cannot be read is "refused" with every problem in the message."""
@@ -136,7 +215,7 @@ class Store:
         notebook supersedes it."""
         with self._lock:
             cursor = self._db.execute("SELECT seq, submission_id, learner, notebook, created, kvlab_version, "
-                                      "received_at, source, note, body FROM submissions ORDER BY seq")
+                                      "received_at, source, note, clock_offset_s, body FROM submissions ORDER BY seq")
             names = [d[0] for d in cursor.description]
             rows = [dict(zip(names, r)) for r in cursor.fetchall()]
         latest: dict[tuple[str, str], dict] = {}
@@ -164,16 +243,17 @@ class Store:
 
         rows = [{k: v for k, v in r.items() if k != "body"} for r in self.rows()]
         return pd.DataFrame(rows, columns=["seq", "submission_id", "learner", "notebook", "created", "kvlab_version",
-                                           "received_at", "source", "note", "current"])
+                                           "received_at", "source", "note", "clock_offset_s", "current"])
 
 
 def room_file(rows: list[dict]) -> dict:
     """``{"schema", "schema_version", "kvlab_version", "exported_at", "submissions": [...]}``; each submission
-    is ``{"run": <the learner's file>, "received_at", "source", "note", "current"}``."""
+    is ``{"run": <the learner's file>, "received_at", "source", "note", "clock_offset_s", "current"}``."""
     return {"schema": ROOM_FILE_SCHEMA, "schema_version": 1, "kvlab_version": __version__,
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "submissions": [{"run": json.loads(r["body"]), "received_at": r["received_at"], "source": r["source"],
-                             "note": r["note"], "current": r["current"]} for r in rows]}
+                             "note": r["note"], "clock_offset_s": r.get("clock_offset_s"), "current": r["current"]}
+                            for r in rows]}
 
 
 def write_room_file(path: str | Path, store_or_file: "Store | dict") -> Path:

@@ -6,7 +6,9 @@
     room.guesses()                       # per question: the room's guesses against the measurements
     room.hold_rates()                    # per claim: how many machines it held on, and which it did not
     room.outliers()                      # machines that disagree with the rest, named with their settings
+    room.placements()                    # notebook 09: where each run's requests go, and which are left out, why
     room.service_curve()                 # notebook 09: everyone's requests pooled on one time axis
+    room.knee_rps()                      # the knee, or why there is none (kept up / behind from the start)
 
 Only each learner's *current* run of a notebook counts (a newer run supersedes an older one; the
 collector keeps both). The figures are ``kvlab.room.figures``.
@@ -18,19 +20,28 @@ else against the whole room (two GPUs are compared with the room, not with each 
 every machine measures alike (02's bytes) has a MAD of 0: a floor of 0.01 (1 %) stands in, so any
 machine off by more than a few percent is named.
 
-**The service curve** pools every learner's 09 records by wall time (each file says when its client
-started): windows of ``window_s`` seconds give the offered rate (arrivals / s), the achieved rate
+**Placing the requests** (``placements()``): each file says when its client's clock started (wall time),
+moved by the learner's clock error where the collector measured it at sending; a run whose times cannot
+be right against when it was received (``kvlab.room.store.clock_check``: it ends after it was received,
+or it came long after with its clock never checked) is left out of the curve and named, and a run
+shared twice under two names (the same requests) is pooled once, under the first, and named.
+
+**The service curve** pools every placed 09 record by wall time: windows of ``window_s`` seconds give
+the offered rate (arrivals / s), the achieved rate
 (completions / s) and the clocks of the requests that arrived in them; windows are grouped into
 buckets of offered rate, and the knee is ``kvlab.serving.sweep.find_knee``'s walk: the highest bucket
 before the first that does not keep up. A bucket keeps up when at least ``min_served`` (0.9) of its
 requests completed (not refused with 429, not failed) and their TTFT p95 is within ``slo_ttft_s``
 (1 s by default: say the room's own), as notebook 09 judges a rate. Achieved / offered is shown, not
-judged: within one window it lags the arrivals by a request's own latency.
+judged: within one window it lags the arrivals by a request's own latency. Beside the clocks each
+bucket gives the share of its requests refused (HTTP 429: the server's queue was full) and the share
+that failed otherwise (a time-out, an engine error); ``knee_rps()`` says which of three cases the curve is.
 """
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,10 +52,27 @@ from kvlab.clocks import RequestRecord, quantiles
 from kvlab.serving.sweep import find_knee
 
 from .record import LearnerRun, RoomFileError, validate
-from .store import ROOM_FILE_SCHEMA, Store, room_file
+from .store import ROOM_FILE_SCHEMA, ClockCheck, Store, clock_check, room_file
 
 MAD_FLOOR = 0.01
 CLOCKS = ("ttft", "tpot", "e2e")
+REFUSED = "http_429"  # the start of a request's fail_reason when the server refused it (queue full)
+KNEE_CASES = ("knee", "kept_up", "behind_from_the_start", "no_requests")
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The room's knee and which case the curve is: ``"knee"`` (``rps``: the busiest offered rate before the first
+    bucket that did not keep up), ``"kept_up"`` (every bucket kept up: the knee lies beyond the busiest rate),
+    ``"behind_from_the_start"`` (the lowest bucket already did not: the knee lies below it) or ``"no_requests"``.
+    ``rps`` is None but for a knee; ``message`` (also ``str(knee)``) says it in words."""
+
+    rps: float | None
+    case: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def load_room(source: Any, key: str | None = None) -> "Room":
@@ -82,9 +110,21 @@ class Room:
     """Every submission of a room; the tables read the current ones (see the module docstring)."""
 
     def __init__(self, entries: list[dict]) -> None:
-        self.entries = entries  # {"run": LearnerRun, "note", "current", "source", "received_at"}
-        self.runs: list[LearnerRun] = [e["run"] for e in entries if e["current"]]
-        self.notes = {(e["run"].learner, e["run"].notebook): e["note"] for e in entries if e["current"]}
+        self.entries = entries  # {"run": LearnerRun, "note", "current", "source", "received_at", "clock_offset_s"}
+        current = [e for e in entries if e["current"]]
+        self.runs: list[LearnerRun] = [e["run"] for e in current]
+        self.notes = {(e["run"].learner, e["run"].notebook): e["note"] for e in current}
+        # where each run's requests go on the room's axis (runs without requests have none)
+        self.clocks: dict[int, ClockCheck] = {id(e["run"]): clock_check(e["run"], e.get("received_at"),
+                                                                       e.get("clock_offset_s"))
+                                              for e in current if e["run"].requests}
+        self.pooled_as: dict[int, LearnerRun] = {}  # a run whose requests another current run already holds -> that
+        first: dict[tuple, LearnerRun] = {}
+        for run in self.runs:
+            if run.requests:
+                same = first.setdefault(_fingerprint(run), run)
+                if same is not run:
+                    self.pooled_as[id(run)] = same
 
     @classmethod
     def from_room_file(cls, data: dict) -> "Room":
@@ -116,17 +156,40 @@ class Room:
                 "threads": m.get("torch_threads"), "runtime": m.get("runtime"), "kvlab": run.kvlab_version,
                 "notebooks": 0})
             row["notebooks"] += 1
-        return pd.DataFrame(list(rows.values())).sort_values("learner", ignore_index=True)
+        columns = ["learner", "device", "device_class", "threads", "runtime", "kvlab", "notebooks"]
+        return pd.DataFrame(list(rows.values()), columns=columns).sort_values("learner", ignore_index=True)
 
     def summary(self) -> str:
         learners = self.learners()
         classes = learners["device_class"].value_counts().to_dict() if len(learners) else {}
         superseded = sum(1 for e in self.entries if not e["current"])
         other = sorted({r.kvlab_version for r in self.runs if self.notes.get((r.learner, r.notebook))})
+        placements = self.placements()
+        out = placements[~placements["pooled"]] if len(placements) else placements
         return (f"{len(learners)} learners, {len(self.entries)} submissions ({superseded} superseded by a newer run), "
                 f"{len({r.notebook for r in self.runs})} notebooks; devices: "
                 + ", ".join(f"{n} {c}" for c, n in classes.items())
-                + (f"; from another kvlab version (marked *): {', '.join(other)}" if other else ""))
+                + (f"; from another kvlab version (marked *): {', '.join(other)}" if other else "")
+                + (f"; left out of the room's curve: {', '.join(out['learner'])} (room.placements() says why)"
+                   if len(out) else ""))
+
+    def placements(self) -> pd.DataFrame:
+        """One row per run with requests: who, how many, its start on the room's clock, the shift applied for its
+        clock, whether it is ``pooled`` into the room's curve, and the ``note`` saying why it was moved or left out."""
+        rows = []
+        for run in self.runs:
+            if not run.requests:
+                continue
+            check, same = self.clocks[id(run)], self.pooled_as.get(id(run))
+            notes = [check.note] if check.note else []
+            if same is not None:
+                notes.append(f"the same requests as {self._who(same)['learner']}'s run (shared twice under two "
+                             "names?): pooled once, under the first")
+            rows.append({"learner": self._who(run)["learner"], "notebook": run.notebook, "requests": len(run.requests),
+                         "started_at": float(run.load["started_at"]) + check.shift_s, "shift_s": check.shift_s,
+                         "pooled": check.placed and same is None, "note": "; ".join(notes) or None})
+        return pd.DataFrame(rows, columns=["learner", "notebook", "requests", "started_at", "shift_s", "pooled",
+                                           "note"])
 
     def _who(self, run: LearnerRun) -> dict:
         m = run.machine
@@ -167,7 +230,8 @@ class Room:
                          "guess_median": guessed["guess"].median() if len(guessed) else math.nan,
                          "room_error_x": float(np.exp(np.median(np.log(ratio)))) if len(ratio) else math.nan,
                          "within_2x": float(((ratio >= 0.5) & (ratio <= 2)).mean()) if len(ratio) else math.nan})
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=["notebook", "question", "unit", "n_measured", "measured_median", "n_guessed",
+                                           "guess_median", "room_error_x", "within_2x"])
 
     # -- claims --------------------------------------------------------------------------------------
     def hold_rates(self, notebook: str | None = None) -> pd.DataFrame:
@@ -238,13 +302,18 @@ class Room:
         return out.reindex(out["z"].abs().sort_values(ascending=False).index).reset_index(drop=True)
 
     # -- one server, the whole room --------------------------------------------------------------------
-    def requests(self) -> pd.DataFrame:
-        """Every 09 request of the room on one time axis: ``t_s`` (arrival since the room's first), clocks."""
+    def requests(self, every_run: bool = False) -> pd.DataFrame:
+        """Every pooled 09 request of the room on one time axis: ``t_s`` (arrival since the room's first), status and
+        ``fail_reason`` (``http_429:...`` refused, ``timeout``, ...), clocks. ``every_run``: the runs
+        ``placements()`` leaves out too (their times as they came, shifted where the clock was measured)."""
         rows = []
         for run in self.runs:
             if not run.requests:
                 continue
-            start = float(run.load["started_at"])
+            check = self.clocks[id(run)]
+            if not every_run and not (check.placed and id(run) not in self.pooled_as):
+                continue
+            start = float(run.load["started_at"]) + check.shift_s
             who = self._who(run)
             for r in run.requests:
                 record = RequestRecord(r["request_id"], int(r.get("prompt_tokens") or 0),
@@ -254,10 +323,10 @@ class Room:
                 clocks = record.clocks()
                 rows.append({"learner": who["learner"], "device": who["device"], "arrival": start + r["scheduled_s"],
                              "finish": None if r["finished_s"] is None else start + r["finished_s"],
-                             "status": r["status"], "output_tokens": r.get("output_tokens") or 0,
-                             **{c: clocks[f"{c}_s"] for c in CLOCKS}})
-        frame = pd.DataFrame(rows, columns=["learner", "device", "arrival", "finish", "status", "output_tokens",
-                                            *CLOCKS])
+                             "status": r["status"], "fail_reason": r.get("fail_reason"),
+                             "output_tokens": r.get("output_tokens") or 0, **{c: clocks[f"{c}_s"] for c in CLOCKS}})
+        frame = pd.DataFrame(rows, columns=["learner", "device", "arrival", "finish", "status", "fail_reason",
+                                            "output_tokens", *CLOCKS])
         if len(frame):
             t0 = frame["arrival"].min()
             frame.insert(2, "t_s", frame["arrival"] - t0)
@@ -277,10 +346,11 @@ class Room:
             arrived = frame[frame["window"] == w]
             ended = done[finished == w]
             ok = arrived[arrived["status"] == "completed"]
+            refused = _refused(arrived)
             row = {"window": w, "t_s": w * window_s, "learners": arrived["learner"].nunique(), "arrived": len(arrived),
                    "offered_rps": len(arrived) / window_s, "achieved_rps": len(ended) / window_s,
                    "output_tokens_per_s": ended["output_tokens"].sum() / window_s,
-                   "failed": int((arrived["status"] == "failed").sum())}
+                   "failed": int((arrived["status"] == "failed").sum()), "refused": int(refused.sum())}
             for c in CLOCKS:
                 q = quantiles(ok[c], (0.5, 0.95))
                 row.update({f"{c}_n": q["n"], f"{c}_p50_s": q["p50"], f"{c}_p95_s": q["p95"]})
@@ -314,7 +384,9 @@ class Room:
             row = {"rate_from": edges[b], "rate_to": edges[b + 1], "windows": len(ws), "requests": len(arrived),
                    "learners": round(ws["learners"].mean(), 1), "offered_rps": ws["offered_rps"].mean(),
                    "achieved_rps": ws["achieved_rps"].mean(), "output_tokens_per_s": ws["output_tokens_per_s"].mean(),
-                   "served": float((arrived["status"] == "completed").mean())}
+                   "served": float((arrived["status"] == "completed").mean()),
+                   "refused": float(_refused(arrived).mean()),
+                   "failed_otherwise": float(((arrived["status"] != "completed") & ~_refused(arrived)).mean())}
             row["throughput_ratio"] = row["achieved_rps"] / row["offered_rps"]
             for c in CLOCKS:
                 q = quantiles(ok[c], (0.5, 0.95))
@@ -327,8 +399,40 @@ class Room:
         curve["is_knee"] = [i == knee for i in range(len(curve))]
         return curve
 
-    def knee_rps(self, **kwargs) -> float | None:
-        """The offered rate of the room's knee (``service_curve``), or None when no bucket fails to keep up."""
+    def knee_rps(self, **kwargs) -> Knee:
+        """The room's knee on ``service_curve(**kwargs)`` and which case it is: ``.rps`` (None unless a knee was
+        found), ``.case``, and in words ``str(...)`` (see ``Knee``)."""
         curve = self.service_curve(**kwargs)
-        hit = curve[curve["is_knee"]] if len(curve) else curve
-        return float(hit["offered_rps"].iloc[0]) if len(hit) else None
+        if curve.empty:
+            return Knee(None, "no_requests", "no knee: the room holds no pooled 09 requests")
+        slo = kwargs.get("slo_ttft_s", 1.0)
+        if curve["is_knee"].any():
+            rps = float(curve.loc[curve["is_knee"], "offered_rps"].iloc[0])
+            above = curve[~curve["keeps_up"]].iloc[0]
+            return Knee(rps, "knee", f"{rps:.3g} requests/s offered by the room: the busiest rate that kept up; at "
+                                     f"{above['offered_rps']:.3g}/s {_behind(above, slo)}")
+        if curve["keeps_up"].all():
+            top = float(curve["offered_rps"].iloc[-1])
+            return Knee(None, "kept_up", f"no knee: every rate the room offered kept up, up to {top:.3g} requests/s "
+                                         f"({curve['refused'].max():.0%} refused at most); the knee lies beyond it")
+        low = curve.iloc[0]
+        return Knee(None, "behind_from_the_start",
+                    f"no knee: at the lowest rate the room offered ({low['offered_rps']:.3g} requests/s) the server "
+                    f"already {_behind(low, slo)}; the knee lies below it")
+
+
+def _refused(requests: pd.DataFrame) -> pd.Series:
+    """Which of ``requests`` the server refused (HTTP 429: its queue was full)."""
+    return requests["fail_reason"].fillna("").astype(str).str.startswith(REFUSED)
+
+
+def _behind(bucket: pd.Series, slo_ttft_s: float) -> str:
+    """Why a bucket of the service curve did not keep up, in words."""
+    return (f"{bucket['served']:.0%} were served ({bucket['refused']:.0%} refused, {bucket['failed_otherwise']:.0%} "
+            f"failed otherwise), TTFT p95 {bucket['ttft_p95_s']:.3g} s against {slo_ttft_s:g} s")
+
+
+def _fingerprint(run: LearnerRun) -> tuple:
+    """What makes two runs' requests the same run: every request's own times and outcome."""
+    return tuple((r.get("scheduled_s"), r.get("first_token_s"), r.get("finished_s"), r.get("status"))
+                 for r in run.requests)

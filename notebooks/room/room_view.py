@@ -60,7 +60,9 @@ for notebook in notebooks:
     print(room.by_device(notebook).drop(columns="question").to_string(index=False, float_format="{:.3g}".format))
 
 # %%
-answers_figure(room, "01_the_slowdown.ipynb");
+# the first notebook with measured answers (any notebook: the figure says so when there are none)
+answered = [nb for nb in notebooks if room.measured(nb)["measured"].notna().any()] or notebooks or ["(none)"]
+answers_figure(room, answered[0]);
 
 # %% [markdown]
 # ## The room's guesses against the measurements
@@ -103,24 +105,51 @@ room.outliers().round(3)
 
 # %%
 headline = {nb: room.figures(nb) for nb in notebooks}
-headline["01_the_slowdown.ipynb"].head(10)
+headline[answered[0]].head(10) if answered[0] in headline else "no notebook shared yet"
 
 # %% [markdown]
 # ## One server, the whole room
 #
 # Every learner ran notebook 09's client against the teacher's one `kvlab serve`, at about the same
-# moment. Their per-request records, pooled on one time axis (each file says when its client
-# started), give the room's four clocks as the class piled on and one service curve: requests grouped
-# by the offered rate of the window they arrived in, with n, and the knee: the busiest rate before the
-# first where the server stopped keeping up (under 90 % of requests served, or TTFT p95 over 1 s;
-# `room.service_curve(slo_ttft_s=...)` sets the room's own target).
+# moment. Their per-request records, pooled on one time axis, give the room's four clocks as the class
+# piled on and one service curve.
+#
+# **Where each run goes.** Each file says when its client's clock started, on the learner's wall
+# clock; the collector measured that clock against its own when the file was sent, and a run is moved
+# by the difference. A run whose times cannot be right against when it arrived (its requests end after
+# the collector received it, or it came long after its run with the clock never checked) is left out
+# and named below, and so is a second copy of the same run shared under another name.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+placements = room.placements()
+print(f"{int(placements['pooled'].sum())} of {len(placements)} runs with requests pooled")
+placements[placements["note"].notna()][["learner", "requests", "shift_s", "pooled", "note"]]
+
+# %% [markdown]
+# **The curve.** Requests grouped by the offered rate of the window they arrived in, with n; beside
+# the clocks, the share of each rate's requests the server refused (429: its queue was full) or that
+# failed otherwise. The knee is the busiest rate before the first where the server stopped keeping up
+# (under 90 % of requests served, or TTFT p95 over 1 s; `room.service_curve(slo_ttft_s=...)` sets the
+# room's own target); when there is none, the line says whether every rate kept up or the server was
+# behind from the start.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 curve = room.service_curve()
-print(f"knee: {room.knee_rps()} requests/s offered by the room")
-curve[["rate_from", "rate_to", "requests", "learners", "offered_rps", "achieved_rps", "throughput_ratio",
-       "served", "ttft_n", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p95_s", "is_knee"]].round(3)
+print(f"knee: {room.knee_rps()}")
+columns = ["rate_from", "rate_to", "requests", "learners", "offered_rps", "achieved_rps", "throughput_ratio", "served",
+           "refused", "failed_otherwise", "ttft_n", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p95_s", "is_knee"]
+curve[columns].round(3) if len(curve) else "no notebook-09 requests pooled in this room"
+
+# %% [markdown]
+# The requests themselves, with why each that was not served ended (`fail_reason`: `http_429:...`
+# refused by a full queue, `timeout`, `deadline`, ...):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+requests = room.requests()
+requests.groupby(["status", "fail_reason"], dropna=False).size().rename("requests").reset_index()
 
 # %%
 service_figure(room);
