@@ -19,6 +19,14 @@ from kvlab.threads import torch_threads
 
 ARCHITECTURES = {"llama": kvlab.tiny_llama, "gpt2": kvlab.tiny_gpt2}  # Llama (GQA, RoPE) and GPT-2 (MHA, learned)
 
+try:  # no time limit on a hypothesis example: a slow example on a busy machine is no failure
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("kvlab", deadline=None)
+    _hypothesis_settings.load_profile("kvlab")
+except ImportError:
+    pass
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():

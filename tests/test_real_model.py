@@ -61,13 +61,13 @@ def test_a_hanging_dns_lookup_does_not_hold_the_notebook(online_env, monkeypatch
     monkeypatch.setattr(socket, "getaddrinfo", hang)
     t0 = time.perf_counter()
     assert hub_reachable(timeout_s=0.5, endpoint="http://kvlab-hangs.invalid") is False
-    assert time.perf_counter() - t0 < 1.5
+    assert time.perf_counter() - t0 < 10  # the probe's 0.5 s, and a busy machine's lag: not the lookup's 30 s
 
 
 def test_a_refused_connection_is_unreachable_and_quick(online_env):
     t0 = time.perf_counter()
-    assert hub_reachable(timeout_s=2) is False
-    assert time.perf_counter() - t0 < 2.5
+    assert hub_reachable(timeout_s=20) is False
+    assert time.perf_counter() - t0 < 10  # refused at once: well within the probe's 20 s time-out
 
 
 @pytest.fixture(scope="module")
