@@ -130,7 +130,8 @@ def share_cells(notebook: str) -> list:
     """The end of every notebook, before its navigation: sharing the run with a workshop's room (kvlab.room)."""
     requests = ROOM_REQUESTS.get(notebook)
     what = "this notebook's predictions and the verdicts of its claims" + (
-        ", and the timings of the requests your client sent in section 3" if requests else "")
+        ", and the timings of the requests your client sent in *Measure at the client* (with when its clock "
+        "started, so they are placed when they ran)" if requests else "")
     text = ("### Share your run with the room (optional)\n\n"
             "In a workshop your teacher may gather everyone's runs and show the room side by side: each "
             "prediction against what each machine measured, and how often each claim held across the room "

@@ -41,3 +41,14 @@ def test_every_notebook_ends_with_the_share_cell_and_09_sends_its_client_records
         assert len(share) == 1, entry.file
         assert f'notebook="{entry.file}"' in share[0].source
         assert ("requests=result" in share[0].source) == (entry.file in authoring.ROOM_REQUESTS)
+
+
+def test_09s_share_cell_names_the_section_whose_requests_it_sends():
+    import re
+
+    text = authoring.share_cells("09_measure_a_real_server.ipynb")[0].source
+    [section] = re.findall(r"requests your client sent in \*([^*]+)\*", text)
+    source = authoring.source_path(authoring.notebook_dir() / "09_measure_a_real_server.ipynb").read_text()
+    heading = next(line for line in source.splitlines() if line.startswith("# ## ") and line.endswith(section))
+    body = source.split(heading, 1)[1].split("\n# ## ", 1)[0]
+    assert re.search(r"^result = ", body, re.M), f"{section!r} is not where 09 makes `result`"
