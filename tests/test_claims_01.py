@@ -76,6 +76,31 @@ def test_uncached_steps_that_do_not_grow_are_reported_as_such():
     assert v.holds and "weighs as much as any number of tokens" in str(v)
 
 
+def test_a_gap_that_grows_by_the_same_each_step_is_not_called_widening():
+    """A constant per-step difference doubles the gap from the middle of the run to its end with no slowdown at
+    all (the old rule, gap at the end > 1.5 x gap at the middle, held on it); the rule compares the per-step
+    difference late in the run with early in it, against the run's own scatter."""
+    constant = run(fixed=3.0, per_token=0.0, cached_ms=2.0)  # every uncached step 1 ms behind, none slowing down
+    v = CLAIMS["uncached_wait_gap_widens"].on(constant)
+    assert not v.holds and v.values["times"] == pytest.approx(1.0), str(v)
+    curves = constant.pivot(index=["token"], columns="cache", values="time_s")
+    gap = curves["none"] - curves["dynamic"]
+    assert gap.iloc[-1] > 1.5 * gap.iloc[len(gap) // 2 - 1]  # what the old rule saw as widening
+    assert CLAIMS["uncached_wait_gap_widens"].on(run()).holds
+    stops = counterexample_of("uncached_wait_gap_widens")(None)
+    assert not CLAIMS["uncached_wait_gap_widens"].on(stops).holds
+
+
+def test_a_widening_inside_the_runs_own_scatter_is_not_called_widening():
+    import numpy as np
+
+    slight = run(fixed=3.0, per_token=0.001, cached_ms=2.0)  # a 0.1 ms drift over the run
+    uncached = slight["cache"] == "none"
+    slight.loc[uncached, "step_ms"] += np.random.default_rng(0).normal(0, 1.0, uncached.sum())
+    v = CLAIMS["uncached_wait_gap_widens"].on(slight)
+    assert not v.holds and v.values["late_ms"] - v.values["early_ms"] < v.values["margin"], str(v)
+
+
 def test_cached_steps_that_got_much_faster_are_not_called_flat_either():
     frame = run()
     early = (frame["cache"] == "dynamic") & frame["token"].between(15, 25)

@@ -1,7 +1,8 @@
 """Claims of notebook 01 (the slowdown), checked on the learner's run of ``run_slowdown``.
 
 Every claim here rests on wall-clock time, so each states a qualitative fact with a margin:
-uncached steps grow and cached ones stay nearly flat; the gap between the two arrivals widens;
+uncached steps grow and cached ones stay nearly flat; the gap between the two arrivals widens faster than a
+constant difference per step would widen it;
 the measured slowdown stays below the work ratio, because a pass over many tokens costs far less
 per token than a pass over one; and a line through the uncached steps splits each into a part
 every pass pays whatever it holds (clearly above zero: a sizeable share of a cached step) and a part per token.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .long_context import context_step_summary
@@ -59,24 +61,48 @@ def cached_steps_stay_flat(result: Any) -> dict:
                 holds=1 / FLAT_WITHIN < r.measured_ratio < FLAT_WITHIN)
 
 
+# How far the per-step difference between the two paths must move, in standard errors of its halves' means,
+# before the gap between arrivals counts as widening faster than a constant difference per step would widen it.
+GAP_MARGIN_SE = 2.0
+
+
+def _robust_sd(x: np.ndarray) -> float:
+    """The step-to-step scatter of ``x``, a trend left out: the median absolute difference of neighbours,
+    scaled to a normal standard deviation (median |X - Y| = 0.954 sd for X, Y independent normal)."""
+    return float(np.median(np.abs(np.diff(x)))) / 0.954 if len(x) > 2 else float("nan")
+
+
 @claim(NOTEBOOK, clock="wall",
        says="""
-           the last token arrived after {none_s:.2f} s without a cache and {dynamic_s:.2f} s with one; the gap
-           between them grew from {gap_mid:.2f} s at token {mid} to {gap_end:.2f} s at token {last}""",
+           the gap between the arrivals without and with a cache ({gap_end:.2f} s at token {last}) widened
+           faster as the run went on: an uncached step fell {late_ms:.2f} ms behind a cached one over tokens
+           {mid_next} to {last}, against {early_ms:.2f} ms over tokens 1 to {mid} ({times:.1f}×; a constant
+           difference per step would give 1×, and this run's step-to-step scatter allows ±{margin:.2f} ms)""",
        otherwise="""
-           the gap did not keep widening: the uncached steps were not clearly slower than the cached ones for the
-           whole run. Look at the left panel: where the red line sits on the blue one, the gap stops growing. A
-           run slowed by other programs in its second half can also do this; press Run again.""")
+           the uncached steps did not fall further behind the cached ones late in the run than early: the gap
+           grew by about the same each token, which a constant difference per step does without any slowdown.
+           Look at the left panel: where the red line runs parallel to the blue one, the uncached steps are not
+           slowing down. A run slowed by other programs in its first half can also do this; press Run again.""")
 def uncached_wait_gap_widens(result: Any) -> dict:
+    """Decided on the per-step difference (fastest of the repeats), whose sum is the gap: its mean over the second
+    half of the decode steps exceeds its mean over the first half by more than ``GAP_MARGIN_SE`` standard errors of
+    that difference, the standard error from the run's own step-to-step scatter. A constant difference per step
+    (the gap then grows linearly, doubling from the middle to the end) does not hold."""
     curves = step_curves(frame_of(result))
+    steps = curves.pivot(index="token", columns="cache", values="step_ms")
     arrival = curves.pivot(index="token", columns="cache", values="time_s")  # median run's arrival times
-    last = int(arrival.index.max())
-    mid = last // 2
-    gap = arrival["none"] - arrival["dynamic"]
-    gap_mid, gap_end = float(gap.loc[mid]), float(gap.loc[last])
-    return dict(none_s=float(arrival.at[last, "none"]), dynamic_s=float(arrival.at[last, "dynamic"]),
-                gap_mid=gap_mid, gap_end=gap_end, mid=mid, last=last,
-                holds=gap_mid > 0 and gap_end > 1.5 * gap_mid)
+    last = int(steps.index.max())
+    mid = max(1, last // 2)
+    behind = (steps["none"] - steps["dynamic"]).loc[1:]  # each decode step: how far the uncached one falls behind
+    early, late = behind.loc[1:mid].to_numpy(), behind.loc[mid + 1:].to_numpy()
+    sd = _robust_sd(behind.to_numpy())
+    se = sd * float(np.sqrt(1 / max(len(early), 1) + 1 / max(len(late), 1)))
+    early_ms = float(early.mean()) if len(early) else float("nan")
+    late_ms = float(late.mean()) if len(late) else float("nan")
+    return dict(gap_end=float(arrival.at[last, "none"] - arrival.at[last, "dynamic"]), last=last, mid=mid,
+                mid_next=mid + 1, early_ms=early_ms, late_ms=late_ms,
+                times=late_ms / early_ms if early_ms > 0 else float("nan"), margin=GAP_MARGIN_SE * se,
+                holds=bool(early_ms > 0 and late_ms - early_ms > GAP_MARGIN_SE * se))
 
 
 @claim(NOTEBOOK, clock="wall",
