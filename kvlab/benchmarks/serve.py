@@ -1,160 +1,263 @@
-"""Benchmark: kvlab serve against transformers serve --continuous-batching, same weights, same workload, same client.
+"""Benchmark: kvlab serve, transformers serve and vLLM on the same weights, the same workload, the same client.
 
-Each round starts both servers together and measures them in turn (the order rotated from round
-to round, one server measured at a time while the other idles) on one checkpoint folder
-(default: the lesson model with a byte tokenizer,
-`kvlab.lessons.l09_measure_a_real_server.two_engines.lesson_checkpoint`), and for each measures, with the load client
-over loopback (`kvlab.lessons.l09_measure_a_real_server.two_engines.compare_engines`):
+Every engine loads one checkpoint folder (the lesson model with a byte tokenizer) and is started
+once, all together; then, before any timing, each writes its greedy answer to 16 recall prompts and
+the answers are compared with kvlab serve's (`three_engines.same_greedy_tokens`; a difference
+stops the run). Then `--rounds` paired rounds, the engines' order rotated from round to round, each
+engine measured alone while the others idle (`three_engines.measure_engine`):
 
-- **cold**: the first `--cold` requests after the server started (reported apart, never paired);
-- **low load**: after `--warmup` more requests, `--requests` at `--low-rate` req/s (short_short):
-  TTFT and TPOT with next to no queueing;
-- **sweep**: after `--warmup` unreported requests of `--profile` (so that an engine's first long
-  prompt, which pays once for new shapes, is not timed), `--profile` (default mixture: long
-  prompts and long answers, enough to saturate both) at rising `--rates`, `--duration` s each, up to the first rate past the *knee*: the
-  highest rate with >= 90% of the requests completed and TTFT p95 <= `--slo-ttft` s, each rate read
-  at its close (a few seconds after its last arrival; the unfinished counted, TTFT p95 over all sent).
+- **cold** (first round only): the first `--cold` requests after the server started;
+- **low load**: `--requests` short_short requests at `--low-rate` req/s;
+- **sweep**: the `--profile` mixture at the `--rates` ladder, `--duration` s each, read at each rate's
+  close, up to the first rate not served (>= 90% completed and TTFT p95 over every request sent
+  <= `--slo-ttft`), then the gap between the last rate served and the first not served halved
+  `--bisect` times: the knee of each round is bisected, not read off the ladder.
 
-Reported as medians of per-round ratios kvlab / transformers with their IQR and min-max
-(`kvlab.measure.rounds`): TTFT p95 and TPOT p50 at every load level both engines served (goal
-<= 1), and the knee (goal >= 1.5; a knee at the highest rate swept is a lower bound, marked >=).
+The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1), the same server on
+`--equal-threads` (default: the cores this process may use, as many as vLLM spreads its three
+processes over), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
+--setup-only`; left out with one line when it is not). Beside the figures, each engine's
+processes, OS threads and the CPU cores its process tree kept busy while it was measured.
+
+Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
+rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
+configurations as the baseline) of TTFT p95, TPOT p50 and the knee, each the median of per-round ratios
+with its IQR and min-max (`kvlab.measure.rounds`). About 8 minutes on 2 cores with the defaults.
 
     python -m kvlab bench serve --json results/bench_serve.json
 """
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+import os
+import time
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from kvlab.command_args import command_args
-from kvlab.lessons.l09_measure_a_real_server.two_engines import (ENGINES, LOW_RATE, compare_engines, knee,
-                                                                 lesson_checkpoint)
-from kvlab.http.peer import transformers_serve_available
+from kvlab.http.vllm import NAME as VLLM
+from kvlab.lessons.l09_measure_a_real_server.three_engines import (ENGINES, available_engines, make_engine,
+                                                                   measure_engine, same_greedy_tokens, vllm_folder)
+from kvlab.lessons.l09_measure_a_real_server.two_engines import LOW_RATE, knee, lesson_checkpoint, start_together
 from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
 from ..threads import LESSON_THREADS
 
-KVLAB, PEER = ENGINES
-LATENCY_GOAL, KNEE_GOAL = 1.0, 1.5  # kvlab / transformers: at most 1 for latency, at least 1.5 for the knee
-DEFAULT_RATES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+KVLAB = "kvlab serve"
+DEFAULT_RATES = (8.0, 16.0, 32.0, 64.0, 128.0)
+CLOCKS = ("ttft_p50_s", "ttft_p95_sent_s", "tpot_p50_s", "tpot_p95_s", "e2e_p50_s", "e2e_p95_s")
+RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
 
 
-def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 30, cold: int = 6, warmup: int = 4,
-        rates: Sequence[float] = DEFAULT_RATES, duration_s: float = 3.0, profile: str = "mixture",
-        slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS, model: str | None = None, seed: int = 0) -> dict:
-    """Every round's rows (one frame) and the paired ratios with their spread; see the module docstring."""
-    ok, why = transformers_serve_available()
-    if not ok:
-        raise RuntimeError(f"bench serve compares with transformers serve, which cannot run here: {why}")
+def equal_threads_default() -> int:
+    """The cores this process may run on: what vLLM's processes spread over on this machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def kvlab_equal_name(threads: int) -> str:
+    return f"{KVLAB}, {threads} threads"
+
+
+def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: int = 6, warmup: int = 4,
+        rates: Sequence[float] = DEFAULT_RATES, duration_s: float = 2.0, bisect: int = 2, profile: str = "mixture",
+        slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS, equal_threads: int | None = None,
+        engines: Sequence[str] = ENGINES, model: str | None = None, seed: int = 0,
+        log: Callable[[str], None] = print) -> dict:
+    """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
-    folder = lesson_checkpoint(model)
+    equal_threads = equal_threads or equal_threads_default()
+    todo, left_out = available_engines(engines)
+    for e, why in left_out.items():
+        log(f"{e} left out: {why}")
+    folder = lesson_checkpoint(model) if model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
+    servers = [make_engine(e, folder, threads) for e in todo]
+    if KVLAB in todo and equal_threads != threads:
+        twin = make_engine(KVLAB, folder, equal_threads)
+        twin.name = kvlab_equal_name(equal_threads)
+        servers.insert(1, twin)
     before = load_average()
-    frames, servers, greedy = [], {}, {}
-    for r in range(rounds):
-        result = compare_engines(folder, low_rate=low_rate, rates=rates, cold_requests=cold, warmup=warmup,
-                                 warm_requests=requests, duration_s=duration_s, sweep_profile=profile,
-                                 slo_ttft_s=slo_ttft_s, threads=threads, seed=seed + r,
-                                 engines=rotated(ENGINES, r))
-        frames.append(result.frame.assign(round=r))
-        servers, greedy = result.servers, {**greedy, **{f"{e} (round {r})": t for e, t in result.greedy.items()}}
-    after = load_average()
+    log(f"starting {', '.join(s.name for s in servers)} on {folder} (vLLM takes 50-100 s) ...")
+    t0 = time.perf_counter()
+    start_together(servers)
+    started_s = time.perf_counter() - t0
+    frames, usage = [], []
+    try:
+        log(f"all answered after {started_s:.0f} s; greedy answers to 16 prompts ...")
+        greedy = same_greedy_tokens(servers)
+        if not greedy["same"]:
+            raise RuntimeError(f"the engines' greedy answers differ on {len(greedy['differ'])} of "
+                               f"{greedy['prompts']} prompts, so they do not compute the same thing: "
+                               f"{greedy['differ'][:2]}")
+        log(f"same greedy tokens on all {greedy['prompts']} prompts; {rounds} rounds follow")
+        for r in range(rounds):
+            for server in rotated(servers, r):
+                log(f"  round {r + 1}/{rounds}: {server.name}")
+                rows, used = measure_engine(server, rates, cold=r == 0, low_rate=low_rate, cold_requests=cold,
+                                            warmup=warmup, warm_requests=requests, sweep_profile=profile,
+                                            duration_s=duration_s, slo_ttft_s=slo_ttft_s, seed=seed + r,
+                                            bisect=bisect, log=log)
+                frames.append(pd.DataFrame(rows).assign(round=r))
+                usage.append({**used, "round": r})
+        described = {s.name: s.describe() for s in servers}
+    finally:
+        for server in servers:
+            server.stop()
     frame = pd.concat(frames, ignore_index=True)
-    return {"frame": frame, "servers": servers, "greedy": greedy, "load_before": before, "load_after": after,
-            **summarize(frame, rounds, slo_ttft_s, max(rates))}
+    out = {"frame": frame, "servers": described, "greedy": greedy, "left_out": left_out, "started_s": started_s,
+           "usage": usage, "load_before": before, "load_after": load_average(), "equal_threads": equal_threads}
+    return {**out, **summarize(frame, [s.name for s in servers], rounds, slo_ttft_s, max(rates), usage)}
 
 
-def _value(frame: pd.DataFrame, r: int, engine: str, phase: str, rate: float, col: str) -> float:
-    hit = frame[(frame["round"] == r) & (frame.engine == engine) & (frame.phase == phase) & (frame.offered_rps == rate)]
+def _rows(frame: pd.DataFrame, r: int, engine: str) -> pd.DataFrame:
+    return frame[(frame["round"] == r) & (frame.engine == engine)]
+
+
+def _at(frame: pd.DataFrame, r: int, engine: str, phase: str, rate: float, col: str) -> float:
+    g = _rows(frame, r, engine)
+    hit = g[(g.phase == phase) & (g.offered_rps == rate)]
     return float(hit[col].iloc[0]) if len(hit) else float("nan")
 
 
-def summarize(frame: pd.DataFrame, rounds: int, slo_ttft_s: float, top_rate: float, min_served: float = 0.9) -> dict:
-    """Paired ratios per load level, knees per round and their ratio, cold vs warm; goals met or not."""
+def clock_table(frame: pd.DataFrame, engines: Sequence[str]) -> pd.DataFrame:
+    """Every clock at every load (cold, low load, each ladder rate), the median over the rounds that measured it."""
+    kept = frame[(frame.phase != "sweep") | (frame.get("step", "ladder") == "ladder")]
+    rows = []
+    for e in engines:
+        for (phase, rate), g in kept[kept.engine == e].groupby(["phase", "offered_rps"], sort=False):
+            level = {"cold": "cold", "warm": "low load"}.get(phase, f"{rate:g} req/s")
+            rows.append({"engine": e, "level": level, "offered_rps": rate, "rounds": len(g),
+                         "sent": int(g.sent.median()), "completed": float(g.completed.median()),
+                         "served": float(g.served.median()),
+                         **{c: float(g[c].median()) for c in CLOCKS},
+                         "output_tokens_per_s": float(g.output_tokens_per_s.median())})
+    return pd.DataFrame(rows)
+
+
+def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft_s: float, top_rate: float,
+              usage: Sequence[dict] = (), min_served: float = 0.9) -> dict:
+    """Knees per round, paired ratios other / kvlab serve of the clocks at each level and of the knee, usage."""
+    knees = {e: [knee(_rows(frame, r, e)[_rows(frame, r, e).phase == "sweep"], slo_ttft_s, min_served)
+                 for r in range(rounds)] for e in engines}
+    baselines = [e for e in engines if e.startswith(KVLAB)]
     levels = [("warm", float(frame[frame.phase == "warm"].offered_rps.iloc[0]))]
-    levels += [("sweep", float(x)) for x in sorted(frame[frame.phase == "sweep"].offered_rps.unique())]
-    ratios = []
-    for phase, rate in levels:
-        for col in ("ttft_p95_s", "tpot_p50_s"):
-            pairs = [(_value(frame, r, KVLAB, phase, rate, col), _value(frame, r, PEER, phase, rate, col))
-                     for r in range(rounds)]
-            pairs = [(a, b) for a, b in pairs if np.isfinite(a) and np.isfinite(b)]
-            if not pairs:
-                continue  # a rate only one engine reached (the other stopped past its knee)
-            s = paired_ratio([a for a, _ in pairs], [b for _, b in pairs])
-            ratios.append({"level": "low load" if phase == "warm" else f"{rate:g} req/s", "phase": phase,
-                           "offered_rps": rate, "clock": col, "rounds": len(pairs), **s,
-                           "meets_goal": bool(s["median"] <= LATENCY_GOAL)})
-    knees = {e: [knee(frame[(frame["round"] == r) & (frame.engine == e) & (frame.phase == "sweep")], slo_ttft_s,
-                      min_served) for r in range(rounds)] for e in ENGINES}
-    knee_ratios = [(a or 0.0) / b if b else float("inf") for a, b in zip(knees[KVLAB], knees[PEER])]
-    knee_spread = spread([x for x in knee_ratios if np.isfinite(x)])
-    capped = any(k == top_rate for k in knees[KVLAB])
-    cold = {}
-    for e in ENGINES:
-        c, w = frame[(frame.engine == e) & (frame.phase == "cold")], frame[(frame.engine == e) & (frame.phase == "warm")]
-        cold[e] = {"cold_ttft_p50_s": spread(c.ttft_p50_s), "cold_ttft_p95_s": spread(c.ttft_p95_s),
-                   "warm_ttft_p95_s": spread(w.ttft_p95_s),
-                   "cold_over_warm_ttft_p95": paired_ratio(list(c.ttft_p95_s), list(w.ttft_p95_s))}
-    return {"ratios": pd.DataFrame(ratios), "knees": knees, "knee_ratio": knee_spread, "knee_ratios": knee_ratios,
-            "knee_capped": capped, "cold": cold,
-            "latency_goal_met": bool(len(ratios)) and all(r["meets_goal"] for r in ratios),
-            "knee_goal_met": knee_spread["median"] is not None and knee_spread["median"] >= KNEE_GOAL}
+    ladder = frame[(frame.phase == "sweep") & (frame.get("step", "ladder") == "ladder")]
+    levels += [("sweep", float(x)) for x in sorted(ladder.offered_rps.unique())]
+    ratios, knee_ratios = [], []
+    for base in baselines:
+        for other in (e for e in engines if e != base and not (e.startswith(KVLAB) and base != KVLAB)):
+            for phase, rate in levels:
+                for col in RATIO_CLOCKS:
+                    pairs = [(_at(frame, r, other, phase, rate, col), _at(frame, r, base, phase, rate, col))
+                             for r in range(rounds)]
+                    pairs = [(a, b) for a, b in pairs if np.isfinite(a) and np.isfinite(b)]
+                    if pairs:  # a rate both reached in the same round
+                        ratios.append({"engine": other, "over": base, "level": "low load" if phase == "warm"
+                                       else f"{rate:g} req/s", "offered_rps": rate, "clock": col,
+                                       **paired_ratio([a for a, _ in pairs], [b for _, b in pairs])})
+            ks = [(a or 0.0) / b if b else float("nan") for a, b in zip(knees[other], knees[base])]
+            knee_ratios.append({"engine": other, "over": base, **spread(ks),
+                                "capped": any(k == top_rate for k in knees[other] + knees[base])})
+    used = pd.DataFrame(list(usage))
+    usage_by_engine = {}
+    if not used.empty:
+        for e, g in used.groupby("engine", sort=False):
+            usage_by_engine[e] = {"processes": int(g.processes.max()) if g.processes.notna().any() else None,
+                                  "threads": int(g.threads.max()) if g.threads.notna().any() else None,
+                                  "torch_threads": g.torch_threads.iloc[0] if "torch_threads" in g else None,
+                                  "cores_busy": spread(list(g.cores_busy.dropna()))}
+    return {"clocks": clock_table(frame, engines), "knees": knees, "ratios": pd.DataFrame(ratios),
+            "knee_ratios": knee_ratios, "usage_by_engine": usage_by_engine}
 
 
+# -- the command -------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `python -m kvlab bench serve`."""
     p.add_argument("--rounds", type=int, default=3, help="paired rounds (engine order rotated)")
     p.add_argument("--low-rate", type=float, default=LOW_RATE, help="req/s of the low-load level (short_short)")
-    p.add_argument("--requests", type=int, default=30, help="requests of the low-load level")
+    p.add_argument("--requests", type=int, default=20, help="requests of the low-load level")
     p.add_argument("--cold", type=int, default=6, help="the first requests after each start, reported apart")
     p.add_argument("--warmup", type=int, default=4, help="requests after the cold ones, not reported")
-    p.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES), help="sweep rates, req/s, comma-separated")
-    p.add_argument("--duration", type=float, default=3.0, help="seconds of load per sweep rate")
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
+                   help="the sweep's ladder, req/s, comma-separated")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds of load per sweep rate")
+    p.add_argument("--bisect", type=int, default=2, help="halvings of the gap around each knee")
     p.add_argument("--profile", default="mixture", help="workload profile of the sweep")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="the knee's TTFT p95 bound, seconds")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of each server")
+    p.add_argument("--threads", type=int, default=LESSON_THREADS, help="torch threads of kvlab serve and "
+                                                                       "transformers serve")
+    p.add_argument("--equal-threads", type=int, default=None,
+                   help="torch threads of the second kvlab serve (default: this machine's cores, as vLLM uses)")
+    p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
+    p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="write every round's rows and the ratios here (.json)")
+    p.add_argument("--json", default=None, help="write every round's rows and the summary here (.json)")
 
 
-def _print(out: dict, args: argparse.Namespace) -> None:
-    for e, d in out["servers"].items():
-        print(f"{e} {d['version']}: {d['command']}")
-    print("same weights: greedy answers " + ("equal" if len(set(out["greedy"].values())) == 1 else "DIFFER")
-          + f" on both servers in every round ({next(iter(out['greedy'].values()))!r})")
-    for e, c in out["cold"].items():
-        print(f"cold ({args.cold} first requests after start) {e}: TTFT p50 {format_spread(c['cold_ttft_p50_s'], '{:.3f}', ' s')}, "
-              f"p95 {format_spread(c['cold_ttft_p95_s'], '{:.3f}', ' s')}; cold/warm TTFT p95 "
-              f"{format_spread(c['cold_over_warm_ttft_p95'], unit='x')}")
-    print(f"kvlab serve / transformers serve, median of {args.rounds} paired rounds [IQR, min-max] (goal <= {LATENCY_GOAL:g}):")
-    for r in out["ratios"].itertuples():
+def _ms(x: float) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x * 1e3:,.0f}"
+
+
+def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
+    """What the command prints: servers, greedy check, usage, every clock at every load, knees, ratios."""
+    lines = [f"{e} {d['version']}: {d['command']}" + (f" (started in {d['start_s']:.0f} s)" if d.get("start_s")
+                                                       else "") for e, d in out["servers"].items()]
+    lines += [f"{e} left out: {why}" for e, why in out["left_out"].items()]
+    g = out["greedy"]
+    lines.append(f"greedy tokens: the same on all {g['prompts']} prompts ({g['max_tokens']} tokens each) on "
+                 f"{len(g['answers'])} servers")
+    lines.append("processes, OS threads and CPU cores kept busy while measured (median over rounds [IQR, min-max]):")
+    for e, u in out["usage_by_engine"].items():
+        lines.append(f"  {e:<26} {u['processes']} processes, {u['threads']} threads (torch threads "
+                     f"{u['torch_threads'] if u['torch_threads'] is not None else 'its own'}), cores busy "
+                     f"{format_spread(u['cores_busy'])}")
+    t = out["clocks"]
+    lines.append(f"every clock at every load, ms (median over rounds; TTFT p95 over every request sent):")
+    lines.append(f"  {'engine':<26} {'level':>10} {'sent':>5} {'served':>6} {'TTFT p50':>9} {'TTFT p95':>9} "
+                 f"{'TPOT p50':>9} {'TPOT p95':>9} {'E2E p50':>9} {'E2E p95':>9} {'tok/s':>7}")
+    for r in t.itertuples():
+        lines.append(f"  {r.engine:<26} {r.level:>10} {r.sent:>5} {r.served:>6.2f} {_ms(r.ttft_p50_s):>9} "
+                     f"{_ms(r.ttft_p95_sent_s):>9} {_ms(r.tpot_p50_s):>9} {_ms(r.tpot_p95_s):>9} "
+                     f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f}")
+    lines.append(f"knees (>= 90% served, TTFT p95 <= {args.slo_ttft:g} s, {args.profile}; bisected {args.bisect} "
+                 "times), req/s per round:")
+    for e, ks in out["knees"].items():
+        lines.append(f"  {e:<26} {ks}  median {format_spread(spread([k or 0.0 for k in ks]), '{:.1f}')}")
+    lines.append(f"paired ratios engine / kvlab serve, median of {args.rounds} rounds [IQR, min-max]:")
+    for k in out["knee_ratios"]:
+        lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
+                     f"{format_spread(k, unit='x')}")
+    ratios = out["ratios"]
+    for r in ratios.itertuples() if len(ratios) else ():
         s = {"median": r.median, "q1": r.q1, "q3": r.q3, "min": r.min, "max": r.max}
-        print(f"  {r.level:>11} {r.clock:<11} {format_spread(s, unit='x')}  n={r.rounds}  {'met' if r.meets_goal else 'NOT met'}")
-    print(f"knee (>= 90% served, TTFT p95 <= {args.slo_ttft:g} s, {args.profile}): kvlab {out['knees'][KVLAB]}, "
-          f"transformers {out['knees'][PEER]} req/s per round; ratio "
-          f"{'>= ' if out['knee_capped'] else ''}{format_spread(out['knee_ratio'], unit='x')} (goal >= {KNEE_GOAL:g}): "
-          f"{'met' if out['knee_goal_met'] else 'NOT met'}")
-    print(f"latency goal at every level: {'met' if out['latency_goal_met'] else 'NOT met'}; "
-          + format_load(out["load_before"], out["load_after"]))
+        lines.append(f"  {r.level:>11} {r.clock:<16} {r.engine} / {r.over}: {format_spread(s, unit='x')} n={r.n}")
+    lines.append(format_load(out["load_before"], out["load_after"]))
+    return lines
 
 
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Run, print and save the comparison."""
     args = command_args(args, "python -m kvlab bench serve", __doc__, add_arguments)
     rates = tuple(float(x) for x in args.rates.split(",") if x.strip())
-    out = run(args.rounds, args.low_rate, args.requests, args.cold, args.warmup, rates, args.duration, args.profile,
-              args.slo_ttft, args.threads, args.model, args.seed)
-    _print(out, args)
+    engines = [e for e in ENGINES if not (e == VLLM and args.no_vllm)
+               and not (e == "transformers serve" and args.no_transformers)]
+    t0 = time.perf_counter()
+    out = run(args.rounds, args.low_rate, args.requests, args.cold, args.warmup, rates, args.duration, args.bisect,
+              args.profile, args.slo_ttft, args.threads, args.equal_threads, engines, args.model, args.seed,
+              log=lambda m: print(m, flush=True))
+    wall = time.perf_counter() - t0
+    print("\n".join(report_lines(out, args)))
+    print(f"bench serve took {wall / 60:.1f} min")
     if args.json:
-        settings = {**{k: v for k, v in vars(args).items() if k != "json"}, "servers": out["servers"],
-                    "greedy": out["greedy"], "ratios": out["ratios"].to_dict("records"), "knees": out["knees"],
-                    "knee_ratio": out["knee_ratio"], "knee_capped": out["knee_capped"], "cold": out["cold"],
-                    "latency_goal_met": out["latency_goal_met"], "knee_goal_met": out["knee_goal_met"],
+        settings = {**{k: v for k, v in vars(args).items() if k not in ("json", "module", "command", "subcommand")},
+                    "equal_threads": out["equal_threads"], "servers": out["servers"], "greedy": out["greedy"],
+                    "left_out": out["left_out"], "started_s": out["started_s"], "wall_s": wall,
+                    "clocks": out["clocks"].to_dict("records"), "knees": out["knees"],
+                    "knee_ratios": out["knee_ratios"], "ratios": out["ratios"].to_dict("records"),
+                    "usage": out["usage"], "usage_by_engine": out["usage_by_engine"],
                     "load_before": out["load_before"], "load_after": out["load_after"]}
         print(f"wrote {save_results(args.json, out['frame'], settings)}")
     return 0

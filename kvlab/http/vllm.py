@@ -191,6 +191,25 @@ def setup_vllm(home: str | Path | None = None, log: Callable[[str], None] = prin
 
 
 # -- serving it --------------------------------------------------------------------------------------
+# The group's leader: starts the server as its child, passes its exit code on, and stops the whole group if the
+# process that started it dies without stopping it (SIGKILL, a killed notebook kernel): nothing is left running.
+WATCHDOG = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, lambda *_: None)  # a SIGTERM to the group is for the server: wait for it to exit
+# (a handler, not SIG_IGN: the server must not inherit an ignored SIGTERM)
+parent, server = os.getppid(), subprocess.Popen(sys.argv[1:])
+while server.poll() is None and os.getppid() == parent:
+    time.sleep(0.5)
+if server.poll() is None:
+    os.killpg(0, signal.SIGTERM)
+    try:
+        server.wait(15)
+    finally:
+        os.killpg(0, signal.SIGKILL)  # whatever the server left, and this watchdog
+sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncode)
+"""
+
+
 class GroupProcess:
     """A server in vLLM's venv, in a process group of its own, waited for at `/v1/models`; stopped group and all.
 
@@ -212,14 +231,26 @@ class GroupProcess:
 
     def start(self, timeout_s: float = 300.0) -> "GroupProcess":
         self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                        start_new_session=True)  # its own group: one signal reaches all three
+        # its own session and group, led by WATCHDOG: one signal reaches the server and all its children
+        self.process = subprocess.Popen([sys.executable, "-c", WATCHDOG, *self.cmd], stdout=self._log,
+                                        stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         try:
             wait_until_healthy(self.url, timeout_s, path="/v1/models", process=self.process)
         except BaseException:
             self.stop()
             raise
         return self
+
+    @property
+    def server_pid(self) -> int | None:
+        """The server's own process id (the watchdog's child), for `process_usage`."""
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == self.process.pid:
+                    return int(stat.parent.name)
+            except (OSError, IndexError, ValueError):
+                continue
+        return None
 
     def _signal_group(self, sig: int) -> bool:
         try:
