@@ -14,6 +14,7 @@ import json
 import random
 import threading
 import time
+from typing import Callable
 
 import httpx
 import pytest
@@ -165,6 +166,23 @@ def wait_idle(url: str, timeout_s: float = BOUND_S) -> dict:
         time.sleep(0.02)
 
 
+def run_in_a_thread(app) -> tuple[str, Callable[[float], int | None]]:
+    """`run_server(app)` as `python -m kvlab serve` runs it, in a thread: its URL once healthy, and a function
+    waiting up to the seconds given for its exit status (None: still running)."""
+    port, exit_code = free_port(), []
+    thread = threading.Thread(target=lambda: exit_code.append(run_server(app, "127.0.0.1", port, log_level="warning",
+                                                                         drain_timeout_s=2)), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_until_healthy(url)
+
+    def wait(timeout_s: float) -> int | None:
+        thread.join(timeout_s)
+        return None if thread.is_alive() else exit_code[0]
+
+    return url, wait
+
+
 def serve(engine: Engine, **options) -> ServerThread:
     app = create_app(engine, MODEL, **options)
     server = ServerThread(app, timeout_graceful_shutdown=2)
@@ -253,16 +271,9 @@ def test_a_failing_detokenizer_answers_a_plain_request_with_a_json_500_and_stops
 def test_a_model_that_only_returns_nan_is_declared_dead_and_the_server_exits_1(model):
     engine = make_engine(model, "nan_always", at_step=1)
     app = create_app(engine, MODEL, max_failed_steps=3)
-    port = free_port()
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(run_server(app, "127.0.0.1", port, log_level="warning",
-                                                                         drain_timeout_s=2)), daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_until_healthy(url)
+    url, exit_code = run_in_a_thread(app)
     outcomes, _ = burst(url, 8)  # steps of NaN logits for everyone: 3 in a row and the engine is dead
-    thread.join(BOUND_S)
-    assert not thread.is_alive() and exit_code == [1]
+    assert exit_code(BOUND_S) == 1
     assert all(o in (ENGINE_ERROR, "http_503") for o in outcomes), outcomes
     state = app.state.kvlab
     assert state.engine.state == "stopped" and state.engine.counters["failed_steps"] == 3
@@ -299,16 +310,9 @@ def test_a_failing_step_is_reported_as_degraded_until_a_good_one(model):
 def test_consecutive_failing_steps_stop_the_engine_answer_everyone_and_exit_1(model):
     engine = make_engine(model, "raise_always", at_step=2)
     app = create_app(engine, MODEL, max_failed_steps=3)
-    port = free_port()
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(run_server(app, "127.0.0.1", port, log_level="warning",
-                                                                         drain_timeout_s=2)), daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    wait_until_healthy(url)
+    url, exit_code = run_in_a_thread(app)
     outcomes, took = burst(url, 12)  # 3 failing steps of 4, then the rest answered at the stop
-    thread.join(BOUND_S)
-    assert not thread.is_alive() and exit_code == [1]
+    assert exit_code(BOUND_S) == 1
     assert took < BOUND_S and all(o in (ENGINE_ERROR, "http_503") for o in outcomes), outcomes
     assert outcomes.count(ENGINE_ERROR) >= 12 - 4  # queued ones ended too, only those not yet submitted got 503
     state = app.state.kvlab
