@@ -23,6 +23,7 @@ from ...serving.sequence import SamplingParams, Sequence as EngineSequence
 from ...workload import Request, make_workload
 from ...runs.serving_run import check_positive_int
 from ...cache.paged import BLOCK_SIZE
+from ..common.provenance import experiment
 
 
 # -- counting --------------------------------------------------------------------------------------
@@ -79,6 +80,7 @@ def block_manager_fit(lengths: Sequence[int], num_blocks: int, block_size: int) 
     return len(lengths)
 
 
+@experiment
 def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = BLOCK_SIZE,
                       max_model_len: int | None = None, max_new_tokens: int | None = None,
                       dtype: torch.dtype = torch.float32) -> pd.DataFrame:
@@ -124,6 +126,14 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
     out.attrs.update(block_size=block_size, max_model_len=C, kv_budget_bytes=kv_budget_bytes,
                      bytes_per_token=per_token, requests=len(requests))
     return out
+
+
+def paged_fit(table: pd.DataFrame) -> tuple[int, dict[str, int]]:
+    """The sequences paged blocks fit, with what that count is computed from: the pool's blocks (the measure of
+    notebook 07's prediction, ``guess.against(table, paged_fit)``)."""
+    pag = table.set_index("scheme").loc["paged blocks"]
+    blocks = int(pag.capacity_tokens) // int(table.attrs["block_size"])
+    return int(pag.sequences_fit), {"blocks in the pool": blocks, "token slots in the pool": int(pag.capacity_tokens)}
 
 
 def block_size_table(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
@@ -179,4 +189,4 @@ def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_
 
 
 __all__ = ["block_manager_fit", "block_size_table", "budget_for_tokens", "bytes_per_token", "capacity_levers",
-           "capacity_workload", "fit_in_order", "paged_vs_reserved", "sequence_lengths"]
+           "capacity_workload", "fit_in_order", "paged_fit", "paged_vs_reserved", "sequence_lengths"]

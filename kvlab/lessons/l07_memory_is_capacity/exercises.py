@@ -188,18 +188,22 @@ def dense_attention(q, k, v):
 
 @exercise("07_memory_is_capacity.ipynb", solution=solution_paged_attention, wrong=forgets_the_cut,
           title="attention over a paged cache",
-          question="""A paged cache never holds a sequence's keys and values side by side: its tokens sit in blocks
-scattered over a pool, and the block table says which. Write the attention of one new token over
-them. `q` is `(heads, head_dim)`; `k_blocks` and `v_blocks` are one layer's pools, shaped
+          question="""A paged cache keeps a sequence's keys and values in blocks scattered over a pool; the block
+table says which. Write the attention of one new token over them: gather, score with
+`q · k / sqrt(head_dim)`, softmax over the tokens, weight the values. The checker compares your
+function with dense attention on the same keys and values laid out contiguously.
+
+<details><summary>The shapes and the layout</summary>
+
+`q` is `(heads, head_dim)`; `k_blocks` and `v_blocks` are one layer's pools, shaped
 `(num_blocks, block_size, kv_heads, head_dim)` as in `kvlab.cache.PagedKVCache`. Query heads may
 outnumber K/V heads (grouped-query attention): `heads` is a multiple of `kv_heads`, and each group
 of `heads // kv_heads` neighbouring query heads shares one K/V head, so query head `h` reads K/V
 head `h // (heads // kv_heads)`. Token `t` of the sequence sits in block
 `block_table[t // block_size]`, slot `t % block_size`; `seq_len` tokens are stored, so the last
-block may be only partly filled, and its remaining slots hold stale data. Gather, score with
-`q · k / sqrt(head_dim)`, softmax over the tokens, weight the values. The checker compares your
-function with dense attention on the same keys and values laid out contiguously, on pools whose
-block tables are out of order, some with as many K/V heads as query heads and some with fewer.""",
+block may be only partly filled, and its remaining slots hold stale data. The checker's pools have
+block tables out of order, some with as many K/V heads as query heads and some with fewer.
+</details>""",
           code='''import torch
 
 
