@@ -1,9 +1,8 @@
 # %% [markdown]
 # <!-- kvlab:header -->
-# Notebook 02 showed that a KV cache costs memory, and hinted that there are ways to pay less. Every
-# one of them moves the bill somewhere else: to time spent on each token, to bytes shuffled between
-# memories, to space reserved and never used, or to answers that quietly become wrong. This notebook
-# puts five ways of keeping the cache side by side on one small model and measures all four bills.
+# Notebook 02 showed that a KV cache costs memory. Every way to pay less moves the bill elsewhere:
+# to time per token, to bytes moved between memories, to space reserved and never used, or to wrong
+# answers. Here you measure all four.
 
 # %%
 # kvlab:setup
@@ -11,30 +10,17 @@
 # %% [markdown]
 # ## What you will be able to do
 #
-# - say what each strategy changes: **dynamic** (grow as needed), **static** (reserve the maximum up
-#   front), **quantized** (store 8, 4 or 2 bits per number), **offloaded** (keep the cache in a slower
-#   memory and bring it back every step);
-# - read, for each one, the memory it saves, the time per token it adds, the bytes it moves and the
-#   answers it keeps, at several context lengths;
-# - see what moving bytes costs when the slower memory sits behind a slower link;
-# - see what offloading does to a server under concurrent requests: not only slower steps but a wider
-#   spread of the gaps between tokens;
-# - check a lower-precision cache on a task whose answers are right or wrong, broken down by how far
-#   back the needed fact sits;
-# - explain what fixed shapes make possible (a compiled decode step) and what they cost (reserved bytes);
-# - pick the constraint that dominates for a given workload before picking a strategy.
+# - say what a **dynamic**, **static**, **quantized** (8, 4 or 2 bits) and **offloaded** cache changes;
+# - read, for each, the memory it saves, the time per token it adds and the answers it keeps;
+# - name the constraint that binds for a workload before picking a strategy.
 
 # %% [markdown]
 # ## A model whose answers can be checked
 #
-# A model with random weights is fine for timing, but its outputs mean nothing, so nothing could
-# visibly get worse. kvlab ships a tiny trained model instead (`load_recall_model()`; the cell below
-# prints its size), trained by `python scripts/train_recall.py` (it takes minutes on a laptop CPU, not seconds).
-# Its only skill is **associative recall**: the prompt lists key→value pairs, then asks for one key;
-# the answer is that key's value.
-# To answer, the model has to look back through its KV cache at exactly one earlier pair, so a cache
-# that blurs stored keys or values shows up as wrong answers, and the distance between the fact and
-# the question tells us how far back it had to look.
+# Random weights are fine for timing, but their outputs mean nothing. So kvlab ships a tiny trained
+# model whose only skill is **associative recall**: the prompt lists key→value pairs, then asks for
+# one key. To answer, the model must look back through its cache at one earlier pair, so a cache that
+# blurs keys or values shows up as wrong answers.
 
 # %%
 # %matplotlib inline
@@ -53,9 +39,8 @@ print(f"expected answer: {ex.answer}   model's answer: {out.text}   "
       f"(the fact sits {ex.distance} tokens before the end of the prompt)")
 
 # %% [markdown]
-# **Checked:** the exact cache answers the held-out questions the training script evaluates
-# on (seed 1000, 16 pairs per prompt). This cell's output is compared by the tests: the model, the
-# questions and greedy decoding on CPU are all deterministic.
+# **Checked:** the exact cache answers the held-out questions. On a CPU the model, the questions and
+# greedy decoding are deterministic, so this output is compared by the tests.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -68,10 +53,8 @@ print(f"exact (dynamic) cache: accuracy {exact.accuracy:.3f} on {len(held_out)} 
       f"({int(exact.examples['correct'].sum())} right), {len(held_out[0].prompt_ids)} prompt tokens each")
 
 # %% [markdown]
-# **Checked:** three strategies only change *where* and *how* the exact numbers are kept:
-# `dynamic` grows its tensors, `static` writes into a block reserved up front, `offloaded` keeps
-# every layer in a slower memory and copies it back each step. They must give exactly the tokens of
-# the uncached computation (`none`), which recomputes everything and serves as the oracle.
+# **Checked:** `dynamic`, `static` and `offloaded` only change *where* the exact numbers live. They
+# give the tokens of recomputing everything without a cache (`none`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -85,19 +68,14 @@ print("text:  ", repr(model.tokenizer.decode(runs["dynamic"])))
 # %% [markdown]
 # ## All strategies side by side
 #
-# The panel runs every chosen setting at every chosen context length: a few timed generations each
-# (settings take turns, so a busy moment on the machine hits them all alike), then the recall
-# questions at the longest context through the dynamic cache and each quantized setting. Static and
-# offloaded caches are sized for the longest context, the way a server sizes them for the longest
-# request it accepts. The offloaded cache runs twice: at its memory's own speed, and behind the
-# **slow link** you choose (more on that below). Choose, press **Run**, and read the table and the
-# six plots.
+# The panel times a few generations of every setting at every context length, then asks the recall
+# questions at the longest one. Static and offloaded caches are sized for the longest context, as a
+# server sizes them for its longest request. The offloaded cache runs twice: at its own memory's
+# speed, and behind a **slow link** you choose.
 #
-# One prediction first. The exact cache stores every number in 32 bits. A 4-bit quantized cache
-# stores each number as a 4-bit code, plus a full-precision scale and zero-point for every group of
-# `group_size` numbers (the panel's *group size*; with *residual window* 0 nothing else stays at full
-# precision). What fraction of the dynamic cache's bytes will it take? Type it in the box (0.5 for
-# half), then press **Run**.
+# Predict first. The exact cache stores every number in 32 bits. A 4-bit cache stores a 4-bit code
+# per number, plus a 32-bit scale and a 32-bit zero-point per group of numbers (the panel's *group
+# size*, 32). What fraction of the dynamic cache's bytes will it take? Type it in the box (0.5 for half).
 
 # %%
 from kvlab.lessons.common.predict import predict
@@ -109,37 +87,34 @@ guess
 # %%
 from kvlab.lessons.l03_cache_strategies.panel_strategies import strategies_panel
 
-panel = strategies_panel(model)
+panel = strategies_panel(model).folded_until(guess)   # its table and plots stay folded until you predict
 panel
 
 # %%
 result = panel.run()   # the same as pressing Run
-result.show()
+display(guess.fold(result, what="the panel's table and plots"))   # they hold the answer: folded until you predict
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l03_cache_strategies.strategies import quantized_memory_ratio
+from kvlab.lessons import verdicts
+from kvlab.lessons.l03_cache_strategies.strategies import four_bit_memory_ratio
 
-guess.against(quantized_memory_ratio(result.frame, bits=4))
+display(guess.against(result, four_bit_memory_ratio))
+verdicts(result, "quantized_memory_follows_the_format", after=guess)
 
 # %% [markdown]
-# **Reading the page.** Top row, left to right: bytes allocated as tokens are stored (the black
-# dashed line is the formula of notebook 02); the time of one decode step, median with a whisker to
-# the 95th percentile; and how much of each step is spent *inside the cache* (writing, quantizing,
-# dequantizing, copying), with a whole dynamic step in grey for scale. Bottom row: bytes the
-# offloaded cache moves per step; recall accuracy as bits fall; recall accuracy by how far back the
-# fact sits, each bucket's number of questions under its tick. Each strategy keeps its colour
-# through the lab; quantized settings get darker as bits fall, the slow link is dashed.
-# On a machine shared with other programs the p95 whiskers mostly measure those programs (a step
-# that waited for the CPU); compare the medians, and rerun if the whiskers are very uneven.
-#
-# The rest of the notebook takes the strategies one at a time, from the same `result.frame`.
+# **Reading the page.** Top row: bytes allocated as tokens are stored (dashed: notebook 02's
+# formula); the time of one decode step (median, whisker to the 95th percentile); the time spent
+# inside the cache. Bottom row: bytes the offloaded cache moves per step; recall accuracy as bits
+# fall; accuracy by how far back the fact sits (n under each tick). Darker means fewer bits; the slow
+# link is dashed. On a busy machine the whiskers mostly measure other programs: compare the medians.
 
 # %% [markdown]
 # ## Static: bytes reserved, shapes fixed
 #
-# A static cache allocates its maximum length up front. At the longest context it is as full as the
-# dynamic one; at shorter contexts the difference is memory held for tokens that never came.
+# A static cache allocates its maximum length up front. At the longest context it holds what the
+# dynamic one holds; at shorter ones the rest is memory kept for tokens that never came. What it buys
+# is shapes that never change.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -155,25 +130,26 @@ for p, rows in frame.groupby("pairs"):
     expected = (max_len - st["stored_tokens"]) * bpt
     print(f"{st['context_tokens']:>6} {st['stored_tokens']:>6} {dyn['allocated_bytes'] / 1024:>11.1f} "
           f"{st['allocated_bytes'] / 1024:>10.1f} {expected / 1024:>22.1f} {st['reserved_bytes'] / 1024:>9.1f}")
-verdicts(result, "static_reserves_what_shorter_contexts_leave_empty")
+verdicts(result, "static_reserves_what_shorter_contexts_leave_empty", fold=True)
 
 # %% [markdown]
-# What do the fixed shapes buy? A dynamic cache hands attention a key tensor one token longer
-# at every step. A compiler that builds a program for one set of shapes must then rebuild or fall
-# back to general code. `kvlab.lessons.l03_cache_strategies.static_compile.FixedShapeStaticCache` writes each new
-# token into its slot at a position held in a tensor and attends over *all* reserved slots, masking
-# the empty ones, so every decode step has the same shapes and `torch.compile` can build one program
-# and replay it for every token (CUDA graphs rely on the same property).
+# ### Going deeper: fixed shapes and a compiled step
 #
-# Compiling takes time: on CPU, torch's inductor writes and builds C++ code, which the first time can
-# take far longer than the decoding it speeds up (later runs reuse its on-disk cache). On a GPU the
-# cell below gives it a budget (`default_budget_s()`: a cold CUDA context and Triton's kernels take a
-# while) and prints how long compiling took on your machine; on a CPU it starts nothing unless you
-# give it a budget yourself (the exercises do), since a first compile there outlasts this whole
-# notebook. If the compiler is missing, fails or runs out of time, it says that it skipped the
-# compiled step, and the notebook moves on.
-# Eager and compiled then decode the same prompt in alternating rounds, and the speed-up printed is
-# the median of the per-round ratios with its min–max: a busy moment slows both runs of a round alike.
+# A dynamic cache hands attention a key tensor one token longer at every step, so a compiler that
+# builds one program per set of shapes must rebuild it or fall back to general code.
+# `FixedShapeStaticCache` (in `kvlab.lessons.l03_cache_strategies.static_compile`) writes each new
+# token at a position held in a tensor and attends over *all* reserved slots, masking the empty
+# ones. Every decode step then has the same shapes, and `torch.compile` can build one program and
+# replay it for every token. transformers' `StaticCache` does the same for the same reason
+# ([docs](https://huggingface.co/docs/transformers/main/en/llm_optims#static-kv-cache-and-torchcompile)),
+# and CUDA graphs need it too ([PyTorch docs](https://docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html)).
+#
+# Compiling takes time. On a CPU, torch's inductor writes and builds C++ code, and a first compile can
+# outlast this notebook, so the cell below starts nothing there unless you give it a budget
+# (`try_compiled_decode(budget_s=300)`). On a GPU it compiles within `default_budget_s()` and prints
+# how long that took. If the compiler is missing, fails or runs out of time, it says so and the
+# notebook moves on. Eager and compiled then decode the same prompt in alternating rounds; the
+# speed-up is the median of the per-round ratios, with its min–max.
 
 # %%
 from kvlab.lessons.l03_cache_strategies.static_compile import try_compiled_decode
@@ -188,42 +164,33 @@ if compiled["status"] == "compiled":
 # %% [markdown]
 # ## Quantized: memory saved, time spent, answers lost
 #
-# A quantized cache stores each group of `group_size` numbers as small integer codes plus a scale
-# and a zero-point to turn them back into numbers. The newest `residual` tokens can stay in full
-# precision. Memory should follow the format exactly: bits / 32 for the codes, plus two fp32
-# numbers per group. In kvlab, as in transformers' `QuantizedCache`, every step pays for it: the new
-# token is quantized, and the whole stored history is dequantized again into a full-precision copy
-# before attention can read it. The transformers documentation warns that this can make a quantized
-# cache slower than the plain one when contexts are short; the verdicts under the table say what
-# your run shows, at every context you measured. Serving engines do it differently: vLLM's
-# `kv_cache_dtype="fp8"` (and SGLang's) stores 8-bit floats that the attention kernel converts as it
-# reads them, so no dequantized copy of the history is made, and fewer bytes to read can make a step
-# faster, not slower. What they still pay is the precision, measured further down.
+# A quantized cache stores each group of numbers as small integer codes plus a scale and a
+# zero-point to turn them back into numbers. You checked its memory above. Time is the second price:
+# kvlab quantizes each new token as it is stored and, every step, dequantizes the whole history into
+# a full-precision copy before attention reads it. transformers' `QuantizedCache` also dequantizes
+# the history every step, but keeps new tokens in a full-precision residual and quantizes them only
+# when that residual fills ([docs](https://huggingface.co/docs/transformers/main/en/kv_cache#quantized-cache), [`cache_utils.py`](https://github.com/huggingface/transformers/blob/main/src/transformers/cache_utils.py)).
 
 # %%
 q = frame[frame["strategy"] == "quantized"]
-lines = []
 for ctx, rows in q.groupby("context_tokens"):
-    lines.append(f"--- {ctx} prompt tokens")
+    print(f"--- {ctx} prompt tokens")
     for r in rows.itertuples():
-        acc = f"   recall {r.correct}/{r.examples} right (exact {r.exact_correct})" if r.accuracy == r.accuracy else ""
-        lines.append(f"{r.setting:45s} memory {r.memory_ratio:.3f} x dynamic (ideal {r.ideal_memory_ratio:.3f})   "
-                     f"time/token {r.latency_ratio:.2f} x dynamic   {r.cache_ms_per_step:.2f} ms/step inside the cache{acc}")
-display(guess.fold("\n".join(lines), what="this printout"))
-verdicts(result, "quantized_slower_at_every_context", "quantized_time_goes_into_the_cache")
-
-# %%
-# NBVAL_CHECK_OUTPUT
-verdicts(result, "quantized_memory_follows_the_format", after=guess)
+        print(f"{r.setting:45s} time/token {r.latency_ratio:.2f} x dynamic   "
+              f"{r.cache_ms_per_step:.2f} ms/step inside the cache")
+display(verdicts(result, "quantized_slower_at_every_context"))
+verdicts(result, "quantized_time_goes_into_the_cache", fold=True)
 
 # %% [markdown]
-# Answers are the other price. The table counts right answers out of the questions asked, per
-# bucket of distance between the fact and the query (each column says how many questions fell
-# into it: a bucket holds only part of them, so one answer more or less moves it a lot). The
-# questions are the same for every setting, so the exact cache's row is the reference. The model,
-# the questions and greedy decoding on one CPU thread are deterministic: on a CPU these counts, and
-# the verdicts under them, are the same on every machine. On a GPU other kernels round differently,
-# so an answer on the edge (most likely at the lowest bits) can flip.
+# Serving engines avoid the copy: they store 8-bit floats that an attention kernel built for them
+# reads directly ([vLLM](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/),
+# [SGLang](https://docs.sglang.io/advanced_features/quantized_kv_cache.html), which warns that a
+# backend without that support can be much slower). What they still pay is precision.
+#
+# Answers are that price. The table counts right answers per bucket of distance between the fact
+# and the question (each column gives its n, so one answer moves a bucket a lot). The exact cache's
+# row is the reference. On a CPU these counts are the same on every machine. On a GPU other kernels
+# round differently, so an answer on the edge (most likely at the lowest bits) can flip.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -231,13 +198,16 @@ from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_summary, 
 
 accuracy = frame.attrs["accuracy"]
 display(accuracy_table(accuracy))
-verdicts(result, "eight_bit_cache_keeps_the_answers", "answers_fall_as_bits_fall", "lowest_bits_lose_most_answers")
+display(verdicts(result, "answers_fall_as_bits_fall"))
+verdicts(result, "eight_bit_cache_keeps_the_answers", "lowest_bits_lose_most_answers", fold=True)
 
 # %% [markdown]
+# ### Going deeper: cheaper measures than counting answers
+#
 # Checking answers needs questions with known answers. Two cheaper measures compare a setting's
 # next-token distributions with the exact cache's on a few prompts: the **KL divergence** (how far
-# the distributions moved, in nats) and **top-1 agreement** (how often the most likely next token
-# is the same). The panel computes them on the first few questions. Do they see what the answers saw?
+# the distributions moved, in nats) and **top-1 agreement** (how often the most likely next token is
+# the same). The panel computes them on the first few questions. Do they see what the answers saw?
 
 # %%
 from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_accuracy_by_distance
@@ -252,48 +222,19 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 
 # %% [markdown]
 # The token measures order the settings, but a handful of prompts cannot vouch for a setting whose
-# errors hit only some of the questions: to adopt a setting, count answers on the task, with
-# enough questions that the count means something. With `residual` above 0 the newest tokens stay
-# exact; the *Try it* section below has you measure what that buys. (KL's last digits change with
-# the number of CPU threads, since sums are added in another order, so its values are shown in the
-# table but not quoted in the verdicts.)
+# errors hit only some questions: to adopt a setting, count right answers on the task, with enough
+# questions that the count means something. (KL's last digits change with the number of CPU
+# threads, since sums are added in another order, so the verdicts compare KL but never quote it.)
 
 # %% [markdown]
 # ## Offloaded: bytes moved every step
 #
-# An offloaded cache keeps the keys and values of every layer in a slower, larger memory and keeps
-# on the compute device only working buffers, each with room for one layer's history at the full
-# `max_len`: one buffer on CPU, two on CUDA with prefetch (the next layer fills one while the
-# current layer reads the other). Each decode step copies every layer's history back in, computes,
-# and writes the new token out. The bytes moved therefore grow with the context, on every single step.
-#
-# That is kvlab's design, and the design of transformers' offloaded cache, which also keeps whole
-# layers off the device and brings each back just before it is used, prefetching the next one while
-# the current one computes. Serving engines keep the K/V of running sequences on the GPU. When vLLM
-# (its V1 engine) runs out of blocks it preempts by **recompute**: the preempted sequence's blocks
-# are freed, not copied, and its tokens are computed again later (notebook 08); swapping them to CPU
-# memory was an option of the older V0 engine (`preemption_mode="swap"`). What engines move to CPU
-# memory is K/V kept for reuse: vLLM through a KV connector (its own `OffloadingConnector`, or
-# LMCache), SGLang through HiCache, a host-memory tier under its radix-tree prefix cache. A block
-# comes back when a later request's prefix matches it. None of them streams every running
-# sequence's history across the link every step; kvlab does, to make the cost of that traffic visible.
-#
-# What "slower memory" means depends on the machine, and it changes what you measure:
-#
-# - **on this CPU-only machine** the slow tier is a **memory-mapped file**. Its pages live in the
-#   operating system's page cache, that is, in RAM, unless the OS evicts them. The copies in and out
-#   of the mapping run as fast as this machine copies memory, and on a small model that can be a
-#   small part of a step (the verdicts below say how small on your run);
-# - **on CUDA** the tier is **pinned host memory** (RAM the GPU can copy from directly), and the next
-#   layer's history is prefetched on a side CUDA stream while the current layer computes, which hides
-#   part of the copy time. The same code runs both ways (`kvlab/cache/offloaded.py`).
-#
-# To see what the traffic costs when the slower memory really is slower, the panel also runs the
-# cache behind a **slow link** (`OffloadedCache(link_gbps=...)`, the panel's *slow link* choice).
-# This is a model, stated plainly: every byte is still really copied, in chunks, and after each chunk
-# the cache waits until the time those bytes take at the stated rate has passed. The wait happens
-# inside the step, so it is in the step time you measure, not added on paper. Nothing here measures
-# a real disk or network; the link rate is a setting you choose.
+# An offloaded cache keeps every layer's keys and values in a slower, larger memory. Each decode
+# step copies each layer's history back to the compute device, computes, and writes the new token
+# out, so the bytes moved grow with the context, on every step. transformers' offloaded cache moves
+# whole layers the same way, fetching the next layer while the current one computes
+# ([docs](https://huggingface.co/docs/transformers/main/en/kv_cache#offloaded-cache)). On a CPU-only machine the slower memory is a file that stays in
+# RAM, so its copies are cheap; the **slow link** shows what they cost behind a slower rate, one you set.
 
 # %%
 from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_offload_cost
@@ -309,30 +250,37 @@ for r in off.itertuples():
           f"{dyn.loc[r.context_tokens, 'token_ms_p50']:>7.2f}")
 plot_offload_cost(frame)
 
-# %% [markdown]
-# Per decode step: *KiB moved* between the tiers; *link ms*, the link's own time for those bytes
-# (bytes / rate); *ms copying*, the time the copies really took (waiting for the link included);
-# *GB/s copying*, bytes moved per second of copying; *GB/s of step*, bytes moved per second of the
-# whole step (what gpt-fast calls achieved bandwidth); then the step's median time beside the
-# dynamic cache's. Times are medians over the steps. The bytes are the same at both speeds and
-# follow the count exactly:
-
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(result, "offloaded_bytes_follow_the_count")
 
+# %%
+verdicts(result, "slow_link_time_shows_in_the_step")
+
 # %% [markdown]
-# The link's time, on your run:
+# ### Going deeper: the slow link, and what serving engines offload
+#
+# The table, per decode step: *KiB moved* between the tiers; *link ms*, the link's own time for those
+# bytes (bytes / rate); *ms copying*, the time the copies really took (waiting for the link
+# included); *GB/s copying*, bytes per second of copying; *GB/s of step*, bytes per second of the
+# whole step (what gpt-fast prints as achieved bandwidth,
+# [`generate.py`](https://github.com/pytorch-labs/gpt-fast/blob/main/generate.py)); then the step's
+# median time beside the dynamic cache's.
+#
+# The slow link is a model, stated plainly (`OffloadedCache(link_gbps=...)`, the panel's *slow link*).
+# Every byte is still copied, in chunks, and after each chunk the cache waits until those bytes would
+# have crossed a link of that rate. The wait is inside the step, so it is in the time you measure.
+# Nothing here measures a real disk or network. On CUDA the tier is **pinned host memory** instead of
+# a file, and the next layer's history is prefetched on a side stream while the current layer
+# computes, which hides part of the copy time. The same code runs both ways (`kvlab/cache/offloaded.py`).
 
 # %%
-verdicts(result, "slow_link_time_shows_in_the_step", "slow_link_cost_grows_with_bytes",
-         "memory_tier_copies_outrun_the_link")
+verdicts(result, "slow_link_cost_grows_with_bytes", "memory_tier_copies_outrun_the_link")
 
 # %% [markdown]
-# On a tiny model the history is a few hundred KiB per step at most. On a real model at long
-# context the same count gives gigabytes per step. The arithmetic for an 8B Llama-style model (32
-# layers, 8 K/V heads of 128 numbers, fp16) holding 32,000 tokens, over the nominal rate of a
-# PCIe 4.0 x16 link between host and GPU and over the modelled link above:
+# On a tiny model the history is a few hundred KiB per step. The same count for an 8B Llama-style
+# model (32 layers, 8 K/V heads of 128 numbers, fp16) holding 32,000 tokens, over the nominal rate of
+# a PCIe 4.0 x16 link and over the modelled link above:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -344,46 +292,33 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
     print(f"over {link} ({gbps:g} GB/s): {per_step / (gbps * 1e9) * 1e3:,.0f} ms per token for the copies alone")
 
 # %% [markdown]
-# That is why offloading suits work where memory is scarce and latency is not, and why on a GPU the
-# copies are overlapped with computing (prefetch) wherever possible.
-#
-# ## Which constraint dominates? A reading guide
-#
-# None of these strategies wins everywhere. Start from the workload (prompt lengths, answer
-# lengths, how many sequences at once, what counts as a correct answer) and find the constraint that
-# binds first; then read the plot that measures it.
-#
-# | if your workload… | the constraint that binds | read | try first |
-# |---|---|---|---|
-# | short prompts and answers, memory to spare | time per token | latency vs context | `dynamic`; a quantized cache would only add time |
-# | fixed maximum length, steady traffic, steps dominated by overhead | per-step overhead | the compiled step's speed-up | `static` + `torch.compile` (or CUDA graphs), accepting the reserved bytes |
-# | long contexts or many sequences, memory full | bytes per token | memory vs context, then accuracy | 8-bit, then 4-bit with a residual window, measured on *your* task and length |
-# | memory full, latency budget loose (batch jobs, offline) | device memory | bytes moved per step | `offloaded` (on a GPU, with prefetch) |
-# | answers must reproduce facts from the context exactly | quality | accuracy vs bits and by distance | the exact strategies; any quantization only after measuring the outputs |
-#
-# Whatever you choose, write down the engine version and its settings next to the result: the
-# trade-offs move when either changes.
+# That is why streaming the history every step suits only work whose latency budget is loose.
+# Serving engines do not do it. They keep running sequences' K/V on the GPU. When vLLM (V1) runs out
+# of blocks it preempts by **recompute**: it frees the sequence's blocks and computes its tokens again
+# later ([docs](https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption); notebook 08).
+# What engines move to host memory is K/V kept for *reuse*: idle prefix blocks that come back, once,
+# when a later request's prefix matches them. vLLM does this through KV connectors such as
+# [LMCache](https://docs.lmcache.ai/), SGLang through
+# [HiCache](https://docs.sglang.io/advanced_features/hicache_design.html), a host-memory tier under
+# its prefix cache. For long documents asked about again and again, that is a standard lever.
+# kvlab streams every running sequence's history each step on purpose, to make the traffic visible.
 
 # %% [markdown]
-# ## Offloading under load
+# ### Going deeper: offloading under load
 #
-# Everything above ran one sequence at a time. A server runs many in every step, and kvlab's
-# offloaded KV cache then makes every step carry the history of *every* sequence in its batch across
-# the link (real engines avoid that, as said above: this is the cost they avoid).
-# How much that is changes from step to step: long sequences join, finish and are replaced. So the
-# price of a step, and the wait for your next token, depend on the company your sequence keeps.
-# Offloading should then add variance under load, not only latency. Does it?
+# A server runs many sequences in every step, and kvlab's offloaded pool then carries the history of
+# *every* sequence in the batch across the link, each step (the traffic engines avoid, as said
+# above). How much changes from step to step as long sequences join and leave, so the wait for your
+# next token depends on the company your sequence keeps. Offloading should add variance, not only
+# latency. Does it?
 #
-# `kvlab.cache.paged_offloaded.OffloadedPagedKVCache` keeps the serving engine's pool of KV blocks
-# (the engine of the serving notebooks) in a slower tier and holds on the device only one layer's
-# working pool. In every layer of every step it copies in the blocks its sequences attend over and
-# writes the new tokens back: real copies, counted. On a CPU-only machine the tier is a
-# memory-mapped file behind a modelled slower link (`link_gbps`, as above; `offload_under_load`
-# picks `CPU_LINK_GBPS`); on CUDA it is pinned host memory behind the real host-to-GPU link.
-#
-# The cell serves sixteen requests of mixed lengths, all arriving at once, through four batch slots
-# of the serving lessons' model, twice: with the pool on the device and offloaded. Since every
-# request arrives at once, both runs execute exactly the same steps; only their prices differ.
+# `kvlab.cache.paged_offloaded.OffloadedPagedKVCache` keeps the serving engine's pool of KV blocks in
+# a slower tier and holds on the device one layer's working pool. In every layer of every step it
+# copies in the blocks its sequences attend over and writes the new tokens back: real copies,
+# counted. On a CPU-only machine the tier is a memory-mapped file behind a modelled link
+# (`link_gbps`); on CUDA it is pinned host memory behind the real host-to-GPU link. The cell serves
+# sixteen requests of mixed lengths, all arriving at once, through four batch slots, twice: with the
+# pool on the device and offloaded. Both runs execute the same steps; only their prices differ.
 
 # %%
 from kvlab.lessons.l03_cache_strategies.offload_load import distribution_table, offload_under_load
@@ -397,18 +332,17 @@ display(distribution_table(loaded, ms=True).round(2))
 plot_offload_under_load(loaded)
 
 # %% [markdown]
-# **Checked:** the schedule and the bytes. Both runs gave the same tokens in the same steps, and
-# the bytes the offloaded pool counted match a count by hand from the engine's trace (each
-# sequence reads its stored blocks, every layer, K and V; the new tokens are written back):
+# **Checked:** both runs gave the same tokens in the same steps, and the bytes the offloaded pool
+# counted match a count by hand from the engine's trace.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_moves_the_counted_bytes")
 
 # %% [markdown]
-# The times, on your run. Over a real link (a GPU's, with no `link_gbps`) these are checked, ✓ or ✗.
-# Behind a modelled link (a CPU's, where RAM to RAM needs one) each step waits its bytes / rate, so
-# the offloaded run is slower by construction: the lines then show the numbers, marked •, not checked.
+# The times. Over a real link (a GPU's, with no `link_gbps`) they are checked, ✓ or ✗. Behind a
+# modelled link each step waits its bytes / rate, so the offloaded run is slower by construction:
+# the lines show the numbers, marked •.
 
 # %%
 verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_the_spread",
@@ -416,36 +350,30 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 
 # %% [markdown]
 # **Reading the figure.** Left and middle: every step and every gap between two tokens of one
-# request, sorted from fastest to slowest; ● marks the median, ◆ the 95th percentile, the bar on
-# the left edge spans the middle half (the IQR), and the legend gives each one's n. On the device,
-# the steps that hold a prompt make the tail (a prompt costs several decode steps), and the other
-# steps are nearly alike. Offloaded, every step also carries its batch's stored context across the
-# link, and that amount changes with the batch. Right: the same steps in both runs against the bytes
-# they moved. On the device a step's time barely depends on them; offloaded it climbs with them,
-# along the dashed line (on-device median + bytes / rate). That is the variance offloading adds: a
-# token's wait depends on who shares its step, and latency targets are set on the tail (p95, p99),
-# not on the median.
+# request, sorted from fastest to slowest; ● the median, ◆ the 95th percentile, the bar the middle
+# half (IQR), n in the legend. On the device the steps that hold a prompt make the tail. Offloaded,
+# every step also carries its batch's stored context across the link, and that amount changes with
+# the batch. Right: each step's time against the bytes it moved; offloaded it climbs along the dashed
+# line (on-device median + bytes / rate). A token's wait depends on who shares its step, and latency
+# targets are set on the tail (p95, p99), not on the median.
 #
 # Try `offload_under_load(max_seqs=8)` (more company per step: what happens to the spread?) and
-# `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?).
-#
-# Behind this section: `kvlab.cache.paged_offloaded` (the pool), `kvlab.serving.offloaded_executor`
-# (`OffloadedModelExecutor`, the engine's model runner over it), `kvlab.lessons.l03_cache_strategies.offload_load`
-# (`offload_under_load`, `distribution_table`, `bytes_by_hand`), `kvlab.lessons.l03_cache_strategies.figures_offload_load`; tests in
-# `tests/test_paged_offloaded.py` and `tests/test_offload_load.py`.
+# `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?). Behind
+# this section: `kvlab.cache.paged_offloaded`, `kvlab.serving.offloaded_executor`,
+# `kvlab.lessons.l03_cache_strategies.offload_load`; tests in `tests/test_paged_offloaded.py` and
+# `tests/test_offload_load.py`.
 
 # %% [markdown]
-# ## Beside transformers: the library's own caches
+# ## Going deeper: the same strategies in transformers
 #
-# kvlab's caches are written to be read. The library most people run, transformers, ships its own,
-# behind the same contract: `update(key, value, layer_idx)` stores one layer's new keys and values and
-# returns everything to attend over. The panel converts the recall model to transformers
-# (`kvlab.model.loading.to_transformers`: the same weights) and generates greedily after the same recall
-# prompts with each strategy in both libraries, timed the same way (the time of every step, the cache's
-# bytes after it). The bytes are counted as allocated: for transformers, the storage behind every
-# tensor a cache layer holds, its quantized codes, scales and shifts included
-# (`kvlab.measure.transformers_steps.transformers_cache_bytes`). Press **Run**; a transformers cache that
-# cannot run on this machine keeps its row and says why.
+# transformers ships its own caches behind the same contract: `update(key, value, layer_idx)` stores
+# one layer's new keys and values and returns everything to attend over
+# ([docs](https://huggingface.co/docs/transformers/main/en/kv_cache), [`cache_utils.py`](https://github.com/huggingface/transformers/blob/main/src/transformers/cache_utils.py)). The panel converts the recall model to
+# transformers (`kvlab.model.loading.to_transformers`: the same weights) and generates greedily after
+# the same recall prompts with each strategy in both libraries, timed the same way. The bytes are
+# counted as allocated: for transformers, the storage behind every tensor a cache layer holds,
+# quantized codes, scales and shifts included (`kvlab.measure.transformers_steps.transformers_cache_bytes`).
+# A transformers cache that cannot run on this machine keeps its row and says why.
 
 # %%
 import transformers
@@ -464,9 +392,8 @@ for line in not_run(compared.frame):
 compared.show()
 
 # %% [markdown]
-# **Checked:** the tokens and the bytes. Exact caches must give kvlab's greedy tokens on the same
-# weights, and every cache must hold, after every step, what its own layout's formula says
-# (`formula_bytes`: the same for both dynamic caches and both static ones):
+# **Checked:** exact caches give kvlab's greedy tokens on the same weights, and every cache holds,
+# after every step, what its own layout's formula says (`formula_bytes`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -474,8 +401,7 @@ verdicts(compared, "transformers_exact_caches_give_kvlab_tokens", "cache_bytes_f
 
 # %% [markdown]
 # The quantized caches (where transformers' one could run here: it needs optimum-quanto) follow their
-# formulas too, but not the same one, as the table below explains; then their tokens and the times,
-# on your run:
+# formulas too, but not the same one, as the table below explains; then their tokens and times:
 
 # %%
 verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_keep_different_tokens",
@@ -483,7 +409,7 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 
 # %% [markdown]
 # Where each kvlab strategy meets its transformers counterpart, and where they part (read in
-# transformers' `cache_utils.py`, of the version the panel's cell prints):
+# transformers' [`cache_utils.py`](https://github.com/huggingface/transformers/blob/main/src/transformers/cache_utils.py), of the version printed above):
 #
 # | kvlab | transformers | where they behave differently |
 # |---|---|---|
@@ -492,8 +418,21 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # | `quantized` (`bits`, `group_size`, `residual`) | `QuantizedCache(backend, config, nbits, q_group_size, residual_length)`, `cache_implementation="quantized"` with a `cache_config`; backends `quanto` (2 or 4 bits, package optimum-quanto), `hqq` (1, 2, 3, 4 or 8 bits, package hqq), `fp8` (built in: one scale per tensor, fixed at the first update, no residual) | Both store groups of values as codes with a scale and a zero-point (quanto groups along head_dim, as kvlab does, when `q_group_size` divides it) and dequantize the whole history every step. The full-precision part differs: kvlab keeps a sliding window of the newest `residual` tokens and quantizes each token once, when it leaves the window; transformers quantizes the whole prompt at prefill (the prefill's own attention still reads full precision), lets a residual grow, and when it reaches `residual_length` dequantizes everything, appends the residual and quantizes it all again, so old tokens are re-quantized at every flush. Defaults differ too: group 64 and residual 128 in transformers, `gcd(head_dim, 32)` and 64 in kvlab. |
 # | `offloaded` (`max_len`) | `DynamicCache(offloading=True)`, `cache_implementation="offloaded"` (`"offloaded_static"` for a static one) | kvlab preallocates its tier for `max_len` tokens (pinned host memory on CUDA, a memory-mapped file on CPU), keeps working buffers for one layer on the device, copies a layer's history in and writes back only the new token. transformers moves each layer's whole K and V to the CPU right after its update, and before it starts fetching the next layer back on a side stream (one layer ahead). Its copies run on CUDA streams, so it needs a GPU: the run above says whether it ran here. |
 #
-# The formula of each layout is written out in `formula_bytes` (`kvlab/lessons/l03_cache_strategies/transformers_caches.py`),
-# with tests in `tests/test_experiments_transformers_caches.py`.
+# Each layout's formula is `formula_bytes` in `kvlab/lessons/l03_cache_strategies/transformers_caches.py`,
+# tested in `tests/test_experiments_transformers_caches.py`.
+
+# %% [markdown]
+# ## Which constraint dominates?
+#
+# No strategy wins everywhere. Start from the workload and find the constraint that binds first.
+#
+# | if your workload… | what binds | try first |
+# |---|---|---|
+# | short prompts, memory to spare | time per token | `dynamic` |
+# | fixed maximum length, steady traffic | per-step overhead | `static` with a compiled step |
+# | long contexts or many sequences, memory full | bytes per token | 8 bits, then 4 with a residual window, measured on your task |
+# | memory full, latency loose (batch jobs) | device memory | offloading |
+# | answers quote the context exactly | quality | exact caches; quantize only after counting right answers |
 
 # %% [markdown]
 # <!-- kvlab:exercise check_quantized_memory_ratio -->
@@ -507,47 +446,39 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # %% [markdown]
 # ### Try it
 #
-# - Set **residual window** to 32 and Run. Which distance bucket recovers at 2 bits, and why that one?
-#   What happens to the memory ratio at the shortest context?
-# - At 2 bits, change **group size** to 8. How much memory does it add (predict it first), and how
-#   much accuracy does it buy back?
-# - Choose only the shortest context (37 tokens) and then only the longest. Is the quantized cache's
-#   time per token, relative to dynamic, better or worse as the context grows? Look at the time spent
-#   inside the cache to explain it.
-# - Set the **slow link** to each of its rates in turn. Predict the step time at the longest context
-#   from the table's bytes moved before you press Run: dynamic's step plus bytes / rate.
+# - At 2 bits, set **residual window** to 32. Which distance bucket recovers, and why that one?
+# - At 2 bits, set **group size** to 8. Predict the memory it adds; how many answers does it buy back?
+# - Set the **slow link** to each rate. Predict the step time first: dynamic's step + bytes / rate.
+#
+# <details><summary>Going deeper: more to try</summary>
+#
+# - Choose only the shortest context, then only the longest. Does the quantized cache's time per
+#   token, relative to dynamic, get better or worse as the context grows? Look at the time inside the cache.
 # - Raise **recall questions** to 200. Which accuracy differences survive, and which were noise?
-# - Give the compiler more time: `try_compiled_decode(budget_s=300)`. Is the compiled step faster
-#   than the eager one? Is the speed-up worth the compile time for a 16-token answer? For 1,000 answers?
+# - `try_compiled_decode(budget_s=300)`: is the compiled step faster? Is it worth the compile time for
+#   a 16-token answer? For 1,000 answers?
+#
+# </details>
 #
 # ## Summary
 #
-# - `dynamic`, `static` and `offloaded` keep exact numbers and give the same tokens as recomputing
-#   everything (checked above); they differ in where the bytes live and when they are allocated.
-# - `static` reserves its maximum up front: memory held but empty at shorter contexts, in exchange
-#   for shapes that never change, which is what a compiled decode step needs.
-# - `quantized` takes bits/32 of kvlab's fp32 cache (bits/16 of an fp16 one) plus a scale and zero-point per group, exactly; it pays
-#   with time spent quantizing and dequantizing every step and with answers as bits fall (the
-#   verdicts above say how much on your run); an FP8 cache that the attention kernel converts as it
-#   reads (vLLM, SGLang) makes no dequantized copy of the history. Token-level measures on a few prompts order the
-#   settings but can miss errors that only a count of right answers shows.
-# - `offloaded` keeps little on the device and moves the whole history every step, as transformers'
-#   offloaded cache does: bytes that grow with the context (serving engines keep running sequences' K/V
-#   on the GPU, preempt by recompute, and offload only K/V kept for reuse). On CPU the slow tier is a memory-mapped file in the page cache; on CUDA, pinned
-#   host memory with the next layer prefetched on a side stream. Behind a slower link, the copies'
-#   time is in every step and grows with the bytes. In a server under load, kvlab's offloaded pool moves
-#   every scheduled sequence's history each step, so steps and gaps between tokens spread out, not
-#   only slow down (the distributions above, with n).
-# - transformers' own caches follow the same strategies: the exact ones give kvlab's tokens on the same
-#   weights; the quantized and offloaded ones keep their full-precision tokens and move their bytes in
-#   their own way (the table above), and each holds what its layout's formula says.
-# - Name the constraint that binds for your workload, then measure that one, outputs included.
-# - Behind this notebook: `kvlab.lessons.l03_cache_strategies.strategies.run_strategies`,
-#   `kvlab.lessons.l03_cache_strategies.cache_accuracy.accuracy_by_distance`, `kvlab.quality`,
-#   `kvlab.lessons.l03_cache_strategies.static_compile`, `kvlab.cache.offloaded` (the slow link), `kvlab.lessons.l03_cache_strategies.figures_strategies`,
-#   `kvlab.lessons.l03_cache_strategies.panel_strategies`; the claims in `kvlab.lessons.l03_cache_strategies.claims`; tests in
-#   `tests/test_experiments_strategies.py`, `tests/test_quality.py`, `tests/test_plots_strategies.py`,
-#   `tests/test_cache_offloaded.py` and `tests/test_claims_03.py`.
+# - `dynamic`, `static` and `offloaded` keep exact numbers and give the same tokens; they differ in
+#   where the bytes live and when they are allocated.
+# - `static` reserves its maximum up front: bytes held empty at short contexts, for shapes that never change.
+# - `quantized` takes bits/32 of an fp32 cache plus a scale and zero-point per group. It pays in time
+#   every step and in answers as bits fall.
+# - `offloaded` keeps little on the device but moves the whole history every step; behind a slow
+#   link that time is in every token.
+# - Name the constraint that binds for your workload, then measure it, outputs included.
+#
+# <details><summary>Going deeper: the code behind this notebook</summary>
+#
+# `kvlab.lessons.l03_cache_strategies` (`strategies.run_strategies`, `cache_accuracy`, `static_compile`,
+# `figures_strategies`, `panel_strategies`, the claims in `claims`), `kvlab.quality`, `kvlab.cache.offloaded`
+# (the slow link); tests in `tests/test_experiments_strategies.py`, `tests/test_quality.py`,
+# `tests/test_plots_strategies.py`, `tests/test_cache_offloaded.py` and `tests/test_claims_03.py`.
+#
+# </details>
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -83,6 +83,8 @@ def test_the_tier_claim_reads_the_offloaded_setting_whose_copies_were_timed():
     expected = verdicts(_example(), "memory_tier_copies_outrun_the_link")[0]
     got = verdicts(cuda_like, "memory_tier_copies_outrun_the_link")[0]
     assert got.holds is not None and got.values["fast"] == expected.values["fast"]
+    # a memory copy set against a link rate the learner chose cannot fail: an observation (•) with that reason
+    assert not got.asserted and str(got).startswith("• on your run") and "link rate you chose" in got.text
     v = verdicts(frame, "memory_tier_copies_outrun_the_link")[0]
     assert v.holds is None and "prefetch" in v.text and "side stream" in v.text
 

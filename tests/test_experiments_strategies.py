@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kvlab.cache import kv_cache_bytes
-from kvlab.lessons.l03_cache_strategies.strategies import ideal_memory_ratio, quantized_memory_ratio, run_strategies
+from kvlab.lessons.l03_cache_strategies.strategies import (four_bit_memory_ratio, ideal_memory_ratio,
+                                                           quantized_memory_ratio, run_strategies)
 
 SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "bits": 4, "residual": 0},
             {"cache": "quantized", "bits": 2, "residual": 8, "group_size": 8}, {"cache": "offloaded"}]
@@ -78,6 +79,14 @@ def test_the_predicted_memory_ratio_is_read_at_the_longest_context(table):
     assert quantized_memory_ratio(frame, bits=2) == q2["memory_ratio"].item()
     with pytest.raises(ValueError, match="no 8-bit quantized cache in this run .*choose quantized with 8 bits"):
         quantized_memory_ratio(frame, bits=8)
+
+
+def test_the_prediction_names_the_two_byte_counts_its_answer_is_computed_from(table):
+    """``four_bit_memory_ratio`` (notebook 03's ``guess.against``) returns the ratio and the bytes it divides."""
+    _, frame = table
+    ratio, inputs = four_bit_memory_ratio(frame)
+    assert ratio == quantized_memory_ratio(frame, bits=4)
+    assert inputs["4-bit cache bytes"] / inputs["dynamic cache bytes"] == pytest.approx(ratio)
 
 
 def test_time_inside_the_cache_is_measured_on_cuda_with_the_compute_stream_synchronised(monkeypatch):

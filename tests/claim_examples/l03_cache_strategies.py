@@ -68,13 +68,6 @@ def _quantized_cache_time_like_dynamic(frame: pd.DataFrame) -> pd.DataFrame:  # 
     return frame
 
 
-@counterexample("memory_tier_copies_outrun_the_link")
-def _tier_as_slow_as_the_link(frame: pd.DataFrame) -> pd.DataFrame:  # copies at 1.5× the link's rate
-    gbps = float(frame["link_gbps"].dropna().iloc[0])
-    frame.loc[frame["copy_gb_per_s"].notna() & frame["link_gbps"].isna(), "copy_gb_per_s"] = 1.5 * gbps
-    return frame
-
-
 @example("transformers_exact_caches_give_kvlab_tokens", "cache_bytes_follow_each_layout",
          "quantized_caches_hold_their_own_layouts", "quantized_caches_keep_different_tokens",
          "transformers_quantized_cache_costs_time", "same_strategy_different_speed")

@@ -328,14 +328,14 @@ def slow_link_cost_grows_with_bytes(result: Any) -> dict:
                 k2=_kib(slow.loc[c2, "bytes_moved_per_step"]), l1=float(link[c1]), l2=float(link[c2]), holds=True)
 
 
-@claim(NOTEBOOK, clock="wall",
+# A copy within this machine's memory set against a link rate the panel chooses (1 GB/s by default) could fail only if
+# the tier's pages went to disk: a check that cannot fail on a working machine is no finding, so the line is shown (•)
+# with its numbers and that reason (it was asserted, "copies > 2 × the link's rate", before issue 35).
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            at the tier's own speed the copies ran at {fast:.1f} GB/s ({ms:.3f} ms of a {step:.2f} ms step at {ctx}
-           prompt tokens), {times:.0f}× the {gbps:g} GB/s link: that is why plain offloading barely showed in the
-           step""",
-       otherwise="""
-           the plain tier's copies were not clearly faster than the modelled link. On a machine short of memory
-           the mapped file's pages may have gone to disk; or the run was disturbed: Run again.""")
+           prompt tokens), {times:.0f}× the {gbps:g} GB/s link you chose""",
+       otherwise="")
 def memory_tier_copies_outrun_the_link(result: Any) -> dict:
     slow, _ = _link_rows(result)
     off = _offloaded(result)
@@ -349,8 +349,10 @@ def memory_tier_copies_outrun_the_link(result: Any) -> dict:
     f = fast.loc[ctx]
     rate = float(f["copy_gb_per_s"])
     gbps = float(slow.loc[ctx, "link_gbps"])
-    return dict(fast=rate, ms=float(f["copy_ms_per_step"]), step=float(f["token_ms_p50"]), ctx=ctx, gbps=gbps,
-                times=rate / gbps, holds=rate > 2 * gbps)
+    return {"fast": rate, "ms": float(f["copy_ms_per_step"]), "step": float(f["token_ms_p50"]), "ctx": ctx,
+            "gbps": gbps, "times": rate / gbps, "holds": True,
+            SHOWN_ONLY: "a copy within memory set against a link rate you chose, it could fail only if the tier's "
+                        "pages went to disk"}
 
 
 # -- static: the compiled step (wall; only when the compile ran) -------------------------------------

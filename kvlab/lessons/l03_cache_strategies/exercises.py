@@ -78,38 +78,43 @@ check_dominant_constraint = multiple_choice(
     title='which constraint dominates',
     stem="""An assistant answers questions about long contracts: prompts of 30,000 tokens, short answers
 that must quote clause numbers exactly, streamed at a steady reading pace. The GPU's memory is full
-at 6 conversations while its compute is mostly idle. By the reading guide above, which strategy does
-this workload rule out, whatever memory it would save?""",
+at 6 conversations while its compute is mostly idle. Which of these fits this workload worst?""",
     options={
-        "a": ("an 8-bit quantized cache with a residual window, because exact quotes forbid any quantization of "
-              "the keys and values;",
-              "the guide puts quantization last for exact answers, not out: memory is what binds here, and 8 bits "
-              "with a full-precision window of recent tokens is the first thing to try, adopted only if the "
-              "answers at 30,000 tokens match the exact cache's (measure them, as the accuracy plots do)."),
-        "b": ("the dynamic cache, because a cache that grows token by token cannot hold a 30,000-token prompt;",
-              "a dynamic cache holds any length the memory allows; it is the exact baseline every other "
-              "strategy is compared with, and the prompt is stored in one step by the prefill."),
-        "c": ("a static cache, because fixed shapes only work for short contexts;",
-              "a static cache works at any length: it reserves the maximum for each conversation (here about "
-              "what each one uses anyway) and buys fixed shapes for a compiled step. It does not relieve the "
-              "memory, since it frees no byte, but it breaks no requirement either."),
-        "d": ("offloading the caches to host memory, because each decode step would move the whole history over "
-              "the link;", None),
+        "a": ("an 8-bit quantized cache with a residual window, because rounding the stored keys can change which "
+              "clause a lookup finds;",
+              "that is a risk to measure, not a reason to rule it out: memory is what binds here, and 8 bits with a "
+              "full-precision window of recent tokens is the first thing to try, kept only if the answers at "
+              "30,000 tokens match the exact cache's (measure them, as the accuracy plots do)."),
+        "b": ("the dynamic cache, because its memory grows with the 30,000-token context;",
+              "every exact cache holds the same bytes for the same tokens; the dynamic cache is the exact baseline "
+              "every other strategy is compared with, and the prompt is stored in one step by the prefill."),
+        "c": ("a static cache, because it reserves memory for the longest conversation before any token arrives;",
+              "here each conversation reaches about its maximum anyway, so little of the reservation stays empty. "
+              "A static cache frees no byte, but it breaks no requirement either, and its fixed shapes allow a "
+              "compiled step."),
+        "d": ("this notebook's offloaded cache, because it streams each conversation's history over the host link "
+              "every step;", None),
     },
     correct="d", wrong_example="a",
-    confirm="offloaded, every decode step reads each conversation's whole stored history back over the host "
-            "link, so the time between tokens grows with the 30,000-token context: the guide keeps offloading "
-            "for work whose latency budget is loose, and this one must stream steadily.",
+    confirm="streaming every running conversation's 30,000-token history over the host link at every step makes "
+            "the gap between tokens grow with the context, and this workload must stream steadily. Host memory "
+            "itself is not ruled out: engines that keep idle prefix blocks there (LMCache, SGLang's HiCache) "
+            "copy a contract's K/V back once per question instead of recomputing its prefill.",
     explanation="""```python
 answer = "d"
 ```
-An offloaded cache moves each layer's whole history across the link on every decode step (the
-bytes you counted in exercise 2, here for 30,000 tokens), so the gap between tokens grows with the
-context. Prefetching hides the copy behind compute only while the link carries a step's bytes in
-one step's time: for Llama-3-8B in fp16 a 30,000-token history is
-`kv_cache_bytes(32, 8, 128, 30_000, 1, 2)` = `3.9e9` bytes per conversation per step, against a
-host link that carries tens of GB per second. Steady streaming is a requirement, so offloading
-is out. Memory is what binds, so the lever is fewer bytes per token: 8 bits, then 4, with a
-residual window, kept only if the answers at the real length match the exact cache's, since exact
-quotes are the recall your run measured. The dynamic cache is the exact baseline, and a static
-cache frees nothing but breaks nothing.""")
+This notebook's offloaded cache (like transformers' offloaded cache) moves each layer's whole
+history across the link on every decode step: the bytes you counted in exercise 2, here for 30,000
+tokens. For Llama-3-8B in fp16 that is `kv_cache_bytes(32, 8, 128, 30_000, 1, 2)` = `3.9e9` bytes
+per conversation per step, against a host link that carries tens of GB per second, so six
+conversations would wait about a second per token. Memory binds, so the first lever is fewer bytes
+per token: 8 bits, then 4, with a residual window, kept only if the answers at the real length
+match the exact cache's.
+
+Host memory is still a standard lever for this very workload, in another design: engines that
+offload *idle* prefix blocks keep a contract's K/V in host memory between questions and copy it
+back once, when the next question about that contract arrives, instead of recomputing a
+30,000-token prefill ([LMCache](https://docs.lmcache.ai/), used by vLLM through its KV connector;
+SGLang's [HiCache](https://docs.sglang.io/advanced_features/hicache_design.html), a host-memory
+tier under its prefix cache). What fits worst is streaming the history of running sequences every
+step, not host memory.""")

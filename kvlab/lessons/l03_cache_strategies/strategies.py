@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -361,6 +361,23 @@ def quantized_memory_ratio(frame: pd.DataFrame, bits: int = 4) -> float:
     return float(q.loc[q["context_tokens"].idxmax(), "memory_ratio"])
 
 
+def four_bit_memory_ratio(result: Any) -> tuple[float, dict[str, float]]:
+    """What notebook 03 asks before its run: the 4-bit cache's bytes over the dynamic cache's at the longest context.
+
+    ``result`` is the panel's result (or its frame). Returns ``(ratio, inputs)``, the two byte counts the ratio is
+    computed from, for ``guess.against(result, four_bit_memory_ratio)``: no output before the question may show them.
+    """
+    frame = getattr(result, "frame", result)
+    ratio = quantized_memory_ratio(frame, bits=4)
+    longest = frame[frame["context_tokens"] == frame["context_tokens"].max()]
+    q = longest[(longest["strategy"] == "quantized") & (longest["bits"] == 4)]
+    dyn = longest[longest["setting"] == "dynamic"]
+    inputs = {"4-bit cache bytes": float(q["allocated_bytes"].iloc[0])}
+    if len(dyn):
+        inputs["dynamic cache bytes"] = float(dyn["allocated_bytes"].iloc[0])
+    return ratio, inputs
+
+
 __all__ = ["DEFAULT_LINK_GBPS", "DEFAULT_PAIRS", "DEFAULT_SETTINGS", "EXACT_STRATEGIES", "STRATEGIES", "default_settings",
-           "ideal_memory_ratio", "quantized_memory_ratio", "run_strategies", "run_strategy_comparison",
+           "four_bit_memory_ratio", "ideal_memory_ratio", "quantized_memory_ratio", "run_strategies", "run_strategy_comparison",
            "strategy_settings", "with_bytes_per_token"]
