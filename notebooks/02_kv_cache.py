@@ -10,12 +10,10 @@
 # %% [markdown]
 # ## What you will be able to do
 #
-# - say what keys and values are, and why the ones of past tokens can be kept;
-# - see a cache as K and V tensors per layer and read their shapes;
-# - check that a cache changes the speed of generation, not its output;
-# - write a cache yourself and check it writes the same tokens as no cache at all;
-# - compute cache memory with the formula and check it against the bytes a cache really allocates;
-# - estimate the memory of a real model at a given context and batch, and how many sequences fit on a GPU.
+# - say what keys and values are, and why those of past tokens can be kept;
+# - read a cache's K and V tensors and their shapes;
+# - compute a cache's memory with the formula, for a tiny model and for real ones;
+# - write a cache yourself.
 
 # %% [markdown]
 # ## Keys and values
@@ -23,25 +21,22 @@
 # Inside every attention layer, each position of the text is turned into three vectors:
 #
 # - a **query**, the question this position puts to the earlier text;
-# - a **key**, a label every position carries, against which questions are scored;
+# - a **key**, a label against which questions are scored;
 # - a **value**, the content a position contributes in proportion to its score.
 #
 # To write the next token, the model scores the newest position's query against the keys of all
-# earlier positions (a dot product each), turns the scores into weights that sum to one, and
-# takes the weighted mix of their values. In a
-# decoder a position only looks backwards, so the key and value of a token, once computed, never
-# change. Recomputing them at every step (notebook 01, cache `"none"`) is wasted work. A **KV
-# cache** keeps them, for every layer, and each step adds only the new token's key and value.
+# earlier positions, turns the scores into weights that sum to one, and mixes their values. A
+# position only looks backwards, so a token's key and value never change once computed.
+# Recomputing them at every step (notebook 01, cache `"none"`) is wasted work; a **KV cache** keeps
+# them, per layer, and each step adds only the new token's.
 #
-# This cache is not a cache of answers: it holds the internal state of **one** ongoing generation
-# and is thrown away when that generation ends.
+# It is not a cache of answers: it holds the state of **one** generation and is freed when it ends.
 
 # %% [markdown]
 # ## Look inside a cache
 #
-# A tiny Llama-style model (2 layers, 4 query heads sharing 2 key/value heads), on the CPU so that
-# the printed numbers are the same on every machine. We generate 8 tokens and look at what the
-# cache holds.
+# A tiny Llama-style model (2 layers), on the CPU so that the numbers are the same everywhere,
+# writes 8 tokens. What does its cache hold?
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -55,9 +50,8 @@ for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
     print(f"layer {layer}: K {tuple(k.shape)}  V {tuple(v.shape)}   (batch, kv_heads, tokens, head_dim)")
 
 # %% [markdown]
-# Each layer stores one K and one V tensor of shape (batch, kv_heads, tokens, head_dim). Count the
-# tokens: the prompt has 15 and we generated 8, yet the cache holds one fewer than 15 + 8. The
-# last generated token has not been fed back yet; it would be on the next step.
+# One K and one V tensor per layer. Count the tokens: one fewer than the 15 of the prompt plus the 8
+# generated, because the last token is fed back only by the next step.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -66,14 +60,18 @@ from kvlab.lessons import verdicts
 verdicts(out, "cache_holds_every_token_but_the_last")
 
 # %% [markdown]
-# This model has 2 key/value heads for 4 query heads: with **grouped-query attention** two query
-# heads share one K/V head, which halves the cache.
+# The model has 4 query heads sharing 2 key/value heads: with
+# [grouped-query attention](https://arxiv.org/abs/2305.13245) the cache stores only the K/V heads,
+# half as many here.
 
 # %% [markdown]
 # ## Same tokens, with and without the cache
 #
-# The cache is a saving, not an approximation: with greedy decoding, cached and uncached generation
-# must write exactly the same tokens. (This cell is checked by the test suite.)
+# The cache is a saving, not an approximation: here, in fp32 on a CPU, greedy decoding writes the
+# same tokens with and without it. On a GPU in fp16 or bf16 the two paths add numbers in a different
+# order, and a near-tie between two tokens can flip one
+# ([a transformers report](https://github.com/huggingface/transformers/issues/36536);
+# [PyTorch on reproducibility](https://pytorch.org/docs/stable/notes/randomness.html)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -86,8 +84,8 @@ verdicts(runs, "cached_and_uncached_write_the_same_tokens")
 # %% [markdown]
 # ## The memory formula, next to the measurement
 #
-# Every layer keeps a key **and** a value (the 2) for every key/value head, every head dimension,
-# every token and every sequence of the batch, each element taking some bytes:
+# Every layer keeps a key **and** a value (the 2) for every key/value head, head dimension, token
+# and sequence of the batch, each element taking some bytes:
 #
 # **`bytes = 2 × layers × kv_heads × head_dim × tokens × batch × bytes_per_element`**
 
@@ -104,10 +102,21 @@ print(f"measured: {measured:,} bytes allocated by the DynamicCache")
 verdicts(out, "dynamic_cache_allocates_the_formula")
 
 # %% [markdown]
-# ## As the tokens grow, for every cache strategy
+# ### Going deeper: every cache strategy, as the tokens grow
 #
 # The panel generates with each strategy kvlab has and reads the cache's own accounting after every
-# step. Press **Run** (or read the saved figure below).
+# step. `dynamic` stores exactly what the tokens need, so it should follow the formula and grow with
+# every token. `static` reserves room for the whole request (prompt + tokens to generate) at the
+# start: a flat line, part of it reserved but still empty. `quantized` keeps its newest 64 tokens at
+# full precision and packs older ones into 4 bits with a scale per group, so its line should bend
+# down past 64 tokens (generate fewer in all: does it save anything?). `offloaded` keeps every layer
+# in a slower memory tier (on a CPU machine, a file) and only a working buffer for one layer at a
+# time on the compute device: less device memory, but bytes moved at every step (notebook 03).
+# Byte counts do not depend on the machine, so these lines read the same everywhere.
+#
+# Behind this notebook: `kvlab.cache` (the interface in `base.py`, the growing cache in
+# `dynamic.py`) and the folder `kvlab/lessons/l02_kv_cache/` (`memory.py`, `claims.py`,
+# `exercises.py`).
 
 # %%
 from kvlab.lessons.l02_kv_cache.panel import cache_memory_panel
@@ -119,16 +128,6 @@ memory_panel
 memory_result = memory_panel.run()
 memory_result.show()
 
-# %% [markdown]
-# **Reading the figure.** `dynamic` stores exactly what the tokens need, so it should follow the
-# formula and grow with every token. `static` reserves room for the whole request (prompt + tokens
-# to generate) at the start: a flat line, part of it reserved but still empty. `quantized` keeps
-# its newest 64 tokens at full precision and packs older ones into 4 bits with a scale per group,
-# so its line should bend down once it holds more than 64 tokens. `offloaded` keeps every layer in
-# a slower memory tier (on a CPU machine, a file) and only a working buffer for one layer at a time
-# on the compute device: less device memory, but bytes moved at every step (notebook 03 measures
-# them). Byte counts do not depend on the machine, so these lines read the same everywhere:
-
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(memory_result, "dynamic_memory_follows_the_formula", "static_reserves_the_whole_request",
@@ -137,10 +136,10 @@ verdicts(memory_result, "dynamic_memory_follows_the_formula", "static_reserves_t
 # %% [markdown]
 # ## A calculator for real models
 #
-# The same formula, for the shapes of published models (no weights needed to count bytes).
-# Before you run the table below, **predict**: Llama-2-7B has 32 layers, 32 key/value heads of
-# dimension 128. How much cache does one conversation of 4,096 tokens take in fp16? Type your guess
-# in the box (in GiB), then run the next two cells.
+# The same formula works for the shapes of published models, no weights needed. Predict first:
+# [Llama-2-7B](https://huggingface.co/meta-llama/Llama-2-7b-hf/blob/main/config.json) has 32 layers
+# and 32 key/value heads of dimension 128. How many GiB of cache does one conversation of 4,096
+# tokens take in fp16 (2 bytes per element)? Type your guess, then run the next cells.
 
 # %%
 from kvlab.lessons.common.predict import predict
@@ -149,26 +148,19 @@ guess = predict("How many GiB of KV cache does Llama-2-7B (MHA) hold for one con
                 "in fp16?", unit="GiB")
 guess
 
-# %% [markdown]
-# What one token costs in each model, at 2 bytes per element (fp16), and what 4,096 tokens cost:
+# %%
+from kvlab.lessons.l02_kv_cache.memory import gib_for, published_kv_table
+
+per_model = published_kv_table(tokens=4096, bytes_per_element=2)   # the formula for every published shape
+guess.fold(per_model.round(2), what="this table")                 # folded until you guess: it holds the answer
 
 # %%
 # NBVAL_CHECK_OUTPUT
-lines = []
-for name, c in kvlab.PUBLISHED_CONFIGS.items():
-    per_token = c.kv_bytes_per_token(2)
-    lines.append(f"{name:20s} {c.num_layers:3d} layers x {c.num_kv_heads:2d} kv_heads x {c.head_dim:3d} head_dim"
-                 f" -> {per_token / 1024:7,.0f} KiB per token, {per_token * 4096 / 2**30:6.2f} GiB for 4,096 tokens")
-guess.fold("\n".join(lines))   # folded until you type your guess above: it holds the answer
-
-# %%
-# NBVAL_CHECK_OUTPUT
-guess.against(kvlab.PUBLISHED_CONFIGS["Llama-2-7B (MHA)"].kv_bytes_per_token(2) * 4096 / 2**30,
-              what="the formula gives")
+guess.against(per_model, gib_for("Llama-2-7B (MHA)"), what="the formula gives")
 
 # %% [markdown]
-# Now pick a model, a context length, a batch and a GPU. The calculator recomputes as you move the
-# controls; the dashed line is the memory left for the cache once fp16 weights are loaded.
+# Now pick a model, a context, a batch and a GPU. The dashed line is the memory left for the cache
+# once the fp16 weights are loaded.
 
 # %%
 from kvlab.lessons.l02_kv_cache.panel import kv_calculator_panel
@@ -180,13 +172,12 @@ calculator
 calculator.run().show()
 
 # %% [markdown]
-# ## A real model, where this machine is online
+# ### Going deeper: a real model, where this machine is online
 #
-# Everything above ran on small models made for the lab. Where the machine can reach the Hugging
-# Face hub (Colab, most laptops), the cell below loads a real published model (SmolLM2-135M) with
-# its own tokenizer: readable text, the slowdown of notebook 01 and the cache bytes at a scale you
-# know. Offline (a workshop without internet, or the tests) it says so in one line and the lesson
-# goes on with the shipped models.
+# Where the machine can reach the Hugging Face hub (Colab, most laptops), the cell below loads a real
+# published model, [SmolLM2-135M](https://huggingface.co/HuggingFaceTB/SmolLM2-135M), with its own
+# tokenizer: readable text, the slowdown of notebook 01 and the cache bytes at a scale you know.
+# Offline it says so in one line.
 
 # %%
 from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
@@ -200,13 +191,12 @@ if real is not None:
     display(verdicts(demo, "real_model_cache_is_the_formula", "real_model_is_slower_without_a_cache"))
 
 # %% [markdown]
-# ### Try it
+# ## Try it
 #
-# - Switch between **Llama-2-7B (MHA)** and **Llama-3-8B (GQA)** at the same context. Why is the
-#   second cache 4 times smaller, although the models are about the same size? (Count the kv_heads.)
-# - After exercise 2 below: how many conversations of 32K tokens fit at int4 instead of fp16?
-# - Try **Llama-3-70B** on a GPU of `24 GiB`. What does "at most 0 sequences" mean for a service?
-# - In the memory panel, generate fewer than 64 tokens in total: does `quantized` save anything yet?
+# - **Llama-2-7B (MHA)** against
+#   [**Llama-3-8B (GQA)**](https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json) at
+#   the same context: why is the second cache 4 times smaller? (Count the kv_heads.)
+# - **Llama-3-70B** on a GPU of `24 GiB`: what does "at most 0 sequences" mean for a service?
 
 # %% [markdown]
 # <!-- kvlab:exercise check_kv_bytes -->
@@ -223,19 +213,11 @@ if real is not None:
 # %% [markdown]
 # ## Summary
 #
-# - Keys and values of past tokens never change, so they can be stored: that store, per layer, is
-#   the KV cache. It makes generation faster and leaves its output unchanged.
-# - Its size is `2 × layers × kv_heads × head_dim × tokens × batch × bytes_per_element`, and kvlab's
-#   caches allocate exactly that (`dynamic`), reserve more up front (`static`), or trade precision
-#   or location for memory (`quantized`, `offloaded`); the verdicts above check each on your run.
-# - For served models the cache, not the weights, often decides how many requests fit at once:
-#   context length and batch multiply it, and grouped-query attention and lower precision divide it.
-# - A cache is a dozen lines: per layer, append the new K and V along the token axis and hand back
-#   everything stored; `seq_len` tells the model where the next token stands (exercise 4).
-# - Behind this notebook: `kvlab.cache` (the interface in `base.py`, the growing cache in
-#   `dynamic.py`), and its folder `kvlab/lessons/l02_kv_cache/`: `memory.py` (`measure_cache_memory`,
-#   `kv_memory_table`, `max_sequences`), the claims in `claims.py`, the checkers in `exercises.py`;
-#   tests in `tests/test_experiments_memory.py`, `tests/test_claims_02.py` and `tests/test_exercises_build.py`.
+# - Keys and values of past tokens never change, so each layer can store them: the KV cache. It
+#   saves time; in fp32 it leaves the tokens unchanged.
+# - Its size is `2 × layers × kv_heads × head_dim × tokens × batch × bytes_per_element`. For served
+#   models it, not the weights, often decides how many requests fit: context and batch multiply it,
+#   fewer K/V heads and lower precision divide it.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -160,9 +160,33 @@ def test_each_cache_slip_changes_the_generated_tokens(slip):
 
 
 def test_the_skeleton_as_shown_is_answered_without_an_error():
+    """The untouched skeleton stores nothing: the checker says what the learner's cache holds (none of the tokens),
+    not what its own probe handed over."""
     my_cache = skeleton("check_my_cache")["MyCache"]
     feedback = check_my_cache(my_cache)
-    assert not feedback.correct and "position offset" in feedback.message
+    assert not feedback.correct and "your cache holds none of them" in feedback.message, feedback.message
+    assert "tokens stored" not in feedback.message, feedback.message
+
+
+class StoresNothingCountsRight(SolutionCache):
+    """Slip: seq_len counts the tokens handed over, but update keeps none of them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = 0
+
+    def update(self, layer_idx, k, v):
+        self.seen += k.size(2) if layer_idx == 0 else 0
+        return k, v
+
+    @property
+    def seq_len(self):
+        return self.seen
+
+
+def test_a_cache_that_keeps_nothing_is_told_so_whatever_its_seq_len_says():
+    message = check_my_cache(StoresNothingCountsRight).message
+    assert "your cache holds none of them" in message and "fill in update" in message, message
 
 
 def test_a_cache_that_is_not_a_class_or_not_a_kvcache_is_explained():

@@ -106,9 +106,10 @@ What does the first request's KV cache do for the second?""",
               "finished answers;",
               "a KV cache is not a cache of answers: it holds the keys and values of one ongoing generation "
               "and is freed when that generation ends. Nothing returns a stored answer."),
-        "c": ("it guarantees the second answer is identical, because it stores the sampled tokens.",
-              "the cache holds keys and values, not the sampled tokens; with sampling the second answer can "
-              "differ, and it is generated token by token either way."),
+        "c": ("the second answer comes out the same as the first, because the cache stores the sampled tokens and "
+              "the second generation reads them back.",
+              "the cache holds keys and values, not the sampled tokens, and it was freed when the first generation "
+              "ended; with sampling the second answer can differ, and it is generated token by token either way."),
     },
     correct="a",
     confirm="the KV cache is the working memory of one generation. A server with prefix caching "
@@ -232,6 +233,18 @@ def _explain(got: torch.Tensor, expected: torch.Tensor, new: torch.Tensor, what:
     return f"layer {layer}'s {what} have the right shape but not the values that were stored; store k and v as given."
 
 
+def _tokens_held(cache: Any) -> int | None:
+    """How many tokens the learner's cache holds in its first layer, read from its own ``keys`` (the skeleton's
+    list of per-layer tensors, None while empty); None when it keeps them some other way."""
+    keys = getattr(cache, "keys", None)
+    if not isinstance(keys, (list, tuple)) or not keys:
+        return None
+    first = keys[0]
+    if first is None:
+        return 0
+    return first.size(2) if isinstance(first, torch.Tensor) and first.dim() == 4 else None
+
+
 def _probe(cache_class: type) -> str | None:
     """Feed update() a 3-token prompt and one more token, layer by layer, and name the first slip (None if none)."""
     cfg = _cache_model().config
@@ -270,6 +283,13 @@ def _probe(cache_class: type) -> str | None:
             seq_len = cache.seq_len
         except Exception as exc:
             return f"reading seq_len raised {type(exc).__name__}: {exc}."
+        holds = _tokens_held(cache)
+        if holds is not None and holds < total:  # what the learner's cache holds, not this probe's record
+            todo = "Fill in both TODOs." if seq_len != total else "seq_len already counts them; fill in update."
+            return (f"update was handed {total} tokens per layer, but your cache holds "
+                    f"{'none of them' if holds == 0 else holds}, and its seq_len says {seq_len}: update must keep "
+                    f"this layer's k and v after what it already holds, and seq_len must count the tokens kept, "
+                    f"the position the next token gets. {todo}")
         if seq_len != total:
             if seq_len == 0:
                 return (f"seq_len is still 0 with {total} tokens stored: you forgot the position offset. The model "
@@ -290,14 +310,11 @@ def _probe(cache_class: type) -> str | None:
 
 @exercise("02_kv_cache.ipynb", solution=SolutionCache, wrong=OnlyNewKeysCache,
           title="write the cache",
-          question="""Time to write one. Below is a cache with the interface every kvlab cache has
-(`kvlab/cache/base.py`): `update(layer_idx, k, v)` is called by each layer with the keys and values of
-the new tokens, shaped `(batch, kv_heads, new_tokens, head_dim)`, and must return **all** the keys and
-values that layer holds, to attend over; `seq_len` is the number of tokens stored, which the model
-reads as the position of the next token (for its rotary position encoding). Fill in the two places
-marked `TODO`. The checker generates with your cache and without any cache, token for token, on a
-tiny model like the one above (its random weights drawn larger, so that a wrong cache changes the
-tokens), and tells you what went wrong if the two differ.""",
+          question="""Time to write one. The cache below has the interface of every kvlab cache: each layer calls
+`update(layer_idx, k, v)` with the new tokens' keys and values, shaped `(batch, kv_heads, new_tokens, head_dim)`,
+and gets back **all** the keys and values that layer holds; `seq_len` is the number of tokens stored, which
+the model reads as the next token's position. Fill in the two `TODO`s. The checker generates with your
+cache and without any, token for token, on a tiny model like the one above, and names what went wrong.""",
           code='''import torch
 from kvlab.cache import CacheMemory, KVCache, tensor_bytes
 

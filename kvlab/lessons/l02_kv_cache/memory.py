@@ -23,6 +23,7 @@ from ...model.decoder import Decoder, build_model
 from ...runs.progress import Progress, no_progress
 from ..l01_the_slowdown.slowdown import prompt_ids
 from ...threads import LESSON_THREADS, torch_threads
+from ..common.provenance import experiment
 
 GIB = 2**30
 
@@ -166,3 +167,30 @@ def kv_memory_table(config: ModelConfig | str, contexts: Sequence[int], batches:
                      num_kv_heads=cfg.num_kv_heads, num_heads=cfg.num_heads, num_layers=cfg.num_layers,
                      head_dim=cfg.head_dim, gpu_gib=gpu_gib)
     return out
+
+
+@experiment
+def published_kv_table(tokens: int = 4096, bytes_per_element: float = 2) -> pd.DataFrame:
+    """The memory formula for every published shape (``PUBLISHED_CONFIGS``): one row per model with its layers,
+    key/value heads and head dimension, the KiB one token's K and V take, and the GiB ``tokens`` tokens take.
+
+    Notebook 02 asks for one of these numbers before it runs this (an ``@experiment``: the table remembers the
+    cell that made it, so the comparison can prove the question came first)."""
+    rows = []
+    for name, c in PUBLISHED_CONFIGS.items():
+        per_token = c.kv_bytes_per_token(bytes_per_element)
+        rows.append({"model": name, "layers": c.num_layers, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+                     "KiB per token": per_token / 1024, f"GiB for {tokens:,} tokens": per_token * tokens / GIB})
+    out = pd.DataFrame(rows).set_index("model")
+    out.attrs.update(tokens=tokens, bytes_per_element=bytes_per_element)
+    return out
+
+
+def gib_for(model: str):
+    """The answer a prediction reads from ``published_kv_table``'s result: ``model``'s GiB for the table's tokens,
+    with the bytes one token takes, the number it is computed from."""
+    def measure(table: pd.DataFrame) -> tuple[float, dict]:
+        row = table.loc[model]
+        per_token = float(row["KiB per token"]) * 1024
+        return float(row[f"GiB for {table.attrs['tokens']:,} tokens"]), {"bytes per token": per_token}
+    return measure
