@@ -1,12 +1,8 @@
 # %% [markdown]
 # <!-- kvlab:header -->
-# A demo with one user says little about a service. What matters is how it behaves as more people
-# use it at once: up to what load do answers start quickly and flow steadily, how many requests are
-# refused, and how much memory it takes. This notebook draws that picture, the **service curve**,
-# for several kinds of traffic, and then shows two real scheduling rules that do the same below
-# capacity, but once overloaded, the one that gets more work done computes new prompts from what its
-# steps leave over, which can delay first tokens; comparing first-token times then needs every
-# request counted, not only the finished ones.
+# A demo with one user says little about a service. Here a server gets more and more traffic, and
+# you draw its **service curve**: how soon answers start, how much gets done, how many are turned
+# away. Then two real scheduling rules meet one overload: the one that gets more done starts later.
 
 # %%
 # kvlab:setup
@@ -14,24 +10,77 @@
 # %% [markdown]
 # ## What you will be able to do
 #
-# - read a service curve: the four clocks, achieved vs offered throughput and failures as the load rises;
-# - find the **knee** of a curve, and say which rule defines it;
-# - explain how a simulator calibrated on your machine can sweep thousands of requests far faster
-#   than real time, and check it against the real model: what it gets right, and where it is off;
-# - reproduce "more throughput, later first token" with two real scheduling policies, see that it
-#   appears only past capacity, read time per output token beside time to first token, count
-#   what was sent, completed, failed and still waiting when the measurement window closed, and say
-#   why a quantile over the completed requests alone cannot settle which rule starts answers sooner.
+# - read a service curve and find its **knee**, the highest load the service keeps up with;
+# - say why long prompts bend the curve at a lower load than short chats;
+# - explain "more throughput, later first token" with two real scheduling rules, and why it shows
+#   only past capacity.
 
 # %% [markdown]
 # ## Why a simulator
 #
-# A service curve needs many load levels with hundreds of requests each. The real model serves in
-# real time: 500 requests offered at 2 per second take over four minutes just to arrive, and a curve
-# has ten such levels for each kind of traffic. So kvlab also has a
-# **cost-model executor**: the same engine, the same scheduler and block manager, but each step's
-# duration is *predicted* from its shape instead of measured, and the engine's clock jumps by that
-# prediction (virtual time). A step's cost is a sum of simple terms:
+# A curve needs many loads with hundreds of requests each: hours of real serving. The simulator runs
+# the same engine, but predicts each step's time from a cost model fitted on the authors' machine,
+# so every laptop prints the same numbers in seconds. How it compares with the real model on your
+# machine is in a folded section below.
+
+# %% [markdown]
+# ## The service curve of each kind of traffic
+#
+# Four kinds of traffic, each at eight loads up to one and a half times its estimated capacity. The
+# server runs 16 sequences per batch and lets at most 16 wait; a request that finds the queue full
+# is refused.
+#
+# Short chats send prompts of 16 to 64 tokens and get 8 to 32 back. Long prompts (a document to
+# summarise) send 256 to 512 tokens and get the same short answers. A curve's **knee** is the highest
+# load it keeps up with: at least 0.9 of the offered requests per second served, and the p95 time to
+# first token (TTFT) within the target (`ttft_s=2.0` here).
+#
+# Predict before you run it: at what fraction of the short chats' knee will the long prompts' knee be?
+
+# %%
+# %matplotlib inline
+from kvlab.lessons.common.predict import predict
+
+guess = predict("The long prompts' knee, as a fraction of the short chats' knee (in requests per second)?",
+                unit="×")
+guess
+
+# %%
+from kvlab.lessons import verdicts
+from kvlab.lessons.l06_under_load.figures import plot_service_curve
+from kvlab.lessons.l06_under_load.load import scheduler_config, service_curves
+
+curves = service_curves(requests=200, levels=8, scheduler=scheduler_config(max_seqs=16, max_waiting=16))
+display(guess.fold(plot_service_curve(curves), what="the figure (it marks each knee)"))
+verdicts(curves, "simulator_much_faster_than_real_time", fold=True)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.lessons.l06_under_load.load import knee_ratio
+
+guess.against(curves, knee_ratio)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusals_start_past_the_knee",
+         after=guess)
+
+# %% [markdown]
+# **Reading the curves.** Top left: the slowest first tokens (thick lines, p95) do not wait for the
+# knee. They climb as batches fill, up to the target that marks the knee; past it requests queue,
+# and even the median (thin lines) climbs steeply. Bottom left: achieved throughput follows the
+# offered load (dashed diagonal), then flattens: capacity. Bottom right: a full queue refuses new
+# requests, which bounds the wait of those served. A long prompt is many times a short chat's work
+# before its first token, so far fewer fit per second. The knees:
+
+# %%
+display(curves[curves["is_knee"]][["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n",
+                                   "tpot_p50_s", "tpot_n", "peak_kv_blocks", "goodput_rps"]].round(3))
+
+# %% [markdown]
+# ### Going deeper: the simulator, its calibration and a check against the real model
+#
+# A step's cost is a sum of simple terms:
 #
 # | term | why it costs |
 # |---|---|
@@ -43,13 +92,11 @@
 # | per attention call | each sequence attended on its own pays a little setup |
 #
 # `python -m kvlab calibrate` times the real model on about 40 designed batch shapes and fits these
-# coefficients by least squares. kvlab ships a calibration of the 30M model made on the authors'
-# machine (the cell prints which machine, its load and how well the fit predicts shapes it left out):
-# read it as an example of a machine, not a fact about yours. `python -m kvlab calibrate` makes
-# one for your machine.
+# coefficients by least squares. The curves above use the fit shipped with kvlab, made on the
+# authors' machine (the cell prints which machine, its load and how well the fit predicts shapes it
+# left out): an example of a machine, not a fact about yours.
 
 # %%
-# %matplotlib inline
 from kvlab.serving.cost_model import load_calibration
 
 shipped = load_calibration("llama-30m")
@@ -62,17 +109,15 @@ print(f"measured on the authors' machine: {env['cpu']}, {env['cpu_count']} cores
       f"load average {shipped.settings.get('load_average_1m')}")
 
 # %% [markdown]
-# ### Is the simulator honest? Check it against the real model
-#
-# A cost model predicts the machine it was measured on. So first calibrate one **here**, for the
-# small model of the serving lessons (3M parameters; `budget_s=3` keeps the timing short), then
-# serve the same requests at three loads (0.3, 0.7 and 1.2 times its estimated capacity) twice:
-# once with the real model on the wall clock, once in the simulator.
+# A cost model predicts the machine it was measured on. So the next cell calibrates one **here**, for
+# the small model of the serving lessons (3M parameters; `budget_s=3` keeps the timing short), then
+# serves the same requests at three loads (0.3, 0.7 and 1.2 times its estimated capacity) twice: with
+# the real model on the wall clock, and in the simulator. Solid lines are measured, dashed ones
+# simulated.
 
 # %%
-from kvlab.lessons.l06_under_load.load import simulated_vs_real
 from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
-from kvlab.lessons.l06_under_load.figures import plot_service_curve
+from kvlab.lessons.l06_under_load.load import simulated_vs_real
 from kvlab.serving.calibrate import calibrate
 from kvlab.serving.sweep import estimate_capacity_rps
 from kvlab.workload import make_workload
@@ -87,110 +132,35 @@ display(check[["source", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_
                "tpot_n", "e2e_p95_s", "e2e_n"]].round(4))
 plot_service_curve(check, title=f"Real {small.name} (solid) vs the simulator calibrated a moment ago (dashed)")
 
-# %% [markdown]
-# Solid lines are measured, dashed ones simulated. How close are they on your run? The lines below
-# give the ratio real ÷ simulated for each clock at each load, with the number of requests behind
-# each quantile.
-
 # %%
-from kvlab.lessons import verdicts
-
 verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
          "real_and_simulated_rise_with_load")
 
 # %% [markdown]
-# What a simulator calibrated on the same machine usually gets right is the **shape**: throughput
-# follows the offered load the same way, and the typical request waits longer as the load grows,
-# in both. The last verdict above checks that on your run for the **medians** (TTFT, TPOT, E2E),
-# level by level, not only from the first load to the last; it does not claim it for the tails.
-# With a few dozen requests per level a p95 rests on the slowest two or three, so a p95 curve can
-# wobble between neighbouring loads (the table shows it). Where the two are off, look for what the
-# simulator leaves out:
+# Throughput is compared at the highest load only: below capacity both runs replay the same
+# arrivals and serve what arrives, whatever the cost model says. What a simulator calibrated on the
+# same machine usually gets right is the **shape**: the typical request waits longer as the load
+# grows, in both (the last line checks the medians level by level, not the tails: with 30 requests
+# a p95 rests on the slowest two). Where the two are off, look for what the simulator leaves out:
 #
-# - **the machine changed**: the calibration and the real run are moments apart; if another
-#   program (another notebook, a browser tab) took the CPU in between, the real steps are slower
-#   than the ones the cost model was fit on;
-# - **what is not timed**: the calibration times the model's steps; the scheduling and bookkeeping
-#   the engine does between steps are not in the cost model, and it uses each shape's median time,
-#   so occasional slow steps are missing from its tails;
-# - **the fit's own error**: `describe()` prints its median error over the shapes it was fit on;
-#   a real batch can have a shape it never timed;
-# - **queues amplify small errors**: near capacity a slightly slower step changes which requests
-#   are batched together, so the gaps grow at the highest load and in the p95 (which, over a few
-#   dozen requests, rests on the slowest two or three).
+# - **the machine changed**: if another program took the CPU between the calibration and the real
+#   run, real steps are slower than the fit;
+# - **what is not timed**: the engine's bookkeeping between steps, and occasional slow steps (the fit
+#   uses each shape's median time);
+# - **the fit's own error**: a real batch can have a shape the calibration never timed;
+# - **queues amplify small errors**: near capacity a slightly slower step changes which requests are
+#   batched together, so the gaps grow at the highest load and in the p95.
 #
 # Trust the simulator for the shape of the curve and the order of the loads, not for the third
-# digit; and recalibrate when the machine changes.
-#
-# ## The service curve of each kind of traffic
-#
-# Four workloads, each swept over eight loads from a tenth of the estimated capacity to one and a
-# half times it, simulated on the calibration of the 30M model shipped with kvlab, so the times are
-# those of the authors' machine (16 sequences per batch, at most 16 requests waiting: a request
-# arriving to a full queue is refused).
-#
-# Predict before you run it. Short chats send prompts of 16 to 64 tokens and get 8 to 32 back; long
-# prompts (a document to summarise) send 256 to 512 tokens and get the same short answers. Each
-# curve's **knee** is the highest load, in requests per second, that the service still keeps up with.
-# At what fraction of the short chats' knee will the long prompts' knee be (1 = the same load)?
-
-# %%
-from kvlab.lessons.common.predict import predict
-
-guess = predict("The long prompts' knee, as a fraction of the short chats' knee (in requests per second)?",
-                unit="×")
-guess
-
-# %%
-from kvlab.lessons.l06_under_load.load import scheduler_config, service_curves
-
-curves = service_curves(requests=200, levels=8, scheduler=scheduler_config(max_seqs=16, max_waiting=16))
-display(plot_service_curve(curves))
-verdicts(curves, "simulator_much_faster_than_real_time")
+# digit, and recalibrate when the machine changes.
 
 # %% [markdown]
-# **Reading the curves.** Top left: time to first token. While the service keeps up it stays
-# low; past the knee requests queue and it climbs. Top right: time per output token, which rises
-# as batches fill and prompts share steps with decodes. Bottom left: achieved throughput follows
-# the offered load (the dashed diagonal) up to a point, then flattens: that is capacity. Bottom
-# right: once the queue is full, new requests are refused. The queue cannot grow, which bounds the
-# wait of the requests that *are* served, while the refused ones get no answer at all.
+# ### Going deeper: every request counted
 #
-# The **knee** (dotted line) is the highest load that still *keeps up*: achieved throughput is at
-# least `0.9` of the offered load and p95 TTFT is within the SLO (`ttft_s=2.0` here). Past it,
-# waiting, not work, decides what users see. These curves run in virtual time, so the lines below
-# are the same on every machine:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusals_start_past_the_knee",
-         after=guess)
-
-# %% [markdown]
-# A table of the knees, with the sample size behind each quantile:
-
-# %%
-knees = curves[curves["is_knee"]]
-display(guess.fold(knees[["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n",
-                          "tpot_p50_s", "tpot_n", "peak_kv_blocks", "peak_kv_bytes", "goodput_rps"]].round(3),
-                   what="the table of knees"))
-
-# %% [markdown]
-# Your prediction beside the sweep (long prompts' knee ÷ short chats' knee, both from the table):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l06_under_load.load import knee_rps
-
-guess.against(knee_rps(curves, "long_short") / knee_rps(curves, "short_short"))
-
-# %% [markdown]
-# ### Every request counted
-#
-# A latency quantile is computed over the requests that completed. The others must be counted
-# next to it: requests sent, completed, refused (failed), still waiting and still running when the
-# window closes. The cell below uses a fixed, round-number cost model (no calibration, no timing),
-# so its output is the same on every machine: its counts are checked.
+# A latency quantile is computed over the requests that completed. The others must be counted next to
+# it: requests sent, completed, refused (failed), still waiting and still running when the window
+# closes. This cell uses a fixed, round-number cost model (no calibration, no timing), so its counts
+# are the same on every machine.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -212,16 +182,16 @@ print("n behind each p95:", exact["ttft_n"].tolist())
 verdicts(exact, "quantile_counts_fewer_than_sent")
 
 # %% [markdown]
-# A p95 without those counts would flatter the service. In this sweep the engine serves every
-# admitted request to its end after sending stops, so the ones still waiting or running when the
-# window closed are in the quantile's n; what it leaves out are the refused requests, turned away
-# because the queue was full: the users the service treated worst. A measurement that stops at
-# the window, like the A/B example below, leaves out the unfinished ones as well.
-#
+# A p95 without those counts flatters the service. Here the engine serves every admitted request to
+# its end after sending stops, so those still waiting or running at the close are in the quantile's
+# n; what it leaves out are the refused requests, the users the service treated worst. A measurement
+# that stops at the window, like the A/B example below, leaves out the unfinished ones as well.
+
+# %% [markdown]
 # ## Explore: your own service curve
 #
 # Choose the traffic, the scheduling rule, the batch size, the queue limit, the loads (`auto`, or
-# numbers of requests/s separated by commas) and the TTFT target. **Run** simulates the whole sweep.
+# requests/s separated by commas) and the TTFT target. **Run** simulates the whole sweep.
 
 # %%
 from kvlab.lessons.l06_under_load.panel import service_curve_panel
@@ -236,25 +206,25 @@ result.show()
 # %% [markdown]
 # ## More throughput, later first token
 #
-# Same requests, same load, two real scheduling rules of the engine (only `priority` differs):
+# Same requests, same load, two real scheduling rules of the engine:
 #
-# - **A, prefill first** (the rule of vLLM's original V0 scheduler without chunked prefill):
-#   whenever a prompt is waiting, the next step is spent on prompts; the running answers pause.
-# - **B, decode first** with a budget of 64 tokens per step (stall-free batching, as in
-#   Sarathi-Serve): every running answer gets its next token each step; prompts use what is left of
-#   the budget. vLLM's V1 scheduler works this way by default (running requests first, chunked
-#   prefill always on).
+# - **A, prefill first**: whenever a prompt is waiting, the next step is spent on prompts, and the
+#   running answers pause. This was vLLM's default rule before chunked prefill
+#   (<a href="https://github.com/vllm-project/vllm/blob/2f275d2dce3a220dad5a080742992f15dd8cf243/docs/source/models/performance.rst">its
+#   docs</a>).
+# - **B, decode first**, with a budget of 64 tokens per step: every running answer gets its next
+#   token each step, and prompts share what is left. This is stall-free batching
+#   (<a href="https://arxiv.org/abs/2403.02310">Sarathi-Serve, §4</a>); vLLM V1 schedules this way,
+#   with chunked prefill on by default wherever it can be
+#   (<a href="https://docs.vllm.ai/en/stable/configuration/optimization.html#chunked-prefill">its docs</a>).
 #
-# The traffic is long documents in, short answers out (32 tokens each), for one minute, counted
-# when the minute ends, at two loads. **Overloaded**: the lowest load at which A alone no longer
-# keeps up (a sweep of A finds it; the choice looks at A's throughput only, not at any first-token
-# time, nor at B). **Below capacity**: half of that. Each rule is read on three clocks: output
-# tokens per second, time to first token (TTFT) and time per output token (TPOT), the pace at
-# which an answer streams once it has started.
+# Long documents in, short answers out, for one minute, at two loads. **Overloaded**: the lowest
+# load A alone no longer keeps up with. **Below capacity**: half of that. Each rule is read on output
+# tokens per second, TTFT, and time per output token (TPOT), an answer's pace once started.
 
 # %%
-from kvlab.lessons.l06_under_load.load import ab_at_two_loads
 from kvlab.lessons.l06_under_load.figures import plot_ab_example
+from kvlab.lessons.l06_under_load.load import ab_at_two_loads
 
 ab = ab_at_two_loads()   # virtual time on the authors' machine's calibration: the same numbers on every run
 display(ab[["load", "policy", "rule", "offered_rps", "sent", "completed", "failed", "waiting", "running",
@@ -268,28 +238,26 @@ verdicts(ab, "ab_below_capacity_both_keep_up", "ab_overloaded_more_throughput_la
          "ab_overloaded_prefill_first_streams_slower")
 
 # %% [markdown]
-# Below capacity both rules keep up (the first line above): the same requests are served, within
-# the TTFT target. Overloaded they part (the next two lines). B keeps every answer moving, and each of its steps carries prompt
-# work *and* decodes, so the fixed cost of a step is shared: it completes more answers in the
-# minute, and they stream steadily. Once a document is admitted, A computes its prompt in
-# consecutive prompt-only steps, so its first token follows soon; B computes it from what each step
-# leaves after the running answers, so its first token comes later. But each of A's prompt-only
-# steps pauses every answer in progress and pays the step's fixed cost alone, so its answers crawl
-# once started and fewer finish in the minute.
+# Below capacity both rules keep up. Overloaded they part. B keeps every answer moving, and each of
+# its steps carries prompt work *and* decodes, so a step's fixed cost is shared: it finishes more
+# answers in the minute, and they stream steadily. But B computes a new prompt only from what each
+# step leaves after the running answers, so its first token comes later. A runs a waiting prompt at
+# once, so its first token comes sooner; each of its prompt-only steps pauses every answer in
+# progress, so its answers crawl. Neither rule is "faster": they win on different clocks, and only
+# once requests have to wait.
+
+# %% [markdown]
+# ### Going deeper: three readings of one p95
 #
-# Read the first-token line with care. The table's TTFT columns, like every clock of a summary, are
-# over the requests that **completed** in the minute (`ttft_n`), and the two rules leave different
-# requests unfinished (the `waiting` and `running` columns): comparing completed-only p95s compares
-# survivors, the bias *Every request counted* warns about: the requests still waiting at the close,
-# among the longest waits, are left out. So the line decides on **every request sent**: the
-# simulator's records run on past the window, so each request is followed to its first token
-# (`ttft_p95_sent_s`). A measurement of a real server has only the window; there the fair reading
-# counts each request still waiting at its wait so far, a censored value its TTFT can only exceed
-# (`ttft_p95_close_s`, a lower bound; `kvlab.clocks.ttft_censored`). The line gives all three
-# readings side by side: how far the completed-only p95 sits from the other two is the size of the
-# bias. A third fair way compares both rules at the same number of completed
-# requests. Neither rule is "faster": they win on different clocks, and
-# only once requests have to wait; both are behind at the end of the overloaded minute.
+# The table's `ttft_p95_s` is over the requests that **completed** in the minute (`ttft_n`), and the
+# two rules leave different requests unfinished (`waiting`, `running`). A p95 over those survivors
+# leaves out the longest waits. So the verdict reads the p95 over **every request sent**, each
+# followed to its first token, which the simulator can do because its records run past the window
+# (`ttft_p95_sent_s`). A real server's measurement has only the window: there the fair reading counts
+# each request still waiting at its wait so far, a lower bound its TTFT can only exceed
+# (`ttft_p95_close_s`, with `ttft_censored` such requests). How far the completed-only p95 sits from
+# the other two is the size of the bias. A third fair way compares both rules at the same number of
+# completed requests.
 #
 # Does the trade-off hang on the authors' machine's costs? The same two loads on the round-number
 # cost model, a machine with quite different costs:
@@ -302,16 +270,11 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 # %% [markdown]
 # ### Try it
 #
-# - In the panel, switch the **scheduling** to *static batches*. Where does the knee move, and what
-#   happens to TTFT below it?
-# - Set the **queue limit** to *unbounded* and rerun the mixture. The failures vanish; what happens
-#   to TTFT p95 past the knee instead?
-# - Tighten the **SLO** (`0.5` on the slider). For which traffic does the knee move, and why the long
-#   prompts first?
-# - Run `verdicts(ab_at_two_loads(low_fraction=0.8), "ab_below_capacity_both_keep_up")`. Closer to
-#   capacity, do both rules still keep up? Look at B's first tokens and A's time per output token.
-# - Recalibrate for your machine: `python -m kvlab calibrate --validate`, then
-#   `python -m kvlab sweep --simulate --json my_curve.json`.
+# - In the panel, switch to *static batches*. Where does the knee move?
+# - Set the **queue limit** to *unbounded*: the failures vanish; what does TTFT p95 do instead?
+# - Tighten the **SLO** to `0.5`. Which knee moves first, and why?
+# - `verdicts(ab_at_two_loads(low_fraction=0.8), "ab_below_capacity_both_keep_up")`: closer to
+#   capacity, do both rules still keep up?
 
 # %% [markdown]
 # <!-- kvlab:exercise check_knee -->
@@ -322,28 +285,22 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 # %% [markdown]
 # ## Summary
 #
-# - A **service curve** reports, per offered load: the four clocks with their sample sizes,
-#   achieved vs offered throughput, failures, the backlog at the end of the window and the memory
-#   used. Its **knee** is the highest load that still keeps up (here: achieved at least `0.9` of
-#   offered, and p95 TTFT within the SLO).
-# - Different traffic bends at very different loads: on the authors' machine's costs, long prompts
-#   and long answers reach the knee at a fraction of the request rate of short chats.
-# - A simulator whose step cost is **calibrated on your machine** sweeps thousands of requests far
-#   faster than real time. Checked against the real model, it gets the shape of the curve; its
-#   numbers drift with the machine's load, the steps it never timed and the tails: recalibrate on a
-#   new machine (`python -m kvlab calibrate`).
-# - Below capacity, two rules can do the same work; past it, one can raise throughput and stream
-#   answers faster while computing new prompts from each step's leftovers, which can delay first
-#   tokens (decode-first vs prefill-first).
-#   Compare services on every clock, with quantiles, their n, and the counts of requests refused,
-#   still waiting or still running; a quantile over completed requests alone compares survivors, so
-#   count the unfinished ones (censored at the window's close) before naming a winner.
-# - Behind this notebook: `kvlab.serving.cost_model` (`CostModel`, `CostModelExecutor`),
-#   `kvlab.serving.calibrate`, `kvlab.serving.sweep` (`load_sweep`, `mark_knee`),
-#   `kvlab.lessons.l06_under_load.load`, `kvlab.lessons.l06_under_load.figures`, `kvlab.lessons.l06_under_load.panel`; commands
-#   `python -m kvlab calibrate`, `python -m kvlab sweep`, `python -m kvlab bench batching`; tests in
-#   `tests/test_cost_model.py`, `tests/test_sweep.py`, `tests/test_ab_example.py`; the claims checked on
-#   your run in `kvlab/lessons/l06_under_load/claims.py` (`tests/test_claims_06.py`).
+# - A **service curve** gives, per offered load, the clocks with their sample sizes, achieved vs
+#   offered throughput and the refusals. Its **knee** is the highest load that still keeps up.
+# - Slow first tokens climb before the knee; past it, everyone waits.
+# - Long prompts reach the knee at a fraction of the request rate of short chats.
+# - Past capacity, a rule can finish more and stream faster while starting answers later
+#   (decode first vs prefill first). Compare services on every clock, counting the requests
+#   refused or unfinished, before naming a winner.
+
+# %% [markdown]
+# ### Going deeper: the code behind this notebook
+#
+# `kvlab.serving.cost_model` (`CostModel`, `CostModelExecutor`), `kvlab.serving.calibrate`,
+# `kvlab.serving.sweep` (`load_sweep`, `mark_knee`), `kvlab.lessons.l06_under_load` (`load`,
+# `figures`, `panel`, `claims`); commands `python -m kvlab calibrate --validate`,
+# `python -m kvlab sweep --simulate --json my_curve.json`, `python -m kvlab bench batching`; tests in
+# `tests/test_cost_model.py`, `tests/test_sweep.py`, `tests/test_ab_example.py`, `tests/test_claims_06.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

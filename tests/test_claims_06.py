@@ -103,3 +103,19 @@ def test_the_below_capacity_target_counts_the_requests_still_waiting_at_the_clos
     ab.loc[low_b, "ttft_p95_sent_s"] = 1.5 * DEFAULT_SLO.ttft_s  # the survivors' p95 is left within the target
     assert float(ab.loc[low_b, "ttft_p95_s"].iloc[0]) <= DEFAULT_SLO.ttft_s
     assert c.on(ab).holds is False
+
+
+def test_the_throughput_claim_is_decided_where_the_engine_sets_the_throughput():
+    """Below capacity both runs replay the same arrivals, so their throughput ratio is about 1 by construction: the
+    claim reads the highest load (set past the estimated capacity) and quotes the others without deciding on them."""
+    c = CLAIMS["simulator_throughput_close_to_real"]
+    low_off = _check({**SIM, "achieved_rps": [7.0, 14.0, 30.0]}, SIM)  # the lower loads 0.7×: not what it decides
+    v = c.on(low_off)
+    assert v.holds is True and "real ÷ simulated 1.00 (n = 30 requests)" in v.text and "0.70, 0.74" in v.text
+    top_off = _check({**SIM, "achieved_rps": [10.0, 19.0, 21.0]}, SIM)
+    assert c.on(top_off).holds is False
+
+
+def test_the_simulator_speed_is_shown_as_an_observation():
+    c = CLAIMS["simulator_much_faster_than_real_time"]
+    assert not c.asserts and str(c.on(example_of(c)())).startswith("• on your run")

@@ -647,16 +647,29 @@ def fuller_batch_knob(text: str | None = None):
 
 
 def knee_of_the_mixture():
-    """Achieved follows offered up to the knee, then falls behind; TTFT p95 rises steeper past the knee."""
+    """Achieved follows offered up to the knee, then falls behind; TTFT p95 rises steeper past the knee, and the
+    median climbs past it too."""
     rows = table("06", "offered req/s", "achieved req/s", "TTFT p95 s", "knee")
     k = next(i for i, r in enumerate(rows) if "knee" in r["knee"])
     x = [f(r["offered req/s"]) for r in rows]
     y = [f(r["achieved req/s"]) for r in rows]
     p95 = [f(r["TTFT p95 s"]) for r in rows]
+    p50 = [f(r["TTFT p50 s"]) for r in rows]
     assert 0 < k < len(rows) - 1
     assert all(b / a >= 0.9 for a, b in zip(x[:k], y[:k])) and y[-1] / x[-1] < y[k] / x[k]
     before, after = (p95[k] - p95[0]) / (x[k] - x[0]), (p95[-1] - p95[k]) / (x[-1] - x[k])
     assert after > before > 0, (before, after)
+    assert p50[-1] > 2 * p50[k], "past the knee the median climbs too"
+
+
+def first_token_p95_climbs_before_the_knee(text: str | None = None):
+    """06's saved verdict quotes each curve's p95 TTFT at its knee over its lowest load: the long prompts' is
+    several-fold (and every curve's above 1: the slow first tokens do not wait for the knee)."""
+    t = out("06") if text is None else text
+    m = verdict(t, r"p95 TTFT already climbs below the knee \(lowest load to the knee: ([^)]*)\)")
+    rises = dict(re.findall(r"(\w[\w ]*?) ([\d.]+)×", m.group(1)))
+    assert float(rises["long prompts"]) >= 3, rises
+    assert all(float(v) > 1 for v in rises.values()), rises
 
 
 def ab_directions(text: str | None = None):
@@ -734,8 +747,6 @@ FACTS: list[Fact] = [
     Fact("read at 150 words a minute, the cells run, and two minutes per exercise", reading_rate),
     Fact("Exercise 1 (the work ratio)", exercise_is("01", 1, "check_work_ratio")),
     Fact("Exercise 3 (what the cache keeps)", exercise_is("02", 3, "check_what_the_cache_keeps")),
-    Fact("the decode-first rule streams more output tokens per second and, over every request each rule was sent "
-         "(each followed to its first token), its p95 first token comes later", ab_directions),
     Fact("The three misconceptions below", three_misconceptions),
     Fact("under a tenth of its minutes on the authors' 2 cores", run_all_under_a_tenth_of_the_minutes),
     # what to say at each figure
@@ -782,8 +793,13 @@ FACTS: list[Fact] = [
     Fact("Right panel: fuller batches, more output per busy second. Left panel: the first member of each batch pays "
          "for it in TTFT", batch_wait_panels),
     Fact("under a trickle of requests its batches stay small and the arrivals set the pace", fuller_batch_knob),
-    Fact("Achieved throughput follows offered load up to the knee, then falls behind it; latency quantiles rise slowly "
-         "before the knee and steeply after it", knee_of_the_mixture),
+    Fact("Achieved throughput follows offered load up to the knee, then falls behind it", knee_of_the_mixture),
+    Fact("it climbs as batches fill (the long prompts' several-fold, up to the target that marks their knee)",
+         first_token_p95_climbs_before_the_knee),
+    Fact("after the knee it climbs more steeply still, the median with it", knee_of_the_mixture),
+    Fact("decode first streams more tokens per second and starts answers later, counted over every request sent",
+         ab_directions),
+    Fact("(the folded *three readings* section), it comes later too", ab_directions),
     Fact("B (decode-first) has more throughput and a much shorter time per output token, A (prefill-first) a better "
          "p95 TTFT over the requests it completed", ab_directions),
     Fact("B's p95 first token comes later", ab_directions),

@@ -75,7 +75,7 @@ _SIM = dict(achieved_rps=[10.0, 19.0, 30.0], ttft_p50_s=[0.010, 0.012, 0.020], t
 
 
 @counterexample("simulator_throughput_close_to_real")
-def _real_serves_less(_example: Any) -> pd.DataFrame:  # the real run served 0.7× the simulated rate at the top
+def _real_serves_less(_example: Any) -> pd.DataFrame:  # the real run served 0.7× the simulated rate at the top load
     return check_by_hand({**_SIM, "achieved_rps": [10.0, 19.0, 21.0]}, _SIM)
 
 
@@ -87,9 +87,3 @@ def _real_median_far_off(_example: Any) -> pd.DataFrame:  # a real TTFT median 2
 @counterexample("real_and_simulated_rise_with_load")
 def _rises_then_falls(_example: Any) -> pd.DataFrame:  # the real median TTFT up then down (12 -> 111 -> 17 ms)
     return check_by_hand({**_SIM, "ttft_p50_s": [0.012, 0.111, 0.017]}, _SIM)
-
-
-@counterexample("simulator_much_faster_than_real_time")
-def _slow_simulator(curves: pd.DataFrame) -> pd.DataFrame:  # the sweep ran only 5× faster than real time
-    curves["run_wall_s"] = curves["makespan_s"] / 5
-    return curves

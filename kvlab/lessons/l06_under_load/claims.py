@@ -5,7 +5,7 @@ Four results of the notebook are read here:
 - ``check`` (``simulated_vs_real``): the same loads served by the real small model (wall clock)
   and by the simulator calibrated a moment before; the claims are ``wall``;
 - ``curves`` (``service_curves``): simulated service curves on the shipped calibration (virtual
-  time: ``deterministic``), plus one ``wall`` claim on how fast the simulator ran;
+  time: ``deterministic``), plus one ``wall`` observation (•) of how fast the simulator ran;
 - ``exact`` (``service_curve`` on a round-number cost model): counts at the window's end;
 - ``ab`` (``ab_at_two_loads``): the two scheduling rules below capacity and overloaded.
 """
@@ -48,18 +48,28 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
 # -- the simulator against the real model (wall clock) -----------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
        says="""
-           achieved throughput, real ÷ simulated from the lowest to the highest load: {ratios} (n = {n} requests
-           per load): within a quarter at every load""",
+           at the highest load ({rate:g} req/s, set past the estimated capacity, where throughput is what the engine
+           can serve) the real model served {real:.1f} requests/s and the simulator {sim:.1f}: real ÷ simulated
+           {ratio:.2f} (n = {n} requests), within a quarter. The lower loads do not test the simulator: both runs
+           replay the same arrivals and serve what arrives (real ÷ simulated {low})""",
        otherwise="""
-           the real model served noticeably less (or more) than the simulator predicted. Usually the machine was
-           busier during the real run than during the calibration a moment before (other programs, another
-           notebook), so real steps took longer than the cost model says; the highest load, past capacity, shows
-           it first. Run the calibration and the check again when the machine is quiet.""")
+           the real model served noticeably less (or more) than the simulator predicted where throughput is set by
+           the engine. Usually the machine was busier during the real run than during the calibration a moment
+           before (other programs, another notebook), so real steps took longer than the cost model says. Run the
+           calibration and the check again when the machine is quiet.""")
 def simulator_throughput_close_to_real(check: Any) -> dict:
+    """Decided at the highest load alone. Below capacity a level's throughput is its arrivals: the real run and the
+    simulated one replay the same arrival times, so their ratio is about 1 whatever the cost model says (it once
+    held "within a quarter at every load", two of three loads by construction). The notebook sets the highest load
+    past the capacity the cost model estimates, where the engine's speed decides what is served."""
     g = _gap(check)
-    t = g[g["clock"] == "achieved_rps"]
-    ratios = t["ratio"].tolist()
-    return dict(ratios=_series(ratios), n=_n(t["n_real"]), holds=all(0.8 <= r <= 1.25 for r in ratios))
+    t = g[g["clock"] == "achieved_rps"].sort_values("offered_rps")
+    if len(t) < 2:
+        raise ValueError(f"the check has {len(t)} load level(s); the claim reads the highest beside the lower ones")
+    top = t.iloc[-1]
+    return dict(rate=float(top["offered_rps"]), real=float(top["real"]), sim=float(top["simulated"]),
+                ratio=float(top["ratio"]), n=int(top["n_real"]), low=_series(t["ratio"].iloc[:-1]),
+                holds=0.8 <= float(top["ratio"]) <= 1.25)
 
 
 @claim(NOTEBOOK, clock="wall",
@@ -128,19 +138,21 @@ def _knees(curves: pd.DataFrame) -> dict[str, float | None]:
     return out
 
 
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            the simulator served {levels} levels, {requests} requests in all, in {wall:.1f} s of this machine's
            time; the real model would have needed about {virtual:.0f} s of serving on the authors' machine (each
-           level from first arrival to last answer): {speed:.0f}× faster than real time""",
+           level from first arrival to last answer): {speed:.0f}× faster than real time. An observation, not a
+           check: the simulator computes no model, only a few sums per step, so no machine makes it slow""",
        otherwise="""
-           the sweep ran less than ten times faster than real time: the machine is very busy, or the levels were
-           so light that they are mostly waiting for arrivals. It is still a simulation: its times are the cost
+           (an observation: never marked ✗) the sweep's speed depends on this machine; its times are the cost
            model's, not this run's.""")
 def simulator_much_faster_than_real_time(curves: Any) -> dict:
+    """Shown, not asserted: the check it had (virtual > 10 × wall) could not fail on any machine a notebook runs on,
+    since a simulated step costs microseconds of arithmetic against the milliseconds it stands for."""
     wall, virtual = float(curves["run_wall_s"].sum()), float(curves["makespan_s"].sum())
     return dict(levels=len(curves), requests=int(curves["requests"].sum()), wall=wall, virtual=virtual,
-                speed=virtual / wall, holds=virtual > 10 * wall)
+                speed=virtual / wall, holds=True)
 
 
 @claim(NOTEBOOK, clock="deterministic",
@@ -164,14 +176,17 @@ def long_traffic_bends_at_lower_rate(curves: Any) -> dict:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           p95 TTFT at the highest load against at the knee: {growth}; no request was refused up to any knee, and
-           at the highest load the full queue refused {refused}""",
+           p95 TTFT already climbs below the knee (lowest load to the knee: {below}), and on past it (highest load
+           against the knee: {growth}); no request was refused up to any knee, and at the highest load the full
+           queue refused {refused}""",
        otherwise="""
            past the knee TTFT did not climb at least 1.5× in every curve, requests were refused below a knee, or
            none at all. With a longer queue limit or loads that stop just past the knee the climb is smaller and
            refusals rarer; read the curves.""")
 def latency_climbs_and_refusals_start_past_the_knee(curves: Any) -> dict:
-    growth, refused, ok, refusals = [], [], True, 0
+    """Decides the climb past the knee and the refusals; the rise below the knee is quoted, not checked (the notebook
+    says what the curve shows: the slowest first tokens climb before the knee, up to the target that defines it)."""
+    growth, below, refused, ok, refusals = [], [], [], True, 0
     for profile, c in curves.groupby("profile", sort=False):
         c = c.sort_values("offered_rps")
         word = PROFILE_WORDS.get(profile, profile)
@@ -181,12 +196,14 @@ def latency_climbs_and_refusals_start_past_the_knee(curves: Any) -> dict:
             continue
         knee = c.index[c["is_knee"]][0]
         top = c.iloc[-1]
+        below.append(f"{word} {float(c.loc[knee, 'ttft_p95_s'] / c.iloc[0]['ttft_p95_s']):.1f}×")
         g = float(top["ttft_p95_s"] / c.loc[knee, "ttft_p95_s"])
         growth.append(f"{word} {g:.1f}× (n = {int(c.loc[knee, 'ttft_n'])}, then {int(top['ttft_n'])})")
         refused.append(f"{top['failure_rate']:.0%} ({word})")
         refusals += int(top["failed"])
         ok &= g > 1.5 and int(c.loc[:knee, "failed"].sum()) == 0
-    return dict(growth="; ".join(growth), refused=", ".join(refused) or "none", holds=ok and refusals > 0)
+    return dict(growth="; ".join(growth), below=", ".join(below) or "no knee", refused=", ".join(refused) or "none",
+                holds=ok and refusals > 0)
 
 
 @claim(NOTEBOOK, clock="deterministic",
@@ -211,13 +228,9 @@ def _ab(ab: pd.DataFrame, load: str) -> tuple[pd.Series, pd.Series]:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           overloaded ({rate:.3g} req/s): in the {window:.0f} s window B streamed {b_tps:.1f} output tokens/s,
-           {ratio:.2f}× A's {a_tps:.1f}, and completed {b_done} requests against A's {a_done}; yet over all the
-           requests each sent, every one followed to its first token (n = {b_n} and {a_n}), B's p95 first token
-           came at {b_ttft:.2f} s against A's {a_ttft:.2f} s. Read at the close, with those still waiting counted
-           at their wait so far ({b_open} and {a_open} of them), the p95s are at least {b_close:.2f} and
-           {a_close:.2f} s; the completed requests alone would say {b_done_ttft:.2f} against {a_done_ttft:.2f} s,
-           a quantile over survivors that leaves the longest waits out""",
+           overloaded ({rate:.3g} req/s): B streamed {b_tps:.1f} output tokens/s, {ratio:.2f}× A's {a_tps:.1f}, yet
+           its p95 first token came later: {b_ttft:.2f} s against A's {a_ttft:.2f} s, over every request sent
+           (n = {b_n} and {a_n}, each followed to its first token)""",
        otherwise="""
            here one rule did not win on throughput while losing on first tokens. On another cost model (another
            machine's calibration) the overloaded level can land where the two rules do the same; compare the rows
@@ -254,11 +267,9 @@ def ab_overloaded_prefill_first_streams_slower(ab: Any) -> dict:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           below capacity ({rate:.3g} req/s) both keep up: each served {a_share:.0%} / {b_share:.0%} of the
-           requests/s sent (A / B) and completed {a_done} / {b_done} of {sent} in the window; p95 TTFT over every
-           request sent {a_ttft:.2f} s / {b_ttft:.2f} s (n = {a_n} / {b_n}, any still waiting at the close
-           followed to its first token), within the {slo:g} s target; median TPOT
-           {a_tpot:.3f} s / {b_tpot:.3f} s (n = {a_tn} / {b_tn})""",
+           below capacity ({rate:.3g} req/s) both keep up: A served {a_share:.0%} and B {b_share:.0%} of the
+           requests/s sent, and their p95 first token over every request sent came at {a_ttft:.2f} s and
+           {b_ttft:.2f} s (n = {a_n} and {b_n}), within the {slo:g} s target""",
        otherwise="""
            at the lower load one rule fell behind or missed the TTFT target, on the requests it completed or on
            every request it was sent (those still waiting at the close followed to their first token). Lower

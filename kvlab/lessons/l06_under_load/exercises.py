@@ -76,10 +76,8 @@ def check_knee(answer: Any) -> Feedback:
 check_ab_reading = multiple_choice(
     "06_under_load.ipynb", "check_ab_reading",
     title='reading the A/B example',
-    stem="""The A/B example ran both rules at two loads. Overloaded, B (decode first, 64 tokens per step)
-streamed more output tokens per second than A (prefill first) and produced each answer's tokens far
-faster once it had started; but B's p95 time to first token was higher. Why does B's first token
-come later?""",
+    stem="""Overloaded, B (decode first, 64 tokens per step) streamed more output tokens per second than A
+(prefill first), but its p95 time to first token was higher. Why does B's first token come later?""",
     options={
         "a": ("the gap is noise: run the cell again and the order may reverse;",
               "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
@@ -90,11 +88,10 @@ come later?""",
               "B completes more requests in the minute, not fewer (its throughput is the higher one). Its first "
               "tokens come later because of how each step's tokens are shared out, not because of a longer "
               "queue of unfinished work."),
-        "d": ("a faster stream always means a later start: TTFT and TPOT are two views of one clock, and any rule "
-              "that lowers one raises the other.",
-              "they are different clocks, and no law ties them: below capacity both rules keep up within the TTFT "
-              "target. The trade appears only once requests wait, and it comes from what each rule does with a "
-              "step's tokens."),
+        "d": ("B refuses more of the documents when its queue is full, and a refused request counts as a late "
+              "first token.",
+              "neither rule refused a request here (the failed column is 0 for both), and a refused request has no "
+              "first token to count. The delay comes from how each step's tokens are shared out."),
     },
     correct="b", wrong_example="d",
     confirm="decode first spends each step's 64-token budget on the running answers' next tokens before any "
@@ -111,5 +108,5 @@ of the 64-token budget: a long document's prompt is spread over many steps, so i
 comes late, while the answers already started never pause. Under A a waiting prompt always gets
 the next step: its first token comes soon, and every running answer pauses meanwhile. (a) the run
 is in virtual time on a cost model: the same numbers every time; (c) B completes more requests in
-the minute, not fewer; (d) TTFT and TPOT are different clocks: below capacity both rules keep up
-within the TTFT target, and the trade appears only once requests wait.""")
+the minute, not fewer; (d) neither rule refused a request (the failed column is 0), and a refused
+request has no first token to count.""")

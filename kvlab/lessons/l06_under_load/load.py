@@ -39,6 +39,7 @@ from ...runs.progress import Progress, no_progress
 from ...runs.sweep_settings import (DEFAULT_SLO, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config, simulator,
                              sweep_settings)
 from ...threads import LESSON_THREADS, torch_threads
+from ..common.provenance import experiment
 
 KEEPS_UP_RATIO = 0.9  # a level keeps up when >= 90% of the requests/s sent are served (as in mark_knee)
 
@@ -75,8 +76,12 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
     return mark_knee(frame, min_throughput_ratio)
 
 
+@experiment
 def service_curves(profiles: Sequence[str] = PROFILE_NAMES, **kwargs) -> pd.DataFrame:
-    """``service_curve`` for each profile (default: the three profiles and the mixture), in one frame."""
+    """``service_curve`` for each profile (default: the three profiles and the mixture), in one frame.
+
+    An experiment (``@experiment``): in a notebook its frame remembers the cell that produced it, so a prediction
+    compared with ``knee_ratio`` proves it was asked first."""
     unknown = [p for p in profiles if p not in PROFILE_NAMES]
     if unknown:
         raise ValueError(f"unknown profile(s) {unknown}; choose from {', '.join(PROFILE_NAMES)}")
@@ -104,6 +109,14 @@ def knee_rps(curves: pd.DataFrame, profile: str) -> float:
         raise ValueError(f"no curve for profile {profile!r} here; the frame has {sorted(set(curves['profile']))}")
     knee = curves.loc[(curves["profile"] == profile) & curves["is_knee"], "offered_rps"]
     return float(knee.iloc[0]) if len(knee) else float("nan")
+
+
+def knee_ratio(curves: pd.DataFrame, profile: str = "long_short",
+               reference: str = "short_short") -> tuple[float, dict[str, float]]:
+    """``profile``'s knee as a fraction of ``reference``'s (both in requests/s), with the two knees it is computed
+    from: the measure of notebook 06's prediction (``guess.against(curves, knee_ratio)``)."""
+    mine, theirs = knee_rps(curves, profile), knee_rps(curves, reference)
+    return mine / theirs, {f"{profile} knee (req/s)": mine, f"{reference} knee (req/s)": theirs}
 
 
 # -- the A/B example: higher throughput, later first token ---------------------------------------------
@@ -427,5 +440,5 @@ def trace_sweep_main(args) -> int:
 
 
 __all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
-           "ab_policies", "end_of_window_counts", "knee_rps", "real_vs_simulated", "scheduler_config", "service_curve",
-           "service_curves", "simulated_vs_real", "simulator"]
+           "ab_policies", "end_of_window_counts", "knee_ratio", "knee_rps", "real_vs_simulated", "scheduler_config",
+           "service_curve", "service_curves", "simulated_vs_real", "simulator"]
