@@ -1,10 +1,10 @@
 """Batching benchmark: static vs continuous batching in kvlab, and transformers' generate_batch, on the same weights.
 
-``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8]
+``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 16] [--max-seqs 8]
 [--threads 1] [--rounds 5] [--no-spread] [--no-transformers]``
 
 One fixed, seeded, mixed workload: ``--requests`` requests (prompts 32-512 tokens, outputs
-16-128), all arriving at once, greedy, every request running to its own output length (no stop
+8-64), all arriving at once, greedy, every request running to its own output length (no stop
 token). It is served by:
 
 - kvlab, ``policy="static"``: batches of ``--max-seqs`` formed from the queue, each run until its
@@ -13,7 +13,7 @@ token). It is served by:
 - transformers' continuous batching on the same weights (``kvlab.to_transformers``), same
   ``max_requests_per_batch``, token budget and block size. ``generate_batch`` takes one
   ``max_new_tokens`` for all requests, so it runs the same prompts with *fixed* outputs of the
-  longest length (128), next to kvlab continuous on those same fixed outputs; the mixed
+  longest length (64), next to kvlab continuous on those same fixed outputs; the mixed
   workload goes through transformers' manager API (``add_request(..., max_new_tokens=n)``),
   which ``generate_batch`` itself wraps.
 
@@ -68,7 +68,7 @@ from ..measure.rounds import spread as spread_of  # run_benchmark has an argumen
 from .kv_allocation import paged_vs_reservation, print_paging
 from ..cache.paged import BLOCK_SIZE
 
-SPREADS = ((72, 72), (40, 104), (16, 128))  # output lengths spread evenly over [lo, hi]: one mean (72), wider spread
+SPREADS = ((36, 36), (20, 52), (8, 64))  # output lengths spread evenly over [lo, hi]: one mean (36), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
               "e2e_p95_s", "completed", "failed")
 
@@ -78,9 +78,11 @@ class BenchSettings:
     """What every run of the benchmark shares."""
 
     config: str = "llama-30m"
-    requests: int = 32
+    # Sized so that the defaults (9 cells x 5 rounds) take about 5 minutes on 2 cores: two batches of max_seqs
+    # for static batching, and outputs whose longest is 8 x the shortest (the ratio static batching pays for).
+    requests: int = 16
     prompt_tokens: tuple[int, int] = (32, 512)
-    output_tokens: tuple[int, int] = (16, 128)
+    output_tokens: tuple[int, int] = (8, 64)
     max_seqs: int = 8
     max_batch_tokens: int = MAX_BATCH_TOKENS
     block_size: int = BLOCK_SIZE
@@ -260,15 +262,18 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
         plan += [("kvlab", policy, f"{lo}-{hi}", kvlab_run(reqs, policy))
                  for (lo, hi), reqs in spread_sets.items() for policy in ("static", "continuous")]
         runs: dict[tuple, list[dict]] = {p[:3]: [] for p in plan}
-        rounds = []
+        rounds, started, total = [], time.perf_counter(), s.repeats * len(plan)
         for rnd in range(s.repeats):  # interleaved rounds: a busy moment on a shared machine hits every cell alike
             order = rotated(plan, rnd)
             rounds.append({"round": rnd + 1, "order": [list(p[:3]) for p in order],
                            "load_1m_before": load_average()["1m"]})
             for impl, policy, outputs, fn in order:
-                log(f"  [{rnd + 1}/{s.repeats}] {impl:<13}{policy:<50}{outputs}")
                 records, wall = fn()
                 runs[(impl, policy, outputs)].append(entry(impl, policy, outputs, records, wall))
+                done, elapsed = sum(map(len, runs.values())), time.perf_counter() - started
+                log(f"  [{rnd + 1}/{s.repeats}] {impl:<13}{policy:<50}{outputs:<12}{wall:6.1f} s  "
+                    f"({done}/{total} runs, {elapsed / 60:.1f} min, about {elapsed / done * (total - done) / 60:.1f} "
+                    "min left)")
     results = []
     for key, rs in runs.items():  # the run with the median throughput stands for its cell; all are kept
         ordered = sorted(rs, key=lambda r: r["output_tokens_per_s"])
@@ -356,7 +361,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the report (results, summary, env) as JSON")
     parser.add_argument("--config", choices=sorted(PRESETS), default="llama-30m",
                         help="model config (default llama-30m)")
-    parser.add_argument("--requests", type=int, default=32, help="requests (default 32)")
+    parser.add_argument("--requests", type=int, default=16, help="requests (default 16)")
     parser.add_argument("--max-seqs", type=int, default=8, help="max batch size, the same for every run (default 8)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every implementation (default 1: on a shared machine a step split "
