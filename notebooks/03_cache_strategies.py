@@ -142,7 +142,7 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty", fold=True)
 # ones. Every decode step then has the same shapes, and `torch.compile` can build one program and
 # replay it for every token. transformers' `StaticCache` does the same for the same reason
 # ([docs](https://huggingface.co/docs/transformers/main/en/llm_optims#static-kv-cache-and-torchcompile)),
-# and CUDA graphs need it too ([PyTorch docs](https://docs.pytorch.org/docs/stable/torch.compiler_cudagraph_trees.html)).
+# and CUDA graphs need it too ([PyTorch blog](https://pytorch.org/blog/accelerating-pytorch-with-cuda-graphs/)).
 #
 # Compiling takes time. On a CPU, torch's inductor writes and builds C++ code, and a first compile can
 # outlast this notebook, so the cell below starts nothing there unless you give it a budget
@@ -182,8 +182,8 @@ display(verdicts(result, "quantized_slower_at_every_context"))
 verdicts(result, "quantized_time_goes_into_the_cache", fold=True)
 
 # %% [markdown]
-# Serving engines avoid the copy: they store 8-bit floats that an attention kernel built for them
-# reads directly ([vLLM](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/),
+# Serving engines can avoid the copy: they store 8-bit floats, and attention kernels built for them
+# read those directly ([vLLM](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/),
 # [SGLang](https://docs.sglang.io/advanced_features/quantized_kv_cache.html), which warns that a
 # backend without that support can be much slower). What they still pay is precision.
 #
@@ -295,7 +295,7 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 # That is why streaming the history every step suits only work whose latency budget is loose.
 # Serving engines do not do it. They keep running sequences' K/V on the GPU. When vLLM (V1) runs out
 # of blocks it preempts by **recompute**: it frees the sequence's blocks and computes its tokens again
-# later ([docs](https://docs.vllm.ai/en/latest/configuration/optimization.html#preemption); notebook 08).
+# later ([docs](https://docs.vllm.ai/en/latest/configuration/optimization/#preemption); notebook 08).
 # What engines move to host memory is K/V kept for *reuse*: idle prefix blocks that come back, once,
 # when a later request's prefix matches them. vLLM does this through KV connectors such as
 # [LMCache](https://docs.lmcache.ai/), SGLang through

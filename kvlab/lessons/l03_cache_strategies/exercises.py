@@ -103,7 +103,8 @@ at 6 conversations while its compute is mostly idle. Which of these fits this wo
     explanation="""```python
 answer = "d"
 ```
-This notebook's offloaded cache (like transformers' offloaded cache) moves each layer's whole
+This notebook's offloaded cache (like transformers' offloaded cache,
+[docs](https://huggingface.co/docs/transformers/main/en/kv_cache#offloaded-cache)) moves each layer's whole
 history across the link on every decode step: the bytes you counted in exercise 2, here for 30,000
 tokens. For Llama-3-8B in fp16 that is `kv_cache_bytes(32, 8, 128, 30_000, 1, 2)` = `3.9e9` bytes
 per conversation per step, against a host link that carries tens of GB per second, so six
