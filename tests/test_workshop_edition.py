@@ -144,7 +144,10 @@ def test_the_readme_sends_learners_to_the_workshop_edition_and_names_the_teacher
         assert f"](notebooks/{WORKSHOP_DIR}/{name})" in course_map() and f"](notebooks/{name})" not in course_map()
     assert "](notebooks/00_start_here.ipynb)" in course_map_section()  # the teacher's copy, named for teachers
     assert f"jupyter lab notebooks/{WORKSHOP_DIR}/00_start_here.ipynb" in readme
-    assert "Run all" in readme and "stay folded" in readme
+    assert "one at a time" in readme and "Run all* would run it before you guessed" in readme  # no false promise
+    from kvlab.authoring import workshop_note
+
+    assert "one at a time" in workshop_note(name) and "Run all is fine" not in workshop_note(name)
 
 
 def test_pytest_runs_no_notebook_twice():
