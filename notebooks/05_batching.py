@@ -1,11 +1,9 @@
 # %% [markdown]
 # <!-- kvlab:header -->
-# One request at a time leaves most of a machine idle: a decode step for several sequences costs
-# far less than that many steps for one, because what a step pays once (reading every weight,
-# starting every operation) is shared by all the sequences in it (your run checks this below, and
-# says which of the two dominates on your machine). So servers **batch**: they run many requests in the same steps. How they
-# form those batches decides who waits, and for how long. This notebook runs the same requests
-# through two batching rules on a real model and draws what happened.
+# One request at a time leaves most of a machine idle: a decode step for several sequences costs far
+# less than that many steps for one. So servers **batch**: many requests share each step. How a
+# server forms its batches decides who waits, and for how long. This notebook runs the same requests
+# through two batching rules and draws what happened.
 
 # %%
 # kvlab:setup
@@ -13,25 +11,25 @@
 # %% [markdown]
 # ## What you will be able to do
 #
-# - explain static batching and continuous batching, and predict when they differ;
-# - read a Gantt chart of requests and a per-step picture of what each batch held;
-# - measure throughput and time to first token of each policy on the same requests;
-# - write the rule that admits waiting requests into the batch, and check it against the engine's own;
-# - explain the "wait for a fuller batch" knob: what it buys, and who pays for it.
+# - explain static and continuous batching, and predict when they differ;
+# - read a Gantt chart of requests and what each step's batch held;
+# - write the rule that admits waiting requests into the batch;
+# - say what waiting for a fuller batch buys, and who pays for it.
 
 # %% [markdown]
 # ## Two rules for forming a batch
 #
-# - **Static batching**: take up to `max_seqs` requests from the queue and run them together until
-#   **the longest one** finishes. Only then form the next batch. A request that finishes early
-#   leaves its slot empty; a request that arrives meanwhile waits for the whole batch to end.
-# - **Continuous batching** (iteration-level scheduling, from the Orca paper, used by vLLM and
-#   transformers' `generate_batch`): rebuild the batch at **every step**. When a sequence finishes,
-#   its slot goes to the next request in the queue at the very next step; a new request's prompt
-#   can even share a step with the others' decodes.
+# - **Static batching**: take up to `max_seqs` requests and run them together until **the longest
+#   one** finishes; only then form the next batch. A request that finishes early leaves its slot
+#   empty.
+# - **Continuous batching**: rebuild the batch at **every step**. When a sequence finishes, its slot
+#   goes to the next waiting request at the next step. This is the iteration-level scheduling of
+#   [Orca (OSDI '22)](https://www.usenix.org/conference/osdi22/presentation/yu), used by
+#   [vLLM](https://docs.vllm.ai/en/v0.6.4/index.html) and by transformers'
+#   [`generate_batch`](https://huggingface.co/docs/transformers/main/continuous_batching).
 #
-# When every request asks for the same number of tokens, they all finish together and the two rules
-# do the same thing. The difference appears with mixed lengths, which is what real traffic has.
+# When every request asks for the same number of tokens, the two rules do the same thing. Real
+# traffic has mixed lengths.
 
 # %%
 # %matplotlib inline
@@ -43,80 +41,8 @@ print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters")
 # %% [markdown]
 # ## Same requests, two policies
 #
-# Twelve requests arrive together; prompts and outputs have mixed lengths; four batch slots. Press
-# **Run**, then switch to *equal* lengths, or change the number of slots.
-
-# %%
-from kvlab.lessons.l05_batching.panel import batching_panel
-
-panel = batching_panel(model)
-panel
-
-# %%
-result = panel.run()   # the same as pressing Run
-result.show()
-
-# %%
-from kvlab.lessons import verdicts
-
-verdicts(result, "a_batched_step_costs_less_than_separate_steps")
-
-# %% [markdown]
-# **Reading the Gantt charts** (one row per request, same time axis). With static batching
-# the second group of four (requests 4 to 7) starts only when the **longest** member of the first
-# group is done: look at the long grey queue bars lining up at the same moment. With continuous
-# batching the queue bars end one by one, each as soon as a slot frees. The table counts steps and
-# sequences per step: fewer steps for the same tokens means fuller batches.
-#
-# What each step actually held, step by step:
-
-# %%
-from kvlab.lessons.l05_batching.figures_batches import plot_batch_composition
-
-plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
-
-# %% [markdown]
-# Bottom row: the static batch starts full, then thins out as its members finish (the staircase)
-# until the last one is done; continuous batching stays at four as long as anyone is waiting (the
-# exact runs below count both). Top row: tokens computed per step. The tall orange bars are
-# prompts; with continuous batching they arrive in the middle of decoding, sharing a step with the
-# running sequences.
-#
-# ## Equal vs mixed lengths
-#
-# The same comparison with every request asking for the same lengths (same totals as before):
-
-# %%
-import pandas as pd
-from kvlab.lessons.l05_batching.batching import batching_table, compare_policies
-from kvlab.lessons.l05_batching.figures_policies import plot_policy_tradeoff
-
-equal = compare_policies(model, lengths=("equal",))
-table = pd.concat([batching_table(equal), result.frame.attrs["runs"]], ignore_index=True)
-display(table[["run", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_n", "steps", "mean_batch"]].round(3))
-plot_policy_tradeoff(table)
-
-# %%
-verdicts(table, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves_more_per_second",
-         "mixed_lengths_continuous_first_tokens_sooner")
-
-# %% [markdown]
-# With equal lengths both policies run the same schedule, so any gap in their timings is the
-# machine, not the policy: a yardstick for the noise on your machine (run it twice and watch the
-# gap move). With mixed lengths, continuous batching needs fewer steps for the same tokens, so it
-# can finish sooner, and its first tokens can come sooner because a freed slot is reused at once;
-# the verdicts say whether your timings show it beyond that noise. The step counts are the same on
-# every machine.
-#
-# ## The same runs, exactly
-#
-# Timings on a shared machine jitter. The scheduling itself does not: the cell below runs the same
-# requests through the engine's real scheduler with a **fixed step-cost executor** (every step
-# costs `step_s=0.010` seconds, no model runs, virtual clock). The step counts of the static runs
-# can then be predicted by hand: each batch lasts as long as its longest output.
-#
-# **Predict first**: on the mixed lengths, how many times as many steps does static batching need
-# as continuous batching for the same tokens? Type a number, then run the next two cells.
+# Twelve requests arrive together, with mixed prompt and output lengths, and there are four batch
+# slots. Before running them, predict: a static batch lasts as long as its longest member.
 
 # %%
 from kvlab.lessons.common.predict import predict
@@ -125,12 +51,85 @@ steps_guess = predict("Mixed lengths: static batching needs how many times as ma
                       unit="×")
 steps_guess
 
+# %% [markdown]
+# Type your number, then run the panel: press **Run** (or run the next cell), then try *equal* lengths
+# or another number of slots.
+
+# %%
+from kvlab.lessons.l05_batching.panel import batching_panel, static_over_continuous_steps
+
+panel = batching_panel(model)
+panel
+
+# %%
+result = panel.run()   # the same as pressing Run
+display(steps_guess.fold(result, what="the two runs' table and Gantt charts"))
+
 # %%
 # NBVAL_CHECK_OUTPUT
+steps_guess.against(result, static_over_continuous_steps, what="the panel's two runs took")
+
+# %%
+from kvlab.lessons import verdicts
+
+verdicts(result, "a_batched_step_costs_less_than_separate_steps")
+
+# %% [markdown]
+# **Reading the Gantt charts** (one row per request, same time axis). With static batching the
+# second group of four starts only when the **longest** member of the first group is done: the grey
+# queue bars end together. With continuous batching they end one by one, as slots free up. What each
+# step held:
+
+# %%
+from kvlab.lessons.l05_batching.figures_batches import plot_batch_composition
+
+plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
+
+# %% [markdown]
+# Bottom row: the static batch starts full, then thins out (the staircase) until its last member
+# is done; continuous batching stays at four while anyone waits. Top row: tokens per step. The tall
+# orange bars are prompts; with continuous batching they join in the middle of decoding.
+#
+# ## Equal vs mixed lengths
+#
+# Fewer steps for the same tokens should mean more tokens per second, but on a shared machine every
+# timing jitters. So the cell below serves both length mixes under both policies three times, in
+# paired rounds: each round runs the two policies back to back. With equal lengths both policies run
+# the same schedule, so their gap in a round is the machine's noise in that round.
+
+# %%
+from kvlab.lessons.l05_batching.batching import batching_table, policy_rounds, rounds_summary
+from kvlab.lessons.l05_batching.figures_policies import plot_policy_tradeoff
+
+rounds = batching_table(policy_rounds(model, rounds=3))
+table = rounds_summary(rounds)
+display(table[["run", "rounds", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "ttft_n", "steps",
+               "mean_batch"]].round(3))
+plot_policy_tradeoff(table)
+
+# %%
+verdicts(rounds, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves_more_per_second",
+         "mixed_lengths_continuous_first_tokens_sooner")
+
+# %% [markdown]
+# With mixed lengths, continuous batching needs fewer steps for the same tokens, so it finishes
+# sooner, and a freed slot is reused at once, so first tokens come sooner. The checks ask for that in
+# every round, by more than the noise the equal pairs showed. The step counts are the same on every
+# machine.
+
+# %% [markdown]
+# ### Going deeper: the same runs, exactly
+#
+# The cell below runs the same requests through the engine's real scheduler with a **fixed
+# step-cost executor** (every step costs `step_s=0.010` s, no model runs, virtual clock). The static
+# step counts can be checked by hand: each batch lasts as long as its longest output.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from kvlab.lessons.l05_batching.batching import compare_policies
 from kvlab.runs.serving_run import FixedStepCostExecutor
 
 exact = compare_policies(model, executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
-lines = []
 for row, run in zip(batching_table(exact).itertuples(), exact):
     line = (f"{row.run:26s} steps {row.steps:3d}, sequences/step {row.mean_batch:4.2f}, "
             f"TTFT p50 {row.ttft_p50_s * 1e3:4.0f} ms (n = {row.ttft_n}), "
@@ -139,16 +138,9 @@ for row, run in zip(batching_table(exact).itertuples(), exact):
         outputs = [r.max_new_tokens for r in run.records]
         by_hand = sum(max(outputs[i:i + 4]) for i in range(0, len(outputs), 4))
         line += f"  | by hand: sum of longest outputs = {by_hand}"
-    lines.append(line)
-display(steps_guess.fold("\n".join(lines), what="this printout"))
+    print(line)
 verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_lengths_policies_coincide",
-         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait",
-         after=steps_guess)
-
-# %%
-# NBVAL_CHECK_OUTPUT
-steps = {(run.extra["policy"], run.extra["lengths"]): len(run.trace) for run in exact}
-steps_guess.against(steps["static", "mixed"] / steps["continuous", "mixed"], what="the exact runs measured")
+         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait")
 
 # %% [markdown]
 # <!-- kvlab:exercise check_idle_slots -->
@@ -173,10 +165,8 @@ clocks_table([builtin_run] + ([my_run] if my_run is not None else []))
 # %% [markdown]
 # ## The "wait for a fuller batch" knob
 #
-# A static server can also wait a little before starting a batch, hoping more requests arrive to
-# fill it (`batch_wait_s`: start when the batch is full or its first member has waited that long).
-# Here twelve requests trickle in, evenly spaced at twelve per second (`rate=12.0`), and each batch
-# may hold six.
+# A static server can wait a little before starting a batch, hoping more requests arrive to fill it
+# (`batch_wait_s`). Here twelve requests trickle in, twelve per second, and a batch may hold six.
 
 # %%
 from kvlab.lessons.l05_batching.batching import batch_wait_runs
@@ -191,24 +181,21 @@ plot_batch_wait(wait_table)
 
 # %%
 verdicts(waits, "waiting_fills_batches_but_delays_first_tokens", "continuous_answers_first_under_a_trickle",
-         "continuous_batches_only_what_has_arrived")
+         "continuous_batches_only_what_has_arrived", fold=True)
 
 # %% [markdown]
-# **Reading the figure.** Right: waiting gives the server fuller batches, and fuller batches get
-# more output from each second the model is busy (the batching gain). Left: the price, in time
-# to first token: the first member of each batch now waits for the others to arrive. Without
-# any wait, the first request forms a batch of one that everyone arriving next must wait out.
-# Continuous batching (dotted lines) makes no one wait for a batch: it starts each request at the
-# next step, and late arrivals join the running batch. But it batches only the requests that have
-# arrived and not yet finished. When the machine serves a request about as fast as the next one
-# arrives, that is one or two at a time, and its work per busy second stays that of small batches;
-# when requests pile up (a busy machine, a faster trickle), its slots fill. The third verdict says
-# which happened on your machine.
+# **Reading the figure.** Right: waiting fills the batches, and fuller batches get more output from
+# each second the model is busy. Left: the price, in time to first token: each batch's first member
+# waits for the others. Continuous batching (dotted lines) makes no one wait for a batch, but it can
+# only batch the requests that have arrived: under a trickle its batches stay small; when requests
+# pile up, its slots fill.
+
+# %% [markdown]
+# ### Going deeper: the knob at fixed prices
 #
-# Timings on the real model depend on how fast your machine serves a request compared with how
-# often they arrive. The same knob with fixed prices, on the virtual clock (a step costs `step_s`
-# plus `token_s` for each token it computes, so a fuller batch costs a little more per step but far
-# less per token), comes out the same everywhere:
+# The same knob on the virtual clock: a step costs `step_s` plus `token_s` per token it computes, so
+# a fuller batch costs a little more per step but far less per token. It comes out the same on every
+# machine.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -219,11 +206,8 @@ verdicts(exact_waits, "exact_waiting_trades_first_tokens_for_fuller_batches",
 
 # %% [markdown]
 # The last line is why the knob is a bet on load: while requests trickle in, the arrivals set the
-# pace whatever the batches hold, so waiting delays first tokens and the efficiency of full batches
-# buys no throughput. Once the machine is saturated (notebook 06), work per busy second becomes
-# throughput, and continuous batching's slots stay full because requests queue.
-#
-# The trade on the real model as Gantt charts:
+# pace, so waiting delays first tokens and buys no throughput. Once the machine is saturated
+# (notebook 06), work per busy second becomes throughput. The trade on the real model as Gantt charts:
 
 # %%
 from kvlab.lessons.common.gantt import plot_gantts
@@ -232,41 +216,38 @@ frame = runs_frame([waits[0], waits[-2], waits[-1]])
 plot_gantts(frame, frame.attrs["steps"])
 
 # %% [markdown]
-# ## Why batching works, measured
+# ## Why batching works
 #
-# Every rule above rests on one fact: a decode step for several sequences costs far less than that
-# many steps for one. Why? A step pays two costs once, whatever its batch:
+# A decode step pays some costs once, whatever its batch: starting every small operation, and
+# reading every weight. Extra sequences share them. The section below times one step at batch sizes
+# from 1 to 64 and says which shared cost dominates on your machine.
+
+# %% [markdown]
+# ### Going deeper: why batching works, measured
 #
-# - **reading the weights.** A decode step multiplies every weight matrix of the model by one new row
-#   per sequence. With one sequence it reads every weight from memory to do two operations with it (a
-#   multiply and an add), so the step waits on memory. With a batch of B sequences it reads the same
-#   weights **once** and does B times the arithmetic;
-# - **the per-operation overhead.** Every small operation of a step (a norm, a rotary embedding, a
-#   reshape, the Python between them; on a GPU, each kernel launch) takes about as long for a few
-#   rows as for one.
+# - **Reading the weights.** A decode step multiplies every weight matrix by one new row per
+#   sequence. With one sequence each weight read from memory serves two operations (a multiply and an
+#   add); with B sequences the same read serves B times the arithmetic.
+# - **Per-operation overhead.** Every small operation of a step (a norm, a rotary embedding, a
+#   reshape, the Python between them; on a GPU, each kernel launch) takes about as long for a few rows
+#   as for one.
 #
-# Until the arithmetic takes longer than both, the extra sequences ride along almost free. Which of
-# the two a batch mostly shares depends on the model and the machine. This notebook's model has a few
-# million weights, read in a fraction of a millisecond, so on a CPU most of its one-sequence step is
-# per-operation overhead (the verdicts under the tables say how much on your run). A GPU serving a
-# 7-billion-parameter model in 16-bit precision streams 14 billion bytes of weights every step, which
-# takes milliseconds even at a GPU's memory bandwidth, while its launches take microseconds each (and
-# engines such as vLLM capture them in CUDA graphs): there it is the weight read that batching shares,
-# the textbook "memory-bound decode".
+# Which one a batch mostly shares depends on the model and the machine. This model has a few million
+# weights; on a CPU most of its one-sequence step is per-operation overhead, and the line under the
+# tables times the weight products alone. A 7-billion-parameter model in 16 bits streams two bytes per
+# weight, every weight, every step: milliseconds even on a GPU, while engines such as vLLM remove most launch
+# overhead by replaying
+# [CUDA graphs](https://docs.vllm.ai/en/v0.6.4/index.html): there the weight read is what batching
+# shares, the textbook "memory-bound decode".
 #
-# The cell below times one decode step of this notebook's model at batch sizes from 1 to 64 (each
-# sequence holds only a few tokens, so the weights are most of what a step reads), the sizes taking
-# turns so that a busy moment hits them all. In the same run it measures your machine's two limits:
-# how fast its memory streams a large matrix through a matrix-vector product (bandwidth), and how fast
-# it multiplies two large matrices (arithmetic). Each limit gives a floor no step can beat:
+# The cell also measures two limits of your machine, each giving a floor no step can beat:
 #
-# - **memory floor** = `bytes a step reads / bandwidth` (the weights, plus the stored K/V). It is
-#   flat: the weights are read once, whatever the batch;
-# - **compute floor** = `2 × weights × batch / arithmetic speed` (a multiply and an add per weight and
-#   sequence). It rises with the batch.
+# - **memory floor** = bytes a step reads / bandwidth (a matrix-vector product's speed). It is flat:
+#   the weights are read once, whatever the batch;
+# - **compute floor** = (a multiply and an add) × weights × batch / arithmetic speed (a large matrix
+#   product's). It rises with the batch.
 #
-# Then the same question for prompts: several prompts prefilled one after the other, or all in one
-# batch.
+# Then the same for prompts: several prefilled one after the other, or all in one batch.
 
 # %%
 from kvlab.lessons.l05_batching.batch_scaling import batch_scaling
@@ -293,64 +274,59 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # %% [markdown]
 # **Reading the figure.** Top left: the measured step (blue; the band holds the middle half of its
 # steps) against the two floors. Where the blue line runs nearly flat, extra sequences cost little:
-# the step is bound by reading the weights and by the fixed cost of running each operation, both paid
-# once per step. Past the point where the floors cross (dotted vertical line), the batch's arithmetic
-# takes longer than reading the weights and the step grows with the batch: decode is no longer
-# memory-bound. Where they cross is a fact of the machine, its arithmetic speed over its memory
-# bandwidth: on one CPU thread in 32-bit floats it comes at a small batch, while a data-centre GPU's
-# 16-bit tensor cores do hundreds of operations per byte its memory delivers, so there the ridge point
-# lies at hundreds of tokens per step (why engines batch prefill tokens and decode tokens together
-# to reach it). Top right, the same per token: each sequence's share of a step falls as the batch
-# grows, steeply while the step is flat, slowly after. Bottom left: bytes read per second of step,
-# beside what the memory delivered in the bandwidth tests. A small model's step sits well above both
-# floors at small batches, because the fixed cost of each operation is a large part of it (the line
-# under the tables times the step's weight products alone: how much of your step is left around them?); the
-# bigger the model, the more each operation has to read and the closer a one-sequence step comes to
-# the memory floor (`python -m kvlab bench decode --config llama-30m` measures a bigger one).
+# what the step pays once, mostly the fixed cost of each operation here (the last line above), dwarfs
+# what each sequence adds. It does not stay flat until the floors cross (dotted vertical line). The
+# floors are lower bounds at the machine's best speed, and a small batch's step does not hide its
+# arithmetic behind its reads: each sequence's work (its rows through every matrix, its attention over
+# its own cache) adds to the step as soon as it is a visible share of it. On a CPU that can happen
+# while the compute floor is still under the memory floor: the last line above says where your step
+# first grew, and where the floors stood then. The floors crossing says where a perfectly efficient step would stop being bound by memory;
+# on a data-centre GPU, whose 16-bit tensor cores do hundreds of operations per byte of memory read
+# ([H100 specifications](https://www.nvidia.com/en-us/data-center/h100/)), that lies at hundreds of
+# tokens per step, which is why engines batch prompt and decode tokens together
+# ([chunked prefill in vLLM](https://docs.vllm.ai/en/v0.6.4/index.html)).
 #
-# Bottom right, prompts: a batched prefill gives every prompt its first token at once, when the
-# whole batch's prefill ends: sooner than the last of them would get it one by one, later than the
-# first would get it alone. What batching prompts buys is throughput, all of them through sooner;
-# it does not bring each prompt's first token sooner. Whether the *mean* time to first token
-# (`mean_ttft_s`) comes out lower batched or one by one is for your machine to decide, and it can
-# be higher batched: one by one, the early prompts are answered early. A prompt long enough to keep
-# the arithmetic busy on its own gains little from company. Try `batch_scaling(model,
-# prefill_tokens=8)` and then `prefill_tokens=128`: when does batching prompts stop paying?
+# Top right: each sequence's share of a step falls as the batch grows. Bottom left: bytes read per
+# second of step, beside the bandwidth test: a small model's one-sequence step sits well above the
+# memory floor because of its fixed costs; the bigger the model, the closer it comes
+# (`python -m kvlab bench decode --config llama-30m` measures a bigger one).
 #
-# Behind this section: `kvlab.lessons.l05_batching.batch_scaling` (`batch_scaling`, `decode_scaling`,
-# `prefill_batching`, `crossover_batch`), the bandwidth test of `kvlab.measure.bandwidth`
-# (`machine_bandwidth`, `weight_bytes_per_step`) and `kvlab.lessons.l05_batching.figures_batch_scaling`; the claims in
-# `kvlab.lessons.l05_batching.claims`; tests in `tests/test_batch_scaling.py`.
+# Bottom right, prompts: a batched prefill gives every prompt its first token when the whole batch's
+# prefill ends: sooner than the last would get it one by one, later than the first would get it
+# alone. Batching prompts buys throughput, not each prompt's first token; the mean time to first token
+# (`mean_ttft_s`) can come out higher batched. Try `batch_scaling(model, prefill_tokens=8)` and
+# `prefill_tokens=128`: when does batching prompts stop paying?
 
 # %% [markdown]
-# ### Try it
+# ## Try it
 #
 # - In the panel, choose **equal** lengths: do the two Gantt charts still differ?
 # - Set **batch slots** to 1: batching is off. How much lower is the throughput of both policies?
-# - Set **batch slots** to 8 with 24 requests: which policy gains more from the extra slots?
-# - Rerun the knob with `rate=4.0` (a slower trickle). What does the longest wait cost now?
-# - In the exact knob, set `rate=4.0` too: what does each wait buy now, and what does it cost?
+# - Rerun the knob with `rate=4.0`, a slower trickle. What does the longest wait cost now?
+
+# %% [markdown]
+# ### Going deeper: more to try, and what is behind this notebook
 #
+# - Set **batch slots** to 8 with 24 requests: which policy gains more from the extra slots?
+# - In the exact knob, set `rate=4.0` too: what does each wait buy now, and what does it cost?
+# - `policy_rounds(model, rounds=5)`: more paired rounds; does the spread of the ratios shrink?
+#
+# Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
+# your rule), `kvlab.lessons.l05_batching.batching` (`compare_policies`, `policy_rounds`,
+# `batch_wait_runs`), `kvlab.lessons.l05_batching.admission`, `kvlab.lessons.l05_batching.batch_scaling`
+# and `kvlab.measure.bandwidth`; the claims checked on your runs in `kvlab.lessons.l05_batching.claims`.
+
+# %% [markdown]
 # ## Summary
 #
-# - Batching shares each step's cost among many sequences; the rule that forms batches decides who waits.
+# - Batching shares each step's fixed cost among many sequences; the rule that forms batches decides
+#   who waits.
 # - Static batching runs a batch until its longest member finishes: with mixed lengths, slots sit
-#   idle and queued requests wait for the slowest member. Continuous batching refills a slot at the
-#   next step.
-# - With equal lengths the two rules coincide; the difference comes from the spread of lengths.
-# - Admission is a few lines: oldest first, while the request fits the free blocks, the step's token
-#   budget and the free slots. Letting short requests skip ahead of one that does not fit looks
-#   faster on average and can keep that one waiting for ever (exercise 3).
-# - Waiting for a fuller batch buys work per second of compute and costs time to first token.
-#   Continuous batching makes no one wait for a batch, but it batches only the requests that are
-#   there: under a trickle its batches stay small, and the arrivals, not the batches, set the pace;
-#   when requests queue, its slots fill.
-# - Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
-#   your rule), `kvlab.lessons.l05_batching.batching` (`compare_policies`, `batch_wait_runs`, `batching_table`,
-#   `idle_slots`), `kvlab.lessons.l05_batching.admission`, `kvlab.lessons.common.gantt`, `kvlab.lessons.l05_batching.figures_batches`,
-#   `kvlab.lessons.l05_batching.figures_policies`; the claims checked on your runs in `kvlab.lessons.l05_batching.claims`; tests in
-#   `tests/test_experiments_serving.py`, `tests/test_claims_05.py`, `tests/test_admission.py` and
-#   `tests/test_exercises_build.py`.
+#   idle and queued requests wait. Continuous batching refills a slot at the next step.
+# - Admission is a few lines: oldest first, while the request fits the free blocks, the token budget
+#   and the free slots.
+# - Waiting for a fuller batch buys work per busy second and costs time to first token; under a
+#   trickle the arrivals, not the batches, set the pace.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -29,6 +29,58 @@ def test_the_policy_claims_read_the_notebooks_mixed_table():
     assert "n = 12 each" in verdict[2].text
 
 
+def _rounds_table(c_tps, s_tps, c_eq, s_eq, c_ttft=0.1, s_ttft=0.2):
+    """A batching_table of paired rounds, one entry per round in each list."""
+    rows = []
+    for r, (ct, st, ce, se) in enumerate(zip(c_tps, s_tps, c_eq, s_eq)):
+        for run, tps, steps, mb, ttft in (("continuous, equal lengths", ce, 144, 4.0, 0.1),
+                                          ("static, equal lengths", se, 144, 4.0, 0.1),
+                                          ("continuous, mixed lengths", ct, 175, 3.29, c_ttft),
+                                          ("static, mixed lengths", st, 223, 2.58, s_ttft)):
+            rows.append(dict(run=run, round=r, output_tokens_per_s=tps, steps=steps, mean_batch=mb, ttft_p50_s=ttft,
+                             ttft_n=12))
+    return pd.DataFrame(rows)
+
+
+def test_the_mixed_gain_must_hold_in_every_paired_round_and_beat_the_noisiest_equal_pair():
+    """Old rule: one mixed pair beyond one equal pair's difference. New: continuous ahead in every round, and the
+    median ratio beyond the largest equal-pair difference of any round (at least 5%)."""
+    name = "mixed_lengths_continuous_serves_more_per_second"
+    quiet = _rounds_table([115, 112, 118], [100, 100, 100], [100, 100, 100], [98, 101, 100])
+    v = CLAIMS[name].on(quiet)
+    assert v.holds and v.values["times"] == pytest.approx(1.15) and "median of 3 paired rounds" in v.text
+    behind = _rounds_table([90, 130, 130], [100, 100, 100], [100, 100, 100], [100, 100, 100])  # median 1.3, one behind
+    assert CLAIMS[name].on(behind).holds is False
+    noisy = _rounds_table([115, 112, 118], [100, 100, 100], [100, 100, 100], [100, 80, 100])  # one pair 20% apart
+    assert CLAIMS[name].on(noisy).holds is False
+    one = _rounds_table([115], [100], [100], [99])  # a single round: the old rule
+    assert CLAIMS[name].on(one).holds and "paired rounds" not in CLAIMS[name].on(one).text
+    sooner = CLAIMS["mixed_lengths_continuous_first_tokens_sooner"].on(quiet)
+    assert sooner.holds and "medians of 3 paired rounds" in sooner.text
+    same = CLAIMS["equal_lengths_same_schedule"].on(noisy)
+    assert same.holds and same.values["diff"] == pytest.approx(0.2) and "in each of 3 rounds" in same.text
+
+
+def test_the_prediction_reads_the_panels_step_counts():
+    from kvlab.lessons.l05_batching.panel import static_over_continuous_steps
+
+    table = pd.DataFrame({"run": ["continuous, mixed lengths", "static, mixed lengths"], "steps": [175, 223]})
+    frame = pd.DataFrame()
+    frame.attrs["runs"] = table
+    ratio, inputs = static_over_continuous_steps(frame)
+    assert ratio == pytest.approx(223 / 175) and inputs == {"static steps": 223, "continuous steps": 175}
+
+
+def test_the_regime_line_says_where_the_step_first_grew_against_the_floors():
+    from types import SimpleNamespace
+
+    decode = pd.DataFrame({"batch": [1, 2, 4, 8], "step_s": [1.72e-3, 1.73e-3, 1.77e-3, 2.09e-3],
+                           "memory_floor_s": [0.76e-3, 0.76e-3, 0.77e-3, 0.79e-3],
+                           "compute_floor_s": [0.04e-3, 0.08e-3, 0.15e-3, 0.30e-3]})
+    v = CLAIMS["batched_step_regime"].on(SimpleNamespace(decode=decode, machine={"products_ms": 0.5}))
+    assert "from batch 4 to 8" in v.text and "still under the memory floor" in v.text
+
+
 def test_the_exact_knob_claims_hold_on_the_notebooks_runs_and_say_when_the_trickle_stops():
     """The notebook's virtual knob holds every claim; when every request arrives at once, the arrivals no longer set the pace."""
     model = slowdown_model()

@@ -622,6 +622,20 @@ def step_time_by_batch():
     assert f(rows[-1]["step_s"]) > f(rows[0]["step_s"]) and f(rows[-1]["per_seq_s"]) < f(rows[0]["per_seq_s"])
 
 
+def products_a_minority_of_the_step(text: str | None = None):
+    t = out("05") if text is None else text
+    m = observation(t, rf"the weight products alone took {NUM} ms of a {NUM} ms one-sequence step")
+    assert f(m.group(1)) < 0.5 * f(m.group(2))
+    assert "comes mostly from the per-operation overhead" in t
+
+
+def step_rises_before_the_floors_cross(text: str | None = None):
+    t = out("05") if text is None else text
+    m = observation(t, r"The step first grew by more than a tenth from batch (\d+) to (\d+) [^•]*?where the compute "
+                       r"floor \(([\d.]+) ms\) was still under the memory floor \(([\d.]+) ms\)")
+    assert int(m.group(2)) <= 16 and f(m.group(3)) < f(m.group(4))
+
+
 def batched_prompts(text: str | None = None):
     rows = {r["way"]: r for r in table("05", "way", "all_first_s", "first_ttft_s")}
     one, batched = rows["one by one"], rows["batched"]
@@ -784,8 +798,10 @@ FACTS: list[Fact] = [
     Fact("Requests arrive in clumps at two batch slots", two_batch_slots),
     Fact("the mean sits above the median and well below p95", mean_between_median_and_p95),
     Fact("a decode step for several sequences costs far less than that many separate steps", batched_step_cheaper),
-    Fact("flat while the once-per-step costs dominate", step_time_by_batch),
-    Fact("rising once compute takes over", step_time_by_batch),
+    Fact("The step stays nearly flat while what it pays once dominates", step_time_by_batch),
+    Fact("mostly the fixed cost of each operation, not the weight read", products_a_minority_of_the_step),
+    Fact("It starts rising at a small batch while the compute floor is still under the memory floor",
+         step_rises_before_the_floors_cross),
     Fact("the last prompt's first token comes earlier", batched_prompts),
     Fact("so the first prompts get theirs later", batched_prompts),
     Fact("Exercise 3: learners write which waiting requests join the batch", exercise_is("05", 3, "check_admission_rule")),

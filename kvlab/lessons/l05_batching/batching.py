@@ -24,6 +24,7 @@ from ...workload import Request, arrival_times
 from ...runs.progress import Progress, no_progress
 from ...runs.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
+from ..common.provenance import experiment
 
 LENGTHS = ("equal", "mixed")
 
@@ -89,6 +90,45 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
     return runs
 
 
+def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequence[str] = LENGTHS, n: int = 12,
+                  max_seqs: int = 4, prompt_tokens: int = 64, max_new_tokens: int = 48, seed: int = 0,
+                  threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> list[ServingRun]:
+    """``compare_policies`` on the real model ``rounds`` times, as paired rounds: each round serves the same requests
+    under both policies, back to back, the policy that goes first alternating from round to round (so a machine
+    slowing down or speeding up during the cell favours neither). ``run.extra["round"]`` numbers the rounds.
+
+    A round's two runs share the machine's state of the moment, so their ratio is what one round says about the
+    policies; the equal-length pair of the same round, whose schedules are identical, says how far apart the
+    machine alone put two runs in that round.
+    """
+    check_positive_int("rounds", rounds)
+    model = resolve_model(model)
+    runs: list[ServingRun] = []
+    for r in progress(range(rounds), total=rounds, desc="paired rounds", unit="round"):
+        order = POLICIES if r % 2 == 0 else tuple(reversed(POLICIES))
+        for ls in lengths:
+            for p in order:
+                run = compare_policies(model, lengths=(ls,), policies=(p,), n=n, max_seqs=max_seqs,
+                                       prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, seed=seed,
+                                       threads=threads)[0]
+                run.extra["round"] = r
+                runs.append(run)
+    return runs
+
+
+def rounds_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """``batching_table(policy_rounds(...))`` with one row per run label: the median of its rounds, and ``rounds``."""
+    numeric = [c for c in table.columns if c not in ("run", "policy", "lengths", "round")
+               and pd.api.types.is_numeric_dtype(table[c])]
+    grouped = table.groupby("run", sort=False)
+    out = grouped[numeric].median()
+    for key in ("policy", "lengths"):
+        if key in table.columns:
+            out.insert(0, key, grouped[key].first())
+    out.insert(0, "rounds", grouped.size())
+    return out.reset_index()
+
+
 def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0, 0.1, 0.2, 0.4),
                     rate: float = 15.0, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
                     max_new_tokens: int = 32, include_continuous: bool = True, clock: str = "wall",
@@ -125,7 +165,7 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
 def batching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
     """``runs_table`` with the run's policy, length mix and batch wait in front."""
     table = runs_table(runs)
-    for i, key in enumerate(("policy", "lengths", "batch_wait_s")):
+    for i, key in enumerate(("policy", "lengths", "batch_wait_s", "round")):
         if any(key in r.extra for r in runs):
             table.insert(1 + i, key, [r.extra.get(key) for r in runs])
     return table

@@ -41,3 +41,16 @@ def batching_panel(model: Decoder | None = None, lengths: str = "mixed", n: int 
     return ExperimentPanel(controls, run, figure=lambda f, _p: plot_gantts(f, f.attrs["steps"]),
                            summary=lambda f, _p: policies_for_learners(f.attrs["runs"]),
                            title="Static vs continuous batching, same requests")
+
+
+def static_over_continuous_steps(result) -> tuple[float, dict[str, int]]:
+    """The answer to notebook 05's prediction: how many times as many steps static batching ran as continuous
+    batching on the same requests, with the two step counts it is computed from (what no output before the
+    question may show). ``result``: the panel's result (or its frame, or a ``batching_table``)."""
+    frame = getattr(result, "frame", result)
+    table = frame.attrs["runs"] if "runs" in getattr(frame, "attrs", {}) else frame
+    steps = {str(run).split(",")[0]: int(s) for run, s in zip(table["run"], table["steps"])}
+    if not {"static", "continuous"} <= set(steps):
+        raise ValueError(f"this run has no static and continuous pair to compare; its runs: {list(table['run'])}")
+    return steps["static"] / steps["continuous"], {"static steps": steps["static"],
+                                                   "continuous steps": steps["continuous"]}
