@@ -272,13 +272,15 @@ def test_a_model_that_only_returns_nan_is_declared_dead_and_the_server_exits_1(m
     engine = make_engine(model, "nan_always", at_step=1)
     app = create_app(engine, MODEL, max_failed_steps=3)
     url, exit_code = run_in_a_thread(app)
-    outcomes, _ = burst(url, 8)  # steps of NaN logits for everyone: 3 in a row and the engine is dead
+    # 16 requests, at most 4 in a step, none done in the one good step: they take at least 4 steps of NaN logits
+    # for everyone to end, however they arrive; the third in a row and the engine is dead
+    outcomes, _ = burst(url, 16)
     assert exit_code(BOUND_S) == 1
     assert all(o in (ENGINE_ERROR, "http_503") for o in outcomes), outcomes
     state = app.state.kvlab
     assert state.engine.state == "stopped" and state.engine.counters["failed_steps"] == 3
     assert "not finite" in str(state.engine.error) and engine.block_manager.stats().used == 0
-    assert state.counts.totals()["sent"] == 8 and state.counts.add_up()
+    assert state.counts.totals()["sent"] == 16 and state.counts.add_up()
 
 
 def test_a_nan_model_reports_dead_on_health_and_counts_its_failed_steps(model):

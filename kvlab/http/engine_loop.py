@@ -306,7 +306,8 @@ class AsyncEngine:
             except queue.Empty:
                 pass
             return
-        self.failed_steps_in_a_row = 0
+        if any(o.token_id is not None for o in outputs):  # a good step: the model gave a token (a step that only
+            self.failed_steps_in_a_row = 0                # prefilled a chunk says nothing about a model's NaN)
         self.counters["steps"] += 1
         self.counters["generation_tokens"] += sum(o.token_id is not None for o in outputs)
         self.counters["failed_requests"] += sum(o.finish_reason == ENGINE_ERROR for o in outputs)
