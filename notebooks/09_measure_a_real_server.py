@@ -1,11 +1,8 @@
 # %% [markdown]
 # <!-- kvlab:header -->
-# Every clock in the notebooks so far was stamped inside the engine. The person waiting is somewhere
-# else: at the other end of a network connection, behind an HTTP server that has to parse the
-# request, hand it to the engine, and send each token back as it comes. Their wait starts when they
-# press enter and ends when the last token reaches their screen. This notebook measures at that
-# end: kvlab's engine runs behind a real HTTP server, and a load generator sends it requests over
-# a real socket, just as it would send them to vLLM.
+# Every clock so far was stamped inside the engine. The person waiting is at the other end of a
+# connection, behind an HTTP server. This notebook measures at that end: kvlab's engine behind a
+# real HTTP server, and a load generator sending it requests over a real socket, as it would to vLLM.
 
 # %%
 # kvlab:setup
@@ -23,30 +20,23 @@ print("server packages:", "installed now" if missing else "present")
 # %% [markdown]
 # ## What you will be able to do
 #
-# - start an OpenAI-compatible server for kvlab's engine and talk to it like any other server;
-# - measure the four clocks **at the client**, starting each one at the request's scheduled arrival;
-# - account for every request you sent: completed, rejected by backpressure (HTTP 429), or failed for a stated reason;
-# - put client and engine clocks of the same requests side by side, and say what HTTP and streaming add;
-# - draw a service curve over the wire and read where the server stops keeping up;
-# - explain an achieved rate from the rate actually sent and the window it was measured over;
-# - point the same command at a vLLM (or SGLang, TGI, llama.cpp) deployment.
-# - measure a second real engine, `transformers serve`, on the same weights and workload, cold and warm, up to its knee.
+# - measure the four clocks at the client, and account for every request sent;
+# - say what HTTP and streaming add to the engine's own clocks;
+# - read a service curve over the wire, with the requests it turned away;
+# - point the same command at vLLM, SGLang or llama.cpp.
 
 # %% [markdown]
 # ## 1. A server on this machine
 #
-# `python -m kvlab serve` puts the serving engine of notebooks 05, 07 and 08 behind the HTTP API most
-# LLM servers speak, OpenAI's: `POST /v1/completions` and `/v1/chat/completions`, streamed as
-# server-sent events. One engine loop batches the requests of every connection. Its waiting queue
-# is bounded: when it is full, the server answers **429 Too Many Requests** at once instead of
-# letting the line grow without end (*backpressure*).
+# `python -m kvlab serve` puts the engine of notebooks 05 to 08 behind the API most LLM servers speak,
+# OpenAI's (as <a href="https://docs.vllm.ai/en/stable/serving/openai_compatible_server/">vLLM's server</a> does):
+# `POST /v1/completions`, streamed as server-sent events. One engine loop batches the requests of every
+# connection. When its waiting queue is full, the server answers **429 Too Many Requests** at once
+# (*backpressure*).
 #
-# The cell starts it as a separate process with this notebook's Python, on `127.0.0.1` (only
-# this machine can reach it) and a free port. The model is the server's default, recall-tiny, the
-# small model shipped inside kvlab and trained only to look up key→value pairs, so the text it
-# writes for an ordinary prompt is no language, but the timings are those of real work. The queue is set to 8, deliberately
-# small, so that a burst of requests can overflow it. The server is stopped at the end of
-# the notebook, and also if the kernel exits before that.
+# The cell starts it on `127.0.0.1` (only this machine can reach it) with kvlab's small recall model
+# (its text is no language; its timings are real work) and a queue of 8, small enough for a burst to
+# overflow.
 
 # %%
 from kvlab.lessons.l09_measure_a_real_server.wire import start_server
@@ -56,10 +46,8 @@ print("the same in a terminal:  python " + " ".join(srv.cmd[1:]))
 print("serving at", srv.url)
 
 # %% [markdown]
-# It speaks OpenAI's API, so any client that can talk to OpenAI can talk to it. Here is one
-# streamed request, read line by line with a plain HTTP client: each `data:` line is one
-# server-sent event carrying one token, then a `usage` event counts the tokens, and `[DONE]`
-# closes the stream.
+# One streamed request, read with a plain HTTP client: each `data:` line is one event carrying one
+# token, a `usage` event counts the tokens, and `[DONE]` closes the stream.
 
 # %%
 import httpx
@@ -76,14 +64,11 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # %% [markdown]
 # ## 2. Measure at the client
 #
-# The load generator (`kvlab.http.loadgen`, also `python -m kvlab loadtest`) sends a seeded
-# workload **open loop**: each request leaves at its scheduled time whether or not earlier ones
-# have been answered, as real users do. Each clock starts at the *scheduled* arrival, so a client
-# that falls behind cannot hide a wait; the column `send_delay_s` shows how far behind it fell. A
-# token is stamped when its event is read from the socket. Every request asks for `ignore_eos`, so
-# it writes exactly its `max_tokens` and we know in advance how many tokens must come back.
-#
-# 20 short chat-like requests at 16 per second, Poisson arrivals:
+# The load generator sends a seeded workload **open loop**: each request leaves at its scheduled time,
+# answered or not, as real users do. Each clock starts at the *scheduled* arrival, so a client that
+# falls behind cannot hide a wait (`send_delay_s` says how far behind it fell). A token is stamped when
+# its event is read from the socket. Every request asks for `ignore_eos`, so it writes exactly its
+# `max_tokens`. 20 short requests at 16 per second:
 
 # %%
 from kvlab.lessons.l09_measure_a_real_server.wire import accounting, measure_at_client
@@ -92,9 +77,8 @@ result = measure_at_client(srv.url, num_requests=20, rate=16)
 result.summary().latency_frame()   # seconds; n = completed requests behind each quantile
 
 # %% [markdown]
-# Before reading any latency, check that every request is accounted for and that the tokens add
-# up. The tokens are counted three ways: what the workload asked for, what the server reported
-# in `usage`, and how many text events the client actually received.
+# First count, then time: is every request accounted for, and do the tokens asked for, reported in
+# `usage` and received agree?
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -111,23 +95,17 @@ result.frame()[["request_id", "prompt_tokens", "output_tokens", "scheduled_s", "
                 "tpot_s", "e2e_s"]].head(8)
 
 # %% [markdown]
-# One row per request, the same `RequestRecord`s and columns as the in-process runs of notebooks
-# 04 and 05: the plots and summaries of those notebooks work on these frames unchanged.
+# One row per request, with the columns of notebooks 04 and 05.
 #
 # ## 3. The same requests, timed at both ends
 #
-# kvlab's server also keeps the engine's own record of each recent request (`GET /kvlab/requests`),
-# stamped from the moment the server received it. The client knows each answer's id, so the two
-# records of one request can be joined. At a low, steady rate nothing waits for a batch slot, and
-# the difference between the two clocks is the plumbing: sending the request, the server's event
-# loop handing it to the engine thread, and streaming the token back.
+# kvlab's server also keeps the engine's own record of each request, stamped when the server
+# received it. Joined by request id at a low, steady rate, the two records show the plumbing: sending
+# the request, handing it to the engine, streaming the token back.
 #
-# The two machines' clocks need not agree: the difference is taken per request, between
-# *durations* measured on each side.
-#
-# Predict first: client and server are on this machine, so the request never touches a network.
-# By how many milliseconds will the client's time to first token (from sending the request) exceed
-# the engine's (from receiving it), for the median request?
+# Predict first: client and server share this machine, so nothing crosses a network. By how many
+# milliseconds will the client's time to first token (from sending) exceed the engine's (from
+# receiving), for the median request?
 
 # %%
 from kvlab.lessons.common.predict import predict
@@ -137,7 +115,7 @@ guess = predict("On loopback, the median of client TTFT (from sending) minus eng
 guess
 
 # %%
-from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine, overhead_table
+from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine, median_overhead_ms, overhead_table
 from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine
 
 side = client_vs_engine(srv.url, num_requests=20, rate=20)
@@ -145,7 +123,7 @@ display(guess.fold(overhead_table(side).round(2)))
 display(guess.fold(plot_client_vs_engine(side), what="this figure"))
 
 # %%
-guess.against(1e3 * side["ttft_overhead_s"].median())
+guess.against(side, median_overhead_ms)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -160,13 +138,10 @@ from kvlab.lessons import verdicts
 verdicts(side, "wire_adds_little_on_loopback", after=guess)
 
 # %% [markdown]
-# **Reading it.** On loopback the wire adds little: compare the overhead rows with the engine's own
-# TTFT in the table, and later with the waits under load in section 4. Across a real network add the
-# round trip, TLS, proxies and load balancers, none of which the engine's own clocks can see. That
-# is why service-level targets are measured at the client.
-#
-# The first row is larger than the second by the client's own send delay. On a busy machine that
-# part can be the biggest: the load generator is a program competing for the same CPU.
+# On loopback the wire adds little next to the waits under load of section 4. Across a real network
+# add the round trip, TLS, proxies and load balancers, which the engine's clocks cannot see: that is
+# why service-level targets are measured at the client. The table's first row exceeds the second by
+# the client's own send delay: the load generator competes for the same cores as the server.
 
 # %% [markdown]
 # <!-- kvlab:exercise check_http_overhead -->
@@ -174,11 +149,10 @@ verdicts(side, "wire_adds_little_on_loopback", after=guess)
 # %% [markdown]
 # ## 4. A service curve over the wire
 #
-# Now raise the load. The panel offers each rate for the same length of time (`duration_s=1.5`:
-# 12 requests at 8 per second, 192 at 128 per second), with the same profile and seed. Below
-# capacity the server keeps up: completed requests per second follow the offered rate and the wait
-# stays short. Past capacity the wait grows, and once the queue of 8 is full the server turns
-# requests away with 429, so fewer complete than were sent. Press **Run**, or change the rates first.
+# Now raise the load. The panel offers each rate for the same time (`duration_s=1.5`: 12 requests at 8
+# per second, 192 at 128), with the same profile and seed. Below capacity the server keeps up; past it
+# the wait grows, and once the queue of 8 is full the server answers 429, so fewer complete than were
+# sent. Press **Run**, or change the rates first.
 
 # %%
 from kvlab.lessons.l09_measure_a_real_server.wire import server_metrics, wait_until_idle
@@ -194,8 +168,8 @@ after = wait_until_idle(srv.url)
 curve.show()
 
 # %% [markdown]
-# Every request of every rate must be accounted for, and the server's own counters (its Prometheus
-# `/metrics`) must tell the same story as the client's records:
+# Every request of every rate accounted for, and the server's own counters (its Prometheus `/metrics`)
+# agreeing with the client's records:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -209,46 +183,38 @@ print("tokens generated by the engine = tokens received by the client:",
       after["generation_tokens_total"] - before["generation_tokens_total"] == table["tokens_streamed"].sum())
 print("KV blocks still held once the server is idle:", after["kv_blocks_used"])
 
+# %%
+verdicts(curve.frame, "full_queue_turns_requests_away", "wait_grows_past_capacity")
+
 # %% [markdown]
-# Why is the achieved rate below the offered one even at a rate where nothing was turned away? Two
-# reasons, both in the table. The seeded Poisson schedule sends *close to* the offered rate, not
-# exactly it: `sent req/s` is the requests sent over the span from the first to the last scheduled
-# arrival. That schedule is the same on every machine:
+# **Reading the figure.** Left: achieved against offered load; on the dashed diagonal the server keeps
+# up. The labels count completed requests, and rejected ones in red. Right: TTFT and E2E of the
+# completed requests. A rejected request has no TTFT at all: under overload the quantiles describe the
+# requests that got in, so the counts (`n`) go next to them. *client late* is how far the load
+# generator fell behind its schedule; if it grows large, the client is the bottleneck.
+
+# %% [markdown]
+# ### Going deeper: why the achieved rate is below the offered one
+#
+# Even where nothing was turned away, for two reasons in the table. The seeded Poisson schedule sends
+# *close to* the offered rate, not exactly it (`sent req/s`, over the span from the first to the last
+# scheduled arrival); that schedule is the same on every machine. And the achieved rate divides the
+# completed requests by the window (`window s`), from the first arrival until the last answer ends:
+# over a short run that drain is a visible part of the window.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(curve.frame, "seeded_schedule_sends_near_offered")
 
-# %% [markdown]
-# And the achieved rate divides the completed requests by the measurement window, `window s`, which
-# runs from the first arrival until the last answer ends: the last answers finish after the last
-# request was sent. Over a short run that drain is a visible part of the window. What your run shows,
-# at the highest rate where nothing was turned away, and past capacity:
-
 # %%
-verdicts(curve.frame, "achieved_rate_below_offered_explained", "full_queue_turns_requests_away",
-         "wait_grows_past_capacity")
+verdicts(curve.frame, "achieved_rate_below_offered_explained")
 
 # %% [markdown]
-# **Reading the figure.** Left: achieved against offered load on log axes; on the dashed diagonal
-# the server keeps up. The labels count completed requests, and rejected ones in red. Right: TTFT
-# and E2E of the completed requests. Note what the right panel cannot show: a rejected request has
-# no TTFT at all. Under overload the quantiles describe the requests that got in, so the counts
-# must go next to them: `n` in the table and on the figure. The last column, *client late*, is how
-# far the load generator itself fell behind its schedule; each clock already includes that delay,
-# but if it grows large, the client is the bottleneck of the measurement and the server is not
-# being offered the load you asked for.
-#
 # ### Try it
 #
-# - Add 256 and 512 requests per second. Does the achieved rate rise any further? Watch *client
-#   late*: on two shared cores the load generator competes with the server for the CPU.
-# - Switch the profile to `long_gen` (long answers). Where does the curve bend now, and why does
-#   TPOT matter more than TTFT for these requests?
-# - Run the same settings twice. How much do the numbers move? Other programs on this computer
-#   compete for the same two cores as the server *and* the load generator.
-# - Stop the server, start one with a longer queue (`srv = start_server(max_waiting=64)`), make a new
-#   panel for it and rerun: fewer rejections (429), and what happens to the TTFT of the requests that now wait instead?
+# - Add 256 and 512 requests per second. Does the achieved rate rise? Watch *client late*.
+# - Switch the profile to `long_gen`. Where does the curve bend now?
+# - Serve with `start_server(max_waiting=64)`: fewer rejections (429), and the TTFT of those who now wait?
 
 # %% [markdown]
 # <!-- kvlab:exercise check_output_tokens_per_s -->
@@ -257,31 +223,29 @@ verdicts(curve.frame, "achieved_rate_below_offered_explained", "full_queue_turns
 # <!-- kvlab:exercise check_rejections_and_quantiles -->
 
 # %% [markdown]
-# ## 5. The same measurement against vLLM (or SGLang, TGI, llama.cpp)
+# ## 5. The same measurement against vLLM, SGLang or llama.cpp
 #
-# Nothing above depends on the server being kvlab's, except the engine-side records of section 3.
-# vLLM, SGLang, TGI and llama.cpp's `llama-server` all speak the same OpenAI-compatible streaming
-# API, so the load generator, the records, the summaries and the plots work unchanged.
-#
-# Start a server on a machine with a GPU (replace the model with yours):
+# Nothing above depends on the server being kvlab's, except section 3's engine records. These servers
+# speak the same OpenAI-compatible streaming API; start one on a machine with a GPU:
 #
 # | engine | start it | listens on |
 # |---|---|---|
-# | vLLM | `vllm serve Qwen/Qwen2.5-0.5B-Instruct` | port 8000 |
-# | SGLang | `python -m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct` | port 30000 |
-# | llama.cpp | `llama-server -m model.gguf` | port 8080 |
-# | TGI | `docker run --gpus all -p 8080:80 ghcr.io/huggingface/text-generation-inference --model-id <model>` | port 8080 |
+# | <a href="https://docs.vllm.ai/en/stable/serving/openai_compatible_server/">vLLM</a> | `vllm serve Qwen/Qwen2.5-0.5B-Instruct` | port 8000 |
+# | <a href="https://docs.sglang.io/docs/advanced_features/server_arguments">SGLang</a> | `python -m sglang.launch_server --model-path Qwen/Qwen2.5-0.5B-Instruct` | port 30000 |
+# | <a href="https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md">llama.cpp</a> | `llama-server -m model.gguf` | port 8080 |
 #
-# Then measure it from any machine that can reach it, with the same command you would point at
-# kvlab's server, in a terminal (`HOST` is the server's address; `--json` saves the summary where
-# you run the command):
+# Then measure it from any machine that can reach it, with the command you would point at kvlab's
+# server (`HOST` is the server's address):
 #
 # ```
 # python -m kvlab loadtest --url http://HOST:8000 --model Qwen/Qwen2.5-0.5B-Instruct \
 #     --profile mixture --rate 4 --num-requests 200 --ignore-eos --json vllm.json
 # ```
+
+# %% [markdown]
+# ### Going deeper: measuring vLLM from this notebook
 #
-# Or from this notebook: the cell below does nothing until you give it your server's address.
+# Give the cell below your server's address; until then it does nothing.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -302,65 +266,58 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 # %% [markdown]
 # A few things to know when you do:
 #
-# - **Prompts** are sent as token ids, so the server sees exactly the lengths the workload asked for
-#   (vLLM and SGLang accept them). For a server that only takes text, add `--prompt-format text`
-#   (or `--chat` for `/v1/chat/completions`); the server's own prompt token count is kept per request.
-# - **`--ignore-eos`** (vLLM and SGLang honour it; check your server's documentation) makes every answer as long as asked, as
-#   here, so runs compare like for like. Without it, output tokens come from the server's `usage`.
-# - **Engine-side clocks** of a production server come from its Prometheus `/metrics` (vLLM:
-#   `vllm:time_to_first_token_seconds`, `vllm:num_requests_waiting`, ...), as histograms rather than
-#   per-request records. Compare their quantiles with the client's.
-# - **Where such engines take over.** kvlab runs one model on one device. When a model no longer
-#   fits on one GPU, or one GPU cannot serve the traffic, engines like vLLM split each layer across
-#   several GPUs of a machine (tensor parallelism, `vllm serve <model> --tensor-parallel-size 4`),
-#   split the layers across machines (pipeline parallelism, `--pipeline-parallel-size`), run
-#   replicas behind a load balancer, and add CUDA graphs and fused attention kernels. None of that
-#   changes what is measured: requests go in at the client, tokens come back, and the four clocks,
-#   the counts and the service curve are read the same way.
+# - **Prompts** are sent as token ids, so the server sees exactly the lengths asked for (vLLM's
+#   completions API accepts them). For a server that takes only text, add `--prompt-format text` (or
+#   `--chat`); the server's own prompt token count is kept per request.
+# - **`--ignore-eos`** makes every answer as long as asked, so runs compare like for like. vLLM
+#   (<a href="https://docs.vllm.ai/en/stable/serving/openai_compatible_server/#extra-parameters">extra parameters</a>)
+#   and SGLang (<a href="https://docs.sglang.io/docs/basic_usage/sampling_params">sampling parameters</a>) honour
+#   it; check your server's documentation. Without it, output tokens come from the server's `usage`.
+# - **Engine-side clocks** of a production server come from its Prometheus `/metrics`, as histograms
+#   rather than per-request records (vLLM: `vllm:time_to_first_token_seconds`,
+#   `vllm:num_requests_waiting`, <a href="https://docs.vllm.ai/en/stable/design/metrics/">metrics</a>). Compare
+#   their quantiles with the client's.
+# - **Where such engines take over.** kvlab runs one model on one device. vLLM can split each layer
+#   across the GPUs of a machine (`--tensor-parallel-size`) and the layers across machines
+#   (`--pipeline-parallel-size`) (<a href="https://docs.vllm.ai/en/stable/serving/parallelism_scaling/">parallelism</a>).
+#   None of that changes what is measured at the client.
 
 # %% [markdown]
-# ## 6. The same client against a second engine
+# ## 6. A second engine on the same weights
 #
-# Every measurement so far had one engine behind it, kvlab's. A measurement means more next to a
-# second one, and a second real engine is already installed: transformers ships its own
-# OpenAI-compatible server, `transformers serve`. With `--continuous-batching` it schedules
-# requests step by step over a paged KV cache, the two ideas of notebooks 05 and 07, written by
-# another team with other choices. vLLM and SGLang are the same kind of engine built for GPUs
-# at production scale (section 5); `transformers serve` is the one that runs here, on this CPU.
+# A measurement means more next to a second one, and one runs here: transformers' own
+# OpenAI-compatible server, <a href="https://huggingface.co/docs/transformers/serving">transformers serve</a>,
+# which with `--continuous-batching` schedules requests step by step over a paged KV cache
+# (<a href="https://huggingface.co/docs/transformers/continuous_batching">continuous batching</a>), the ideas of
+# notebooks 05 and 07 written by another team. The fold below measures both on the same weights,
+# workload and client, up to each one's knee: the knee, not the low-load latency, decides how many
+# machines a service needs.
+
+# %% [markdown]
+# ### Going deeper: two engines on the same weights
 #
 # A fair comparison changes one thing only, the engine:
 #
-# - **the same weights**: the lesson model is saved once as a transformers checkpoint folder, with
-#   a byte tokenizer that cuts text exactly as kvlab's does, and both servers load that folder
-#   (the run checks it: both write the same greedy answer to one prompt);
-# - **the same workload and client**: the seeded open-loop requests of section 4, sent as text by
-#   the same load generator, every answer run to its `max_tokens` (kvlab's `ignore_eos`;
-#   transformers refuses that field, so the client sends its equivalent, an end-of-sequence id that
-#   never occurs);
-# - **the same memory and budget**: KV blocks of 16 tokens, 512 of them, up to 512 tokens per step,
-#   one CPU thread each, and only one server measured at a time (both start together, to save
-#   your time, and the other sits idle while one is measured), so they never share a core.
+# - **the same weights**: the lesson model saved once as a transformers checkpoint, with a byte
+#   tokenizer that cuts text as kvlab's does; both servers load that folder, and the run checks that
+#   both write the same greedy answer to one prompt;
+# - **the same workload and client**: seeded open-loop requests sent as text by the same load
+#   generator, every answer run to its `max_tokens` (transformers serve, in the version installed here,
+#   refuses `ignore_eos`, so the client sends an end-of-sequence id that never occurs);
+# - **the same memory and budget**: KV blocks of 16 tokens, 512 of them, up to 512 tokens per step, one
+#   CPU thread each, and one server measured at a time while the other idles.
 #
-# What stays different is each engine's own design, and that is what the run shows:
+# What differs is each engine's design: kvlab's scheduler runs decodes first and fills the step's token
+# budget with prompt chunks; transformers' fills each step from its waiting requests within the same
+# budget, with its own paged attention, and builds its batching manager and cache when the first
+# request arrives. The prefix cache plays no part (this workload shares no prefix).
 #
-# | | kvlab serve (kvlab's choices) | transformers serve --continuous-batching |
-# |---|---|---|
-# | scheduling | decode first, then prompt chunks fill the step's token budget (chunked prefill) | its continuous-batching scheduler fills each step from the waiting requests within the same token budget |
-# | attention | kvlab's own over its block table | transformers' paged attention |
-# | at start | the model is loaded and the engine built before `/health` answers | the model is loaded at start; the batching manager and its cache are built when the first request arrives |
-# | prefix cache | on, but this workload shares no prefix, so it plays no part here | not used by this workload either |
-#
-# The panel starts both servers, measures kvlab's **cold** (the first few requests after it started),
-# sends a few warm-up requests, measures it **warm** at the same low rate, then sweeps the mixture
-# profile (long prompts and long answers among short ones) up to its *knee*: the highest rate at
-# which at least nine requests in ten completed and the first token's p95 stayed within the bound.
-# Each rate is read at its *close*, a few seconds after its last request was sent: an engine that
-# has fallen behind is not waited out, its unfinished requests count as waiting, and the p95 of the
-# first token is over every request sent, an unanswered one counted at its wait so far (the
-# survivors alone would flatter it). Then it stops kvlab's server and does the same with
-# `transformers serve`. Where `transformers serve` cannot
-# run (an older transformers, or `accelerate` missing), the next cell says why in one line and the
-# panel measures kvlab's server alone.
+# The panel measures each engine **cold** (the first requests after it started), then **warm** at
+# the same low rate, then sweeps the mixture profile to its *knee*: the highest rate at which at least
+# nine requests in ten completed and the first token's p95 stayed within the bound. Each rate is read
+# a few seconds after its last request was sent; unfinished requests count as waiting, and the p95 is
+# over every request sent, an unanswered one at its wait so far (the survivors alone would flatter
+# it). Where `transformers serve` cannot run, the next cell says why and the panel measures kvlab alone.
 
 # %%
 from kvlab.http.peer import transformers_serve_available
@@ -375,37 +332,68 @@ engines
 both = engines.run()   # the same as pressing Run: both start, then each in turn: cold, warm, the sweep
 both.show()
 
-# %% [markdown]
-# First count, then time, as before; and check that the two servers really hold the same weights:
-
 # %%
 verdicts(both.frame, "two_engines_account_for_every_request", "two_engines_same_weights")
-
-# %% [markdown]
-# What differed between the engines on your run:
 
 # %%
 verdicts(both.frame, "two_engines_at_low_load", "cold_start_costs_the_first_requests", "per_token_time_under_load",
          "kvlab_knee_beyond_transformers")
 
 # %% [markdown]
-# **Reading it.** At low load little waits, so TTFT is one prompt's prefill plus the plumbing,
-# and TPOT is one decode step with a nearly empty batch: that is each engine's step overhead. The
-# cold rows can pay for what an engine does only once: transformers builds its batching manager and
-# paged cache on the first request, so a server that looks fast when warm can make its first users
-# wait (the verdict says whether the cold requests were clearly slower on your run; a few cold
-# requests on a busy machine may not show it). Measure the two apart, and warm a server up before
-# you time it. Under load the per-token time grows with the batch on both engines, and how fast it
-# grows is the scheduler's and the attention kernel's work per step; where it grows faster, the
-# queue builds sooner and the knee can come at a lower rate (on a coarse ladder of rates two knees
-# can still land on the same rung). The knee, not the low-load latency, is what decides how many
-# machines a service needs.
+# At low load TTFT is one prompt's prefill plus the plumbing, and TPOT one decode step with a nearly
+# empty batch: each engine's step overhead. The cold rows can pay for what an engine does once, so
+# warm a server up before you time it. Under load the per-token time grows with the batch on both
+# engines; where it grows faster, the queue builds sooner and the knee can come at a lower rate.
+# `python -m kvlab bench serve` repeats this in paired rounds, engine order rotated, and prints
+# kvlab's latency and knee as ratios to transformers' with their spread. This is a tiny model on a
+# CPU, where fixed costs per step dominate; on a GPU with a real model the balance, and so the
+# ranking, can differ.
+
+# %% [markdown]
+# ### Going deeper: vLLM as a third engine
 #
-# A benchmark repeats this in paired rounds, with the engine order rotated, and prints kvlab's
-# latency and knee as ratios to transformers' with their spread: `python -m kvlab bench serve`.
-# A note of caution that applies to every comparison of engines: this is a tiny model on a CPU,
-# where fixed costs per step dominate; on a GPU with a real model the balance between scheduling
-# overhead and arithmetic is different, and so can the ranking be.
+# vLLM, the engine much of the field uses, on the same weights and with the same client, when it is set
+# up on this machine (`python -m kvlab peer vllm --setup-only` installs it once, in its own environment).
+# Then the cell starts all three servers (vLLM takes one to two and a half minutes to start: it compiles
+# its model step), measures each in turn and stops them; otherwise it prints one line saying how to set
+# vLLM up, and the notebook carries on.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from kvlab.lessons.l09_measure_a_real_server.three_engines import three_engines
+
+three = three_engines(log=print)   # .message, .table (every clock at each load), .figure, .usage
+three.show()
+
+# %% [markdown]
+# What vLLM does that kvlab's engine does not (vLLM 0.32.0, as `peer vllm` installs it):
+#
+# - **Separate API and engine processes.** vLLM's API server tokenizes and streams in one process and
+#   hands requests over ZMQ to an engine-core process that runs the scheduler in a busy loop and drives a
+#   worker process that runs the model
+#   (<a href="https://docs.vllm.ai/en/latest/design/arch_overview/">architecture overview</a>). kvlab serve
+#   does it all in one process on one thread; *cores busy* in the table shows what vLLM's second core buys it.
+# - **Compiled fixed-shape steps.** vLLM compiles its model with `torch.compile` and, on a GPU, replays CUDA
+#   graphs captured for fixed batch sizes
+#   (<a href="https://docs.vllm.ai/en/latest/design/torch_compile/">torch.compile</a>,
+#   <a href="https://docs.vllm.ai/en/latest/design/cuda_graphs/">CUDA graphs</a>). On a CPU there are no
+#   graphs, but Inductor still compiles the step to C++
+#   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>):
+#   most of its long start, and part of its short time per token.
+# - **CPU attention kernels.** Its attention reads the paged KV cache where it lies, in C++
+#   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
+#   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);
+#   kvlab gathers the blocks into one tensor first (notebook 07).
+# - **Chunked prefill and prefix caching, on by default.** In V1 chunked prefill is always on and decodes
+#   are scheduled first
+#   (<a href="https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill">optimization guide</a>);
+#   prefix caching is on wherever the model supports it
+#   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/engine/arg_utils.py">arg_utils.py</a>,
+#   <a href="https://docs.vllm.ai/en/latest/design/prefix_caching/">design</a>). kvlab serve's defaults are
+#   the same two (notebook 08), so they are not where the curves part.
+# - **Block size.** On a CPU its KV blocks hold 128 tokens unless told, and must be a multiple of 32
+#   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>);
+#   kvlab's hold 16: a larger block wastes more of each request's last one (notebook 07).
 
 # %% [markdown]
 # ## 7. Stop the server
@@ -420,26 +408,20 @@ print("server process ended:", srv.process.poll() is not None)
 # %% [markdown]
 # ## Summary
 #
-# - The wait a person feels is measured at the client, from the moment the request was due to be
-#   sent: open loop, so a slow client or a full queue cannot hide any of it.
-# - First count, then time: every request sent is completed, rejected (429) or failed for a stated
-#   reason, and the tokens asked for, reported and received agree. The server's own counters agree too.
-# - On loopback, HTTP and streaming add little to the first token (your run's figure is in section 3's
-#   verdict); under load, the queue dominates. Over a real network, the parts only the client sees grow.
-# - The service curve over the wire: throughput follows the offered load up to capacity; past it
-#   the wait climbs, and a bounded queue answers the excess with 429 at once.
-#   Quantiles cover only completed requests, so quote the counts with them. The achieved rate divides
-#   by a window that outlasts the arrivals, and a seeded schedule sends near the offered rate, not at it.
-# - The same command measures vLLM, SGLang, TGI or llama.cpp's server; multi-GPU and multi-node
-#   serving is their ground, and the clocks are read the same way there.
-# - Two engines on the same weights, workload and client differ in what their design costs: cold start,
-#   the time of a step, and so the rate where the queue starts to grow (the knee). Measure cold and warm apart.
-# - Behind this notebook: `kvlab.lessons.l09_measure_a_real_server.wire` (`start_server`, `measure_at_client`, `accounting`,
-#   `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `kvlab.lessons.l09_measure_a_real_server.two_engines`
-#   (`compare_engines`), `kvlab.http.peer` (`transformers serve`), `kvlab.http`
-#   (`server`, `loadgen`, `compare`), `kvlab.lessons.l09_measure_a_real_server.figures_wire`, `kvlab.lessons.l09_measure_a_real_server.panel_wire`, the claims in
-#   `kvlab/lessons/l09_measure_a_real_server/claims.py`; tests in `tests/test_experiments_wire.py`,
-#   `tests/test_http_server.py`, `tests/test_loadgen.py` and `tests/test_claims_09.py`.
+# - The wait a person feels is measured at the client, open loop, from when the request was due.
+# - First count, then time: every request is completed, rejected (429) or failed for a stated reason.
+# - On loopback, HTTP and streaming add little; under load, the queue dominates.
+# - Quantiles cover completed requests only: quote the counts with them.
+# - The same command measures vLLM, SGLang or llama.cpp's server.
+
+# %% [markdown]
+# ### Going deeper: the code behind this notebook
+#
+# `kvlab.lessons.l09_measure_a_real_server.wire` (`start_server`, `measure_at_client`, `accounting`,
+# `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `.two_engines`
+# (`compare_engines`), `kvlab.http` (`server`, `loadgen`, `compare`, `peer`). Tests:
+# `tests/test_experiments_wire.py`, `tests/test_two_engines.py`, `tests/test_http_server.py`,
+# `tests/test_loadgen.py`, `tests/test_claims_09.py`.
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -90,9 +90,12 @@ def test_two_engine_claims_hold_on_a_run_where_kvlab_leads_and_fail_on_their_cou
     assert "32 req/s (the highest rate offered" in CLAIMS["kvlab_knee_beyond_transformers"].on(t).text
     assert "4 req/s on transformers serve" in CLAIMS["kvlab_knee_beyond_transformers"].on(t).text
     assert "at 16 req/s offered" in CLAIMS["per_token_time_under_load"].on(t).text  # the highest rate both reached
-    for name in ("cold_start_costs_the_first_requests", "per_token_time_under_load", "kvlab_knee_beyond_transformers"):
-        c = CLAIMS[name]
-        assert c.on(counterexample_of(c)(t.copy())).holds is False, name
+    c = CLAIMS["per_token_time_under_load"]
+    assert c.on(counterexample_of(c)(t.copy())).holds is False
+    # one run of a few requests and three short rungs: shown with their numbers and the reason, never ✓ or ✗
+    for name in ("cold_start_costs_the_first_requests", "kvlab_knee_beyond_transformers"):
+        v = CLAIMS[name].on(t)
+        assert not v.asserted and str(v).startswith("• ") and "(shown, not checked: " in v.text, str(v)
 
 
 def test_the_token_time_claim_counts_the_streams_still_open_at_the_close():
@@ -109,22 +112,19 @@ def test_the_token_time_claim_counts_the_streams_still_open_at_the_close():
     assert CLAIMS["per_token_time_under_load"].on(t).holds is False
 
 
-def test_the_knee_claim_reads_the_tail_when_both_engines_keep_up_with_every_rate():
-    """Both at the top rung: decided by the all-sent TTFT p95 there (twice kvlab's or more), never 'not checked'."""
+def test_the_knee_observation_reads_the_tail_when_both_engines_keep_up_with_every_rate():
+    """Both at the top rung: the all-sent TTFT p95 there is what tells them apart, shown with the ratio."""
     both = engines()
     both = both[(both.phase != "sweep") | (both.offered_rps <= 16.0)].copy()
     sweep = both.phase == "sweep"
     both.loc[sweep, "served"], both.loc[sweep, "ttft_p95_s"] = 1.0, 0.05
     both["ttft_p95_sent_s"] = both["ttft_p95_s"]
     knee = CLAIMS["kvlab_knee_beyond_transformers"]
-    tied = knee.on(both)
-    assert tied.holds is False and "16 req/s (the highest rate offered" in tied.text, str(tied)
+    assert "16 req/s (the highest rate offered" in knee.on(both).text
     top = sweep & (both.offered_rps == 16.0) & (both.engine == "transformers serve")
-    both.loc[top, "ttft_p95_sent_s"] = 0.09  # under twice kvlab's 50 ms: inside the margin
-    assert knee.on(both).holds is False
     both.loc[top, "ttft_p95_sent_s"] = 0.8  # 16x kvlab's, still under the 1 s bound
     v = knee.on(both)
-    assert v.holds is True and "50 ms on kvlab serve against 800 ms (16.0×)" in v.text, str(v)
+    assert v.holds is True and not v.asserted and "50 ms on kvlab serve against 800 ms (16.0×)" in v.text, str(v)
 
 
 def test_two_engine_claims_fail_on_lost_requests_different_answers_or_one_engine_alone():

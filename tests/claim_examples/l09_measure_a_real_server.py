@@ -6,7 +6,6 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from kvlab.lessons.l09_measure_a_real_server.claims import _rows
@@ -98,17 +97,8 @@ def _engines() -> pd.DataFrame:
     return engines_run().frame
 
 
-@counterexample("cold_start_costs_the_first_requests")
-def _cold_as_fast_as_warm(engines: pd.DataFrame) -> pd.DataFrame:  # every TTFT p95 10 ms, cold or warm
-    return engines.assign(ttft_p95_s=0.010)
-
-
 @counterexample("per_token_time_under_load")
 def _same_token_time(engines: pd.DataFrame) -> pd.DataFrame:  # every TPOT p50 4 ms, on both engines
     same = {k: 0.004 for k in ("tpot_p50_s", "tpot_p50_sent_s") if k in engines or k == "tpot_p50_s"}
     return engines.assign(**same)
 
-
-@counterexample("kvlab_knee_beyond_transformers")
-def _kvlab_served_half(engines: pd.DataFrame) -> pd.DataFrame:  # kvlab served half at every rate: no knee
-    return engines.assign(served=np.where(engines["engine"] == "kvlab serve", 0.5, 1.0))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..common.checks import TIE, rises_at_every_level, series
-from ..common.claims import claim
+from ..common.claims import SHOWN_ONLY, claim
 
 NOTEBOOK = "09_measure_a_real_server.ipynb"
 LOOPBACK_GOAL_MS = 5.0  # kvlab's goal for what HTTP + streaming add to TTFT on loopback (benchmarks.http_overhead)
@@ -136,8 +136,8 @@ def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           every request of every measurement is accounted for: {sent} sent to the two servers, each one
-           completed, failed{reasons} or still open when its rate closed (counted as waiting, never dropped)""",
+           every request of every measurement is accounted for: each one sent to the two servers completed,
+           failed{reasons} or was still open when its rate closed (counted as waiting, never dropped)""",
        otherwise="""
            some request is unaccounted for (sent != completed + failed + waiting), or a measurement sent fewer
            requests than its schedule holds: the load client lost track of them, or fell behind its schedule past
@@ -145,7 +145,9 @@ def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
 def two_engines_account_for_every_request(run: Any) -> dict:
     """sent = completed + failed + waiting holds by construction (``clock_row`` counts sent as the sum of the
     states), so the check is also against the schedule (``num_requests``, where the table records it): each
-    measurement sent every request it was to send."""
+    measurement sent every request it was to send. The sentence quotes no total: how many were sent depends on
+    the rate where each engine's sweep stopped, which is measured (this verdict's text is compared with the
+    committed copy's)."""
     t = _engine_rows(run, need_both=False)
     reasons = "; ".join(r for r in t["failed_reasons"] if r)
     scheduled = t["num_requests"] if "num_requests" in t else None  # None: a table made by hand
@@ -172,23 +174,25 @@ def _cold_vs_warm(t: pd.DataFrame, engine: str) -> tuple[pd.Series, pd.Series]:
     return _row(t, engine, "cold"), _row(t, engine, "warm")
 
 
-@claim(NOTEBOOK, clock="wall",
+COLD_REQUESTS_REASON = ("a p95 of so few requests is about their slowest one, so one request slowed by a busy "
+                        "machine decides it; the engine's set-up on the first request is shown here, not proved")
+
+
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
-           the first requests after transformers serve started waited longer than warm ones at the same rate: TTFT
-           p95 {cold_ms:.1f} ms cold (n={n_cold}) vs {warm_ms:.1f} ms warm (n={n_warm}), {ratio:.1f}×; kvlab
-           serve: {k_cold_ms:.1f} vs {k_warm_ms:.1f} ms""",
-       otherwise="""
-           on your run the cold requests were not clearly slower. A first request pays for setting up the engine
-           (transformers builds its paged cache and batch buffers on the first one); a busy machine can slow the
-           warm ones as much. Run the panel again.""")
+           the first {n_cold} requests after transformers serve started: TTFT p95 {cold_ms:.1f} ms cold, against
+           {warm_ms:.1f} ms warm (n={n_warm}), {ratio:.1f}×; kvlab serve: {k_cold_ms:.1f} vs {k_warm_ms:.1f} ms""",
+       otherwise="the run holds no cold and warm rows of both engines.")
 def cold_start_costs_the_first_requests(run: Any) -> dict:
+    """Shown, not asserted (was: ✓ when the cold p95 of 6 requests exceeded 1.5× the warm one). Six requests make a
+    p95 that is their slowest one; a single busy moment on a shared 2-core machine moves it either way."""
     t = _engine_rows(run)
     cold, warm = _cold_vs_warm(t, "transformers serve")
     k_cold, k_warm = _cold_vs_warm(t, "kvlab serve")
     ratio = float(cold.ttft_p95_s) / float(warm.ttft_p95_s)
-    return dict(cold_ms=cold.ttft_p95_s * 1e3, warm_ms=warm.ttft_p95_s * 1e3, n_cold=int(cold.ttft_n),
-                n_warm=int(warm.ttft_n), ratio=ratio, k_cold_ms=k_cold.ttft_p95_s * 1e3,
-                k_warm_ms=k_warm.ttft_p95_s * 1e3, holds=ratio > 1.5)
+    return {"cold_ms": cold.ttft_p95_s * 1e3, "warm_ms": warm.ttft_p95_s * 1e3, "n_cold": int(cold.ttft_n),
+            "n_warm": int(warm.ttft_n), "ratio": ratio, "k_cold_ms": k_cold.ttft_p95_s * 1e3,
+            "k_warm_ms": k_warm.ttft_p95_s * 1e3, "holds": True, SHOWN_ONLY: COLD_REQUESTS_REASON}
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
@@ -232,22 +236,22 @@ def per_token_time_under_load(run: Any) -> dict:
                 holds=bool(k[p50] < tr[p50]))
 
 
-# A knee is read on a coarse ladder of rates, and both engines can keep up with its top rung: the tail at the
-# highest rate both were offered decides too, with a margin (kvlab's p95 under half of transformers').
-TAIL_MARGIN = 2.0
+# A knee is read on a coarse ladder of rates (SWEEP_RATES, a second each, one run): one rung is the whole difference
+# between two knees, and the machine's load during either engine's turn moves it. Shown with its numbers, not asserted;
+# `python -m kvlab bench serve` repeats the comparison in paired rounds with its spread.
+KNEE_REASON = ("one run over a few rates of a second each: one rung is the whole difference, and the machine's load "
+               "during either engine's turn moves it; `python -m kvlab bench serve` repeats it in paired rounds")
 
 
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            the knee (the highest rate with at least 90% served and TTFT p95 within {slo:g} s): {k} on kvlab serve,
            {t} on transformers serve; at {rate:g} req/s, the highest rate both were offered, the first token's p95
-           over every request sent was {k_ms:.0f} ms on kvlab serve against {t_ms:.0f} ms ({times:.1f}×): kvlab
-           serve was further from its limit""",
-       otherwise="""
-           on your run transformers serve kept up as far as kvlab serve, or its tail at the top rate was not twice
-           kvlab's. Each engine's knee moves with the machine's load; add higher rates in the panel, or run it
-           again.""")
+           over every request sent was {k_ms:.0f} ms on kvlab serve against {t_ms:.0f} ms ({times:.1f}×)""",
+       otherwise="the run holds no sweep of both engines.")
 def kvlab_knee_beyond_transformers(run: Any) -> dict:
+    """Shown, not asserted (was: ✓ when kvlab's knee was at or above transformers' and its top-rate p95 under half
+    of transformers'). The name keeps what the comparison usually shows on a 2-core CPU."""
     from .two_engines import engine_knees
 
     t = _engine_rows(run)
@@ -265,7 +269,5 @@ def kvlab_knee_beyond_transformers(run: Any) -> dict:
     s = t[(t["phase"] == "sweep") & (t["offered_rps"] == rate)].set_index("engine")
     p95 = "ttft_p95_sent_s" if "ttft_p95_sent_s" in s else "ttft_p95_s"  # the unanswered counted at their wait
     k_s, t_s = float(s.loc["kvlab serve", p95]), float(s.loc["transformers serve", p95])
-    k, tr = knees.get("kvlab serve"), knees.get("transformers serve")
-    return dict(slo=slo, k=say("kvlab serve"), t=say("transformers serve"), rate=rate, k_ms=k_s * 1e3,
-                t_ms=t_s * 1e3, times=t_s / k_s if k_s > 0 else float("inf"),
-                holds=k is not None and (tr is None or k >= tr) and TAIL_MARGIN * k_s < t_s)
+    return {"slo": slo, "k": say("kvlab serve"), "t": say("transformers serve"), "rate": rate, "k_ms": k_s * 1e3,
+            "t_ms": t_s * 1e3, "times": t_s / k_s if k_s > 0 else float("inf"), "holds": True, SHOWN_ONLY: KNEE_REASON}

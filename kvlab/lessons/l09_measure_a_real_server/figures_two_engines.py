@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-COLORS = {"kvlab serve": "#1f77b4", "transformers serve": "#ff7f0e"}
+COLORS = {"kvlab serve": "#1f77b4", "transformers serve": "#ff7f0e", "vLLM": "#2ca02c"}
 TTFT_P95 = "ttft_p95_sent_s"  # over every request sent, the unanswered at their wait so far (the knee reads it)
 
 

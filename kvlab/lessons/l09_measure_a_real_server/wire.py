@@ -39,6 +39,7 @@ from ...http.loadgen import LoadTestResult, base_url, http_workload, run_loadtes
 from ...http.local import LOOPBACK, ServerProcess
 from ...workload import ARRIVALS, PROFILE_NAMES
 from ...runs.progress import Progress, no_progress
+from ..common.provenance import experiment
 
 REJECTED = "http_429"  # fail_reason prefix of a request the server's bounded queue turned away
 DEFAULT_RATES = (8.0, 32.0, 128.0)
@@ -174,6 +175,7 @@ def accounting(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
 
 
 # -- client clocks next to engine clocks ----------------------------------------------------------
+@experiment  # a notebook's prediction of the overhead is checked to have been asked before this ran
 def client_vs_engine(url: str, num_requests: int = 24, rate: float = 8.0, max_new_tokens: int = 8,
                      seed: int = 0) -> pd.DataFrame:
     """The same requests timed at the client and inside kvlab's engine (`kvlab.http.compare`).
@@ -184,6 +186,11 @@ def client_vs_engine(url: str, num_requests: int = 24, rate: float = 8.0, max_ne
     """
     _check_workload("short_short", num_requests, rate, "constant")
     return measure_http_overhead(url, num_requests, rate=rate, max_new_tokens=max_new_tokens, seed=seed)
+
+
+def median_overhead_ms(frame: pd.DataFrame) -> float:
+    """The median over requests of client TTFT (from sending) minus engine TTFT, in ms (notebook 09's prediction)."""
+    return float(frame["ttft_overhead_s"].median() * 1e3)
 
 
 def overhead_table(frame: pd.DataFrame) -> pd.DataFrame:
