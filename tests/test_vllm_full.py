@@ -51,9 +51,10 @@ def test_every_request_of_a_short_sweep_is_accounted_for(servers):
     _, peer = servers
     rows = sweep(peer, [8.0, 32.0, 96.0], duration_s=1.0, stop_past_knee=False, warmup=4)
     assert [r["offered_rps"] for r in rows] == [8.0, 32.0, 96.0]
-    for r in rows:
-        assert r["sent"] == r["num_requests"] == r["completed"] + r["failed"] + r["waiting"], r
-    assert rows[0]["completed"] == rows[0]["sent"]  # 8 req/s is far below its knee
+    for r in rows:  # read at each rate's close: every request sent by then is in exactly one place
+        assert r["sent"] == r["completed"] + r["failed"] + r["waiting"], r
+        assert r["sent"] <= r["num_requests"], r  # the rest: not yet sent by the close (the client's own lag)
+    assert rows[0]["completed"] == rows[0]["sent"] == rows[0]["num_requests"]  # 8 req/s: far below its knee
     usage = process_usage(server_pid(peer))
     assert usage["processes"] >= 3  # API server, engine core, worker
 
