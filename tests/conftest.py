@@ -107,3 +107,49 @@ def colab_twin(tmp_path_factory):
     artifacts.mkdir(exist_ok=True)
     (artifacts / "colab-twin.json").write_text(json.dumps(twin.report(), indent=1))
     return twin
+
+
+# --- one lesson's tests in one command: pytest -m l06 ---------------------------------------------------------
+# A test belongs to lesson NN when it is parametrized with one of NN's things (its notebook file, a claim or an
+# exercise of its notebook), or, failing that, when its module names the lesson's folder (kvlab.lessons.lNN_...,
+# tests/claim_examples/lNN_...) or is test_claims_NN.py. So `pytest -m l06` runs 06's unit tests, its claims and
+# their examples, and its notebook's one execution; a module about several lessons is split by its parameters.
+import re as _re
+from pathlib import Path as _Path
+
+_LESSON_NAME = _re.compile(r"(?:kvlab\.lessons\.|kvlab/lessons/|claim_examples[./])l(\d\d)_|test_claims_(\d\d)\b")
+_NOTEBOOK = _re.compile(r"^(\d\d)_\w+\.ipynb$")
+_MODULE_LESSONS: dict[_Path, frozenset[str]] = {}
+
+
+def _lessons_named_by(path: _Path) -> frozenset[str]:
+    if path not in _MODULE_LESSONS:
+        text = path.name + "\n" + (path.read_text(encoding="utf-8") if path.suffix == ".py" else "")
+        _MODULE_LESSONS[path] = frozenset(a or b for a, b in _LESSON_NAME.findall(text))
+    return _MODULE_LESSONS[path]
+
+
+def _lesson_of(value) -> str | None:
+    """The lesson a test parameter belongs to: a notebook file name, or anything with ``.notebook`` / ``.file``."""
+    for name in (value, getattr(value, "notebook", None), getattr(value, "file", None)):
+        if isinstance(name, str) and _NOTEBOOK.match(name):
+            return name[:2]
+    return None
+
+
+def pytest_configure(config):
+    from kvlab.course import NOTEBOOKS
+
+    for entry in NOTEBOOKS:
+        number = entry.file[:2]
+        config.addinivalue_line("markers", f"l{number}: the tests of lesson {number} ({entry.title}); pytest -m l{number}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        lessons = {lesson for lesson in map(_lesson_of, params.values()) if lesson}
+        if not lessons:
+            lessons = set(_lessons_named_by(_Path(str(item.path))))
+        for lesson in sorted(lessons):
+            item.add_marker(getattr(pytest.mark, f"l{lesson}"))
