@@ -22,7 +22,7 @@ processes, OS threads and the CPU cores its process tree kept busy while it was 
 Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
 rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
 configurations as the baseline) of TTFT p95, TPOT p50 and the knee, each the median of per-round ratios
-with its IQR and min-max (`kvlab.measure.rounds`). About 8 minutes on 2 cores with the defaults.
+with its IQR and min-max (`kvlab.measure.rounds`). About 6 minutes on 2 cores with the defaults (vLLM's start included).
 
     python -m kvlab bench serve --json results/bench_serve.json
 """
@@ -166,7 +166,8 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
         for e, g in used.groupby("engine", sort=False):
             usage_by_engine[e] = {"processes": int(g.processes.max()) if g.processes.notna().any() else None,
                                   "threads": int(g.threads.max()) if g.threads.notna().any() else None,
-                                  "torch_threads": g.torch_threads.iloc[0] if "torch_threads" in g else None,
+                                  "torch_threads": (None if "torch_threads" not in g or pd.isna(g.torch_threads.iloc[0])
+                                                    else int(g.torch_threads.iloc[0])),
                                   "cores_busy": spread(list(g.cores_busy.dropna()))}
     return {"clocks": clock_table(frame, engines), "knees": knees, "ratios": pd.DataFrame(ratios),
             "knee_ratios": knee_ratios, "usage_by_engine": usage_by_engine}
@@ -215,7 +216,7 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
                      f"{u['torch_threads'] if u['torch_threads'] is not None else 'its own'}), cores busy "
                      f"{format_spread(u['cores_busy'])}")
     t = out["clocks"]
-    lines.append(f"every clock at every load, ms (median over rounds; TTFT p95 over every request sent):")
+    lines.append("every clock at every load, ms (median over rounds; TTFT p95 over every request sent):")
     lines.append(f"  {'engine':<26} {'level':>10} {'sent':>5} {'served':>6} {'TTFT p50':>9} {'TTFT p95':>9} "
                  f"{'TPOT p50':>9} {'TPOT p95':>9} {'E2E p50':>9} {'E2E p95':>9} {'tok/s':>7}")
     for r in t.itertuples():
