@@ -26,7 +26,7 @@ learner opens (the badges and the README point at it): every output and executio
 exercise solutions folded as in the teacher's copy, a first line and ``metadata.kvlab.edition``
 saying which edition it is, links relative to ``notebooks/`` rewritten to resolve from
 ``notebooks/workshop/`` (a link to another notebook of the course stays a sibling: the next
-notebook's workshop edition), and the ``# NBVAL_CHECK_OUTPUT`` markers left out (there is no saved
+notebook's workshop edition), and the ``# NBVAL_CHECK_OUTPUT`` / ``# NBVAL_IGNORE_OUTPUT`` markers left out (there is no saved
 output to compare; the teacher's copy checks them). It needs no kernel and is byte-for-byte
 deterministic, so ``--check`` compares it with a fresh build.
 
@@ -311,7 +311,7 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
 
 _LINK = re.compile(r"(\]\(<?|(?:href|src)=[\"'])([^)\"'\s>]+)")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
-_CHECK_OUTPUT = re.compile(r"^# NBVAL_CHECK_OUTPUT[ \t]*(\n|$)", re.M)
+_CHECK_OUTPUT = re.compile(r"^# NBVAL_(?:CHECK|IGNORE)_OUTPUT[ \t]*(\n|$)", re.M)  # nbval's markers
 
 
 def workshop_path(notebook: Path) -> Path:
