@@ -28,6 +28,30 @@ except ImportError:
     pass
 
 
+# Every test runs as on a learner's machine where vLLM is not set up (an empty home), so a notebook a test executes
+# (in a kernel, a browser or from the wheel) prints 09's one line on how to set vLLM up instead of starting it, even
+# where `python -m kvlab peer vllm` has set it up. tests/test_vllm_full.py asks for the real home (`real_vllm_home`).
+_VLLM_HOME = os.environ.get("KVLAB_VLLM_HOME")
+os.environ["KVLAB_VLLM_HOME"] = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                             "test-artifacts", "no-vllm-home")
+
+
+@pytest.fixture(scope="module")
+def real_vllm_home():
+    """vLLM's home as the user set it ($KVLAB_VLLM_HOME before the tests, else the default), for this module."""
+    empty = os.environ["KVLAB_VLLM_HOME"]
+    if _VLLM_HOME is None:
+        os.environ.pop("KVLAB_VLLM_HOME")
+    else:
+        os.environ["KVLAB_VLLM_HOME"] = _VLLM_HOME
+    try:
+        from kvlab.http.vllm import vllm_home
+
+        yield vllm_home()
+    finally:
+        os.environ["KVLAB_VLLM_HOME"] = empty
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Every test runs on one torch thread: tiny models are fastest so, and a shared 2-core machine does not thrash."""

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.full
 
 
 @pytest.fixture(scope="module")
-def servers():
+def servers(real_vllm_home):
     try:
         vllm.setup_vllm()
     except vllm.VllmUnavailable as e:
