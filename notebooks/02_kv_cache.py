@@ -29,8 +29,6 @@
 # position only looks backwards, so a token's key and value never change once computed.
 # Recomputing them at every step (notebook 01, cache `"none"`) is wasted work; a **KV cache** keeps
 # them, per layer, and each step adds only the new token's.
-#
-# It is not a cache of answers: it holds the state of **one** generation and is freed when it ends.
 
 # %% [markdown]
 # ## Look inside a cache
@@ -160,12 +158,14 @@ guess.against(per_model, gib_for("Llama-2-7B (MHA)"), what="the formula gives")
 
 # %% [markdown]
 # Now pick a model, a context, a batch and a GPU. The dashed line is the memory left for the cache
-# once the fp16 weights are loaded.
+# once the fp16 weights are loaded. "At most N sequences" is an upper bound: a real server also
+# needs memory for activations, and vLLM, for one, uses only a set fraction of the GPU
+# ([`gpu_memory_utilization`](https://github.com/vllm-project/vllm/blob/main/vllm/config/cache.py)).
 
 # %%
 from kvlab.lessons.l02_kv_cache.panel import kv_calculator_panel
 
-calculator = kv_calculator_panel("Llama-3-8B (GQA)", context=8192, batch=8, gpu_gib=80)
+calculator = kv_calculator_panel("Llama-2-7B (MHA)", context=4096, batch=8, gpu_gib=80)
 calculator
 
 # %%
@@ -193,7 +193,7 @@ if real is not None:
 # %% [markdown]
 # ## Try it
 #
-# - **Llama-2-7B (MHA)** against
+# - **Llama-2-7B (MHA)**, the calculator's default, against
 #   [**Llama-3-8B (GQA)**](https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json) at
 #   the same context: why is the second cache 4 times smaller? (Count the kv_heads.)
 # - **Llama-3-70B** on a GPU of `24 GiB`: what does "at most 0 sequences" mean for a service?

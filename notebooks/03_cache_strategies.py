@@ -40,7 +40,7 @@ print(f"expected answer: {ex.answer}   model's answer: {out.text}   "
 
 # %% [markdown]
 # **Checked:** the exact cache answers the held-out questions. On a CPU the model, the questions and
-# greedy decoding are deterministic, so this output is compared by the tests.
+# greedy decoding are deterministic, so everyone's output is identical.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -162,7 +162,7 @@ if compiled["status"] == "compiled":
     display(verdicts(compiled, "compiled_step_is_faster"))
 
 # %% [markdown]
-# ## Quantized: memory saved, time spent, answers lost
+# ## Quantized: memory saved, time spent (in kvlab), answers lost
 #
 # A quantized cache stores each group of numbers as small integer codes plus a scale and a
 # zero-point to turn them back into numbers. You checked its memory above. Time is the second price:
@@ -223,8 +223,8 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 # %% [markdown]
 # The token measures order the settings, but a handful of prompts cannot vouch for a setting whose
 # errors hit only some questions: to adopt a setting, count right answers on the task, with enough
-# questions that the count means something. (KL's last digits change with the number of CPU
-# threads, since sums are added in another order, so the verdicts compare KL but never quote it.)
+# questions that the count means something. (KL's exact value differs between machines, since sums
+# are added in another order: compare orders, not digits.)
 
 # %% [markdown]
 # ## Offloaded: bytes moved every step
@@ -293,24 +293,26 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 
 # %% [markdown]
 # That is why streaming the history every step suits only work whose latency budget is loose.
-# Serving engines do not do it. They keep running sequences' K/V on the GPU. When vLLM (V1) runs out
-# of blocks it preempts by **recompute**: it frees the sequence's blocks and computes its tokens again
-# later ([docs](https://docs.vllm.ai/en/latest/configuration/optimization/#preemption); notebook 08).
-# What engines move to host memory is K/V kept for *reuse*: idle prefix blocks that come back, once,
-# when a later request's prefix matches them. vLLM does this through KV connectors such as
+# Throughput-oriented offloading systems do stream it ([FlexGen](https://arxiv.org/abs/2303.06865)
+# keeps the K/V on CPU or disk for batch jobs). Latency-oriented GPU engines such as vLLM (V1) keep
+# running sequences' K/V on the GPU. When vLLM runs out of blocks it preempts by **recompute**: it
+# frees the sequence's blocks and computes its tokens again later
+# ([docs](https://docs.vllm.ai/en/latest/configuration/optimization/#preemption); notebook 08). What
+# engines move to host memory is K/V kept for *reuse*: idle prefix blocks that come back, once, when
+# a later request's prefix matches them. vLLM does this through KV connectors such as
 # [LMCache](https://docs.lmcache.ai/), SGLang through
 # [HiCache](https://docs.sglang.io/advanced_features/hicache_design.html), a host-memory tier under
-# its prefix cache. For long documents asked about again and again, that is a standard lever.
-# kvlab streams every running sequence's history each step on purpose, to make the traffic visible.
+# its prefix cache. For long documents asked about again and again, that is a standard lever. kvlab
+# streams every running sequence's history each step on purpose, to make the traffic visible.
 
 # %% [markdown]
 # ### Going deeper: offloading under load
 #
 # A server runs many sequences in every step, and kvlab's offloaded pool then carries the history of
-# *every* sequence in the batch across the link, each step (the traffic engines avoid, as said
-# above). How much changes from step to step as long sequences join and leave, so the wait for your
-# next token depends on the company your sequence keeps. Offloading should add variance, not only
-# latency. Does it?
+# *every* sequence in the batch across the link, each step (the traffic latency-oriented engines
+# avoid, as said above). How much changes from step to step as long sequences join and leave, so the
+# wait for your next token depends on the company your sequence keeps. Offloading should add
+# variance, not only latency. Does it?
 #
 # `kvlab.cache.paged_offloaded.OffloadedPagedKVCache` keeps the serving engine's pool of KV blocks in
 # a slower tier and holds on the device one layer's working pool. In every layer of every step it
@@ -359,9 +361,7 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 #
 # Try `offload_under_load(max_seqs=8)` (more company per step: what happens to the spread?) and
 # `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?). Behind
-# this section: `kvlab.cache.paged_offloaded`, `kvlab.serving.offloaded_executor`,
-# `kvlab.lessons.l03_cache_strategies.offload_load`; tests in `tests/test_paged_offloaded.py` and
-# `tests/test_offload_load.py`.
+# this section: `kvlab.cache.paged_offloaded` and `kvlab.lessons.l03_cache_strategies.offload_load`.
 
 # %% [markdown]
 # ## Going deeper: the same strategies in transformers
@@ -447,7 +447,7 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # ### Try it
 #
 # - At 2 bits, set **residual window** to 32. Which distance bucket recovers, and why that one?
-# - At 2 bits, set **group size** to 8. Predict the memory it adds; how many answers does it buy back?
+# - At 2 bits, set **group size** to 8 (its memory is exercise 1). How many answers does it buy back?
 # - Set the **slow link** to each rate. Predict the step time first: dynamic's step + bytes / rate.
 #
 # <details><summary>Going deeper: more to try</summary>
@@ -465,18 +465,19 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # - `dynamic`, `static` and `offloaded` keep exact numbers and give the same tokens; they differ in
 #   where the bytes live and when they are allocated.
 # - `static` reserves its maximum up front: bytes held empty at short contexts, for shapes that never change.
-# - `quantized` takes bits/32 of an fp32 cache plus a scale and zero-point per group. It pays in time
-#   every step and in answers as bits fall.
+# - `quantized` takes bits/32 of an fp32 cache plus a scale and zero-point per group. It pays in
+#   answers as bits fall. Here, and in transformers, the history is dequantized before attention,
+#   so it also pays in time every step. An engine whose attention kernel reads 8-bit values directly
+#   skips that copy ([vLLM](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)),
+#   and where decode waits on memory, fewer bytes can even make its step faster.
 # - `offloaded` keeps little on the device but moves the whole history every step; behind a slow
 #   link that time is in every token.
 # - Name the constraint that binds for your workload, then measure it, outputs included.
 #
 # <details><summary>Going deeper: the code behind this notebook</summary>
 #
-# `kvlab.lessons.l03_cache_strategies` (`strategies.run_strategies`, `cache_accuracy`, `static_compile`,
-# `figures_strategies`, `panel_strategies`, the claims in `claims`), `kvlab.quality`, `kvlab.cache.offloaded`
-# (the slow link); tests in `tests/test_experiments_strategies.py`, `tests/test_quality.py`,
-# `tests/test_plots_strategies.py`, `tests/test_cache_offloaded.py` and `tests/test_claims_03.py`.
+# `kvlab.lessons.l03_cache_strategies` (experiments, figures, panels, claims), `kvlab.quality` and
+# `kvlab.cache.offloaded` (the slow link), each with its tests under `tests/`.
 #
 # </details>
 

@@ -23,7 +23,7 @@
 # | clock | answers | leaves out |
 # |---|---|---|
 # | **TTFT**, time to first token | when does the answer start? | how long the rest takes |
-# | **TPOT**, time per output token = (E2E − TTFT) / (n − 1) | does the text flow steadily? | the wait before it started |
+# | **TPOT**, time per output token = (E2E − TTFT) / (n − 1) | how fast does the text flow, on average? | the wait before it started, and the longest pause between tokens |
 # | **E2E**, end to end | when is the whole answer there? | how much is just a long answer |
 # | **throughput**, output tokens per second of the service | how much work gets done? | what any one person waited |
 #
@@ -67,7 +67,8 @@ verdicts(result, "watched_ttft_is_mostly_queue")
 
 # %% [markdown]
 # Then one token per step (blue ticks) until the last (■). The lower panel shows the gaps between
-# tokens; their mean is TPOT. A gap grows when the step also carries other requests' work. Who was
+# tokens; their mean is TPOT, but only the gaps themselves (their p95, the largest) show whether the
+# text flowed steadily. A gap grows when the step also carries other requests' work. Who was
 # our request waiting behind? One row per request:
 
 # %%

@@ -59,7 +59,7 @@ def test_the_right_option_is_not_predictably_the_longest():
 # Each numeric exercise's answer as its solution text states it, with the words that state it.
 STATED = {
     "check_work_ratio": [(1.63, "about 1.63"), (1.6, "about 1.63")],
-    "check_quantized_memory_ratio": [(0.1875, "0.1875"), (0.19, "0.1875")],
+    "check_quantized_memory_ratio": [(0.3125, "0.3125"), (0.31, "0.3125")],
     "check_step_cost_clocks": [((1.61, 2.07), "1.61"), ((1.610, 2.070), "2.07")],
     "check_prefill_and_decode": [((32, 1), "answer = (32, 1)")],
     "check_kv_bytes": [(1_073_741_824, "1,073,741,824"), (2 ** 30, "1 GiB")],
@@ -140,5 +140,5 @@ def test_a_mistake_inside_the_tolerance_is_caught_when_the_exercise_is_written()
 
 
 def test_a_rounded_mistake_still_gets_its_own_explanation():
-    feedback = EXERCISES["check_quantized_memory_ratio"].check(0.156)  # 5/32: the zero-point forgotten
+    feedback = EXERCISES["check_quantized_memory_ratio"].check(0.19)  # 2/32 + 1/8 = 0.1875: the zero-point forgotten
     assert not feedback.correct and "zero-point" in feedback.message

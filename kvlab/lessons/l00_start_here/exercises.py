@@ -43,14 +43,15 @@ check_comparing_machines = multiple_choice(
     stem="""Your neighbour runs the same panel with the same settings, and every step takes half as long as
 yours. What explains it?""",
     options={
-        "a": ("one of you has a bug: the same code and settings give the same times;",
-              "a bug would change the tokens, not only the time. Same settings, same tokens, different machine: "
-              "different time is expected."),
+        "a": ("yours still included warming up: a first generation is slow, and that slowness then ends up in "
+              "each step;",
+              "the panel warms the model up before it times anything, and each step keeps its fastest of three "
+              "runs. Warming up would show in a few early steps, not make every step take twice as long."),
         "b": ("the same work done faster: the same settings give the same tokens, and the seconds belong to "
               "the machine;", None),
-        "c": ("their run did less work: a faster machine gets fewer tokens per step;",
-              "the tokens each step processes are set by the prompt and the cache, not by the machine: the "
-              "`tokens_processed` column is the same on both. The same work took less time on their machine."),
+        "c": ("noise: two timed runs never agree exactly, and the next pair of runs could well turn the order around;",
+              "noise moves single steps up and down; it does not halve every step of three runs that each keep "
+              "their fastest time. A steady factor of two, with the same tokens, is two machines."),
         "d": ("their times come from a virtual clock, which prices each step instead of timing it.",
               "this panel times the real model on each machine's wall clock. A virtual clock (the serving "
               "notebooks) would give both of you the same times, not times half as long."),

@@ -97,19 +97,21 @@ def check_sequences_that_fit(answer: Any) -> Feedback:
 check_what_the_cache_keeps = multiple_choice(
     "02_kv_cache.ipynb", "check_what_the_cache_keeps",
     title='what the cache keeps',
-    stem="""Two users send exactly the same prompt, one after the other, to a server that uses a KV cache.
-What does the first request's KV cache do for the second?""",
+    stem="""Two users send exactly the same prompt, one after the other, to a server whose only cache is the KV
+cache of each running request (no prefix caching, notebook 08). What does the first request's KV cache
+do for the second?""",
     options={
-        "a": ("nothing by itself: it held the keys and values of the first generation only, and was freed when that "
-              "ended;", None),
-        "b": ("the second user gets the stored answer back without the model running, because the cache keeps "
-              "finished answers;",
-              "a KV cache is not a cache of answers: it holds the keys and values of one ongoing generation "
-              "and is freed when that generation ends. Nothing returns a stored answer."),
-        "c": ("the second answer comes out the same as the first, because the cache stores the sampled tokens and "
-              "the second generation reads them back.",
+        "a": ("nothing: the first request's keys and values were freed when its own generation ended;", None),
+        "b": ("its answer comes back at once: the server finds the same prompt in the cache and skips the model;",
+              "a KV cache holds the keys and values of one ongoing generation, not answers, and nothing on this "
+              "server looks prompts up. Every answer is generated token by token."),
+        "c": ("the same answer comes back: the cache stores the sampled tokens, and the second run reads them;",
               "the cache holds keys and values, not the sampled tokens, and it was freed when the first generation "
               "ended; with sampling the second answer can differ, and it is generated token by token either way."),
+        "d": ("the second one decodes faster: its attention reads keys and values the first one stored.",
+              "the second request computes its own keys and values from its own prompt: the first request's were "
+              "freed when it ended. Keeping them for later requests is prefix caching (notebook 08), which this "
+              "server does not do."),
     },
     correct="a",
     confirm="the KV cache is the working memory of one generation. A server with prefix caching "

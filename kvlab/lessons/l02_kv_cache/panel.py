@@ -65,7 +65,8 @@ def calculator_sentence(table: pd.DataFrame, context: int, batch: int, precision
             f"{row['kv_gib']:,.2f} GiB of KV cache ({kib_per_token:,.0f} KiB per token) + "
             f"{row['weights_gib']:,.1f} GiB of fp16 weights = {row['total_gib']:,.1f} GiB: "
             f"{'fits' if row['fits'] else 'does NOT fit'} in {row['gpu_gib']:g} GiB. "
-            f"At most {row['max_batch']:,} sequences of {context:,} tokens fit beside the weights.")
+            f"At most {row['max_batch']:,} sequences of {context:,} tokens fit beside the weights (an upper "
+            "bound: a real server also needs memory for activations and keeps some back).")
     if row["over_model_context"]:
         text += " (Longer than the model was trained for; the formula still tells the cost.)"
     return text

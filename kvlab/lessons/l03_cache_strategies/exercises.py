@@ -7,39 +7,43 @@ from ...cache.base import kv_cache_bytes
 from ..common.exercises import Feedback, check_number, exercise, multiple_choice
 
 
-@exercise("03_cache_strategies.ipynb", solution=4 / 32 + 2 / 32, wrong=4 / 32,
-          title='the price of a 4-bit cache',
-          question="""A quantized cache stores 4-bit codes in groups of 32 numbers, each group with an fp32 scale and
-an fp32 zero-point, and no full-precision window (`residual=0`). What fraction of the plain fp32
-cache's bytes does it take? Answer with a fraction (0.5 means half), then compare it with the
-"× dynamic" column of the panel's table.""",
+@exercise("03_cache_strategies.ipynb", solution=2 / 32 + 2 / 8, wrong=2 / 32 + 2 / 32,
+          title='the price of small groups',
+          question="""A quantized cache stores **2-bit** codes in groups of **8** numbers, each group with an fp32 scale
+and an fp32 zero-point, and no full-precision window (`residual=0`). What fraction of the plain fp32
+cache's bytes does it take? Answer with a fraction (0.5 means half), then set the panel to 2 bits and
+group size 8 and compare with its "× dynamic" column.""",
           code="""answer = None   # a fraction, e.g. 0.5
 check_quantized_memory_ratio(answer)""",
           explanation="""```python
-answer = 4 / 32 + 2 / 32   # codes: 4 of 32 bits; scale + zero-point: 2 x 32 bits shared by 32 numbers
+answer = 2 / 32 + 2 / 8   # codes: 2 of 32 bits; scale + zero-point: 2 x 32 bits shared by 8 numbers
 ```
-0.1875, not 0.125: with groups of 32 the scales and zero-points cost half as much as the codes.
-Smaller groups follow the data more closely and cost more; `ideal_memory_ratio` in
-`kvlab.lessons.l03_cache_strategies.strategies` computes it for any setting.""")
+0.3125: more than the 4-bit cache with groups of 32 takes. With groups of 8 the scales and
+zero-points cost four times as much as the 2-bit codes. Smaller groups follow the data more closely
+and cost more; `ideal_memory_ratio` in `kvlab.lessons.l03_cache_strategies.strategies` computes it
+for any setting.""")
 def check_quantized_memory_ratio(answer: Any) -> Feedback:
-    """4-bit codes, groups of 32 values, fp32 scale and zero-point, residual 0: bytes as a fraction of fp32's."""
+    """2-bit codes, groups of 8 values, fp32 scale and zero-point, residual 0: bytes as a fraction of fp32's."""
     from .strategies import ideal_memory_ratio
 
-    setting = {"cache": "quantized", "bits": 4, "group_size": 32, "residual": 0}
+    setting = {"cache": "quantized", "bits": 2, "group_size": 8, "residual": 0}
     expected = ideal_memory_ratio(setting, head_dim=32, tokens=1000, element_bytes=4)
     return check_number(
-        answer, expected, what="the 4-bit cache's size as a fraction of the fp32 cache's", rel=1e-3,
-        digits=2,  # 0.1875 rounded as the panel's table shows it, 0.19, is right; 0.156 (no zero-point) is not
-        mistakes=[(4 / 32, "that counts only the 4-bit codes. Each group of 32 values also stores a scale and a "
+        answer, expected, what="the 2-bit, group-8 cache's size as a fraction of the fp32 cache's", rel=1e-3,
+        digits=2,  # 0.3125 rounded as the table shows it, 0.31, is right; 0.1875 (no zero-point) is not
+        mistakes=[(2 / 32, "that counts only the 2-bit codes. Each group of 8 values also stores a scale and a "
                            "zero-point in fp32 (4 bytes each) to turn the codes back into numbers."),
-                  (4 / 32 + 1 / 32, "you counted the scale but not the zero-point: asymmetric quantization stores "
-                                    "both for every group."),
+                  (2 / 32 + 1 / 8, "you counted the scale but not the zero-point: asymmetric quantization stores "
+                                   "both for every group."),
+                  (2 / 32 + 2 / 32, "that is the price with groups of 32. Here a scale and a zero-point are shared "
+                                    "by only 8 numbers."),
                   (100 * expected, "that is a percentage; answer with a fraction (0.5 means half)."),
                   (1 / expected, "that is how many times smaller it is; the question asks for the fraction.")],
         hint="per value: bits / 32 for the code, plus (2 × 32 bits) / (group_size × 32 bits) for the scale and "
              "zero-point shared by its group.",
-        confirm=f"4/32 + 2/32 = {expected:g}: the scales and zero-points cost half as much as the codes "
-                "themselves. Compare with the ideal and measured ratios in the panel's table.")
+        confirm=f"2/32 + 2/8 = {expected:g}: the scales and zero-points cost four times as much as the codes, and "
+                "the whole takes more than the 4-bit cache with groups of 32. Smaller groups buy accuracy with "
+                "bytes.")
 
 
 @exercise("03_cache_strategies.ipynb", solution=(133 + 1) * 2 * 4 * 2 * 32 * 4, wrong=133 * 2 * 4 * 2 * 32 * 4,
@@ -93,7 +97,7 @@ at 6 conversations while its compute is mostly idle. Which of these fits this wo
               "A static cache frees no byte, but it breaks no requirement either, and its fixed shapes allow a "
               "compiled step."),
         "d": ("this notebook's offloaded cache, because it streams each conversation's history over the host link "
-              "every step;", None),
+              "every step.", None),
     },
     correct="d", wrong_example="a",
     confirm="streaming every running conversation's 30,000-token history over the host link at every step makes "
