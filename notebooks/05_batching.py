@@ -25,7 +25,7 @@
 # - **Continuous batching**: rebuild the batch at **every step**. When a sequence finishes, its slot
 #   goes to the next waiting request at the next step. This is the iteration-level scheduling of
 #   [Orca (OSDI '22)](https://www.usenix.org/conference/osdi22/presentation/yu), used by
-#   [vLLM](https://docs.vllm.ai/en/v0.6.4/index.html) and by transformers'
+#   [vLLM](https://github.com/vllm-project/vllm/blob/main/README.md) and by transformers'
 #   [`generate_batch`](https://huggingface.co/docs/transformers/main/continuous_batching).
 #
 # When every request asks for the same number of tokens, the two rules do the same thing. Real
@@ -58,7 +58,7 @@ steps_guess
 # %%
 from kvlab.lessons.l05_batching.panel import batching_panel, static_over_continuous_steps
 
-panel = batching_panel(model)
+panel = batching_panel(model).folded_until(steps_guess)  # its table and charts answer the prediction
 panel
 
 # %%
@@ -95,7 +95,8 @@ plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 # Fewer steps for the same tokens should mean more tokens per second, but on a shared machine every
 # timing jitters. So the cell below serves both length mixes under both policies three times, in
 # paired rounds: each round runs the two policies back to back. With equal lengths both policies run
-# the same schedule, so their gap in a round is the machine's noise in that round.
+# the same schedule, so their gap in a round is the machine's noise in that round. With 12 requests a
+# run's p95 is about its slowest request.
 
 # %%
 from kvlab.lessons.l05_batching.batching import batching_table, policy_rounds, rounds_summary
@@ -153,7 +154,8 @@ verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_leng
 
 # %% [markdown]
 # Your rule next to the engine's own on the checker's requests (exact step costs, virtual clock).
-# A rule that broke a limit has no row: the checker above says where.
+# A rule that broke a limit has no row: the checker above says where. With so few requests (`n`), a
+# p95 is close to the slowest one.
 
 # %%
 from kvlab.lessons.l05_batching.admission import admission_run, clocks_table
@@ -166,7 +168,8 @@ clocks_table([builtin_run] + ([my_run] if my_run is not None else []))
 # ## The "wait for a fuller batch" knob
 #
 # A static server can wait a little before starting a batch, hoping more requests arrive to fill it
-# (`batch_wait_s`). Here twelve requests trickle in, twelve per second, and a batch may hold six.
+# (`batch_wait_s`). Here twelve requests trickle in, twelve per second, and a batch may hold six
+# (so a p95 is about the slowest of them).
 
 # %%
 from kvlab.lessons.l05_batching.batching import batch_wait_runs
@@ -219,8 +222,10 @@ plot_gantts(frame, frame.attrs["steps"])
 # ## Why batching works
 #
 # A decode step pays some costs once, whatever its batch: starting every small operation, and
-# reading every weight. Extra sequences share them. The section below times one step at batch sizes
-# from 1 to 64 and says which shared cost dominates on your machine.
+# reading every weight. Extra sequences share them. A large model reads its weights from main memory
+# at every step; this one's are small enough to stay in the processor's cache, so here the shared cost is mostly
+# starting each operation. The section below times one step at batch sizes from 1 to 64 and says
+# which shared cost dominates on your machine.
 
 # %% [markdown]
 # ### Going deeper: why batching works, measured
@@ -237,13 +242,15 @@ plot_gantts(frame, frame.attrs["steps"])
 # tables times the weight products alone. A 7-billion-parameter model in 16 bits streams two bytes per
 # weight, every weight, every step: milliseconds even on a GPU, while engines such as vLLM remove most launch
 # overhead by replaying
-# [CUDA graphs](https://docs.vllm.ai/en/v0.6.4/index.html): there the weight read is what batching
-# shares, the textbook "memory-bound decode".
+# [CUDA graphs](https://docs.vllm.ai/en/latest/design/cuda_graphs/) (on a GPU): there the weight read is what
+# batching shares, the textbook "memory-bound decode".
 #
 # The cell also measures two limits of your machine, each giving a floor no step can beat:
 #
-# - **memory floor** = bytes a step reads / bandwidth (a matrix-vector product's speed). It is flat:
-#   the weights are read once, whatever the batch;
+# - **memory floor** = bytes a step reads / main memory's bandwidth (a matrix-vector product over a
+#   matrix too big for any cache). It is flat: the weights are read once, whatever the batch.
+#   It is the floor of a model too big for the cache; this model's weights stay in the cache, which
+#   reads faster, so its steps could in principle go below it;
 # - **compute floor** = (a multiply and an add) × weights × batch / arithmetic speed (a large matrix
 #   product's). It rises with the batch.
 #
@@ -255,7 +262,8 @@ from kvlab.lessons.l05_batching.figures_batch_scaling import plot_batch_scaling
 
 scaling = batch_scaling(model, batch_sizes=(1, 2, 4, 8, 16, 32, 64), repeats=5)
 m = scaling.machine
-print(f"this machine, {m['threads']} thread(s): memory {m['bandwidth_GBps']:.1f} GB/s (matrix-vector), "
+print(f"this machine, {m['threads']} thread(s) (the serving lessons run one: on a shared machine a step split "
+      f"over several cores waits for the slowest): main memory {m['bandwidth_GBps']:.1f} GB/s (matrix-vector), "
       f"arithmetic {m['matmul_GFLOPs']:.0f} GFLOP/s (matrix product)")
 display(scaling.decode[["batch", "n", "step_s", "per_seq_s", "achieved_GBps", "memory_floor_s",
                         "compute_floor_s"]].round(5))
@@ -284,7 +292,7 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # on a data-centre GPU, whose 16-bit tensor cores do hundreds of operations per byte of memory read
 # ([H100 specifications](https://www.nvidia.com/en-us/data-center/h100/)), that lies at hundreds of
 # tokens per step, which is why engines batch prompt and decode tokens together
-# ([chunked prefill in vLLM](https://docs.vllm.ai/en/v0.6.4/index.html)).
+# ([chunked prefill in vLLM](https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill)).
 #
 # Top right: each sequence's share of a step falls as the batch grows. Bottom left: bytes read per
 # second of step, beside the bandwidth test: a small model's one-sequence step sits well above the

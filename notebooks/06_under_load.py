@@ -10,8 +10,8 @@
 # %% [markdown]
 # ## What you will be able to do
 #
-# - read a service curve and find its **knee**, the highest load the service keeps up with;
-# - say why long prompts bend the curve at a lower load than short chats;
+# - read a service curve and its **capacity at a TTFT target**;
+# - say why long prompts reach it at a lower load than short chats;
 # - explain "more throughput, later first token" with two real scheduling rules, and why it shows
 #   only past capacity.
 
@@ -19,9 +19,9 @@
 # ## Why a simulator
 #
 # A curve needs many loads with hundreds of requests each: hours of real serving. The simulator runs
-# the same engine, but predicts each step's time from a cost model fitted on the authors' machine,
-# so every laptop prints the same numbers in seconds. How it compares with the real model on your
-# machine is in a folded section below.
+# the same engine but predicts each step's time from a cost model of llama-30m, fitted on the
+# authors' 2-core machine while it was busy: every laptop prints the same numbers in seconds. A
+# folded section below prints that load and checks a fresh llama-3m fit against your machine.
 
 # %% [markdown]
 # ## The service curve of each kind of traffic
@@ -31,18 +31,19 @@
 # is refused.
 #
 # Short chats send prompts of 16 to 64 tokens and get 8 to 32 back. Long prompts (a document to
-# summarise) send 256 to 512 tokens and get the same short answers. A curve's **knee** is the highest
-# load it keeps up with: at least 0.9 of the offered requests per second served, and the p95 time to
-# first token (TTFT) within the target (`ttft_s=2.0` here).
+# summarise) send 256 to 512 tokens and get the same short answers. A curve's **capacity at the TTFT
+# target** (marked *knee* in the figure and tables) is the highest load tested that it keeps up with:
+# at least 0.9 of the offered requests per second served, and the p95 time to first token (TTFT)
+# within the target (`ttft_s=2.0` here): known to one step of the grid of loads.
 #
-# Predict before you run it: at what fraction of the short chats' knee will the long prompts' knee be?
+# Predict before you run it: at what fraction of the short chats' capacity will the long prompts' be?
 
 # %%
 # %matplotlib inline
 from kvlab.lessons.common.predict import predict
 
-guess = predict("The long prompts' knee, as a fraction of the short chats' knee (in requests per second)?",
-                unit="×")
+guess = predict("The long prompts' capacity at the TTFT target, as a fraction of the short chats' (in requests "
+                "per second)?", unit="×")
 guess
 
 # %%
@@ -58,7 +59,7 @@ verdicts(curves, "simulator_much_faster_than_real_time", fold=True)
 # NBVAL_CHECK_OUTPUT
 from kvlab.lessons.l06_under_load.load import knee_ratio
 
-guess.against(curves, knee_ratio)
+guess.against(curves, knee_ratio, what="on this grid (its steps in the line below) the ratio is")
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -66,9 +67,9 @@ verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusal
          after=guess)
 
 # %% [markdown]
-# **Reading the curves.** Top left: the slowest first tokens (thick lines, p95) do not wait for the
-# knee. They climb as batches fill, up to the target that marks the knee; past it requests queue,
-# and even the median (thin lines) climbs steeply. Bottom left: achieved throughput follows the
+# **Reading the curves.** Top left: the slowest first tokens (thick lines, p95) climb as batches
+# fill, before the knee, up to the target that marks it; past it requests queue, and even the median
+# (thin lines) climbs steeply. Bottom left: achieved throughput follows the
 # offered load (dashed diagonal), then flattens: capacity. Bottom right: a full queue refuses new
 # requests, which bounds the wait of those served. A long prompt is many times a short chat's work
 # before its first token, so far fewer fit per second. The knees:
@@ -110,10 +111,11 @@ print(f"measured on the authors' machine: {env['cpu']}, {env['cpu_count']} cores
 
 # %% [markdown]
 # A cost model predicts the machine it was measured on. So the next cell calibrates one **here**, for
-# the small model of the serving lessons (3M parameters; `budget_s=3` keeps the timing short), then
-# serves the same requests at three loads (0.3, 0.7 and 1.2 times its estimated capacity) twice: with
-# the real model on the wall clock, and in the simulator. Solid lines are measured, dashed ones
-# simulated.
+# llama-3m, the small model of the serving lessons (not the llama-30m fit behind the curves above;
+# `budget_s=3` keeps the timing short), then serves the same 30 requests at three loads (0.3, 0.7 and
+# 1.2 times its estimated capacity) twice: with the real model on the wall clock, and in the
+# simulator. At 1.2 times, the 30 requests are a burst a fraction of a second long, not a sustained
+# overload. Solid lines are measured, dashed ones simulated.
 
 # %%
 from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
@@ -138,7 +140,8 @@ verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_
 
 # %% [markdown]
 # Throughput is compared at the highest load only: below capacity both runs replay the same
-# arrivals and serve what arrives, whatever the cost model says. What a simulator calibrated on the
+# arrivals and serve what arrives, whatever the cost model says; at the top, the engine's speed
+# decides how soon the burst is done. What a simulator calibrated on the
 # same machine usually gets right is the **shape**: the typical request waits longer as the load
 # grows, in both (the last line checks the medians level by level, not the tails: with 30 requests
 # a p95 rests on the slowest two). Where the two are off, look for what the simulator leaves out:
@@ -206,21 +209,20 @@ result.show()
 # %% [markdown]
 # ## More throughput, later first token
 #
-# Same requests, same load, two real scheduling rules of the engine:
+# Same requests, same load, two real scheduling rules of the engine. Both run up to 64 sequences at
+# once (not 16 as above) and compute at most 64 tokens per step, prompts cut into chunks to fit:
 #
-# - **A, prefill first**: whenever a prompt is waiting, the next step is spent on prompts, and the
-#   running answers pause. This was vLLM's default rule before chunked prefill
-#   (<a href="https://github.com/vllm-project/vllm/blob/2f275d2dce3a220dad5a080742992f15dd8cf243/docs/source/models/performance.rst">its
-#   docs</a>).
-# - **B, decode first**, with a budget of 64 tokens per step: every running answer gets its next
-#   token each step, and prompts share what is left. This is stall-free batching
-#   (<a href="https://arxiv.org/abs/2403.02310">Sarathi-Serve, §4</a>); vLLM V1 schedules this way,
-#   with chunked prefill on by default wherever it can be
-#   (<a href="https://docs.vllm.ai/en/stable/configuration/optimization.html#chunked-prefill">its docs</a>).
+# - **A, prefill first** with a 64-token chunk budget: whenever a prompt is waiting, the next step
+#   is spent on prompt chunks, and the running answers pause.
+# - **B, decode first**: every running answer gets its next token each step, and prompts share what
+#   is left of the 64 tokens. This is stall-free batching
+#   (<a href="https://arxiv.org/abs/2403.02310">Sarathi-Serve, §4</a>); vLLM V1 schedules this way: its
+#   guide says chunked prefill is "always enabled by default" in V1, with decodes scheduled first
+#   (<a href="https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill">optimization guide</a>).
 #
 # Long documents in, short answers out, for one minute, at two loads. **Overloaded**: the lowest
-# load A alone no longer keeps up with. **Below capacity**: half of that. Each rule is read on output
-# tokens per second, TTFT, and time per output token (TPOT), an answer's pace once started.
+# load A alone no longer keeps up with. **Below capacity**: half of that. Read output tokens per
+# second, TTFT, and time per output token (TPOT), an answer's pace once started.
 
 # %%
 from kvlab.lessons.l06_under_load.figures import plot_ab_example
@@ -238,11 +240,14 @@ verdicts(ab, "ab_below_capacity_both_keep_up", "ab_overloaded_more_throughput_la
          "ab_overloaded_prefill_first_streams_slower")
 
 # %% [markdown]
-# Below capacity both rules keep up. Overloaded they part. B keeps every answer moving, and each of
+# <!-- kvlab:exercise check_ab_reading -->
+
+# %% [markdown]
+# Overloaded, the rules part. B keeps every answer moving, and each of
 # its steps carries prompt work *and* decodes, so a step's fixed cost is shared: it finishes more
 # answers in the minute, and they stream steadily. But B computes a new prompt only from what each
-# step leaves after the running answers, so its first token comes later. A runs a waiting prompt at
-# once, so its first token comes sooner; each of its prompt-only steps pauses every answer in
+# step leaves after the running answers, so its first token comes later. A computes a waiting prompt
+# at once, 64 tokens a step, so its first token comes sooner; each of its prompt-only steps pauses every answer in
 # progress, so its answers crawl. Neither rule is "faster": they win on different clocks, and only
 # once requests have to wait.
 
@@ -280,15 +285,13 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 # <!-- kvlab:exercise check_knee -->
 
 # %% [markdown]
-# <!-- kvlab:exercise check_ab_reading -->
-
-# %% [markdown]
 # ## Summary
 #
 # - A **service curve** gives, per offered load, the clocks with their sample sizes, achieved vs
-#   offered throughput and the refusals. Its **knee** is the highest load that still keeps up.
-# - Slow first tokens climb before the knee; past it, everyone waits.
-# - Long prompts reach the knee at a fraction of the request rate of short chats.
+#   offered throughput and the refusals. Its **capacity at a TTFT target** (the knee) is the highest
+#   load tested that still keeps up, known to one grid step.
+# - Slow first tokens climb before that load; past it, everyone waits.
+# - Long prompts reach it at a fraction of the request rate of short chats.
 # - Past capacity, a rule can finish more and stream faster while starting answers later
 #   (decode first vs prefill first). Compare services on every clock, counting the requests
 #   refused or unfinished, before naming a winner.

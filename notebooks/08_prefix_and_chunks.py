@@ -229,7 +229,8 @@ verdicts(on_off, "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_
 # - Mooncake: [`FAST25-release/traces/`](https://github.com/kvcache-ai/Mooncake/tree/main/FAST25-release/traces)
 #   (`conversation_trace.jsonl`, `synthetic_trace.jsonl`). Its
 #   [README](https://github.com/kvcache-ai/Mooncake/blob/main/FAST25-release/README.md) reports cache hit
-#   ratios of up to about half. The sample's ideal sits higher because multi-turn history dominates it.
+#   ratios of up to about half. The sample's ideal sits higher because shared system and tool prompts,
+#   resent by every turn, dominate it.
 # - Azure: the [2023 LLM inference traces](https://github.com/Azure/AzurePublicDataset/blob/master/AzureLLMInferenceDataset2023.md)
 #   (`TIMESTAMP`, `ContextTokens`, `GeneratedTokens`) hold arrivals and lengths but no prefixes: kvlab
 #   gives their prompts random tokens, so their hit ratio is zero. Use them for load, not caching.

@@ -68,13 +68,13 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # answered or not, as real users do. Each clock starts at the *scheduled* arrival, so a client that
 # falls behind cannot hide a wait (`send_delay_s` says how far behind it fell). A token is stamped when
 # its event is read from the socket. Every request asks for `ignore_eos`, so it writes exactly its
-# `max_tokens`. 20 short requests at 16 per second:
+# `max_tokens`. 20 short requests at 16 per second (too few for a p99: it is left out):
 
 # %%
 from kvlab.lessons.l09_measure_a_real_server.wire import accounting, measure_at_client
 
 result = measure_at_client(srv.url, num_requests=20, rate=16)
-result.summary().latency_frame()   # seconds; n = completed requests behind each quantile
+result.summary().latency_frame().drop(columns="p99")   # seconds; n = completed requests behind each quantile
 
 # %% [markdown]
 # First count, then time: is every request accounted for, and do the tokens asked for, reported in
@@ -189,9 +189,8 @@ verdicts(curve.frame, "full_queue_turns_requests_away", "wait_grows_past_capacit
 # %% [markdown]
 # **Reading the figure.** Left: achieved against offered load; on the dashed diagonal the server keeps
 # up. The labels count completed requests, and rejected ones in red. Right: TTFT and E2E of the
-# completed requests. A rejected request has no TTFT at all: under overload the quantiles describe the
-# requests that got in, so the counts (`n`) go next to them. *client late* is how far the load
-# generator fell behind its schedule; if it grows large, the client is the bottleneck.
+# completed requests, with their counts (`n`). *client late* is how far the load generator fell behind
+# its schedule; if it grows large, the client is the bottleneck.
 
 # %% [markdown]
 # ### Going deeper: why the achieved rate is below the offered one
@@ -384,8 +383,8 @@ three.show()
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);
 #   kvlab gathers the blocks into one tensor first (notebook 07).
-# - **Chunked prefill and prefix caching, on by default.** In V1 chunked prefill is always on and decodes
-#   are scheduled first
+# - **Chunked prefill and prefix caching, on by default.** Its guide says chunked prefill is "always
+#   enabled by default" in V1, with decodes scheduled first
 #   (<a href="https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill">optimization guide</a>);
 #   prefix caching is on wherever the model supports it
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/engine/arg_utils.py">arg_utils.py</a>,

@@ -238,8 +238,8 @@ NO_LATER_SLACK, NO_LATER_FLOOR_S = 0.25, 0.001
 @claim(NOTEBOOK, clock="wall",
        says="""
            continuous batching's median first token came after {c:.0f} ms, no later than the static runs'
-           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each) by more than the {slack:.0%} (plus {floor:.0f} ms)
-           that noise moves a median""",
+           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each) by more than a fixed allowance of {slack:.0%} (plus
+           {floor:.0f} ms) for noise""",
        otherwise="""
            a static run's median first token came clearly sooner than continuous batching's. Continuous batching
            starts each request at the next step, so that is the machine: a run slowed by other programs. Run the
@@ -394,8 +394,9 @@ def per_sequence_decode_time_falls_with_batch(result: Any) -> dict:
 @claim(NOTEBOOK, clock="wall",
        says="""
            a one-sequence step read its {mib:.1f} MiB of weights (plus the stored K/V) at {got:.1f} GB/s,
-           {share:.0%} of the {bw:.1f} GB/s this machine's memory delivered in the same run: even one sequence's
-           step is not at the memory floor; the rest is the fixed cost of running each operation""",
+           {share:.0%} of the {bw:.1f} GB/s this machine's main memory delivered in the same run (weights this
+           small can stay in the cache, which is faster still): even one sequence's step is not at the memory floor;
+           the rest is the fixed cost of running each operation""",
        otherwise="""
            the step read its weights faster than the bandwidth measured here. The weights are small enough to stay
            in the processor's cache between steps, which is faster than the main memory the bandwidth test reads

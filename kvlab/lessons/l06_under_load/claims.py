@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
 from .load import DEFAULT_SLO, real_vs_simulated
@@ -48,9 +49,9 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
 # -- the simulator against the real model (wall clock) -----------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
        says="""
-           at the highest load ({rate:g} req/s, set past the estimated capacity, where throughput is what the engine
-           can serve) the real model served {real:.1f} requests/s and the simulator {sim:.1f}: real ÷ simulated
-           {ratio:.2f} (n = {n} requests), within a quarter. The lower loads do not test the simulator: both runs
+           at the highest load ({rate:g} req/s offered, past the estimated capacity: a burst of {n} requests sent in
+           about {span:.2f} s, so the engine's speed decides when they are done) the real model served {real:.1f}
+           requests/s and the simulator {sim:.1f}: real ÷ simulated {ratio:.2f}, within a quarter. The lower loads do not test the simulator: both runs
            replay the same arrivals and serve what arrives (real ÷ simulated {low})""",
        otherwise="""
            the real model served noticeably less (or more) than the simulator predicted where throughput is set by
@@ -68,7 +69,8 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
         raise ValueError(f"the check has {len(t)} load level(s); the claim reads the highest beside the lower ones")
     top = t.iloc[-1]
     return dict(rate=float(top["offered_rps"]), real=float(top["real"]), sim=float(top["simulated"]),
-                ratio=float(top["ratio"]), n=int(top["n_real"]), low=_series(t["ratio"].iloc[:-1]),
+                ratio=float(top["ratio"]), n=int(top["n_real"]), span=int(top["n_real"]) / float(top["offered_rps"]),
+                low=_series(t["ratio"].iloc[:-1]),
                 holds=0.8 <= float(top["ratio"]) <= 1.25)
 
 
@@ -138,6 +140,12 @@ def _knees(curves: pd.DataFrame) -> dict[str, float | None]:
     return out
 
 
+def _grid_steps(curves: pd.DataFrame) -> dict[str, float]:
+    """Each curve's step between tested loads (req/s): a capacity read off the grid is known to one step."""
+    return {p: float(np.median(np.diff(np.sort(c["offered_rps"].to_numpy())))) if len(c) > 1 else float("nan")
+            for p, c in curves.groupby("profile", sort=False)}
+
+
 @claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            the simulator served {levels} levels, {requests} requests in all, in {wall:.1f} s of this machine's
@@ -157,16 +165,16 @@ def simulator_much_faster_than_real_time(curves: Any) -> dict:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           the knees: {knees}; long prompts bend at {prompts:.0%} and long answers at {answers:.0%} of the request
-           rate of short chats""",
+           capacity at the TTFT target (± one grid step): {knees}; long prompts reach it at {prompts:.0%} and long
+           answers at {answers:.0%} of the request rate of short chats""",
        otherwise="""
            long prompts or long answers did not bend at under half the request rate of short chats. With a
            different cost model (another machine's calibration) or scheduler settings the ratio moves: compare the
            knees in the table.""")
 def long_traffic_bends_at_lower_rate(curves: Any) -> dict:
-    knees = _knees(curves)
-    text = "; ".join(f"{PROFILE_WORDS.get(p, p)} {'no knee' if k is None else f'{k:.3g} req/s'}"
-                     for p, k in knees.items())
+    knees, steps = _knees(curves), _grid_steps(curves)
+    text = "; ".join(f"{PROFILE_WORDS.get(p, p)} {'no knee' if k is None else f'{k:.3g} req/s'} "
+                     f"(grid step {steps[p]:.2g})" for p, k in knees.items())
     short, prompts, answers = (knees.get(p) for p in ("short_short", "long_short", "long_gen"))
     if None in (short, prompts, answers):
         return dict(knees=text, prompts=float("nan"), answers=float("nan"), holds=None)

@@ -79,25 +79,26 @@ check_ab_reading = multiple_choice(
     stem="""Overloaded, B (decode first, 64 tokens per step) streamed more output tokens per second than A
 (prefill first), but its p95 time to first token was higher. Why does B's first token come later?""",
     options={
-        "a": ("the gap is noise: run the cell again and the order may reverse;",
-              "the run is in virtual time on a cost model: the same arguments give the same numbers every time "
-              "(a test checks it). The difference comes from the two scheduling rules."),
+        "a": ("each B step carries prompt chunks and decodes together, so every step is slower, and a new "
+              "prompt waits behind those slower steps;",
+              "B's steps are the faster ones for the answers: once started, B produced a token far more often than "
+              "A (the TPOT line). Its first tokens come later because of how each step's 64 tokens are shared out."),
         "b": ("B serves the running answers first: a waiting prompt gets only what is left of each step's 64 "
               "tokens, so it takes many steps;", None),
-        "c": ("B completes fewer requests in the minute, so more of them wait in its queue;",
-              "B completes more requests in the minute, not fewer (its throughput is the higher one). Its first "
-              "tokens come later because of how each step's tokens are shared out, not because of a longer "
-              "queue of unfinished work."),
-        "d": ("B refuses more of the documents when its queue is full, and a refused request counts as a late "
-              "first token.",
-              "neither rule refused a request here (the failed column is 0 for both), and a refused request has no "
-              "first token to count. The delay comes from how each step's tokens are shared out."),
+        "c": ("B keeps more answers running at once, so its KV memory fills and a new prompt waits for blocks "
+              "to be freed;",
+              "B kept far fewer answers running than A when the window closed (the running column), so it held "
+              "less KV memory, not more. The delay comes from how each step's 64 tokens are shared out."),
+        "d": ("B's p95 counts every request sent, while A's counts only the quick ones it completed, which "
+              "flatters A;",
+              "the verdict reads both p95s over every request sent (the same n for A and B), each followed to its "
+              "first token: a fair comparison. The delay comes from how each step's 64 tokens are shared out."),
     },
     correct="b", wrong_example="d",
     confirm="decode first spends each step's 64-token budget on the running answers' next tokens before any "
             "prompt, so a long document's prompt is computed a few tokens per step and its first token comes "
-            "late; prefill first runs a waiting prompt at once and pauses every running answer. The same budget "
-            "buys B its steady streams and its later starts.",
+            "late; prefill first gives a waiting prompt the next steps and pauses every running answer. The "
+            "same budget buys B its steady streams and its later starts.",
     code="""answer = None   # "a", "b", "c" or "d"
 check_ab_reading(answer)""",
     explanation="""```python
@@ -106,7 +107,7 @@ answer = "b"
 Under B every step first carries one token of each running answer, and prompts share what is left
 of the 64-token budget: a long document's prompt is spread over many steps, so its first token
 comes late, while the answers already started never pause. Under A a waiting prompt always gets
-the next step: its first token comes soon, and every running answer pauses meanwhile. (a) the run
-is in virtual time on a cost model: the same numbers every time; (c) B completes more requests in
-the minute, not fewer; (d) neither rule refused a request (the failed column is 0), and a refused
-request has no first token to count.""")
+the next steps: its first token comes soon, and every running answer pauses meanwhile. (a) once
+started, B's answers get a token far more often than A's (TPOT), so its steps are not what holds
+prompts back; (c) B ends the window with far fewer answers running than A, so it holds less KV
+memory, not more; (d) the verdict reads both p95s over every request sent, the same n for A and B.""")

@@ -121,7 +121,9 @@ def knee_ratio(curves: pd.DataFrame, profile: str = "long_short",
 
 # -- the A/B example: higher throughput, later first token ---------------------------------------------
 def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, SchedulerConfig]:
-    """A: prefill-first (vLLM's original rule: a waiting prompt always runs next, decodes pause).
+    """A: prefill-first (a waiting prompt's chunks run next, decodes pause), with the same token budget as B:
+    prompts are chunked to it, so a 256-512-token prompt takes several prompt-only steps (not vLLM V0's
+    whole-prompt prefill, which needed a budget of at least max_model_len).
     B: decode-first with a small token budget per step (stall-free batching, as in Sarathi-Serve:
     every running sequence decodes each step; prompts get only the budget left over)."""
     common = dict(policy="continuous", max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,

@@ -81,8 +81,9 @@ def paging_wastes_only_last_blocks(table: pd.DataFrame) -> dict:
 
 @claim(NOTEBOOK, clock="deterministic",
        says="""
-           for every block size from {smallest} to {largest}, the unfilled tail averages within {dev:.1f} slots of
-           (block_size − 1) / 2 per sequence (blocks of 16: {w16:.1f} slots, rule {r16:.1f})""",
+           for every block size from {smallest} to {largest}, the unfilled tail per sequence averages within 5% of a
+           block (at least 1 slot) of (block_size − 1) / 2: the largest gap is {dev:.2f} slots (blocks of 16:
+           {w16:.1f} slots, rule {r16:.1f})""",
        otherwise="""
            the waste strayed from half a block. The rule assumes lengths fall anywhere within a block; a workload
            whose lengths cluster (say, all multiples of 16) breaks it.""")

@@ -98,8 +98,8 @@ def full_queue_turns_requests_away(curve: Any) -> dict:
 @claim(NOTEBOOK, clock="wall",
        says="""
            TTFT p50 rose from {lo_ms:.1f} ms at {lo:g} req/s (n={n_lo}) to {hi_ms:.1f} ms at {hi:g} req/s
-           (n={n_hi}), {ratio:.1f}× as long, and at no rate in between fell by more than {tie:.0%}, the jitter of
-           two rates below capacity ({levels} ms)""",
+           (n={n_hi}), {ratio:.1f}× as long, and at no rate in between fell by more than a fixed {tie:.0%} allowed
+           for ties (medians by rate: {levels} ms)""",
        otherwise="""
            the wait did not grow clearly, or fell from one rate to the next: the highest rate was still within
            what this machine serves, or the machine's load changed between rates. Add higher rates in the panel,

@@ -138,15 +138,15 @@ check_rejections_and_quantiles = multiple_choice(
 per second." The table shows that a large share of the requests at that rate were rejected
 with 429. What follows?""",
     options={
-        "a": ("The server handles 128 requests per second with a good TTFT; a 429 only tells the client to slow "
-              "down, so they can be left out of the report.",
+        "a": ("The server handles 128 requests per second with a good TTFT; a 429 only asks the client to "
+              "retry, so those requests can be left out of the report.",
               "the server answered only part of that load; the rest got 429 and no answer at all. A report that "
               "leaves them out describes a server that does not exist."),
-        "b": ("The load generator dropped the rejected requests, so they are missing from the counts as well as "
-              "from the quantiles.",
-              "the load generator keeps a record of every request it was asked to send, rejected ones included "
-              "(fail_reason http_429): that is how you could count them."),
-        "c": ("The p90 covers completed requests only; report it with the count of rejected ones.", None),
+        "b": ("The p90 is pulled up by the rejections: sending every 429 takes the server time, which delays "
+              "the requests that got in.",
+              "the server answers 429 at once, when its queue is full: a rejection costs it little. Rejections "
+              "do not pull the p90 up; their absence from it is what flatters it."),
+        "c": ("It is a p90 of the requests that got in: the rejected ones belong beside it, as a count.", None),
         "d": ("A rejected request enters the quantiles with a TTFT of zero, which pulls the p90 down.",
               "a rejected request has no first token, so it has no TTFT at all: it is left out of the quantiles, "
               "not counted as zero. Its absence is what flatters the p90."),
@@ -160,4 +160,6 @@ with 429. What follows?""",
 describes only the requests that got in. The load generator keeps a record of every request (a
 rejection has `fail_reason` `http_429:queue_full`), which is how the counts above could be checked
 against the server's own. To compare loads with one number, count the requests that completed *and*
-met a target (goodput: `result.summary(slo=kvlab.clocks.SLO(ttft_s=0.5))`).""")
+met a target (goodput: `result.summary(slo=kvlab.clocks.SLO(ttft_s=0.5))`). (a) leaves out the
+users who got no answer; (b) a 429 is sent at once and costs the server little; (d) a rejection
+has no TTFT: it is left out of the quantiles, not counted as zero.""")
