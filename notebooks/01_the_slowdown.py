@@ -42,14 +42,17 @@ from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
 
 model = slowdown_model()
 cfg = model.config
-print(f"{cfg.name}: {model.num_parameters() / 1e6:.1f}M parameters, {cfg.num_layers} layers, "
-      f"hidden size {cfg.hidden_size}, {cfg.num_heads} query heads sharing {cfg.num_kv_heads} key/value heads")
+weights_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+print(f"{cfg.name}: {model.num_parameters() / 1e6:.1f}M parameters ({weights_mib:.1f} MiB of weights), "
+      f"{cfg.num_layers} layers, hidden size {cfg.hidden_size}, {cfg.num_heads} query heads sharing "
+      f"{cfg.num_kv_heads} key/value heads")
 
 # %% [markdown]
 # ## The experiment
 #
 # The panel generates the same prompt with each cache, three times, and times every step (each step
-# counts its fastest run: other programs can only add time).
+# counts its fastest run: other programs can only add time), on one thread: a model this small gains
+# little from more.
 #
 # First, predict. Without a cache, the step of a late token (near the end) processes many more
 # tokens than the step of an early one (a tenth of the way in). How many times as long will it take?
@@ -113,10 +116,12 @@ from kvlab.lessons.l01_the_slowdown.slowdown import per_token_costs
 per_token_costs(result.frame)
 
 # %% [markdown]
-# Some of a pass's cost is paid once, however many tokens it holds: every weight is read from
-# memory, every operation is started, Python runs between them. A cached step pays all that for one
-# token; an uncached step shares it among all the tokens of its pass. So a token gets cheaper as the
-# pass grows, and the measured ratio falls short of the work ratio by exactly that.
+# Some of a pass's cost is paid once, however many tokens it holds: every operation is started,
+# Python runs between them, every weight is read. This model's weights (the MiB printed above) stay
+# largely in a CPU's caches, so here the first two dominate; on a large model on a GPU, reading the
+# weights does (notebook 05). A cached step pays all that for
+# one token; an uncached step shares it among all the tokens of its pass. So a token gets cheaper as
+# the pass grows, and the measured ratio falls short of the work ratio mostly by that.
 #
 # "Tokens processed" also undercounts one part: attention compares each token of the pass with
 # every token before it, work that grows with the **square** of the length. Once a pass holds enough
@@ -155,10 +160,11 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost")
 #
 # The cached line looked flat, but over a few hundred tokens only. A cached step computes one new
 # token, yet its attention reads the stored key and value of **every** earlier position, in every
-# layer: `context × 2 × layers × kv_heads × head_dim × bytes_per_element` bytes per step (4 bytes in
-# kvlab's fp32, 2 in fp16 or bf16), the memory formula of notebook 02. The cell below prefills
-# prompts of four lengths, up to nearly the model's whole context, and times a few cached decode
-# steps after each (the fastest of three runs).
+# layer (and kvlab's dynamic cache also copies them into a longer tensor every step):
+# `context × 2 × layers × kv_heads × head_dim × bytes_per_element` bytes per step (4 bytes in
+# kvlab's fp32, 2 in fp16 or bf16), the memory formula of notebook 02. The cell below prefills prompts of four lengths,
+# up to nearly the model's whole context, and times a few cached decode steps after each (the
+# fastest of three runs).
 
 # %%
 from kvlab.lessons.l01_the_slowdown.long_context import context_step_summary, run_context_steps
@@ -168,10 +174,11 @@ display(context_step_summary(long_run).round(3))
 verdicts(long_run, "cached_steps_grow_at_long_context")
 
 # %% [markdown]
-# So "flat" holds at a short context only: with a cache a step costs a fixed part plus a read of the
-# whole history, which grows by one token's K/V with every token written. On a small model on a CPU
-# it takes a long context to show; on a large model serving long contexts the history a step reads
-# can approach the size of the weights. So engines shrink the K/V itself: fewer key/value heads
+# So "flat" holds at a short context only: with a cache a step costs a fixed part plus a read (and,
+# in kvlab's dynamic cache, a copy) of the whole history, which grows by one token's K/V with every
+# token written. On a small model on a CPU it takes a long context to show; on a large model serving
+# long contexts the history a step reads can approach the size of the weights. So engines shrink the
+# K/V itself: fewer key/value heads
 # ([grouped-query attention](https://arxiv.org/abs/2305.13245), as this model has), or an
 # [FP8 KV cache in vLLM](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)
 # (quantized caches: notebook 03).
@@ -209,7 +216,7 @@ verdicts(long_run, "cached_steps_grow_at_long_context")
 #   longer than the last; with a KV cache each step processes one token.
 # - The measured slowdown falls short of the ratio of tokens processed: what a pass pays once is
 #   shared by all its tokens. Attention's work grows with the square of the length, so at long
-#   contexts the uncached steps catch up and overtake it.
+#   contexts the uncached steps can catch up with that ratio and overtake it (not shown at these sizes).
 
 # %% [markdown]
 # <!-- kvlab:navigation -->

@@ -75,8 +75,9 @@ def _robust_sd(x: np.ndarray) -> float:
 @claim(NOTEBOOK, clock="wall",
        says="""
            the gap between the arrivals without and with a cache ({gap_end:.2f} s at token {last}) widened
-           faster as the run went on: an uncached step fell {late_ms:.2f} ms behind a cached one over tokens
-           {mid_next} to {last}, against {early_ms:.2f} ms over tokens 1 to {mid} ({times:.1f}×; a constant
+           faster as the run went on: an uncached step fell on average {late_ms:.2f} ms behind a cached one per
+           step over tokens {mid_next} to {last}, against {early_ms:.2f} ms per step over tokens 1 to {mid}
+           ({times:.1f}×; a constant
            difference per step would give 1×, and this run's step-to-step scatter allows ±{margin:.2f} ms)""",
        otherwise="""
            the uncached steps did not fall further behind the cached ones late in the run than early: the gap
@@ -172,8 +173,8 @@ def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
 @claim(NOTEBOOK, clock="wall",
        says="""
            with a cache, a step at a context of {long} tokens took {ratio:.2f}× a step at {short} tokens
-           ({short_ms:.2f} → {long_ms:.2f} ms): the K/V the step reads grew from {short_mb:.2f} to {long_mb:.2f}
-           MB""",
+           ({short_ms:.2f} → {long_ms:.2f} ms): the K/V a step reads (and, in kvlab's dynamic cache, copies) grew
+           from {short_mb:.2f} to {long_mb:.2f} MB""",
        otherwise="""
            here the cached steps at long context were not clearly slower than at short context. On a GPU a model
            this small waits for Python and kernel launches, and reading a few MB of K/V takes microseconds; on a
