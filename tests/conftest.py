@@ -137,7 +137,8 @@ def colab_twin(tmp_path_factory):
 # A test belongs to lesson NN when it is parametrized with one of NN's things (its notebook file, a claim or an
 # exercise of its notebook), or, failing that, when its module names the lesson's folder (kvlab.lessons.lNN_...,
 # tests/claim_examples/lNN_...) or is test_claims_NN.py. So `pytest -m l06` runs 06's unit tests, its claims and
-# their examples, and its notebook's one execution; a module about several lessons is split by its parameters.
+# their examples, and its notebook's one execution (not the full tier); a module about several lessons is split by
+# its parameters.
 import re as _re
 from pathlib import Path as _Path
 
@@ -171,6 +172,8 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.get_closest_marker("full"):  # `pytest -m l09` is the quick check; the full tier stays `-m full`
+            continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         lessons = {lesson for lesson in map(_lesson_of, params.values()) if lesson}
         if not lessons:
