@@ -1,10 +1,10 @@
 """What a learner reads: a notebook's main path, counted in words against its minutes.
 
-The main path is every markdown cell outside *Going deeper* sections, less what sits inside ``<details>``
-folds, plus the claim lines its run shows unfolded (``verdicts(...)`` outside ``fold=True``). A *Going deeper*
-section is a heading that starts with "Going deeper" and every cell under it up to the next heading of the same
-or a higher level; the notebook builder saves it collapsed (JupyterLab's ``jp-MarkdownHeadingCollapsed``), so a
-learner opens it by choice. ``Lesson.word_budget`` (:mod:`kvlab.course`) is what the main path may hold.
+The main path is every markdown cell less what sits inside ``<details>`` folds, plus the claim lines its run
+shows unfolded (``verdicts(...)`` outside ``fold=True``). A *Going deeper* section is a heading that starts with
+"Going deeper" and every cell under it up to the next heading of the same or a higher level; the notebook builder
+folds its prose into ``<details>`` and saves its heading collapsed (JupyterLab's ``jp-MarkdownHeadingCollapsed``),
+so a learner opens it by choice, and its checks are shown with ``fold=True``. ``Lesson.word_budget`` (:mod:`kvlab.course`) is what the main path may hold.
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class MainPath:
 def main_path(nb: Any) -> MainPath:
     """Count ``nb``'s main path (an executed notebook for its claim lines; a source counts markdown alone)."""
     md = n_claims = claim_words = 0
-    for _, cell in main_path_cells(nb["cells"]):
+    for cell in nb["cells"]:  # a Going deeper section's prose and checks are folded (mark_collapsed, fold=True)
         if cell["cell_type"] == "markdown":
             md += markdown_words(_source(cell))
         else:
@@ -102,10 +102,21 @@ def main_path(nb: Any) -> MainPath:
 
 
 def mark_collapsed(cells: list) -> None:
-    """Save every *Going deeper* heading collapsed (JupyterLab, Notebook 7), every other heading as it is."""
-    for cell in cells:
+    """Fold every *Going deeper* section: its heading saved collapsed (JupyterLab, Notebook 7), and the prose of its
+    markdown cells inside a ``<details>`` (every renderer: Colab, the classic Notebook, nbviewer, GitHub), so only
+    its heading is on the main path. Its code cells stay cells; their claim lines fold with ``fold=True``."""
+    on_path = {i for i, _ in main_path_cells(cells)}
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "markdown" or i in on_path:
+            continue
+        text = _source(cell)
         if deeper_heading(cell) is not None:
             cell.setdefault("metadata", {})[COLLAPSED] = True
+            heading, _, rest = text.partition("\n")
+            if rest.strip() and "<details" not in rest:
+                cell["source"] = f"{heading}\n\n<details><summary>Read on</summary>\n\n{rest.strip()}\n\n</details>"
+        elif "<details" not in text:
+            cell["source"] = f"<details><summary>Going deeper (read on)</summary>\n\n{text.strip()}\n\n</details>"
 
 
 __all__ = ["MainPath", "claim_lines", "deeper_heading", "main_path", "main_path_cells", "mark_collapsed"]

@@ -153,7 +153,7 @@ from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_fit
 slowdown_fit(result.frame)
 
 # %%
-verdicts(result, "uncached_steps_share_a_per_pass_cost")
+verdicts(result, "uncached_steps_share_a_per_pass_cost", fold=True)
 
 # %% [markdown]
 # ### Going deeper: with a cache, at long context
@@ -171,7 +171,7 @@ from kvlab.lessons.l01_the_slowdown.long_context import context_step_summary, ru
 
 long_run = run_context_steps(model)
 display(context_step_summary(long_run).round(3))
-verdicts(long_run, "cached_steps_grow_at_long_context")
+verdicts(long_run, "cached_steps_grow_at_long_context", fold=True)
 
 # %% [markdown]
 # So "flat" holds at a short context only: with a cache a step costs a fixed part plus a read (and,

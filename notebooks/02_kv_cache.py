@@ -129,7 +129,7 @@ memory_result.show()
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(memory_result, "dynamic_memory_follows_the_formula", "static_reserves_the_whole_request",
-         "quantized_saves_past_its_window", "offloaded_keeps_less_on_the_device")
+         "quantized_saves_past_its_window", "offloaded_keeps_less_on_the_device", fold=True)
 
 # %% [markdown]
 # ## A calculator for real models
@@ -188,7 +188,7 @@ if real is not None:
     demo = real_model_demo(real)   # readable text, none vs dynamic per token, cache bytes vs formula
     for name, table in demo.tables().items():
         display(table)
-    display(verdicts(demo, "real_model_cache_is_the_formula", "real_model_is_slower_without_a_cache"))
+    display(verdicts(demo, "real_model_cache_is_the_formula", "real_model_is_slower_without_a_cache", fold=True))
 
 # %% [markdown]
 # ## Try it

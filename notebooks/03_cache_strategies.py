@@ -159,7 +159,7 @@ print(compiled["message"])
 if compiled["status"] == "compiled":
     print(f"same tokens as the dynamic cache (eager and compiled): {compiled['same_tokens']}; "
           f"dynamic cache: {compiled['dynamic_ms']:.2f} ms per step")
-    display(verdicts(compiled, "compiled_step_is_faster"))
+    display(verdicts(compiled, "compiled_step_is_faster", fold=True))
 
 # %% [markdown]
 # ## Quantized: memory saved, time spent (in kvlab), answers lost
@@ -218,7 +218,7 @@ plot_accuracy_by_distance(accuracy)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metrics_miss_lost_answers")
+verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metrics_miss_lost_answers", fold=True)
 
 # %% [markdown]
 # The token measures order the settings, but a handful of prompts cannot vouch for a setting whose
@@ -275,7 +275,7 @@ verdicts(result, "slow_link_time_shows_in_the_step")
 # computes, which hides part of the copy time. The same code runs both ways (`kvlab/cache/offloaded.py`).
 
 # %%
-verdicts(result, "slow_link_cost_grows_with_bytes", "memory_tier_copies_outrun_the_link")
+verdicts(result, "slow_link_cost_grows_with_bytes", "memory_tier_copies_outrun_the_link", fold=True)
 
 # %% [markdown]
 # On a tiny model the history is a few hundred KiB per step. The same count for an 8B Llama-style
@@ -339,7 +339,7 @@ plot_offload_under_load(loaded)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_moves_the_counted_bytes")
+verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_moves_the_counted_bytes", fold=True)
 
 # %% [markdown]
 # The times. Over a real link (a GPU's, with no `link_gbps`) they are checked, ✓ or ✗. Behind a
@@ -348,7 +348,7 @@ verdicts(loaded, "offloaded_engine_serves_the_same_tokens", "offloaded_pool_move
 
 # %%
 verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_the_spread",
-         "offload_cost_follows_the_bytes")
+         "offload_cost_follows_the_bytes", fold=True)
 
 # %% [markdown]
 # **Reading the figure.** Left and middle: every step and every gap between two tokens of one
@@ -397,7 +397,7 @@ compared.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(compared, "transformers_exact_caches_give_kvlab_tokens", "cache_bytes_follow_each_layout")
+verdicts(compared, "transformers_exact_caches_give_kvlab_tokens", "cache_bytes_follow_each_layout", fold=True)
 
 # %% [markdown]
 # The quantized caches (where transformers' one could run here: it needs optimum-quanto) follow their
@@ -405,7 +405,7 @@ verdicts(compared, "transformers_exact_caches_give_kvlab_tokens", "cache_bytes_f
 
 # %%
 verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_keep_different_tokens",
-         "transformers_quantized_cache_costs_time", "same_strategy_different_speed")
+         "transformers_quantized_cache_costs_time", "same_strategy_different_speed", fold=True)
 
 # %% [markdown]
 # Where each kvlab strategy meets its transformers counterpart, and where they part (read in

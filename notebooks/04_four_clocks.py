@@ -164,7 +164,7 @@ display(cold_warm_summary(cold).round(3))
 plot_cold_warm(cold)
 
 # %%
-verdicts(cold, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
+verdicts(cold, "startup_dwarfs_a_warm_request", "first_request_extra_is_small", fold=True)
 
 # %% [markdown]
 # Both checks compare the start-up with every warm serving, not only with a typical one: the first
@@ -253,7 +253,7 @@ plot_tokens_per_word(counts, rates)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(rates, "same_words_different_tokens_per_second")
+verdicts(rates, "same_words_different_tokens_per_second", fold=True)
 
 # %% [markdown]
 # Turn it around, as when reading two benchmark reports. Model A uses kvlab's byte tokenizer and
@@ -267,7 +267,7 @@ from kvlab.lessons.l04_four_clocks.tokens_words import BPE, BYTE, words_per_seco
 reported = {BYTE: 50, BPE: 20}   # tokens/s, as two benchmark reports would give them
 words = words_per_second(counts, reported)
 display(words.round(2))
-verdicts(words, "fewer_tokens_per_second_can_be_more_words")
+verdicts(words, "fewer_tokens_per_second_can_be_more_words", fold=True)
 
 # %% [markdown]
 # The same goes for TPOT, and for the price of a service billed per token.

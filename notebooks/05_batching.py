@@ -141,7 +141,7 @@ for row, run in zip(batching_table(exact).itertuples(), exact):
         line += f"  | by hand: sum of longest outputs = {by_hand}"
     print(line)
 verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_lengths_policies_coincide",
-         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait")
+         "exact_mixed_lengths_continuous_fewer_steps", "continuous_keeps_every_slot_busy_while_requests_wait", fold=True)
 
 # %% [markdown]
 # <!-- kvlab:exercise check_idle_slots -->
@@ -205,7 +205,7 @@ verdicts(waits, "waiting_fills_batches_but_delays_first_tokens", "continuous_ans
 exact_waits = batch_wait_runs(model, waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6, clock="virtual",
                               executor=FixedStepCostExecutor(step_s=0.004, token_s=0.0001))
 verdicts(exact_waits, "exact_waiting_trades_first_tokens_for_fuller_batches",
-         "exact_continuous_batches_stay_small_under_a_trickle", "exact_arrivals_set_the_pace")
+         "exact_continuous_batches_stay_small_under_a_trickle", "exact_arrivals_set_the_pace", fold=True)
 
 # %% [markdown]
 # The last line is why the knob is a bet on load: while requests trickle in, the arrivals set the
@@ -277,7 +277,7 @@ plot_batch_scaling(scaling)
 # %%
 verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_decode_time_falls_with_batch",
          "batch_one_decode_reads_below_the_bandwidth", "batched_prompts_all_get_first_tokens_sooner",
-         "first_prompt_waits_for_the_batch", "batched_step_regime")
+         "first_prompt_waits_for_the_batch", "batched_step_regime", fold=True)
 
 # %% [markdown]
 # **Reading the figure.** Top left: the measured step (blue; the band holds the middle half of its

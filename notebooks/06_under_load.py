@@ -136,7 +136,7 @@ plot_service_curve(check, title=f"Real {small.name} (solid) vs the simulator cal
 
 # %%
 verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
-         "real_and_simulated_rise_with_load")
+         "real_and_simulated_rise_with_load", fold=True)
 
 # %% [markdown]
 # Throughput is compared at the highest load only: below capacity both runs replay the same
@@ -182,7 +182,7 @@ for row in end_of_window_counts(exact).itertuples():
           f"+ waiting {row.waiting:2d} + running {row.running:2d} ({total == row.sent})")
 print("TTFT p95 of the completed requests:", exact["ttft_p95_s"].round(3).tolist())
 print("n behind each p95:", exact["ttft_n"].tolist())
-verdicts(exact, "quantile_counts_fewer_than_sent")
+verdicts(exact, "quantile_counts_fewer_than_sent", fold=True)
 
 # %% [markdown]
 # A p95 without those counts flatters the service. Here the engine serves every admitted request to
@@ -270,7 +270,7 @@ verdicts(ab, "ab_below_capacity_both_keep_up", "ab_overloaded_more_throughput_la
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
-         "ab_overloaded_more_throughput_later_first_token")
+         "ab_overloaded_more_throughput_later_first_token", fold=True)
 
 # %% [markdown]
 # ### Try it

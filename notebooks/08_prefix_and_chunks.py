@@ -73,7 +73,7 @@ verdicts(budgets, "tight_budget_costs_time")
 exact = preemption_runs(model, kv_blocks=(None, 40), executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 print(preemption_table(exact)[["run", "preemptions", "recomputed_tokens", "peak_running", "peak_blocks_used",
                                "steps", "mean_batch", "completed"]].round(2).to_string(index=False))
-verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer_sequences_per_step")
+verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer_sequences_per_step", fold=True)
 
 # %% [markdown]
 # <!-- kvlab:exercise check_recomputed_tokens -->
@@ -119,7 +119,7 @@ verdicts(prefix, "prefix_hits_on_your_run", "prefix_cache_brings_first_token_soo
 prefix_exact = prefix_caching_runs(model, executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 print(prefix_caching_table(prefix_exact)[["run", "hit_tokens", "expected_hit_tokens", "prompt_tokens",
                                           "prompt_tokens_computed"]].to_string(index=False))
-verdicts(prefix_exact, "prefix_hits_match_hand_count")
+verdicts(prefix_exact, "prefix_hits_match_hand_count", fold=True)
 
 # %% [markdown]
 # Prefix caching and preemption rest on one piece of bookkeeping: which blocks each sequence holds,
@@ -178,7 +178,7 @@ verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", after=guess)
 from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import hit_sources, hit_sources_table
 
 display(hit_sources_table(hit_sources(trace)))
-verdicts(trace, "later_turns_hold_most_of_the_ideal_hits")
+verdicts(trace, "later_turns_hold_most_of_the_ideal_hits", fold=True)
 
 # %% [markdown]
 # The trace is written by `scripts/make_sample_trace.py` with a fixed seed; `kvlab.traces` reads it
@@ -206,7 +206,7 @@ curve, on_off = replay.frame.attrs["curve"], replay.frame
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(curve, "engine_hits_rise_with_kv_memory_to_the_ideal",
-         "lru_reaches_most_of_the_ideal_with_a_fraction_of_the_memory")
+         "lru_reaches_most_of_the_ideal_with_a_fraction_of_the_memory", fold=True)
 
 # %% [markdown]
 # LRU comes near the ideal long before the pool could hold the whole trace: what a request reuses was
@@ -216,7 +216,7 @@ verdicts(curve, "engine_hits_rise_with_kv_memory_to_the_ideal",
 # %%
 # NBVAL_CHECK_OUTPUT
 verdicts(on_off, "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_sooner_at_the_same_load",
-         "caching_on_serves_at_least_as_much")
+         "caching_on_serves_at_least_as_much", fold=True)
 
 # %% [markdown]
 # Every cached token is a prompt token not computed. Without the cache the engine needs more compute

@@ -203,10 +203,10 @@ verdicts(curve.frame, "full_queue_turns_requests_away", "wait_grows_past_capacit
 
 # %%
 # NBVAL_CHECK_OUTPUT
-verdicts(curve.frame, "seeded_schedule_sends_near_offered")
+verdicts(curve.frame, "seeded_schedule_sends_near_offered", fold=True)
 
 # %%
-verdicts(curve.frame, "achieved_rate_below_offered_explained")
+verdicts(curve.frame, "achieved_rate_below_offered_explained", fold=True)
 
 # %% [markdown]
 # ### Try it
@@ -332,11 +332,11 @@ both = engines.run()   # the same as pressing Run: both start, then each in turn
 both.show()
 
 # %%
-verdicts(both.frame, "two_engines_account_for_every_request", "two_engines_same_weights")
+verdicts(both.frame, "two_engines_account_for_every_request", "two_engines_same_weights", fold=True)
 
 # %%
 verdicts(both.frame, "two_engines_at_low_load", "cold_start_costs_the_first_requests", "per_token_time_under_load",
-         "kvlab_knee_beyond_transformers")
+         "kvlab_knee_beyond_transformers", fold=True)
 
 # %% [markdown]
 # At low load TTFT is one prompt's prefill plus the plumbing, and TPOT one decode step with a nearly

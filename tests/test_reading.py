@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from kvlab.course import MAIN_PATH_CLAIMS, NOTEBOOKS, READING_SHARE, READING_WPM
-from kvlab.reading import COLLAPSED, claim_lines, main_path, main_path_cells, markdown_words
+from kvlab.reading import COLLAPSED, claim_lines, main_path, main_path_cells, mark_collapsed, markdown_words
 from kvlab.lessons import verdicts
 from kvlab.lessons.common.claims import CHECKS_CLASS
 
@@ -69,9 +69,13 @@ def test_going_deeper_sections_folds_and_folded_checks_are_off_the_main_path():
                    '<div class="kvlab-claim">✓ on your run: folded away</div></details>')]
     kept = [i for i, _ in main_path_cells(cells)]
     assert kept == [0, 4, 5]
+    cells[2].outputs[0]["data"]["text/html"] = (f'<details class="{CHECKS_CLASS}"><summary>every check</summary>'
+                                                 + cells[2].outputs[0]["data"]["text/html"] + "</details>")  # fold=True
+    mark_collapsed(cells)  # the builder folds the section's prose
+    assert cells[1].metadata[COLLAPSED] and "<details>" in cells[1].source and "<details>" in cells[3].source
     path = main_path(nbformat.v4.new_notebook(cells=cells))
     assert path.markdown == markdown_words("## One\n\nfour words on path") + markdown_words(
-        "### Back on the path\n\nthree more words")
+        "### Going deeper: the statistics") + markdown_words("### Back on the path\n\nthree more words")
     assert path.claim_lines == 1 and path.claim_words == 5  # "✓ on your run: two lines"
 
 
