@@ -12,7 +12,6 @@ and keyed by their name, every MIME type compared except images and widget views
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -114,22 +113,11 @@ def run_notebook(name: str) -> NotebookRun:
     claims = ARTIFACTS / "claim-runs" / Path(name).stem
     shutil.rmtree(claims, ignore_errors=True)
     start = time.perf_counter()
-    # The default run is a learner's without vLLM set up: 09's vLLM cell prints its one line on how to set it up
-    # and the notebook carries on (the full tier starts vLLM itself, tests/test_vllm_full.py). A kernel started
-    # here inherits this environment; an empty home is a vLLM that is not set up.
-    no_vllm = ARTIFACTS / "no-vllm-home"
-    saved_home = os.environ.get("KVLAB_VLLM_HOME")
-    os.environ["KVLAB_VLLM_HOME"] = str(no_vllm)
+    # vLLM: tests/conftest.py gives every test, and so this kernel, an empty KVLAB_VLLM_HOME (not set up).
     client = NotebookClient(executed, km=_kernel_manager(claims), timeout=CELL_TIMEOUT_S, allow_errors=True,
                             store_widget_state=False, record_timing=False,
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    try:
-        client.execute()
-    finally:
-        if saved_home is None:
-            os.environ.pop("KVLAB_VLLM_HOME", None)
-        else:
-            os.environ["KVLAB_VLLM_HOME"] = saved_home
+    client.execute()
     seconds = time.perf_counter() - start
     dump = executed.cells.pop()
     records = json.loads("".join(o.get("text", "") for o in dump.outputs if o.get("output_type") == "stream") or "[]")
