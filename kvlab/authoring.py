@@ -95,7 +95,7 @@ def module_files(modules: tuple[str, ...] | list[str], root: Path | None = None)
 def source_hashes(notebook: str, root: Path | None = None) -> dict[str, str]:
     """``{path: sha256[:16]}`` of every file behind ``notebook``'s outputs: its Lesson.modules and its claims module.
 
-    Paths are relative to ``root``, the folder holding ``kvlab/`` (``kvlab/lessons/l06_under_load/load.py``);
+    Paths are relative to ``root``, the folder holding ``kvlab/`` (``kvlab/experiments/service_curves.py``);
     line endings are normalised, so a checkout with CRLF endings hashes the same.
     """
     root = root or Path(__file__).resolve().parent.parent

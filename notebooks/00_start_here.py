@@ -112,7 +112,7 @@ display(guess.fold(result, what="this run's figure"))
 # fastest of the three runs).
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import prefill_over_decode
+from kvlab.experiments.slowdown import prefill_over_decode
 
 guess.against(result, prefill_over_decode)
 

@@ -38,7 +38,7 @@
 # arithmetic, and so the time, of a trained model of this shape, in seconds on two CPU cores.
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
+from kvlab.experiments.slowdown import slowdown_model
 
 model = slowdown_model()
 cfg = model.config
@@ -76,7 +76,7 @@ result = panel.run()   # the same as pressing Run with the settings above
 display(guess.fold(result, what="this run's table and figure"))
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import late_over_early
+from kvlab.experiments.slowdown import late_over_early
 
 guess.against(result, late_over_early)
 
@@ -99,7 +99,7 @@ verdicts(result, "uncached_tokens_slow_down", "cached_steps_stay_flat", "uncache
 # beside the **measured ratio** (median step time of the 11 tokens around each).
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_summary
+from kvlab.experiments.slowdown import slowdown_summary
 
 guess.fold(slowdown_summary(result.frame)[["cache", "early_token", "late_token", "early_step_ms", "late_step_ms",
                                            "measured_ratio", "work_ratio"]])
@@ -111,7 +111,7 @@ guess.fold(slowdown_summary(result.frame)[["cache", "early_token", "late_token",
 # step.
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import per_token_costs
+from kvlab.experiments.slowdown import per_token_costs
 
 per_token_costs(result.frame)
 
@@ -148,7 +148,7 @@ verdicts(result, "many_tokens_per_pass_cost_less_each", fold=True)
 # measurement; the line summarises it.
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_fit
+from kvlab.experiments.slowdown import slowdown_fit
 
 slowdown_fit(result.frame)
 
@@ -167,7 +167,7 @@ verdicts(result, "uncached_steps_share_a_per_pass_cost", fold=True)
 # fastest of three runs).
 
 # %%
-from kvlab.lessons.l01_the_slowdown.long_context import context_step_summary, run_context_steps
+from kvlab.experiments.long_context import context_step_summary, run_context_steps
 
 long_run = run_context_steps(model)
 display(context_step_summary(long_run).round(3))

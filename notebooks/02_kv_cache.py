@@ -147,7 +147,7 @@ guess = predict("How many GiB of KV cache does Llama-2-7B (MHA) hold for one con
 guess
 
 # %%
-from kvlab.lessons.l02_kv_cache.memory import gib_for, published_kv_table
+from kvlab.experiments.memory import gib_for, published_kv_table
 
 per_model = published_kv_table(tokens=4096, bytes_per_element=2)   # the formula for every published shape
 guess.fold(per_model.round(2), what="this table")                 # folded until you guess: it holds the answer
@@ -180,7 +180,7 @@ calculator.run().show()
 # Offline it says so in one line.
 
 # %%
-from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
+from kvlab.experiments.real_model import real_model_demo, try_real_model
 
 real, note = try_real_model()      # the model with its own tokenizer, or None offline
 print(note)

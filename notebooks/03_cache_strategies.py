@@ -25,7 +25,7 @@
 # %%
 # %matplotlib inline
 from kvlab.generate import generate
-from kvlab.tasks.recall import load_recall_model, make_examples, score
+from kvlab.experiments.recall import load_recall_model, make_examples, score
 
 model = load_recall_model()
 stop = model.tokenizer.encode(".")
@@ -85,7 +85,7 @@ guess = predict("At the longest context, how many times the dynamic cache's byte
 guess
 
 # %%
-from kvlab.lessons.l03_cache_strategies.panel_strategies import strategies_panel
+from kvlab.lessons.l03_cache_strategies.panel import strategies_panel
 
 panel = strategies_panel(model).folded_until(guess)   # its table and plots stay folded until you predict
 panel
@@ -97,7 +97,7 @@ display(guess.fold(result, what="the panel's table and plots"))   # they hold th
 # %%
 # NBVAL_CHECK_OUTPUT
 from kvlab.lessons import verdicts
-from kvlab.lessons.l03_cache_strategies.strategies import four_bit_memory_ratio
+from kvlab.experiments.strategies import four_bit_memory_ratio
 
 display(guess.against(result, four_bit_memory_ratio))
 verdicts(result, "quantized_memory_follows_the_format", after=guess)
@@ -137,7 +137,7 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty", fold=True)
 #
 # A dynamic cache hands attention a key tensor one token longer at every step, so a compiler that
 # builds one program per set of shapes must rebuild it or fall back to general code.
-# `FixedShapeStaticCache` (in `kvlab.lessons.l03_cache_strategies.static_compile`) writes each new
+# `FixedShapeStaticCache` (in `kvlab.experiments.static_compile`) writes each new
 # token at a position held in a tensor and attends over *all* reserved slots, masking the empty
 # ones. Every decode step then has the same shapes, and `torch.compile` can build one program and
 # replay it for every token. transformers' `StaticCache` does the same for the same reason
@@ -152,7 +152,7 @@ verdicts(result, "static_reserves_what_shorter_contexts_leave_empty", fold=True)
 # speed-up is the median of the per-round ratios, with its min–max.
 
 # %%
-from kvlab.lessons.l03_cache_strategies.static_compile import try_compiled_decode
+from kvlab.experiments.static_compile import try_compiled_decode
 
 compiled = try_compiled_decode()  # within 120 s on CUDA; on CPU only when given a budget_s (see the message)
 print(compiled["message"])
@@ -194,7 +194,7 @@ verdicts(result, "quantized_time_goes_into_the_cache", fold=True)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_summary, accuracy_table
+from kvlab.experiments.cache_accuracy import accuracy_summary, accuracy_table
 
 accuracy = frame.attrs["accuracy"]
 display(accuracy_table(accuracy))
@@ -210,7 +210,7 @@ verdicts(result, "eight_bit_cache_keeps_the_answers", "lowest_bits_lose_most_ans
 # the same). The panel computes them on the first few questions. Do they see what the answers saw?
 
 # %%
-from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_accuracy_by_distance
+from kvlab.lessons.l03_cache_strategies.figures import plot_accuracy_by_distance
 
 display(accuracy_summary(accuracy)[["setting", "correct", "examples", "quality_prompts", "compared_positions",
                                    "top1_agreement", "kl_mean"]])
@@ -237,7 +237,7 @@ verdicts(result, "token_metrics_order_settings_like_accuracy", "few_prompt_metri
 # RAM, so its copies are cheap; the **slow link** shows what they cost behind a slower rate, one you set.
 
 # %%
-from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_offload_cost
+from kvlab.lessons.l03_cache_strategies.figures import plot_offload_cost
 
 off = frame[frame["strategy"] == "offloaded"].sort_values(["context_tokens", "setting"])
 dyn = frame[frame["strategy"] == "dynamic"].set_index("context_tokens")
@@ -323,8 +323,8 @@ for link, gbps in (("PCIe 4.0 x16, nominal", 32.0), ("the modelled slow link", 1
 # pool on the device and offloaded. Both runs execute the same steps; only their prices differ.
 
 # %%
-from kvlab.lessons.l03_cache_strategies.offload_load import distribution_table, offload_under_load
-from kvlab.lessons.l03_cache_strategies.figures_offload_load import plot_offload_under_load
+from kvlab.experiments.offload_load import distribution_table, offload_under_load
+from kvlab.lessons.l03_cache_strategies.figures import plot_offload_under_load
 
 loaded = offload_under_load(n=16, max_seqs=4, prompt_tokens=192, max_new_tokens=32)
 print(f"tier: {loaded.settings['tier']}, link: {loaded.settings['link_gbps'] or 'the real one'} GB/s, "
@@ -361,7 +361,7 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 #
 # Try `offload_under_load(max_seqs=8)` (more company per step: what happens to the spread?) and
 # `offload_under_load(link_gbps=None)` (the tier at memory speed: what is left of the cost?). Behind
-# this section: `kvlab.cache.paged_offloaded` and `kvlab.lessons.l03_cache_strategies.offload_load`.
+# this section: `kvlab.cache.paged_offloaded` and `kvlab.experiments.offload_load`.
 
 # %% [markdown]
 # ## Going deeper: the same strategies in transformers
@@ -372,14 +372,14 @@ verdicts(loaded, "offloaded_tail_between_tokens_is_longer", "offloading_widens_t
 # transformers (`kvlab.model.loading.to_transformers`: the same weights) and generates greedily after
 # the same recall prompts with each strategy in both libraries, timed the same way. The bytes are
 # counted as allocated: for transformers, the storage behind every tensor a cache layer holds,
-# quantized codes, scales and shifts included (`kvlab.measure.transformers_steps.transformers_cache_bytes`).
+# quantized codes, scales and shifts included (`kvlab.experiments.transformers_steps.transformers_cache_bytes`).
 # A transformers cache that cannot run on this machine keeps its row and says why.
 
 # %%
 import transformers
 
-from kvlab.lessons.l03_cache_strategies.transformers_caches import not_run, quantized_backend
-from kvlab.lessons.l03_cache_strategies.panel_transformers_caches import transformers_caches_panel
+from kvlab.experiments.transformers_caches import not_run, quantized_backend
+from kvlab.lessons.l03_cache_strategies.panel import transformers_caches_panel
 
 print(f"transformers {transformers.__version__}; {quantized_backend()}")
 beside = transformers_caches_panel(model)
@@ -418,7 +418,7 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 # | `quantized` (`bits`, `group_size`, `residual`) | `QuantizedCache(backend, config, nbits, q_group_size, residual_length)`, `cache_implementation="quantized"` with a `cache_config`; backends `quanto` (2 or 4 bits, package optimum-quanto), `hqq` (1, 2, 3, 4 or 8 bits, package hqq), `fp8` (built in: one scale per tensor, fixed at the first update, no residual) | Both store groups of values as codes with a scale and a zero-point (quanto groups along head_dim, as kvlab does, when `q_group_size` divides it) and dequantize the whole history every step. The full-precision part differs: kvlab keeps a sliding window of the newest `residual` tokens and quantizes each token once, when it leaves the window; transformers quantizes the whole prompt at prefill (the prefill's own attention still reads full precision), lets a residual grow, and when it reaches `residual_length` dequantizes everything, appends the residual and quantizes it all again, so old tokens are re-quantized at every flush. Defaults differ too: group 64 and residual 128 in transformers, `gcd(head_dim, 32)` and 64 in kvlab. |
 # | `offloaded` (`max_len`) | `DynamicCache(offloading=True)`, `cache_implementation="offloaded"` (`"offloaded_static"` for a static one) | kvlab preallocates its tier for `max_len` tokens (pinned host memory on CUDA, a memory-mapped file on CPU), keeps working buffers for one layer on the device, copies a layer's history in and writes back only the new token. transformers moves each layer's whole K and V to the CPU right after its update, and before it starts fetching the next layer back on a side stream (one layer ahead). Its copies run on CUDA streams, so it needs a GPU: the run above says whether it ran here. |
 #
-# Each layout's formula is `formula_bytes` in `kvlab/lessons/l03_cache_strategies/transformers_caches.py`,
+# Each layout's formula is `formula_bytes` in `kvlab/experiments/transformers_caches.py`,
 # tested in `tests/test_experiments_transformers_caches.py`.
 
 # %% [markdown]
@@ -476,7 +476,7 @@ verdicts(compared, "quantized_caches_hold_their_own_layouts", "quantized_caches_
 #
 # <details><summary>Going deeper: the code behind this notebook</summary>
 #
-# `kvlab.lessons.l03_cache_strategies` (experiments, figures, panels, claims), `kvlab.quality` and
+# `kvlab.lessons.l03_cache_strategies` (experiments, figures, panels, claims), `kvlab.experiments.quality` and
 # `kvlab.cache.offloaded` (the slow link), each with its tests under `tests/`.
 #
 # </details>

@@ -32,7 +32,7 @@
 
 # %%
 # %matplotlib inline
-from kvlab.runs.serving_run import lesson_model
+from kvlab.experiments.serving_run import lesson_model
 
 model = lesson_model()
 print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters, context of "
@@ -86,8 +86,8 @@ plot_gantt(result.frame, result.frame.attrs["steps"], title="The journey run: ev
 # %%
 # NBVAL_CHECK_OUTPUT
 from kvlab.clocks import summarize
-from kvlab.lessons.l04_four_clocks.four_clocks import journey_clocks, run_journey
-from kvlab.runs.serving_run import FixedStepCostExecutor
+from kvlab.experiments.four_clocks import journey_clocks, run_journey
+from kvlab.experiments.serving_run import FixedStepCostExecutor
 
 STEP_S = 0.010
 exact = run_journey(model, executor=FixedStepCostExecutor(step_s=STEP_S), clock="virtual")
@@ -125,8 +125,8 @@ verdicts(exact, "watched_clocks_follow_from_its_steps")
 # in a clump queues behind the others first.
 
 # %%
-from kvlab.lessons.l04_four_clocks.four_clocks import mean_vs_tail, run_mixed_load
-from kvlab.lessons.l04_four_clocks.figures_distribution import plot_clock_distribution
+from kvlab.experiments.four_clocks import mean_vs_tail, run_mixed_load
+from kvlab.lessons.l04_four_clocks.figures import plot_clock_distribution
 
 mixed = run_mixed_load(model)
 display(mean_vs_tail(mixed.requests).round(3))
@@ -155,8 +155,8 @@ verdicts(mixed, "share_waiting_longer_than_the_mean", "ttft_tail_is_well_above_t
 # request a dozen times in a row (run 0 is the cold one).
 
 # %%
-from kvlab.lessons.l04_four_clocks.four_clocks import cold_vs_warm, cold_warm_summary, startup_phases
-from kvlab.lessons.l04_four_clocks.figures_startup import plot_cold_warm
+from kvlab.experiments.four_clocks import cold_vs_warm, cold_warm_summary, startup_phases
+from kvlab.lessons.l04_four_clocks.figures import plot_cold_warm
 
 cold = cold_vs_warm(repeats=12)
 display(startup_phases(cold).round(3))
@@ -196,7 +196,7 @@ guess = predict("For the same paragraph, how many times as many tokens will the 
 guess
 
 # %%
-from kvlab.lessons.l04_four_clocks.tokens_words import count_tokens, lesson_tokenizers, tokens_table
+from kvlab.experiments.tokens_words import count_tokens, lesson_tokenizers, tokens_table
 
 toks, note = lesson_tokenizers()   # trains the BPE (milliseconds); looks for a real model's one (seconds at most)
 print(note)
@@ -205,7 +205,7 @@ guess.fold(tokens_table(counts).round(2))
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l04_four_clocks.tokens_words import chinese_vs_english
+from kvlab.experiments.tokens_words import chinese_vs_english
 
 guess.against(counts, chinese_vs_english, what="the BPE spent")
 
@@ -230,7 +230,7 @@ verdicts(counts, "byte_tokens_are_utf8_bytes", "english_bpe_favours_english", af
 # compare them in the **vs_english** column.
 
 # %%
-from kvlab.lessons.l04_four_clocks.tokens_words import first_sentences
+from kvlab.experiments.tokens_words import first_sentences
 
 for name, tok in toks.items():
     print(f"{name:16s} {tok!r}")
@@ -244,8 +244,8 @@ for row in first_sentences(toks).itertuples():
 # The tokens/s each tokenizer counts for that same text:
 
 # %%
-from kvlab.lessons.l04_four_clocks.tokens_words import tokens_per_second
-from kvlab.lessons.l04_four_clocks.figures_tokens import plot_tokens_per_word
+from kvlab.experiments.tokens_words import tokens_per_second
+from kvlab.lessons.l04_four_clocks.figures import plot_tokens_per_word
 
 WORDS_PER_S = 10   # the pace a reader gets (a setting: change it)
 rates = tokens_per_second(counts, words_per_s=WORDS_PER_S)
@@ -262,7 +262,7 @@ verdicts(rates, "same_words_different_tokens_per_second", fold=True)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l04_four_clocks.tokens_words import BPE, BYTE, words_per_second
+from kvlab.experiments.tokens_words import BPE, BYTE, words_per_second
 
 reported = {BYTE: 50, BPE: 20}   # tokens/s, as two benchmark reports would give them
 words = words_per_second(counts, reported)
@@ -287,13 +287,13 @@ verdicts(words, "fewer_tokens_per_second_can_be_more_words", fold=True)
 # - `run_mixed_load(model, max_seqs=4)`: twice the slots for the same clumps. Which quantiles move? If
 #   every request waited long, your machine is slower than the lesson assumes: try `rate=3`.
 # - Train the BPE with a smaller vocabulary, `lesson_tokenizers(real=None, bpe=train_bpe(vocab_size=300))`
-#   (`from kvlab.lessons.l04_four_clocks.tokens_words import train_bpe`): what happens to English?
+#   (`from kvlab.experiments.tokens_words import train_bpe`): what happens to English?
 # - Train it on English plus one translation (`train_bpe(corpus=training_corpus() + text)`, with `text`
 #   from `load_samples()`): which columns move?
 # - Online, a tokenizer trained on many languages: `lesson_tokenizers("Qwen/Qwen2.5-0.5B")`.
 #
-# Behind this notebook: `kvlab.lessons.l04_four_clocks.four_clocks` (`run_journey`, `cold_vs_warm`,
-# `run_mixed_load`, `mean_vs_tail`), `kvlab.lessons.l04_four_clocks.tokens_words`, `kvlab.clocks` and
+# Behind this notebook: `kvlab.experiments.four_clocks` (`run_journey`, `cold_vs_warm`,
+# `run_mixed_load`, `mean_vs_tail`), `kvlab.experiments.tokens_words`, `kvlab.clocks` and
 # `kvlab.lessons.common.gantt`; the claims checked on your runs in `kvlab.lessons.l04_four_clocks.claims`.
 
 # %% [markdown]

@@ -33,7 +33,7 @@
 
 # %%
 # %matplotlib inline
-from kvlab.runs.serving_run import lesson_model
+from kvlab.experiments.serving_run import lesson_model
 
 model = lesson_model()
 print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters")
@@ -81,7 +81,7 @@ verdicts(result, "a_batched_step_costs_less_than_separate_steps")
 # step held:
 
 # %%
-from kvlab.lessons.l05_batching.figures_batches import plot_batch_composition
+from kvlab.lessons.l05_batching.figures import plot_batch_composition
 
 plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 
@@ -99,8 +99,8 @@ plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 # run's p95 is about its slowest request.
 
 # %%
-from kvlab.lessons.l05_batching.batching import batching_table, policy_rounds, rounds_summary
-from kvlab.lessons.l05_batching.figures_policies import plot_policy_tradeoff
+from kvlab.experiments.batching import batching_table, policy_rounds, rounds_summary
+from kvlab.lessons.l05_batching.figures import plot_policy_tradeoff
 
 rounds = batching_table(policy_rounds(model, rounds=3))
 table = rounds_summary(rounds)
@@ -127,8 +127,8 @@ verdicts(rounds, "equal_lengths_same_schedule", "mixed_lengths_continuous_serves
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l05_batching.batching import compare_policies
-from kvlab.runs.serving_run import FixedStepCostExecutor
+from kvlab.experiments.batching import compare_policies
+from kvlab.experiments.serving_run import FixedStepCostExecutor
 
 exact = compare_policies(model, executor=FixedStepCostExecutor(step_s=0.010), clock="virtual")
 for row, run in zip(batching_table(exact).itertuples(), exact):
@@ -158,7 +158,7 @@ verdicts(exact, "static_steps_are_the_sum_of_longest_outputs", "exact_equal_leng
 # p95 is close to the slowest one.
 
 # %%
-from kvlab.lessons.l05_batching.admission import admission_run, clocks_table
+from kvlab.experiments.admission import admission_run, clocks_table
 
 builtin_run, _ = admission_run()                  # the engine's own rule
 my_run, my_audit = admission_run(my_admission)    # yours, checked at every call
@@ -172,9 +172,9 @@ clocks_table([builtin_run] + ([my_run] if my_run is not None else []))
 # (so a p95 is about the slowest of them).
 
 # %%
-from kvlab.lessons.l05_batching.batching import batch_wait_runs
-from kvlab.runs.serving_run import runs_frame
-from kvlab.lessons.l05_batching.figures_policies import plot_batch_wait
+from kvlab.experiments.batching import batch_wait_runs
+from kvlab.experiments.serving_run import runs_frame
+from kvlab.lessons.l05_batching.figures import plot_batch_wait
 
 waits = batch_wait_runs(model, waits=(0.0, 0.15, 0.3, 0.6), rate=12.0, n=12, max_seqs=6)
 wait_table = batching_table(waits)
@@ -257,8 +257,8 @@ plot_gantts(frame, frame.attrs["steps"])
 # Then the same for prompts: several prefilled one after the other, or all in one batch.
 
 # %%
-from kvlab.lessons.l05_batching.batch_scaling import batch_scaling
-from kvlab.lessons.l05_batching.figures_batch_scaling import plot_batch_scaling
+from kvlab.experiments.batch_scaling import batch_scaling
+from kvlab.lessons.l05_batching.figures import plot_batch_scaling
 
 scaling = batch_scaling(model, batch_sizes=(1, 2, 4, 8, 16, 32, 64), repeats=5)
 m = scaling.machine
@@ -320,9 +320,9 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # - `policy_rounds(model, rounds=5)`: more paired rounds; does the spread of the ratios shrink?
 #
 # Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
-# your rule), `kvlab.lessons.l05_batching.batching` (`compare_policies`, `policy_rounds`,
-# `batch_wait_runs`), `kvlab.lessons.l05_batching.admission`, `kvlab.lessons.l05_batching.batch_scaling`
-# and `kvlab.measure.bandwidth`; the claims checked on your runs in `kvlab.lessons.l05_batching.claims`.
+# your rule), `kvlab.experiments.batching` (`compare_policies`, `policy_rounds`,
+# `batch_wait_runs`), `kvlab.experiments.admission`, `kvlab.experiments.batch_scaling`
+# and `kvlab.experiments.bandwidth`; the claims checked on your runs in `kvlab.lessons.l05_batching.claims`.
 
 # %% [markdown]
 # ## Summary

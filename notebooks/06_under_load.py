@@ -49,7 +49,7 @@ guess
 # %%
 from kvlab.lessons import verdicts
 from kvlab.lessons.l06_under_load.figures import plot_service_curve
-from kvlab.lessons.l06_under_load.load import scheduler_config, service_curves
+from kvlab.experiments.service_curves import scheduler_config, service_curves
 
 curves = service_curves(requests=200, levels=8, scheduler=scheduler_config(max_seqs=16, max_waiting=16))
 display(guess.fold(plot_service_curve(curves), what="the figure (it marks each knee)"))
@@ -57,7 +57,7 @@ verdicts(curves, "simulator_much_faster_than_real_time", fold=True)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l06_under_load.load import knee_ratio
+from kvlab.experiments.service_curves import knee_ratio
 
 guess.against(curves, knee_ratio, what="on this grid (its steps in the line below) the ratio is")
 
@@ -118,8 +118,8 @@ print(f"measured on the authors' machine: {env['cpu']}, {env['cpu_count']} cores
 # overload. Solid lines are measured, dashed ones simulated.
 
 # %%
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
-from kvlab.lessons.l06_under_load.load import simulated_vs_real
+from kvlab.experiments.slowdown import slowdown_config
+from kvlab.experiments.service_curves import simulated_vs_real
 from kvlab.serving.calibrate import calibrate
 from kvlab.serving.sweep import estimate_capacity_rps
 from kvlab.workload import make_workload
@@ -168,7 +168,7 @@ verdicts(check, "simulator_throughput_close_to_real", "simulator_medians_within_
 # %%
 # NBVAL_CHECK_OUTPUT
 import kvlab
-from kvlab.lessons.l06_under_load.load import end_of_window_counts, service_curve
+from kvlab.experiments.service_curves import end_of_window_counts, service_curve
 from kvlab.serving.cost_model import CostModel
 
 round_model = CostModel(coefficients=dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3,
@@ -226,7 +226,7 @@ result.show()
 
 # %%
 from kvlab.lessons.l06_under_load.figures import plot_ab_example
-from kvlab.lessons.l06_under_load.load import ab_at_two_loads
+from kvlab.experiments.service_curves import ab_at_two_loads
 
 ab = ab_at_two_loads()   # virtual time on the authors' machine's calibration: the same numbers on every run
 display(ab[["load", "policy", "rule", "offered_rps", "sent", "completed", "failed", "waiting", "running",

@@ -36,7 +36,7 @@
 # %%
 # %matplotlib inline
 from kvlab.lessons.common.predict import predict
-from kvlab.runs.serving_run import lesson_model
+from kvlab.experiments.serving_run import lesson_model
 
 cfg = lesson_model().config
 guess = predict("With paged blocks of 16 tokens, how many of the 64 requests fit the budget that holds 8 "
@@ -45,7 +45,7 @@ guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l07_memory_is_capacity.capacity import (block_size_table, budget_for_tokens, bytes_per_token,
+from kvlab.experiments.capacity import (block_size_table, budget_for_tokens, bytes_per_token,
                                                            capacity_levers, capacity_workload, paged_vs_reserved)
 
 requests = capacity_workload(cfg, n=64)
@@ -58,7 +58,7 @@ display(guess.fold(table[["scheme", "sequences_fit", "formula_fit", "block_manag
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l07_memory_is_capacity.capacity import paged_fit
+from kvlab.experiments.capacity import paged_fit
 
 guess.against(table, paged_fit)
 
@@ -202,7 +202,7 @@ verdicts(levers, "small_reservation_matches_paging", "short_context_cuts_prompts
 # %% [markdown]
 # ### Going deeper: the code behind this notebook
 #
-# `kvlab.serving.BlockManager`, `kvlab.lessons.l07_memory_is_capacity.capacity` (`paged_vs_reserved`,
+# `kvlab.serving.BlockManager`, `kvlab.experiments.capacity` (`paged_vs_reserved`,
 # `block_size_table`, `capacity_levers`), `kvlab.lessons.l07_memory_is_capacity.figures`, the claims
 # in `kvlab/lessons/l07_memory_is_capacity/claims.py`; tests in `tests/test_experiments_serving.py`,
 # `tests/test_block_manager.py` and `tests/test_claims_07.py`.

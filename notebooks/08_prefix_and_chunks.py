@@ -18,7 +18,7 @@
 # %matplotlib inline
 import pandas as pd
 from kvlab.lessons import verdicts
-from kvlab.runs.serving_run import FixedStepCostExecutor, lesson_model, runs_frame
+from kvlab.experiments.serving_run import FixedStepCostExecutor, lesson_model, runs_frame
 
 model = lesson_model()
 
@@ -33,7 +33,7 @@ model = lesson_model()
 # Twelve requests with long answers and a pool of 40 blocks. Press **Run**, then move the budget.
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.panel_kv_budget import kv_budget_panel
+from kvlab.lessons.l08_prefix_and_chunks.panel import kv_budget_panel
 
 panel = kv_budget_panel(model)
 panel
@@ -47,8 +47,8 @@ result.show()
 # them (192 blocks), for comparison:
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import preemption_runs, preemption_table
-from kvlab.lessons.l08_prefix_and_chunks.figures_kv_blocks import plot_kv_blocks
+from kvlab.experiments.prefix_and_chunks import preemption_runs, preemption_table
+from kvlab.lessons.l08_prefix_and_chunks.figures import plot_kv_blocks
 
 ample = preemption_runs(model, kv_blocks=(None,))
 budgets = pd.concat([preemption_table(ample), result.frame.attrs["preemption"]], ignore_index=True)
@@ -89,7 +89,7 @@ verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer
 # prompt, with caching off and on:
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import prefix_caching_runs, prefix_caching_table
+from kvlab.experiments.prefix_and_chunks import prefix_caching_runs, prefix_caching_table
 from kvlab.lessons.common.gantt import plot_gantts
 
 prefix = prefix_caching_runs(model)
@@ -149,7 +149,7 @@ guess = predict("What share of the trace's prompt tokens would an ideal prefix c
 guess
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import ideal_hit_percent, load_sample_trace
+from kvlab.experiments.prefix_traces import ideal_hit_percent, load_sample_trace
 
 trace = load_sample_trace()   # one row a request: arrival, lengths, block ids
 trace[["arrival_s", "prompt_tokens", "output_tokens", "hash_ids"]].head(4)
@@ -175,7 +175,7 @@ verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", after=guess)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import hit_sources, hit_sources_table
+from kvlab.experiments.prefix_traces import hit_sources, hit_sources_table
 
 display(hit_sources_table(hit_sources(trace)))
 verdicts(trace, "later_turns_hold_most_of_the_ideal_hits", fold=True)
@@ -193,7 +193,7 @@ verdicts(trace, "later_turns_hold_most_of_the_ideal_hits", fold=True)
 # second slider's pool.
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.panel_prefix_traces import prefix_trace_panel
+from kvlab.lessons.l08_prefix_and_chunks.panel import prefix_trace_panel
 
 trace_panel = prefix_trace_panel()
 trace_panel
@@ -257,8 +257,8 @@ verdicts(on_off, "caching_on_computes_fewer_prompt_tokens", "caching_on_answers_
 # does by default (the idea is [Sarathi-Serve's](https://arxiv.org/abs/2403.02310)).
 
 # %%
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import chunked_prefill_runs, chunked_prefill_table
-from kvlab.lessons.l08_prefix_and_chunks.figures_token_gaps import plot_token_gaps
+from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, chunked_prefill_table
+from kvlab.lessons.l08_prefix_and_chunks.figures import plot_token_gaps
 
 chunked = chunked_prefill_runs(model)
 display(chunked_prefill_table(chunked).round(3))
@@ -293,7 +293,7 @@ verdicts(chunked, "chunks_cap_the_longest_gap", "chunks_delay_the_long_prompt")
 # %% [markdown]
 # ### Going deeper: the code behind this notebook
 #
-# `kvlab.serving.BlockManager` and `Scheduler`; `kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks`
+# `kvlab.serving.BlockManager` and `Scheduler`; `kvlab.experiments.prefix_and_chunks`
 # (`preemption_runs`, `prefix_caching_runs`, `chunked_prefill_runs`) and `.prefix_traces` (`ideal_hit_ratio`,
 # `hit_sources`, `capacity_curve`, `caching_on_off`, `trace_curve`); `kvlab.traces` (`mooncake_frame`,
 # `replay_trace`); the claims in `kvlab/lessons/l08_prefix_and_chunks/claims.py`. Tests:

@@ -39,7 +39,7 @@ print("server packages:", "installed now" if missing else "present")
 # overflow.
 
 # %%
-from kvlab.lessons.l09_measure_a_real_server.wire import start_server
+from kvlab.experiments.wire import start_server
 
 srv = start_server(max_waiting=8)
 print("the same in a terminal:  python " + " ".join(srv.cmd[1:]))
@@ -71,7 +71,7 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # `max_tokens`. 20 short requests at 16 per second (too few for a p99: it is left out):
 
 # %%
-from kvlab.lessons.l09_measure_a_real_server.wire import accounting, measure_at_client
+from kvlab.experiments.wire import accounting, measure_at_client
 
 result = measure_at_client(srv.url, num_requests=20, rate=16)
 result.summary().latency_frame().drop(columns="p99")   # seconds; n = completed requests behind each quantile
@@ -115,8 +115,8 @@ guess = predict("On loopback, the median of client TTFT (from sending) minus eng
 guess
 
 # %%
-from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine, median_overhead_ms, overhead_table
-from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine
+from kvlab.experiments.wire import client_vs_engine, median_overhead_ms, overhead_table
+from kvlab.lessons.l09_measure_a_real_server.figures import plot_client_vs_engine
 
 side = client_vs_engine(srv.url, num_requests=20, rate=20)
 display(guess.fold(overhead_table(side).round(2)))
@@ -155,8 +155,8 @@ verdicts(side, "wire_adds_little_on_loopback", after=guess)
 # sent. Press **Run**, or change the rates first.
 
 # %%
-from kvlab.lessons.l09_measure_a_real_server.wire import server_metrics, wait_until_idle
-from kvlab.lessons.l09_measure_a_real_server.panel_wire import wire_panel
+from kvlab.experiments.wire import server_metrics, wait_until_idle
+from kvlab.lessons.l09_measure_a_real_server.panel import wire_panel
 
 panel = wire_panel(srv.url, rates=(8, 32, 128), duration_s=1.5)
 panel
@@ -254,8 +254,8 @@ VLLM_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # the model it serves
 if VLLM_URL is None:
     print('skipped: set VLLM_URL = "http://HOST:8000" (your server) and VLLM_MODEL above, then run this cell again')
 else:   # records, summary, and this notebook's service curve; nothing is written to disk
-    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
-    from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_wire_service_curve
+    from kvlab.experiments.wire import wire_service_curve
+    from kvlab.lessons.l09_measure_a_real_server.figures import plot_wire_service_curve
 
     vllm = measure_at_client(VLLM_URL, num_requests=200, rate=4, profile="mixture", model=VLLM_MODEL)
     display(vllm.summary().latency_frame())
@@ -320,7 +320,7 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 
 # %%
 from kvlab.http.peer import transformers_serve_available
-from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engines_panel
+from kvlab.lessons.l09_measure_a_real_server.panel import two_engines_panel
 
 ok, why = transformers_serve_available()
 print(why if ok else f"transformers serve is unavailable here: {why}. The panel measures kvlab serve alone.")
@@ -359,7 +359,7 @@ verdicts(both.frame, "two_engines_at_low_load", "cold_start_costs_the_first_requ
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-from kvlab.lessons.l09_measure_a_real_server.three_engines import three_engines
+from kvlab.lessons.l09_measure_a_real_server.panel import three_engines
 
 three = three_engines(log=print)   # .message, .table (every clock at each load), .figure, .usage
 three.show()
@@ -416,7 +416,7 @@ print("server process ended:", srv.process.poll() is not None)
 # %% [markdown]
 # ### Going deeper: the code behind this notebook
 #
-# `kvlab.lessons.l09_measure_a_real_server.wire` (`start_server`, `measure_at_client`, `accounting`,
+# `kvlab.experiments.wire` (`start_server`, `measure_at_client`, `accounting`,
 # `client_vs_engine`, `overhead_table`, `server_metrics`, `wire_service_curve`), `.two_engines`
 # (`compare_engines`), `kvlab.http` (`server`, `loadgen`, `compare`, `peer`). Tests:
 # `tests/test_experiments_wire.py`, `tests/test_two_engines.py`, `tests/test_http_server.py`,

@@ -3,7 +3,7 @@
     python scripts/train_recall.py                                    # the shipped checkpoint
     python scripts/train_recall.py --steps 300 --out results/recall-try  # a quick try (will not learn yet)
 
-A small Llama-family kvlab Decoder learns kvlab.tasks.recall: a context of key->value pairs, then
+A small Llama-family kvlab Decoder learns kvlab.experiments.recall: a context of key->value pairs, then
 queries, each answered with its key's value. Training runs kvlab's own forward with a NoCache (the
 full-sequence pass) and AdamW; the loss falls on the queries only (the key's digits and the answer),
 since the context is random. Contexts start at 2-6 pairs and grow by 2 pairs whenever the running
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import kvlab
 from kvlab.cache import NoCache
 from kvlab.model.config import ModelConfig
-from kvlab.tasks.recall import NUM_KEYS, PAIR_TOKENS, QUERY_TOKENS, make_examples, score, training_batch
+from kvlab.experiments.recall import NUM_KEYS, PAIR_TOKENS, QUERY_TOKENS, make_examples, score, training_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     kvlab.to_transformers(model).save_pretrained(args.out, safe_serialization=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
     record = dict(
-        task="kvlab.tasks.recall", script="scripts/train_recall.py", settings=settings, model=config.to_dict(),
+        task="kvlab.experiments.recall", script="scripts/train_recall.py", settings=settings, model=config.to_dict(),
         parameters=model.num_parameters(), train_seconds=round(train_s, 1), train_cpu_seconds=round(cpu_s, 1),
         final_pairs_cap=cap,
         torch=torch.__version__, kvlab=kvlab.__version__, threads=torch.get_num_threads(),

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import kvlab
-from kvlab.lessons.l06_under_load.load import ab_example, ab_holds, ab_load, ab_policies
+from kvlab.experiments.service_curves import ab_example, ab_holds, ab_load, ab_policies
 from kvlab.serving.cost_model import CostModel, load_calibration
 
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
@@ -66,7 +66,7 @@ def test_the_policies_differ_only_in_priority():
 
 
 def test_below_capacity_both_rules_keep_up_overloaded_one_trades_first_tokens_for_throughput(cost_model):
-    from kvlab.lessons.l06_under_load.load import ab_at_two_loads
+    from kvlab.experiments.service_curves import ab_at_two_loads
 
     frame = ab_at_two_loads(cost_model)
     low, high = (frame[frame["load"] == k].set_index("policy") for k in ("below capacity", "overloaded"))

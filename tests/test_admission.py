@@ -4,10 +4,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvlab.lessons.l05_batching.admission import (STARVED_AFTER, AdmissionAudit, admission_run, admission_workload,
+from kvlab.experiments.admission import (STARVED_AFTER, AdmissionAudit, admission_run, admission_workload,
                                          builtin_admission, clocks_table)
-from kvlab.lessons.l05_batching.batching import policy_workload
-from kvlab.runs.serving_run import FixedStepCostExecutor, serve
+from kvlab.experiments.batching import policy_workload
+from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
 from kvlab.model.config import tiny_llama
 from kvlab.serving import AdmissionError, SchedulerConfig, WaitingRequest
 from kvlab.workload import Request

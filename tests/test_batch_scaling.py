@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.measure.bandwidth import weight_bytes_per_step
+from kvlab.experiments.bandwidth import weight_bytes_per_step
 from kvlab.lessons import CLAIMS
-from kvlab.lessons.l05_batching.batch_scaling import batch_scaling, crossover_batch
-from kvlab.lessons.l05_batching.figures_batch_scaling import plot_batch_scaling
+from kvlab.experiments.batch_scaling import batch_scaling, crossover_batch
+from kvlab.lessons.l05_batching.figures import plot_batch_scaling
 
 CLAIM_NAMES = ("decode_step_stays_flat_for_small_batches", "per_sequence_decode_time_falls_with_batch",
                "batch_one_decode_reads_below_the_bandwidth", "batched_prompts_all_get_first_tokens_sooner",

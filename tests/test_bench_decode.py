@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.measure.rounds import paired_ratio, rotated, spread
+from kvlab.experiments.rounds import paired_ratio, rotated, spread
 from kvlab.cli import main
 
 ROUNDS = 3
@@ -132,7 +132,7 @@ def test_the_step_is_split_into_its_weight_products_and_the_rest_round_by_round(
 
 
 def test_step_products_probe_runs_every_weight_matrix_of_the_step_once():
-    from kvlab.measure.bandwidth import StepProductsProbe, weight_bytes_per_step
+    from kvlab.experiments.bandwidth import StepProductsProbe, weight_bytes_per_step
     from kvlab.model.config import tiny_gpt2, tiny_llama
     from kvlab.model.decoder import build_model
 

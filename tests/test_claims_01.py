@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvlab.lessons import CLAIMS, claims_for, verdicts
-from kvlab.lessons.l01_the_slowdown.slowdown import tokens_processed
+from kvlab.experiments.slowdown import tokens_processed
 
 from claim_examples import counterexample_of
 

@@ -111,7 +111,7 @@ def test_two_equal_kl_divergences_did_not_grow():
     frame = _copy(_example())
     acc = frame.attrs["accuracy"]
     assert verdicts(frame, "token_metrics_order_settings_like_accuracy")[0].holds, "the example's KL grows"
-    from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_summary
+    from kvlab.experiments.cache_accuracy import accuracy_summary
     from kvlab.lessons.l03_cache_strategies.claims import _quantized_family
 
     fam = _quantized_family(accuracy_summary(acc)).dropna(subset=["top1_agreement"])

@@ -65,7 +65,7 @@ def test_the_queue_claim_reads_the_watched_request_of_a_panel_frame():
 
 
 def test_the_token_claims_fail_when_their_fact_does_not_hold():
-    from kvlab.lessons.l04_four_clocks.tokens_words import (BPE, BYTE, count_tokens, lesson_tokenizers, load_samples, train_bpe,
+    from kvlab.experiments.tokens_words import (BPE, BYTE, count_tokens, lesson_tokenizers, load_samples, train_bpe,
                                                 words_per_second)
 
     hindi = next(s.text for s in load_samples() if s.name == "Hindi")
@@ -79,7 +79,7 @@ def test_the_token_claims_fail_when_their_fact_does_not_hold():
 
 
 def test_the_token_claims_read_only_kvlabs_two_tokenizers():
-    from kvlab.lessons.l04_four_clocks.tokens_words import BPE, count_tokens, lesson_tokenizers, tokens_per_second
+    from kvlab.experiments.tokens_words import BPE, count_tokens, lesson_tokenizers, tokens_per_second
     from kvlab.model.tokenizer import ByteTokenizer
 
     toks, _ = lesson_tokenizers(real=None)
@@ -98,8 +98,8 @@ def test_the_default_mixed_load_queues_in_clumps_and_shows_a_tail(seed):
     """run_mixed_load's defaults (clumped arrivals, two slots) on exact step prices: most requests find a slot
     and wait only for their prefill, the clumped ones queue, so p95 is well above the mean, the mean above the
     median, and fewer than half wait longer than the mean. Seed 1 is the notebook's."""
-    from kvlab.lessons.l04_four_clocks.four_clocks import mean_vs_tail, run_mixed_load
-    from kvlab.runs.serving_run import FixedStepCostExecutor, lesson_model
+    from kvlab.experiments.four_clocks import mean_vs_tail, run_mixed_load
+    from kvlab.experiments.serving_run import FixedStepCostExecutor, lesson_model
 
     run = run_mixed_load(lesson_model(), seed=seed, executor=FixedStepCostExecutor(step_s=0.003, token_s=2e-5),
                          clock="virtual")

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from kvlab.lessons import CLAIMS, verdicts
-from kvlab.lessons.l05_batching.batching import batch_wait_runs, batching_table
-from kvlab.runs.serving_run import FixedStepCostExecutor, runs_table
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
+from kvlab.experiments.batching import batch_wait_runs, batching_table
+from kvlab.experiments.serving_run import FixedStepCostExecutor, runs_table
+from kvlab.experiments.slowdown import slowdown_model
 
 from claim_examples import example_of
 from claim_examples.l05_batching import KNOB_PRICES

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from kvlab.lessons import CLAIMS, claims_for
-from kvlab.lessons.l06_under_load.load import real_vs_simulated
+from kvlab.experiments.service_curves import real_vs_simulated
 
 from claim_examples import example_of
 from claim_examples.l06_under_load import check_by_hand
@@ -94,7 +94,7 @@ def test_the_curve_claims_read_a_curve_without_a_knee_as_not_holding():
 def test_the_below_capacity_target_counts_the_requests_still_waiting_at_the_close():
     """The completed requests' p95 once decided "within the target" alone: a rule whose requests still waiting at
     the close (followed to their first token) put the p95 over every request sent past the target passed."""
-    from kvlab.lessons.l06_under_load.load import DEFAULT_SLO
+    from kvlab.experiments.service_curves import DEFAULT_SLO
 
     ab = example_of(CLAIMS["ab_below_capacity_both_keep_up"])().copy()
     c = CLAIMS["ab_below_capacity_both_keep_up"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from kvlab.lessons import CLAIMS, claims_for, verdicts
-from kvlab.lessons.l07_memory_is_capacity.capacity import budget_for_tokens, capacity_levers, paged_vs_reserved
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
+from kvlab.experiments.capacity import budget_for_tokens, capacity_levers, paged_vs_reserved
+from kvlab.experiments.slowdown import slowdown_config
 from kvlab.workload import Request
 
 from claim_examples import example_of
@@ -50,8 +50,8 @@ def test_the_levers_claims_read_the_smallest_cap_and_the_longest_context():
 
 
 def test_the_capacity_panel_counts_what_the_notebook_counts():
-    from kvlab.lessons.l07_memory_is_capacity.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
-    from kvlab.runs.serving_run import lesson_model
+    from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
+    from kvlab.experiments.serving_run import lesson_model
     from kvlab.lessons.l07_memory_is_capacity.panel import capacity_panel
 
     cfg = lesson_model().config

@@ -8,9 +8,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvlab.lessons import CLAIMS, claims_for
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import chunked_prefill_runs, preemption_runs, prefix_caching_runs
-from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import caching_on_off, hit_sources, hit_sources_table
-from kvlab.runs.serving_run import FixedStepCostExecutor
+from kvlab.experiments.prefix_and_chunks import chunked_prefill_runs, preemption_runs, prefix_caching_runs
+from kvlab.experiments.prefix_traces import caching_on_off, hit_sources, hit_sources_table
+from kvlab.experiments.serving_run import FixedStepCostExecutor
 from kvlab.traces import mooncake_frame
 
 from claim_examples import example_of
@@ -125,7 +125,7 @@ def test_capacity_claims_need_a_pool_that_holds_the_whole_trace():
 
 
 def test_the_trace_panel_replays_caching_on_and_off_at_the_chosen_load_and_pool():
-    from kvlab.lessons.l08_prefix_and_chunks.panel_prefix_traces import KV_BLOCKS, prefix_trace_panel
+    from kvlab.lessons.l08_prefix_and_chunks.panel import KV_BLOCKS, prefix_trace_panel
 
     panel = prefix_trace_panel()
     result = panel.run(rate=2.0, kv_blocks=64)

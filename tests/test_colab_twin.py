@@ -68,7 +68,7 @@ def test_notebook_09s_second_engine_starts_on_colabs_transformers(colab_twin):
     """kvlab[serve] on Colab's set can run `transformers serve --continuous-batching` (not only its 'unavailable' line):
     both engines answer the same greedy text from one checkpoint folder, on Colab's transformers."""
     script = ("from kvlab.http.peer import transformers_serve_available\n"
-              "from kvlab.lessons.l09_measure_a_real_server.two_engines import lesson_checkpoint, make_server, same_greedy_answer\n"
+              "from kvlab.experiments.two_engines import lesson_checkpoint, make_server, same_greedy_answer\n"
               "ok, why = transformers_serve_available(); print(why)\n"
               "assert ok, why\n"
               "folder = lesson_checkpoint()\n"

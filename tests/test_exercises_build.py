@@ -20,7 +20,7 @@ from kvlab.lessons.l02_kv_cache.exercises import check_my_cache
 from kvlab.lessons.l02_kv_cache.exercises import MY_CACHE_PROMPT, MY_CACHE_TOKENS, SolutionCache, _cache_model
 from kvlab.lessons.l05_batching.exercises import (ADMISSION_CASES, _hand_built_case_failure, skip_ahead_admission,
                                                   solution_admission)
-from kvlab.lessons.l05_batching.admission import MAX_SEQS, admission_run, builtin_admission
+from kvlab.experiments.admission import MAX_SEQS, admission_run, builtin_admission
 from kvlab.serving.scheduler import WaitingRequest
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvlab.cache.base import kv_cache_bytes
-from kvlab.lessons.l01_the_slowdown.long_context import context_step_summary, default_contexts, run_context_steps
+from kvlab.experiments.long_context import context_step_summary, default_contexts, run_context_steps
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_default_contexts_run_up_to_the_models_context(model):
     (dict(contexts=(8, 16), repeats=0), "repeats must be"),
 ])
 def test_bad_settings_raise_before_any_generation(model, kwargs, fragment, monkeypatch):
-    import kvlab.lessons.l01_the_slowdown.long_context as lc
+    import kvlab.experiments.long_context as lc
 
     def no_generation(*_a, **_k):
         raise AssertionError("generated before checking the settings")

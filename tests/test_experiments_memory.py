@@ -7,7 +7,7 @@ import pytest
 
 import kvlab
 import kvlab.cache
-from kvlab.lessons.l02_kv_cache.memory import GIB, kv_memory_table, max_sequences, measure_cache_memory
+from kvlab.experiments.memory import GIB, kv_memory_table, max_sequences, measure_cache_memory
 
 
 def by_hand(cfg: kvlab.ModelConfig, tokens: int, batch: int = 1, elem: float = 4) -> int:

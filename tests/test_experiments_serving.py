@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 
 import kvlab
 from kvlab.clocks import summarize
-from kvlab.lessons.l05_batching.batching import (batch_wait_runs, batching_table, compare_policies, idle_slots,
+from kvlab.experiments.batching import (batch_wait_runs, batching_table, compare_policies, idle_slots,
                                         policy_workload)
-from kvlab.lessons.l07_memory_is_capacity.capacity import (block_manager_fit, block_size_table, budget_for_tokens, capacity_levers,
+from kvlab.experiments.capacity import (block_manager_fit, block_size_table, budget_for_tokens, capacity_levers,
                                         fit_in_order, paged_vs_reserved, sequence_lengths)
-from kvlab.lessons.l04_four_clocks.four_clocks import (cold_vs_warm, cold_warm_summary, journey_clocks, mean_vs_tail,
+from kvlab.experiments.four_clocks import (cold_vs_warm, cold_warm_summary, journey_clocks, mean_vs_tail,
                                            run_journey, run_mixed_load, startup_phases)
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table, preemption_runs,
+from kvlab.experiments.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table, preemption_runs,
                                                  preemption_table, prefix_caching_runs, prefix_caching_table,
                                                  recomputed_tokens)
-from kvlab.runs.serving_run import (FixedStepCostExecutor, records_from_frame, runs_frame, runs_table, serve,
+from kvlab.experiments.serving_run import (FixedStepCostExecutor, records_from_frame, runs_frame, runs_table, serve,
                                            tokens_frame)
 from kvlab.serving import SchedulerConfig
 from kvlab.workload import Request
@@ -242,8 +242,8 @@ def test_a_tight_budget_preempts_and_its_recomputed_tokens_are_counted(model):
 
 def test_one_preemption_recomputes_prompt_plus_written_minus_one_as_exercise_08_says():
     from kvlab.lessons.l08_prefix_and_chunks.exercises import check_recomputed_tokens, tokens_recomputed_after_preemption
-    from kvlab.runs.serving_run import seeded_prompt
-    from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
+    from kvlab.experiments.serving_run import seeded_prompt
+    from kvlab.experiments.slowdown import slowdown_config
     from kvlab.serving.block_manager import bytes_per_block
 
     cfg = slowdown_config()
@@ -294,7 +294,7 @@ def test_chunked_prefill_caps_the_gap_the_running_decodes_see(model):
 # -- panels and exercises ------------------------------------------------------------------------------------
 def test_the_lesson_panels_run_and_refuse_bad_values(model):
     from kvlab.lessons.l05_batching.panel import batching_panel
-    from kvlab.lessons.l08_prefix_and_chunks.panel_kv_budget import kv_budget_panel
+    from kvlab.lessons.l08_prefix_and_chunks.panel import kv_budget_panel
     from kvlab.lessons.l04_four_clocks.panel import journey_panel
 
     result = journey_panel(model).run(n_ahead=1, max_seqs=1, prompt_tokens=16, max_new_tokens=8)

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kvlab.lessons.l01_the_slowdown.slowdown import (run_slowdown, slowdown_config, slowdown_fit, slowdown_summary,
+from kvlab.experiments.slowdown import (run_slowdown, slowdown_config, slowdown_fit, slowdown_summary,
                                                      step_curves, tokens_processed)
 from kvlab.threads import torch_threads
-from kvlab.lessons.l01_the_slowdown.slowdown import per_token_costs, prefill_vs_decode
+from kvlab.experiments.slowdown import per_token_costs, prefill_vs_decode
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from kvlab.cache import kv_cache_bytes
-from kvlab.lessons.l03_cache_strategies.strategies import (four_bit_memory_ratio, ideal_memory_ratio,
+from kvlab.experiments.strategies import (four_bit_memory_ratio, ideal_memory_ratio,
                                                            quantized_memory_ratio, run_strategies)
 
 SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "bits": 4, "residual": 0},
@@ -94,7 +94,7 @@ def test_time_inside_the_cache_is_measured_on_cuda_with_the_compute_stream_synch
     stream, so 'ms in cache/step' exists there too. No GPU needed: the stream is a fake that records the waits."""
     import torch
 
-    from kvlab.lessons.l03_cache_strategies.strategies import _timed_updates
+    from kvlab.experiments.strategies import _timed_updates
 
     events = []
 
@@ -121,7 +121,7 @@ def test_time_inside_the_cache_is_measured_on_cuda_with_the_compute_stream_synch
 
 def test_on_cuda_the_panel_also_runs_offloaded_without_prefetch():
     """Prefetched copies overlap compute on a side stream, untimed; the synchronous twin times the tier's copies."""
-    from kvlab.lessons.l03_cache_strategies.strategies import strategy_settings
+    from kvlab.experiments.strategies import strategy_settings
 
     cpu = strategy_settings(("offloaded",), link_gbps=1.0)
     cuda = strategy_settings(("offloaded",), link_gbps=1.0, device="cuda")

@@ -13,11 +13,11 @@ import torch
 import transformers
 
 from kvlab.lessons import CLAIMS, verdicts
-from kvlab.lessons.l03_cache_strategies.transformers_caches import (RAN, formula_bytes, not_run, pair_table, run_transformers_caches,
+from kvlab.experiments.transformers_caches import (RAN, formula_bytes, not_run, pair_table, run_transformers_caches,
                                                    transformers_cache)
 from kvlab.generate import generate
-from kvlab.measure.transformers_steps import transformers_cache_bytes
-from kvlab.tasks.recall import load_recall_model, make_examples
+from kvlab.experiments.transformers_steps import transformers_cache_bytes
+from kvlab.experiments.recall import load_recall_model, make_examples
 
 from claim_examples import counterexample_of
 
@@ -180,7 +180,7 @@ def test_the_quantized_claims_read_the_run_and_the_wall_claim_can_fail(frame):
 
 
 def test_the_panel_shows_one_row_per_strategy(model):
-    from kvlab.lessons.l03_cache_strategies.panel_transformers_caches import transformers_caches_panel
+    from kvlab.lessons.l03_cache_strategies.panel import transformers_caches_panel
 
     panel = transformers_caches_panel(model, strategies=("dynamic", "static"), pairs=4, new_tokens=8, questions=1)
     result = panel.run()

@@ -16,13 +16,13 @@ from matplotlib.figure import Figure
 
 from kvlab.lessons.l09_measure_a_real_server.exercises import (_output_tokens_per_s, _overhead_ms, check_http_overhead,
                                                         check_output_tokens_per_s, check_rejections_and_quantiles)
-from kvlab.lessons.l09_measure_a_real_server.wire import (accounting, check_rates, client_vs_engine, measure_at_client, overhead_table,
+from kvlab.experiments.wire import (accounting, check_rates, client_vs_engine, measure_at_client, overhead_table,
                                     requests_per_rate, serve_args, server_metrics, start_server, wait_until_idle,
                                     wire_service_curve)
 from kvlab.http.local import ServerThread
 from kvlab.http.testing import scripted_app
-from kvlab.lessons.l09_measure_a_real_server.figures_wire import plot_client_vs_engine, plot_wire_service_curve
-from kvlab.lessons.l09_measure_a_real_server.panel_wire import service_table, wire_panel
+from kvlab.lessons.l09_measure_a_real_server.figures import plot_client_vs_engine, plot_wire_service_curve
+from kvlab.lessons.l09_measure_a_real_server.panel import service_table, wire_panel
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_the_service_curve_replays_the_same_requests_once_per_rate(scripted):
 
 
 def test_the_achieved_rate_is_completed_over_a_window_that_outlasts_the_schedule(scripted):
-    from kvlab.lessons.l09_measure_a_real_server.wire import sent_schedule
+    from kvlab.experiments.wire import sent_schedule
     from kvlab.http.loadgen import http_workload
 
     table = wire_service_curve(scripted.url, rates=(32,), duration_s=0.5)

@@ -20,26 +20,26 @@ PACKAGE = ROOT / "kvlab"
 LAYERS: dict[str, list[str]] = {
     "base": ["kvlab.version", "kvlab.command_args", "kvlab.device", "kvlab.threads", "kvlab.env", "kvlab.clocks", "kvlab.results_io",
              "kvlab.data", "kvlab.workload", "kvlab.traces"],
-    "cache": ["kvlab.cache"],
-    "model": ["kvlab.model"],
-    "generate": ["kvlab.sampling", "kvlab.compiled", "kvlab.generate"],
-    "serving": ["kvlab.serving"],
-    "tasks": ["kvlab.tasks", "kvlab.quality"],
-    "measure": ["kvlab.measure"],
-    "http": ["kvlab.http", "kvlab.room"],
-    "runs": ["kvlab.runs"],
-    "lesson frameworks": ["kvlab.lessons.common"],
+    "model": ["kvlab.cache", "kvlab.model", "kvlab.sampling", "kvlab.compiled", "kvlab.generate"],
+    "serving": ["kvlab.serving", "kvlab.http", "kvlab.room"],
+    "experiments": ["kvlab.experiments"],
     "lessons": ["kvlab.lessons"],
-    "benchmarks": ["kvlab.benchmarks"],
-    "course": ["kvlab.course", "kvlab.reading", "kvlab.teachers_key", "kvlab.authoring", "kvlab.cli", "kvlab.__main__"],
+    "course": ["kvlab.benchmarks", "kvlab.course", "kvlab.reading", "kvlab.teachers_key", "kvlab.authoring", "kvlab.cli",
+               "kvlab.__main__"],
     "api": ["kvlab"],
 }
 ROOT_PACKAGE = "kvlab"
 # Layers that must not import a layer below them, though the table alone would let them.
 SKIPPED: dict[str, list[str]] = {}
-# Inside the lessons layer: a lesson (kvlab.lessons.lNN_*) may reuse another lesson's experiment modules, never
-# its panel, figures, claims or exercises; and a lesson's claims judge its experiments' frames, never a panel.
-PRESENTATION = ("panel", "figures", "claims", "exercises")
+# Inside a layer, the order that still holds: a module of an earlier package here never imports a later one (the
+# cache knows no model, the engine no HTTP, an experiment no lesson's presentation...).
+WITHIN: dict[str, list[str]] = {
+    "model": ["kvlab.cache", "kvlab.model", "kvlab.sampling", "kvlab.compiled", "kvlab.generate"],
+    "serving": ["kvlab.serving", "kvlab.http", "kvlab.room"],
+    "lessons": ["kvlab.lessons.common", "kvlab.lessons"],
+}
+# A lesson folder (kvlab.lessons.lNN_*) holds what its notebook shows, checks and asks: these modules at most.
+LESSON_MODULES = ("panel", "figures", "claims", "exercises")
 
 
 def module_name(path: Path) -> str:
@@ -193,23 +193,53 @@ def lesson_of(name: str) -> tuple[str, str] | None:
     return None
 
 
-def is_presentation(module_file: str) -> bool:
-    return module_file.split("_")[0] in PRESENTATION
+def test_within_a_layer_the_order_holds():
+    def rank(order: list[str], name: str) -> int | None:
+        best = max((e for e in order if name == e or name.startswith(e + ".")), key=len, default=None)
+        return None if best is None else order.index(best)
+
+    names = list(LAYERS)
+    wrong = []
+    for a, targets in sorted(graph().items()):
+        order = WITHIN.get(names[layer_of(a)])
+        for b in sorted(targets):
+            if order and layer_of(b) == layer_of(a) and (rank(order, b) or 0) > (rank(order, a) or 0):
+                wrong.append(f"{a} -> {b}")
+    assert not wrong, "imports against the order inside a layer:\n" + "\n".join(wrong)
 
 
-def test_a_lesson_reuses_only_another_lessons_experiments_and_claims_read_no_panel():
+def test_no_lesson_imports_another_and_nothing_below_the_course_imports_a_lesson():
+    """A lesson folder imports the shared frameworks (kvlab.lessons.common) and the library, never another lesson;
+    outside kvlab/lessons only the course layer (the course table, the notebook builder) may name a lesson."""
+    names = list(LAYERS)
     wrong = []
     for a, targets in sorted(graph().items()):
         here = lesson_of(a)
         for b in sorted(targets):
-            there = lesson_of(b)
-            if here is None or there is None:
+            there = lesson_of(b) or (b.split(".")[2], "") if b.startswith("kvlab.lessons.l") else None
+            if there is None:
                 continue
-            if there[0] != here[0] and is_presentation(there[1]):
-                wrong.append(f"{a} -> {b}   (another lesson's {there[1]})")
-            if here[1] == "claims" and there[1].startswith("panel"):
-                wrong.append(f"{a} -> {b}   (a claim reads a panel)")
-    assert not wrong, "lesson imports across the rule:\n" + "\n".join(wrong)
+            if here is None and not a.startswith("kvlab.lessons") and names[layer_of(a)] != "course":
+                wrong.append(f"{a} -> {b}   (a library module imports a lesson)")
+            elif here is None and a.startswith("kvlab.lessons.common"):
+                wrong.append(f"{a} -> {b}   (a shared framework imports a lesson)")
+            elif here is not None and there[0] != here[0]:
+                wrong.append(f"{a} -> {b}   (a lesson imports another lesson)")
+    assert not wrong, "imports across lessons:\n" + "\n".join(wrong)
+
+
+def test_a_lesson_is_its_panel_figures_claims_and_exercises():
+    folders = sorted(p for p in (PACKAGE / "lessons").iterdir() if p.is_dir() and p.name[:1] == "l" and p.name[1:3].isdigit())
+    extra = [f"{f.relative_to(ROOT)}" for folder in folders for f in sorted(folder.glob("*.py"))
+             if f.stem not in (*LESSON_MODULES, "__init__")]
+    assert not extra, ("modules in a lesson folder beyond " + ", ".join(LESSON_MODULES) + " (an experiment goes to "
+                       "kvlab/experiments/, a shared framework to kvlab/lessons/common/):\n" + "\n".join(extra))
+
+
+def test_claims_read_no_panel():
+    wrong = [f"{a} -> {b}" for a, targets in sorted(graph().items()) for b in sorted(targets)
+             if (lesson_of(a) or ("", ""))[1] == "claims" and (lesson_of(b) or ("", ""))[1] == "panel"]
+    assert not wrong, "a claim judges an experiment's frames, never a panel:\n" + "\n".join(wrong)
 
 
 def test_nothing_inside_imports_the_root_package():

@@ -11,7 +11,7 @@ import torch
 import kvlab
 from kvlab.device import pick_device
 from kvlab.model.lessons import LESSON_SCALES, lesson_scale
-from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_config
+from kvlab.experiments.slowdown import slowdown_config
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_the_slowdown_panel_starts_at_the_device_sizes(request, kind):
 
 def test_run_slowdown_defaults_follow_the_model_device(cpu):
     model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
-    from kvlab.lessons.l01_the_slowdown.slowdown import run_slowdown
+    from kvlab.experiments.slowdown import run_slowdown
 
     frame = run_slowdown(model, caches=("dynamic",), warmup=False)
     assert (frame.attrs["prompt_tokens"], frame.attrs["max_new_tokens"]) == (32, 200)

@@ -24,7 +24,7 @@ NOTEBOOK = "00_start_here.ipynb"
 
 def test_the_hash_covers_the_lessons_modules_and_its_claims():
     hashes = authoring.source_hashes("06_under_load.ipynb")
-    assert {"kvlab/lessons/l06_under_load/load.py", "kvlab/lessons/l06_under_load/figures.py", "kvlab/lessons/l06_under_load/panel.py",
+    assert {"kvlab/experiments/service_curves.py", "kvlab/lessons/l06_under_load/figures.py", "kvlab/lessons/l06_under_load/panel.py",
             "kvlab/lessons/l06_under_load/claims.py"} <= set(hashes)
     assert all(len(h) == 16 and int(h, 16) >= 0 for h in hashes.values())
     assert authoring.source_hashes("06_under_load.ipynb") == hashes, "the same files hash the same"

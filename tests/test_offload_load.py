@@ -5,9 +5,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from kvlab.lessons import CLAIMS
-from kvlab.lessons.l03_cache_strategies.offload_load import (OFFLOADED, ON_DEVICE, bytes_by_hand, default_link_gbps,
+from kvlab.experiments.offload_load import (OFFLOADED, ON_DEVICE, bytes_by_hand, default_link_gbps,
                                             distribution_table, offload_under_load, paired_steps)
-from kvlab.lessons.l03_cache_strategies.figures_offload_load import plot_offload_under_load
+from kvlab.lessons.l03_cache_strategies.figures import plot_offload_under_load
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 import kvlab
 from kvlab.cache import make_cache
 from kvlab.cache.offloaded import OffloadedCache
-from kvlab.lessons.l03_cache_strategies.strategies import run_strategies
+from kvlab.experiments.strategies import run_strategies
 
 RATE_GBPS = 0.05  # slow enough that a tiny model's few dozen KiB per step take milliseconds
 PROMPT = list(range(1, 201))  # 200 tokens

@@ -15,7 +15,7 @@ import kvlab
 from kvlab import data
 from kvlab.http import server
 from kvlab.serving import cost_model
-from kvlab.tasks import recall
+from kvlab.experiments import recall
 from kvlab import traces as workload  # the Azure sample and its reader live in kvlab.traces
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,17 +9,17 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 import kvlab
-from kvlab.lessons.l07_memory_is_capacity.capacity import block_size_table, capacity_levers, paged_vs_reserved
-from kvlab.runs.serving_run import FixedStepCostExecutor, runs_frame, runs_table, serve
-from kvlab.lessons.l05_batching.figures_batches import plot_batch_composition
+from kvlab.experiments.capacity import block_size_table, capacity_levers, paged_vs_reserved
+from kvlab.experiments.serving_run import FixedStepCostExecutor, runs_frame, runs_table, serve
+from kvlab.lessons.l05_batching.figures import plot_batch_composition
 from kvlab.lessons.l07_memory_is_capacity.figures import plot_block_size, plot_capacity_levers, plot_paged_vs_reserved
-from kvlab.lessons.l04_four_clocks.figures_distribution import plot_clock_distribution
+from kvlab.lessons.l04_four_clocks.figures import plot_clock_distribution
 from kvlab.lessons.common.gantt import gantt_segments, plot_gantt, plot_gantts
-from kvlab.lessons.l04_four_clocks.figures_journey import plot_request_journey
-from kvlab.lessons.l08_prefix_and_chunks.figures_kv_blocks import plot_kv_blocks
-from kvlab.lessons.l05_batching.figures_policies import plot_batch_wait, plot_policy_tradeoff
-from kvlab.lessons.l04_four_clocks.figures_startup import plot_cold_warm
-from kvlab.lessons.l08_prefix_and_chunks.figures_token_gaps import plot_token_gaps
+from kvlab.lessons.l04_four_clocks.figures import plot_request_journey
+from kvlab.lessons.l08_prefix_and_chunks.figures import plot_kv_blocks
+from kvlab.lessons.l05_batching.figures import plot_batch_wait, plot_policy_tradeoff
+from kvlab.lessons.l04_four_clocks.figures import plot_cold_warm
+from kvlab.lessons.l08_prefix_and_chunks.figures import plot_token_gaps
 from kvlab.serving import SchedulerConfig, bytes_per_block
 from kvlab.workload import Request
 

@@ -12,14 +12,14 @@ from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.figure import Figure
 
 from kvlab.cache import kv_cache_bytes
-from kvlab.lessons.l03_cache_strategies.cache_accuracy import accuracy_by_distance, accuracy_summary, accuracy_table
-from kvlab.lessons.l03_cache_strategies.figures_strategies import (expected_bytes_moved, plot_accuracy_by_distance, plot_accuracy_vs_bits,
+from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary, accuracy_table
+from kvlab.lessons.l03_cache_strategies.figures import (expected_bytes_moved, plot_accuracy_by_distance, plot_accuracy_vs_bits,
                                     plot_bytes_moved, plot_cache_time, plot_latency_vs_context,
                                     plot_memory_vs_context, plot_offload_cost, plot_strategies)
-from kvlab.quality import recall_accuracy
-from kvlab.tasks.recall import load_recall_model, make_examples
-from kvlab.lessons.l03_cache_strategies.strategies import run_strategy_comparison, strategy_settings
-from kvlab.lessons.l03_cache_strategies.panel_strategies import learner_table, strategies_panel
+from kvlab.experiments.quality import recall_accuracy
+from kvlab.experiments.recall import load_recall_model, make_examples
+from kvlab.experiments.strategies import run_strategy_comparison, strategy_settings
+from kvlab.lessons.l03_cache_strategies.panel import learner_table, strategies_panel
 
 PAIRS = (2, 4)
 

@@ -133,7 +133,7 @@ def test_a_comparison_carries_where_its_question_and_its_result_came_from():
     """guess.against(result, measure): the cell that asked and the cell whose experiment produced the result go
     into the HTML the notebook tests read, with the numbers the answer is computed from; a result produced before
     its question is flagged on the page itself."""
-    from kvlab.lessons.common.provenance import cell_of, experiment, produced
+    from kvlab.experiments.provenance import cell_of, experiment, produced
 
     guess = predict("How many times as many steps?", unit="×", value=1.5)
     guess.asked_in = 7  # as a kernel's cell 7 would record it

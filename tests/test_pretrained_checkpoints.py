@@ -173,9 +173,9 @@ def test_the_shipped_model_loads_without_importing_transformers(tmp_path):
     import sys
 
     from kvlab.model.loading import from_transformers
-    from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
+    from kvlab.experiments.recall import RECALL_MODEL_DIR, load_recall_model
 
-    code = ("import sys; from kvlab.tasks.recall import load_recall_model; load_recall_model(); "
+    code = ("import sys; from kvlab.experiments.recall import load_recall_model; load_recall_model(); "
             "print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip() == "False", out.stderr

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import kvlab
 from kvlab.cache import DynamicCache, NoCache
-from kvlab.quality import (compare_distributions, compare_to_exact, perplexity, quality_frame, recall_accuracy,
+from kvlab.experiments.quality import (compare_distributions, compare_to_exact, perplexity, quality_frame, recall_accuracy,
                            teacher_forced_logits)
 
 PROMPT = "The cache keeps keys and values"
@@ -136,7 +136,7 @@ def test_bad_arguments_are_refused_before_any_work(model):
 # -- on the shipped recall model --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def recall():
-    from kvlab.tasks.recall import load_recall_model, make_examples
+    from kvlab.experiments.recall import load_recall_model, make_examples
 
     return load_recall_model(device="cpu"), make_examples(80, 16, seed=77)
 
@@ -150,7 +150,7 @@ def test_recall_accuracy_is_broken_down_by_distance(recall):
 
 
 def test_two_bit_cache_answers_measurably_worse_than_eight_bit(recall):
-    from kvlab.tasks.recall import score
+    from kvlab.experiments.recall import score
 
     model, examples = recall
     eight = score(model, examples, "quantized", bits=8, residual=0).accuracy
@@ -162,7 +162,7 @@ def test_two_bit_cache_answers_measurably_worse_than_eight_bit(recall):
 def test_perplexity_of_recall_text_rises_when_the_cache_loses_precision(recall):
     import random
 
-    from kvlab.tasks.recall import training_batch
+    from kvlab.experiments.recall import training_batch
 
     model, _ = recall
     ids, _, _ = training_batch(1, 12, 12, random.Random(5))  # a context, then every key asked and answered

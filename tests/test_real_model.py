@@ -12,8 +12,8 @@ import time
 import pytest
 
 import kvlab
-from kvlab.lessons.l02_kv_cache import real_model
-from kvlab.lessons.l02_kv_cache.real_model import hub_reachable, real_model_demo, try_real_model
+from kvlab.experiments import real_model
+from kvlab.experiments.real_model import hub_reachable, real_model_demo, try_real_model
 from kvlab.model.tiny_checkpoint import save_tiny_checkpoint
 from kvlab.model.tokenizer import HFTokenizer
 

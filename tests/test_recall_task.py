@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.tasks.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
+from kvlab.experiments.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
                                 make_examples, score, training_batch)
 
 

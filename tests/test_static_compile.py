@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.lessons.l03_cache_strategies.static_compile import FixedShapeStaticCache, _decode_greedy, try_compiled_decode
+from kvlab.experiments.static_compile import FixedShapeStaticCache, _decode_greedy, try_compiled_decode
 
 
 @torch.inference_mode()
@@ -95,7 +95,7 @@ def test_compile_needs_the_static_cache(model):
 
 def test_the_compile_budget_suits_the_device(monkeypatch):
     """A cold CUDA context plus Triton compiling its kernels gets 120 s; the CPU's timeout line names its C++ build."""
-    from kvlab.lessons.l03_cache_strategies.static_compile import default_budget_s, timeout_message
+    from kvlab.experiments.static_compile import default_budget_s, timeout_message
 
     monkeypatch.delenv("KVLAB_DEVICE", raising=False)
     for device in ("cpu", "cuda"):
@@ -111,7 +111,7 @@ def test_on_cpu_nothing_is_compiled_unless_a_budget_is_given(monkeypatch):
     """Run All on CPU starts no compiling child (its first compile outlasts the notebook) and says how to ask."""
     import subprocess
 
-    from kvlab.lessons.l03_cache_strategies import static_compile
+    from kvlab.experiments import static_compile
 
     monkeypatch.delenv("KVLAB_DEVICE", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -130,7 +130,7 @@ def test_on_cpu_nothing_is_compiled_unless_a_budget_is_given(monkeypatch):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_the_child_pins_compile_threads_only_on_cpu(monkeypatch, device):
     """On CPU one compile thread leaves no pool of workers behind; on CUDA Triton's kernels compile in parallel."""
-    from kvlab.lessons.l03_cache_strategies.static_compile import child_env
+    from kvlab.experiments.static_compile import child_env
 
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     monkeypatch.delenv("KVLAB_DEVICE", raising=False)
@@ -178,7 +178,7 @@ def test_the_fixed_shape_cache_marks_its_tensors_as_static_inputs():
 
 
 def test_the_compiled_step_says_why_no_cuda_graph_was_captured_on_cpu(model):
-    from kvlab.lessons.l03_cache_strategies.static_compile import compiled_decode, cuda_graph_reason
+    from kvlab.experiments.static_compile import compiled_decode, cuda_graph_reason
 
     result = compiled_decode(model, list(range(5, 29)), new_tokens=4, backend="eager", rounds=1)
     assert result["cuda_graph"] == "cpu: CUDA graphs are CUDA only"
@@ -191,7 +191,7 @@ def test_the_compiled_step_says_why_no_cuda_graph_was_captured_on_cpu(model):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_reduce_overhead_captures_a_cuda_graph_of_the_fixed_shape_step():
-    from kvlab.lessons.l03_cache_strategies.static_compile import compiled_decode
+    from kvlab.experiments.static_compile import compiled_decode
 
     model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cuda")
     result = compiled_decode(model, list(range(5, 29)), new_tokens=8, mode="reduce-overhead", rounds=1)

@@ -10,7 +10,7 @@ import pytest
 import kvlab
 from kvlab.cli import main as cli_main
 from kvlab.clocks import SLO
-from kvlab.lessons.l06_under_load.load import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
+from kvlab.experiments.service_curves import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
 from kvlab.workload import make_workload

@@ -263,7 +263,7 @@ def llama_2_vs_3_heads():
 
     a, b = PUBLISHED_CONFIGS["Llama-2-7B (MHA)"], PUBLISHED_CONFIGS["Llama-3-8B (GQA)"]
     assert (a.num_kv_heads, b.num_kv_heads) == (32, 8) and (a.num_layers, a.head_dim) == (b.num_layers, b.head_dim)
-    from kvlab.lessons.l02_kv_cache.memory import published_kv_table
+    from kvlab.experiments.memory import published_kv_table
 
     table = published_kv_table()  # the table notebook 02 shows (folded until the learner predicts)
     assert table.at["Llama-2-7B (MHA)", "KiB per token"] == 4 * table.at["Llama-3-8B (GQA)", "KiB per token"]
@@ -278,8 +278,8 @@ def dashed_line_is_the_room_left():
 
 
 def quantized_default_has_no_window():
-    from kvlab.lessons.l03_cache_strategies.panel_strategies import strategies_panel
-    from kvlab.lessons.l03_cache_strategies.strategies import DEFAULT_LINK_GBPS
+    from kvlab.lessons.l03_cache_strategies.panel import strategies_panel
+    from kvlab.experiments.strategies import DEFAULT_LINK_GBPS
 
     p = inspect.signature(strategies_panel).parameters
     assert p["residual"].default == 0 and p["link_gbps"].default == DEFAULT_LINK_GBPS
@@ -289,7 +289,7 @@ def quantized_default_has_no_window():
 
 def slower_tier_is_a_file_and_the_link_waits():
     from kvlab.cache.offloaded import wait_for_link
-    from kvlab.lessons.l03_cache_strategies.figures_strategies import plot_offload_cost
+    from kvlab.lessons.l03_cache_strategies.figures import plot_offload_cost
     from kvlab.model.lessons import LESSON_SCALES
 
     assert LESSON_SCALES["cpu"].offload_tier.startswith("a memory-mapped file")
@@ -302,7 +302,7 @@ def gpu_caveat_in_03():
 
 
 def two_batch_slots():
-    from kvlab.lessons.l04_four_clocks.four_clocks import run_mixed_load
+    from kvlab.experiments.four_clocks import run_mixed_load
 
     p = inspect.signature(run_mixed_load).parameters
     assert p["max_seqs"].default == 2 and p["burstiness"].default < 1  # below 1: clumps
@@ -310,14 +310,14 @@ def two_batch_slots():
 
 
 def eleven_languages():
-    from kvlab.lessons.l04_four_clocks.tokens_words import load_samples
+    from kvlab.experiments.tokens_words import load_samples
 
     assert sum(s.kind == "prose" for s in load_samples()) == 11
 
 
 def journey_colours():
     from kvlab.lessons.common.gantt import SEGMENT_COLORS
-    from kvlab.lessons.l04_four_clocks import figures_journey
+    from kvlab.lessons.l04_four_clocks import figures as figures_journey
 
     assert (SEGMENT_COLORS["queued"], SEGMENT_COLORS["prefill"]) == ("#d9d9d9", "#ff7f0e")  # grey, orange
     assert figures_journey.EVENT_STYLE["first_token_s"][0] == "*"
@@ -325,13 +325,13 @@ def journey_colours():
 
 
 def batch_wait_panels():
-    from kvlab.lessons.l05_batching.figures_policies import plot_batch_wait
+    from kvlab.lessons.l05_batching.figures import plot_batch_wait
 
     assert "ax_ttft, ax_work = fig.subplots(1, 2)" in inspect.getsource(plot_batch_wait)  # left TTFT, right work
 
 
 def red_triangles_are_preemptions():
-    from kvlab.lessons.l08_prefix_and_chunks import figures_kv_blocks
+    from kvlab.lessons.l08_prefix_and_chunks import figures as figures_kv_blocks
 
     assert 'marker="v", color="#d62728"' in inspect.getsource(figures_kv_blocks)
 
@@ -378,8 +378,8 @@ def observations_not_asserted():
 
 
 def rates_of_the_two_engines():
-    from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engines_panel
-    from kvlab.lessons.l09_measure_a_real_server.two_engines import SWEEP_RATES
+    from kvlab.lessons.l09_measure_a_real_server.panel import two_engines_panel
+    from kvlab.experiments.two_engines import SWEEP_RATES
 
     assert SWEEP_RATES == (8, 24, 48)
     assert inspect.signature(two_engines_panel).parameters["rates"].default == SWEEP_RATES
@@ -388,7 +388,7 @@ def rates_of_the_two_engines():
 
 
 def compile_budget():
-    from kvlab.lessons.l03_cache_strategies.static_compile import COMPILE_BUDGET_S, not_started_message
+    from kvlab.experiments.static_compile import COMPILE_BUDGET_S, not_started_message
 
     assert COMPILE_BUDGET_S["cpu"] is None and COMPILE_BUDGET_S["cuda"]
     assert "try_compiled_decode(budget_s=120)" in not_started_message()
@@ -445,7 +445,7 @@ def panel_and_predict_take_keywords():
 
 def servers_of_09():
     from kvlab.http import peer
-    from kvlab.lessons.l09_measure_a_real_server import wire
+    from kvlab.experiments import wire
 
     assert wire.LOOPBACK == "127.0.0.1" and "atexit.register(server.stop)" in inspect.getsource(wire.start_server)
     section7 = source("09").split("# ## 7. Stop the server", 1)[1]

@@ -10,12 +10,12 @@ import time
 import pytest
 from matplotlib.figure import Figure
 
-from kvlab.lessons.l04_four_clocks import tokens_words as tw
-from kvlab.lessons.l04_four_clocks.tokens_words import (BPE, BYTE, REFERENCE, by_text, count_tokens, first_sentences,
+from kvlab.experiments import tokens_words as tw
+from kvlab.experiments.tokens_words import (BPE, BYTE, REFERENCE, by_text, count_tokens, first_sentences,
                                             lesson_tokenizers, load_samples, pieces, real_tokenizer, tokens_per_second,
                                             tokens_table, train_bpe, training_corpus, words_per_second)
 from kvlab.model.tokenizer import ByteTokenizer
-from kvlab.lessons.l04_four_clocks.figures_tokens import plot_tokens_per_word
+from kvlab.lessons.l04_four_clocks.figures import plot_tokens_per_word
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_the_bpe_trains_in_well_under_a_second_and_is_the_same_every_time():
 
 
 def test_the_bpe_is_the_same_in_a_fresh_process():
-    script = ("import json; from kvlab.lessons.l04_four_clocks.tokens_words import train_bpe, load_samples;"
+    script = ("import json; from kvlab.experiments.tokens_words import train_bpe, load_samples;"
               "b = train_bpe(); print(json.dumps([b.vocab_size] + [len(b.encode(s.text)) for s in load_samples()]))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     b = train_bpe()
@@ -143,7 +143,7 @@ def test_pieces_show_a_character_split_over_bytes_once_with_its_count(toks):
 def test_offline_the_real_tokenizer_is_one_line_and_nothing_else(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setattr("kvlab.lessons.l02_kv_cache.real_model.hub_reachable", lambda timeout_s=2.5, endpoint=None: False)
+    monkeypatch.setattr("kvlab.experiments.real_model.hub_reachable", lambda timeout_s=2.5, endpoint=None: False)
     monkeypatch.setattr(tw, "_cached_on_disk", lambda name: False)
     tok, note = real_tokenizer("someone/not-a-model", timeout_s=0.1)
     assert tok is None and "\n" not in note and "offline" in note and "continues with kvlab's two" in note

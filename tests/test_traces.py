@@ -11,11 +11,11 @@ from matplotlib.figure import Figure
 
 import kvlab
 from kvlab.cli import main as cli_main
-from kvlab.lessons.l06_under_load.load import scheduler_config
-from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import (caching_on_off, capacity_curve, ideal_hit_ratio, prefix_sharing,
+from kvlab.experiments.service_curves import scheduler_config
+from kvlab.experiments.prefix_traces import (caching_on_off, capacity_curve, ideal_hit_ratio, prefix_sharing,
                                              reachable_hits, trace_curve, trace_engine)
 from kvlab.http.loadgen import PRINTABLE_FIRST, http_workload
-from kvlab.lessons.l08_prefix_and_chunks.figures_prefix_traces import plot_prefix_cache
+from kvlab.lessons.l08_prefix_and_chunks.figures import plot_prefix_cache
 from kvlab.results_io import load_results
 from kvlab.serving.cost_model import CostModel
 from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, SAMPLE_TRACE, SAMPLE_TRACES, at_rate, block_token_ids,

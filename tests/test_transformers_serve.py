@@ -64,7 +64,7 @@ def test_the_lesson_model_saved_as_one_folder_has_the_same_weights_and_tokens(tm
     import transformers
 
     from kvlab.model.loading import from_pretrained
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.experiments.recall import load_recall_model
 
     lesson = load_recall_model()
     folder = save_shared_checkpoint(lesson, tmp_path / "recall-hf")
@@ -82,7 +82,7 @@ def test_the_lesson_model_saved_as_one_folder_has_the_same_weights_and_tokens(tm
 
 
 def test_a_tokenizer_of_another_kind_is_refused(tmp_path):
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.experiments.recall import load_recall_model
 
     model = load_recall_model()
     model.tokenizer = object()

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvlab.lessons.l09_measure_a_real_server.two_engines import (ENGINES, clocks_table, compare_engines, engine_knees, knee, make_server,
+from kvlab.experiments.two_engines import (ENGINES, clocks_table, compare_engines, engine_knees, knee, make_server,
                                            within_knee)
 from kvlab.http.peer import transformers_serve_available
 
@@ -33,7 +33,7 @@ def test_a_rate_is_read_at_its_close_with_the_unanswered_counted_at_their_wait()
     that ended before its close reads as if it had none."""
     from kvlab.clocks import RequestRecord
     from kvlab.http.loadgen import LoadTestResult
-    from kvlab.lessons.l09_measure_a_real_server.two_engines import clock_row
+    from kvlab.experiments.two_engines import clock_row
 
     def rec(rid, sched, first=None, end=None):
         r = RequestRecord(rid, 8, 2, scheduled_s=sched)
@@ -78,7 +78,7 @@ def test_bad_input_is_refused_before_any_server_starts(tmp_path):
 
 
 def test_the_panel_refuses_rates_it_does_not_offer():
-    from kvlab.lessons.l09_measure_a_real_server.panel_two_engines import two_engines_panel
+    from kvlab.lessons.l09_measure_a_real_server.panel import two_engines_panel
 
     with pytest.raises(ValueError, match="not among the panel's choices"):
         two_engines_panel(rates=(3.0,))
@@ -88,7 +88,7 @@ def test_the_panel_refuses_rates_it_does_not_offer():
 def run():
     """The one run of both servers in the default tier: the one notebook 09's panel made in this session's
     execution of it (tests/notebook_run.py), where its claims were shown; a run of its own if they were not."""
-    from kvlab.lessons.l09_measure_a_real_server.two_engines import EnginesRun
+    from kvlab.experiments.two_engines import EnginesRun
 
     from claim_examples.l09_measure_a_real_server import engines_run
     from notebook_run import run_notebook
@@ -137,7 +137,7 @@ def test_the_two_servers_hold_the_same_weights_and_report_their_settings(run):
 
 
 def test_the_figure_draws_each_engines_sweep(run):
-    from kvlab.lessons.l09_measure_a_real_server.figures_two_engines import plot_two_engines
+    from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines
 
     fig = plot_two_engines(run.frame)
     lines = [l.get_label() for l in fig.axes[0].lines]
@@ -152,10 +152,10 @@ def test_the_lesson_checkpoint_is_the_shipped_weights_beside_a_byte_tokenizer(tm
     import torch
     import transformers
 
-    from kvlab.lessons.l09_measure_a_real_server.two_engines import lesson_checkpoint
+    from kvlab.experiments.two_engines import lesson_checkpoint
     from kvlab.model.loading import checkpoint_tokenizer, from_transformers
     from kvlab.model.tokenizer import ByteTokenizer
-    from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
+    from kvlab.experiments.recall import RECALL_MODEL_DIR, load_recall_model
 
     folder = lesson_checkpoint(tmp_path / "lesson")
     assert (folder / "model.safetensors").read_bytes() == (RECALL_MODEL_DIR / "model.safetensors").read_bytes()

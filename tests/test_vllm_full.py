@@ -15,9 +15,9 @@ import pytest
 
 from kvlab.http import vllm
 from kvlab.http.peer import process_usage
-from kvlab.lessons.l09_measure_a_real_server.three_engines import (GREEDY_PROMPTS, make_engine, same_greedy_tokens,
+from kvlab.experiments.three_engines import (GREEDY_PROMPTS, make_engine, same_greedy_tokens,
                                                                    server_pid, vllm_folder)
-from kvlab.lessons.l09_measure_a_real_server.two_engines import start_together, sweep
+from kvlab.experiments.two_engines import start_together, sweep
 
 pytestmark = pytest.mark.full
 

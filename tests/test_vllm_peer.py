@@ -15,8 +15,9 @@ from kvlab.benchmarks import serve as bench_serve
 from kvlab.cli import COMMANDS, build_parser
 from kvlab.http import vllm
 from kvlab.http.peer import process_usage
-from kvlab.lessons.l09_measure_a_real_server import three_engines
-from kvlab.lessons.l09_measure_a_real_server.two_engines import knee
+from kvlab.experiments import three_engines
+from kvlab.lessons.l09_measure_a_real_server import panel as l09_panel
+from kvlab.experiments.two_engines import knee
 
 
 def test_vllm_lives_in_its_own_home_never_inside_kvlabs_environment(tmp_path, monkeypatch):
@@ -35,7 +36,7 @@ def test_not_set_up_says_how_in_one_line(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out.strip() == line
     with pytest.raises(RuntimeError, match="not set up"):
         vllm.vllm_server(tmp_path, home=tmp_path)
-    assert three_engines.three_engines(folder=tmp_path).message  # notebook 09 gets the line, nothing starts
+    assert l09_panel.three_engines(folder=tmp_path).message  # notebook 09 gets the line, nothing starts
 
 
 def test_a_full_disk_stops_the_set_up_before_anything_is_made(tmp_path, monkeypatch, capsys):

@@ -92,7 +92,7 @@ def test_kvlab_imports_from_the_installed_wheel_not_the_checkout(wheel_venv):
     away.mkdir(exist_ok=True)
     out = _run([wheel_venv["python"], "-c", (
         "import kvlab, kvlab.data as d\n"
-        "from kvlab.tasks.recall import load_recall_model\n"
+        "from kvlab.experiments.recall import load_recall_model\n"
         "from kvlab.serving.cost_model import load_calibration\n"
         "from kvlab.traces import SAMPLE_TRACE, read_trace\n"
         "print(kvlab.__file__); print(d.data_dir())\n"

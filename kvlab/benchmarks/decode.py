@@ -5,12 +5,12 @@
 
 Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in
 ``--rounds`` interleaved rounds: each round runs every mode once, in an order rotated from round to
-round (``kvlab/measure/rounds.py``). A comparison is the median over rounds of the ratio *within*
+round (``kvlab/experiments/rounds.py``). A comparison is the median over rounds of the ratio *within*
 each round, with its spread (IQR and min-max): on a shared machine a busy spell slows both runs of
 a round alike, while a ratio of two medians taken minutes apart would compare two moments. The load
 average is recorded before and after. This file is the benchmark (its rounds, rows, ratios and report);
 one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the bandwidth probes
-``kvlab/measure/bandwidth.py``.
+``kvlab/experiments/bandwidth.py``.
 
 Rows:
 
@@ -61,8 +61,8 @@ import torch
 
 from ..cache import CACHE_NAMES
 from ..device import pick_device
-from ..measure.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
-from ..measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from kvlab.experiments.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
+from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from ..model.config import PRESETS, ModelConfig
 from ..model.decoder import build_model
 from ..model.loading import to_transformers

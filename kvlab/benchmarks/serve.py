@@ -22,7 +22,7 @@ processes, OS threads and the CPU cores its process tree kept busy while it was 
 Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
 rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
 configurations as the baseline) of TTFT p95, TPOT p50 and the knee, each the median of per-round ratios
-with its IQR and min-max (`kvlab.measure.rounds`). About 6 minutes on 2 cores with the defaults (vLLM's start included).
+with its IQR and min-max (`kvlab.experiments.rounds`). About 6 minutes on 2 cores with the defaults (vLLM's start included).
 
     python -m kvlab bench serve --json results/bench_serve.json
 """
@@ -38,10 +38,10 @@ import pandas as pd
 
 from kvlab.command_args import command_args
 from kvlab.http.vllm import NAME as VLLM
-from kvlab.lessons.l09_measure_a_real_server.three_engines import (ENGINES, available_engines, make_engine,
+from kvlab.experiments.three_engines import (ENGINES, available_engines, make_engine,
                                                                    measure_engine, same_greedy_tokens, vllm_folder)
-from kvlab.lessons.l09_measure_a_real_server.two_engines import LOW_RATE, knee, lesson_checkpoint, start_together
-from kvlab.measure.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, start_together
+from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
 from ..threads import LESSON_THREADS
 

@@ -3,7 +3,7 @@
 ``python -m kvlab bench strategies [--json PATH] [--pairs 4,8,16] [--new 32] [--repeats 3]
 [--examples 100] [--threads 1] [--quick]``
 
-Runs ``kvlab.lessons.l03_cache_strategies.strategies.run_strategies`` (dynamic, static, quantized at 8/4/2 bits with
+Runs ``kvlab.experiments.strategies.run_strategies`` (dynamic, static, quantized at 8/4/2 bits with
 a few group sizes and residual windows, offloaded), prints the table and a summary for the longest
 context: each quantized setting's memory next to the ideal (bits / 32 + a scale and a zero-point
 per group), its per-token latency next to dynamic's, and its recall accuracy next to the exact
@@ -49,9 +49,9 @@ def main(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from ..env import environment
-    from ..lessons.l03_cache_strategies.strategies import default_settings, run_strategies
+    from kvlab.experiments.strategies import default_settings, run_strategies
     from ..results_io import write_json
-    from ..tasks.recall import load_recall_model
+    from kvlab.experiments.recall import load_recall_model
 
     try:
         pairs = tuple(int(p) for p in args.pairs.split(",") if p.strip())

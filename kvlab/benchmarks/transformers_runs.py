@@ -11,7 +11,7 @@ import importlib.util
 
 import torch
 
-from ..measure.transformers_steps import timed_generate, transformers_cache_bytes
+from kvlab.experiments.transformers_steps import timed_generate, transformers_cache_bytes
 from ..model.decoder import Decoder
 from ..model.loading import to_transformers
 from .decode_runs import Mode, Run, kv_tokens_read
@@ -55,7 +55,7 @@ def compiled_transformers(model: Decoder, backend: str):
 
 
 def run_transformers(hf, prompt: list[int], mode: Mode, new: int, device: torch.device, kv_per_token: int) -> Run:
-    # timed as kvlab's timeline times kvlab (kvlab.measure.transformers_steps)
+    # timed as kvlab's timeline times kvlab (kvlab.experiments.transformers_steps)
     config = dict(mode.options) if mode.cache == "quantized" else None
     run = timed_generate(hf, prompt, new, device, cache_implementation=mode.cache, cache_config=config)
     return Run(run.wall_s, run.step_s, run.tokens, transformers_cache_bytes(run.cache),

@@ -75,7 +75,7 @@ def load_model(model: str | None = None, seed: int = 0, device: str | None = Non
     """
     from kvlab.model.decoder import build_model
     from kvlab.model.loading import from_pretrained
-    from kvlab.tasks.recall import RECALL_MODEL_DIR, load_recall_model
+    from kvlab.model.lessons import RECALL_MODEL_DIR, load_recall_model
 
     if model is None:
         decoder = load_recall_model(device=device)  # raises, naming the fix, if the checkpoint is missing

@@ -370,7 +370,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def lesson_model_folder(home: str | Path | None = None) -> Path:
     """The lesson model (recall-tiny) saved with a byte tokenizer under vLLM's home, written once; checked."""
     from kvlab.http.shared_checkpoint import check_same_tokens, save_shared_checkpoint
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.model.lessons import load_recall_model
 
     folder = vllm_home(home) / "models" / "recall-tiny"
     if not (folder / "tokenizer.json").is_file():

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from ..data import RECALL_TINY, data_path, missing_message
 from ..device import pick_device
 from .config import ModelConfig, tiny_llama
 from .decoder import Decoder, build_model
+
+RECALL_MODEL_DIR = data_path(RECALL_TINY)  # the recall task's trained checkpoint (lesson 03, lesson 09's engines)
 
 
 @dataclass(frozen=True)
@@ -89,4 +93,30 @@ def _built_model(seed: int, scale: str) -> Decoder:  # one per seed and device s
     return build_model(lesson_config(), seed=seed)
 
 
-__all__ = ["LESSON_SCALES", "LessonScale", "lesson_config", "lesson_model", "lesson_scale"]
+
+
+def load_recall_model(path: str | Path | None = None, device: torch.device | str | None = None):
+    """The shipped recall checkpoint (kvlab/data/recall-tiny), loaded offline with ``kvlab.from_pretrained``.
+
+    It ships inside the package (``kvlab.data``), so it is found from a checkout, an editable install
+    and a wheel alike; ``path`` loads another checkpoint folder instead (e.g. one you retrained).
+    """
+    from .loading import from_pretrained
+
+    if path is None:
+        where = RECALL_MODEL_DIR
+        if not (where / "config.json").is_file():
+            raise FileNotFoundError(missing_message(RECALL_TINY))
+    else:
+        where = Path(path)
+        if not (where / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no recall checkpoint at {where} (no config.json there): pass the folder "
+                "scripts/train_recall.py --out wrote, or call load_recall_model() for the shipped one")
+    model = from_pretrained(where, device=device)
+    model.config.name = "recall-tiny"
+    return model
+
+
+__all__ = ["LESSON_SCALES", "LessonScale", "RECALL_MODEL_DIR", "lesson_config", "lesson_model", "lesson_scale",
+           "load_recall_model"]

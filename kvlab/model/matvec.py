@@ -34,7 +34,7 @@ def _threads() -> int:
 def prepare_compile() -> None:
     """Let torch.compile read torch's thread count as a constant of the program it builds.
 
-    kvlab's compile entry points call it (kvlab/compiled.py, kvlab.lessons.l03_cache_strategies.static_compile). It
+    kvlab's compile entry points call it (kvlab/compiled.py, kvlab.experiments.static_compile). It
     imports torch._dynamo, about a second, which is why importing kvlab does not. Then a one-thread
     program leaves the products to the compiler; without it every decode product is the operator.
     """

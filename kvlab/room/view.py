@@ -30,7 +30,7 @@ shared twice under two names (the same requests) is pooled once, under the first
 the offered rate (arrivals / s), the achieved rate
 (completions / s) and the clocks of the requests that arrived in them; windows are grouped into
 buckets of offered rate, and the knee is ``kvlab.serving.sweep.find_knee``'s walk: the highest bucket
-before the first that does not keep up. A bucket keeps up when at least ``min_served`` (0.9) of its
+before the first that does not keep up. A bucket keeps up when at least ``min_served`` (``KEEPS_UP_RATIO``, 0.9) of its
 requests completed (not refused with 429, not failed) and their TTFT p95 is within ``slo_ttft_s``
 (1 s by default: say the room's own), as notebook 09 judges a rate. Achieved / offered is shown, not
 judged: within one window it lags the arrivals by a request's own latency. Beside the clocks each
@@ -49,10 +49,10 @@ import numpy as np
 import pandas as pd
 
 from kvlab.clocks import RequestRecord, quantiles
-from kvlab.serving.sweep import find_knee
 
 from .record import LearnerRun, RoomFileError, validate
 from .store import ROOM_FILE_SCHEMA, ClockCheck, Store, clock_check, room_file
+from kvlab.serving.sweep import KEEPS_UP_RATIO, find_knee
 
 MAD_FLOOR = 0.01
 CLOCKS = ("ttft", "tpot", "e2e")
@@ -358,7 +358,7 @@ class Room:
         return pd.DataFrame(rows)
 
     def service_curve(self, window_s: float = 5.0, bins: int | Sequence[float] = 5, slo_ttft_s: float = 1.0,
-                      min_served: float = 0.9, until: str = "peak") -> pd.DataFrame:
+                      min_served: float = KEEPS_UP_RATIO, until: str = "peak") -> pd.DataFrame:
         """The room's service curve: windows bucketed by offered rate; quantiles with n; ``is_knee`` marked.
 
         ``until="peak"``: the windows up to the busiest (the class piling on); later ones, where the room

@@ -19,7 +19,7 @@ compressed) and returns one tidy row per level:
 - goodput under an SLO (requests meeting every target per second, and their share).
 
 **The knee** (``mark_knee``): walking up the levels, a level *keeps up* when achieved
-throughput is at least ``min_throughput_ratio`` (default 90%) of what was sent and, when a TTFT
+throughput is at least ``min_throughput_ratio`` (``KEEPS_UP_RATIO``, 90%) of what was sent and, when a TTFT
 target is given, p95 TTFT is within it. The knee is the highest level before the first one
 that does not keep up: the most load this configuration takes before queues, not work, decide
 the waiting time. No knee is marked when even the lowest level fails (overloaded everywhere),
@@ -27,6 +27,7 @@ nor when every level keeps up (the knee lies beyond the rates tried: raise them)
 """
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from typing import Callable, Iterable, Sequence
@@ -35,12 +36,65 @@ import numpy as np
 import pandas as pd
 
 from ..clocks import SLO, RequestRecord, summarize
+from ..model.config import ModelConfig, preset
 from ..workload import Request, make_workload
 from .block_manager import bytes_per_block
-from .cost_model import CostModel
+from .cost_model import CostModel, CostModelExecutor, load_calibration
 from .engine import Engine
+from .scheduler import SchedulerConfig
+from .scheduler_cli import scheduler_config_from_args
 
 LevelProgress = Callable[[Iterable], Iterable]
+
+
+# -- what every sweep runs on (lessons 06 and 08, `python -m kvlab sweep`): the SLO, the pool, the lesson's scheduler,
+# the simulator, the options. Service curves per profile (kvlab.experiments.service_curves) and trace replays
+# (kvlab.experiments.prefix_traces) both take them from here.
+KEEPS_UP_RATIO = 0.9  # a level keeps up when at least 90% of the requests/s sent are served (mark_knee, the room)
+DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
+MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
+MAX_WAITING = 64  # the lessons' bounded queue: overload shows up as failures (SchedulerConfig's queue is unbounded)
+
+
+def scheduler_config(policy: str = SchedulerConfig.policy, priority: str = SchedulerConfig.priority, *,
+                     max_waiting: int | None = MAX_WAITING, max_model_len: int | None = MAX_MODEL_LEN,
+                     **fields) -> SchedulerConfig:
+    """The lesson's scheduler: SchedulerConfig with two defaults that deliberately differ.
+
+    ``max_waiting=MAX_WAITING`` (64; SchedulerConfig: unbounded): a bounded queue, so overload shows
+    up as failures. ``max_model_len=MAX_MODEL_LEN`` (1024; SchedulerConfig: the model's context): every
+    profile fits, in a smaller pool. Everything else (``max_seqs=``, ``max_batch_tokens=``, ...) is
+    SchedulerConfig's, defaults included.
+    """
+    return SchedulerConfig(policy=policy, priority=priority, max_waiting=max_waiting, max_model_len=max_model_len,
+                           **fields)
+
+
+def simulator(cost_model: CostModel | None = None, scheduler: SchedulerConfig | None = None,
+              block_size: int | None = None, kv_budget_bytes: int | None = None) -> Engine:
+    """An Engine with no weights whose steps are priced by ``cost_model`` (default: the shipped llama-30m one)."""
+    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    config = ModelConfig(**cost_model.config)
+    return Engine(config, block_size=block_size or cost_model.block_size, kv_budget_bytes=kv_budget_bytes,
+                  scheduler=scheduler or scheduler_config(), executor=CostModelExecutor(cost_model))
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--rates {text!r}: give numbers separated by commas, e.g. 0.5,1,2,4") from None
+    return rates
+
+
+def sweep_settings(args: argparse.Namespace) -> tuple[ModelConfig, CostModel, SchedulerConfig, SLO]:
+    """The model, its step prices, the scheduler and the SLO a sweep's options name (profiles or a trace)."""
+    config = preset(args.config or ("llama-30m" if args.simulate else "tiny"))
+    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
+    # SchedulerConfig's token budget, raised to max_seqs if that is larger (every running sequence must decode)
+    scheduler = scheduler_config_from_args(args, max_batch_tokens=max(SchedulerConfig.max_batch_tokens, args.max_seqs),
+                                           max_model_len=MAX_MODEL_LEN)
+    return config, cost_model, scheduler, SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
 
 
 def _check_rates(rates: Sequence[float]) -> list[float]:
@@ -133,7 +187,7 @@ def load_sweep(engine: Engine, rates: Sequence[float], profile: str = "mixture",
     return frame
 
 
-def mark_knee(frame: pd.DataFrame, min_throughput_ratio: float = 0.9, slo_ttft_s: float | None = None,
+def mark_knee(frame: pd.DataFrame, min_throughput_ratio: float = KEEPS_UP_RATIO, slo_ttft_s: float | None = None,
               by: Sequence[str] = ("profile", "policy")) -> pd.DataFrame:
     """Add ``keeps_up`` and ``is_knee`` columns, one knee per curve (rows grouped by ``by``).
 
@@ -207,4 +261,5 @@ def auto_rates(capacity_rps: float, levels: int = 10, low: float = 0.1, high: fl
     return [float(f"{r:.4g}") for r in np.linspace(low, high, levels) * capacity_rps]
 
 
-__all__ = ["auto_rates", "estimate_capacity_rps", "find_knee", "level_row", "load_sweep", "mark_knee"]
+__all__ = ["DEFAULT_SLO", "KEEPS_UP_RATIO", "MAX_MODEL_LEN", "MAX_WAITING", "auto_rates", "estimate_capacity_rps", "find_knee",
+           "level_row", "load_sweep", "mark_knee", "parse_rates", "scheduler_config", "simulator", "sweep_settings"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.lessons.l01_the_slowdown.slowdown import run_slowdown
+from kvlab.experiments.slowdown import run_slowdown
 from kvlab.model.lessons import lesson_model
 
 from . import counterexample, example

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from kvlab.lessons.l01_the_slowdown.long_context import run_context_steps
-from kvlab.lessons.l01_the_slowdown.slowdown import run_slowdown, slowdown_model
+from kvlab.experiments.long_context import run_context_steps
+from kvlab.experiments.slowdown import run_slowdown, slowdown_model
 from kvlab.model.lessons import LessonScale, lesson_scale
 
 from . import counterexample, example

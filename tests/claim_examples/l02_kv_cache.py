@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.generate import GenerationResult, generate
-from kvlab.lessons.l02_kv_cache.memory import measure_cache_memory
+from kvlab.experiments.memory import measure_cache_memory
 from kvlab.model.config import tiny_llama
 from kvlab.model.decoder import build_model
 
@@ -50,7 +50,7 @@ def _real_demo():
     """The real-model demonstration on a tiny random checkpoint written with its tokenizer (offline)."""
     import tempfile
 
-    from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
+    from kvlab.experiments.real_model import real_model_demo, try_real_model
     from kvlab.model.tiny_checkpoint import save_tiny_checkpoint
 
     folder = save_tiny_checkpoint(Path(tempfile.mkdtemp(prefix="kvlab-")) / "tiny-llama", "llama")

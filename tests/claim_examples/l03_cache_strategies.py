@@ -18,8 +18,8 @@ from . import counterexample, example
 @functools.lru_cache(maxsize=1)
 def _example() -> pd.DataFrame:
     """A small run of the panel's experiment: two contexts, few tokens, 8 recall questions at 32 pairs."""
-    from kvlab.tasks.recall import load_recall_model
-    from kvlab.lessons.l03_cache_strategies.strategies import run_strategy_comparison
+    from kvlab.experiments.recall import load_recall_model
+    from kvlab.experiments.strategies import run_strategy_comparison
 
     return run_strategy_comparison(load_recall_model(device="cpu"), pairs=(4, 32), new_tokens=6, repeats=1,
                                    examples=8, quality_prompts=2, group_size=32, link_gbps=1.0)
@@ -31,8 +31,8 @@ def _example() -> pd.DataFrame:
 def _timing_example(seed: int = 0) -> pd.DataFrame:
     """The timed half of the panel's experiment alone (no recall questions), at the shortest and longest
     context the panel offers: what the wall-clock claims read, in a second or two."""
-    from kvlab.tasks.recall import load_recall_model
-    from kvlab.lessons.l03_cache_strategies.strategies import (DEFAULT_LINK_GBPS, run_strategies, strategy_settings,
+    from kvlab.experiments.recall import load_recall_model
+    from kvlab.experiments.strategies import (DEFAULT_LINK_GBPS, run_strategies, strategy_settings,
                                                                with_bytes_per_token)
 
     model = load_recall_model(device="cpu")
@@ -46,8 +46,8 @@ def _timing_example(seed: int = 0) -> pd.DataFrame:
 @functools.lru_cache(maxsize=1)
 def _compile_example() -> dict:
     """``compiled_decode`` with torch.compile's eager backend: the same dict, in seconds instead of minutes."""
-    from kvlab.lessons.l03_cache_strategies.static_compile import compiled_decode
-    from kvlab.tasks.recall import load_recall_model, make_examples
+    from kvlab.experiments.static_compile import compiled_decode
+    from kvlab.experiments.recall import load_recall_model, make_examples
 
     model = load_recall_model(device="cpu")
     return compiled_decode(model, make_examples(1, 4, seed=0)[0].prompt_ids, new_tokens=8, backend="eager")
@@ -74,8 +74,8 @@ def _quantized_cache_time_like_dynamic(frame: pd.DataFrame) -> pd.DataFrame:  # 
 @functools.lru_cache(maxsize=1)
 def _transformers_example() -> pd.DataFrame:
     """A small ``run_transformers_caches``: two recall prompts of 8 pairs, 16 tokens, a residual of 8."""
-    from kvlab.lessons.l03_cache_strategies.transformers_caches import run_transformers_caches
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.experiments.transformers_caches import run_transformers_caches
+    from kvlab.experiments.recall import load_recall_model
 
     return run_transformers_caches(load_recall_model(device="cpu"), pairs=8, questions=2, new_tokens=16, residual=8)
 
@@ -94,7 +94,7 @@ def _transformers_quantized_as_fast(frame: pd.DataFrame) -> pd.DataFrame:
 @functools.lru_cache(maxsize=2)
 def _offload_load_example(seed: int = 0):
     """A smaller ``offload_under_load``: twelve requests through four slots, both runs in a few seconds."""
-    from kvlab.lessons.l03_cache_strategies.offload_load import offload_under_load
+    from kvlab.experiments.offload_load import offload_under_load
     from kvlab.model.lessons import lesson_model
 
     return offload_under_load(lesson_model(), n=12, max_seqs=4, prompt_tokens=160, max_new_tokens=24, seed=seed)
@@ -105,7 +105,7 @@ def _offload_load_example(seed: int = 0):
 def _offloaded_like_on_device(result: Any) -> Any:
     """Counter-example: every offloaded step takes its on-device twin's time + 1 ms, every gap its twin's, over a
     real link (no ``link_gbps``: where the claims are checked, not only shown)."""
-    from kvlab.lessons.l03_cache_strategies.offload_load import OFFLOADED, ON_DEVICE
+    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE
 
     result.settings = {**result.settings, "link_gbps": None}
 

@@ -8,11 +8,11 @@ from typing import Any
 import pandas as pd
 
 from kvlab.lessons.l04_four_clocks.claims import _startup_s, _warm_ttft
-from kvlab.lessons.l04_four_clocks.four_clocks import cold_vs_warm, run_journey, run_mixed_load
-from kvlab.lessons.l04_four_clocks.tokens_words import (BPE, BYTE, count_tokens, lesson_tokenizers, tokens_per_second,
+from kvlab.experiments.four_clocks import cold_vs_warm, run_journey, run_mixed_load
+from kvlab.experiments.tokens_words import (BPE, BYTE, count_tokens, lesson_tokenizers, tokens_per_second,
                                                         words_per_second)
 from kvlab.model.lessons import lesson_model
-from kvlab.runs.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
+from kvlab.experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
 
 from . import counterexample, example
 

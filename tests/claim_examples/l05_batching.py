@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from kvlab.lessons.l05_batching.batching import batch_wait_runs, batching_table, compare_policies, policy_rounds
+from kvlab.experiments.batching import batch_wait_runs, batching_table, compare_policies, policy_rounds
 from kvlab.model.lessons import lesson_model
-from kvlab.runs.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
+from kvlab.experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_frame
 
 from . import counterexample, example
 
@@ -121,7 +121,7 @@ def _exact_knob_example() -> list[ServingRun]:
          "first_prompt_waits_for_the_batch", "batched_step_regime")
 @functools.lru_cache(maxsize=2)
 def _scaling_example(seed: int = 0):
-    from kvlab.lessons.l05_batching.batch_scaling import batch_scaling
+    from kvlab.experiments.batch_scaling import batch_scaling
 
     return batch_scaling(lesson_model(), batch_sizes=(1, 2, 4, 8, 16), steps=3, repeats=3, prompts=4,
                          prefill_tokens=16, seed=seed)

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from kvlab.lessons.l06_under_load.load import (ab_at_two_loads, scheduler_config, service_curve, service_curves,
+from kvlab.experiments.service_curves import (ab_at_two_loads, scheduler_config, service_curve, service_curves,
                                                simulated_vs_real)
 
 from . import counterexample, example

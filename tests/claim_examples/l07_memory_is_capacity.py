@@ -5,7 +5,7 @@ from functools import lru_cache
 
 import pandas as pd
 
-from kvlab.lessons.l07_memory_is_capacity.capacity import (block_size_table, budget_for_tokens, capacity_levers,
+from kvlab.experiments.capacity import (block_size_table, budget_for_tokens, capacity_levers,
                                                            capacity_workload, paged_vs_reserved)
 from kvlab.model.lessons import lesson_config
 

@@ -9,10 +9,10 @@ from typing import Any
 import pandas as pd
 
 from kvlab.lessons.l08_prefix_and_chunks.claims import _budgets
-from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table,
+from kvlab.experiments.prefix_and_chunks import (chunked_prefill_runs, chunked_prefill_table,
                                                                    preemption_runs, preemption_table,
                                                                    prefix_caching_runs, prefix_caching_table)
-from kvlab.runs.serving_run import FixedStepCostExecutor, ServingRun, lesson_model
+from kvlab.experiments.serving_run import FixedStepCostExecutor, ServingRun, lesson_model
 
 from . import counterexample, example
 
@@ -93,14 +93,14 @@ def _chunks_gap_uncut(runs: Any) -> pd.DataFrame:  # the longest gap in chunks 0
 @example("ideal_cache_hit_ratio_of_the_trace", "later_turns_hold_most_of_the_ideal_hits")
 @lru_cache(maxsize=1)
 def _sample_trace() -> pd.DataFrame:
-    from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import sample_frame
+    from kvlab.experiments.prefix_traces import sample_frame
     return sample_frame()
 
 
 @example("engine_hits_rise_with_kv_memory_to_the_ideal", "lru_reaches_most_of_the_ideal_with_a_fraction_of_the_memory")
 @lru_cache(maxsize=1)
 def _sample_curve() -> pd.DataFrame:
-    from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import sample_curve
+    from kvlab.experiments.prefix_traces import sample_curve
     return sample_curve()
 
 
@@ -108,5 +108,5 @@ def _sample_curve() -> pd.DataFrame:
          "caching_on_serves_at_least_as_much")
 @lru_cache(maxsize=1)
 def _sample_on_off() -> pd.DataFrame:
-    from kvlab.lessons.l08_prefix_and_chunks.prefix_traces import caching_on_off
+    from kvlab.experiments.prefix_traces import caching_on_off
     return caching_on_off(_sample_trace(), rate=5.0)

@@ -16,7 +16,7 @@ from . import counterexample, example
 @lru_cache(maxsize=1)
 def _server():
     """kvlab's server on loopback, started once for the examples (stopped when the interpreter exits)."""
-    from kvlab.lessons.l09_measure_a_real_server.wire import measure_at_client, start_server
+    from kvlab.experiments.wire import measure_at_client, start_server
 
     server = start_server(max_waiting=8)
     measure_at_client(server.url, num_requests=8, rate=8)  # warm, as the notebook's earlier sections leave it
@@ -25,14 +25,14 @@ def _server():
 
 @example("wire_adds_little_on_loopback")
 def _side(seed: int = 0) -> pd.DataFrame:
-    from kvlab.lessons.l09_measure_a_real_server.wire import client_vs_engine
+    from kvlab.experiments.wire import client_vs_engine
 
     return client_vs_engine(_server().url, num_requests=12, rate=10, seed=seed)
 
 
 @example("achieved_rate_below_offered_explained", "full_queue_turns_requests_away", "wait_grows_past_capacity")
 def _curve(seed: int = 0) -> pd.DataFrame:
-    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
+    from kvlab.experiments.wire import wire_service_curve
 
     return wire_service_curve(_server().url, rates=(8, 128), duration_s=1.0, seed=seed)
 
@@ -41,7 +41,7 @@ def _curve(seed: int = 0) -> pd.DataFrame:
 @lru_cache(maxsize=1)
 def _scheduled_curve() -> pd.DataFrame:
     """The notebook's rates and seconds per rate, sent to the scripted server (no model): only the schedule matters."""
-    from kvlab.lessons.l09_measure_a_real_server.wire import wire_service_curve
+    from kvlab.experiments.wire import wire_service_curve
     from kvlab.http.local import ServerThread
     from kvlab.http.testing import scripted_app
 
@@ -85,7 +85,7 @@ def engines_run():
     """Both servers on the lesson model with the notebook's settings (kvlab alone where transformers serve cannot
     run): made only where this session's run of notebook 09 did not show these claims, and by
     scripts/claims_robustness.py."""
-    from kvlab.lessons.l09_measure_a_real_server.two_engines import SWEEP_DURATION_S, SWEEP_RATES, compare_engines
+    from kvlab.experiments.two_engines import SWEEP_DURATION_S, SWEEP_RATES, compare_engines
 
     return compare_engines(rates=SWEEP_RATES, cold_requests=6, warmup=4, warm_requests=12,
                            duration_s=SWEEP_DURATION_S)

@@ -2,7 +2,7 @@
 
 GPT-2, Llama and Qwen2 checkpoints saved here and loaded with ``kvlab.from_pretrained`` on the device: logits
 against transformers' (on the CPU, fp32) and greedy tokens; the real-model demonstration
-(``kvlab.lessons.l02_kv_cache.real_model``) on the Llama one, its dynamic cache's bytes against the formula.
+(``kvlab.experiments.real_model``) on the Llama one, its dynamic cache's bytes against the formula.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def checkpoint_runs(device: torch.device, quick: bool) -> dict:
     """Per family: max |logit difference|, greedy tokens equal, text round-trip; and the real-model demo's tables."""
     import transformers
 
-    from kvlab.lessons.l02_kv_cache.real_model import real_model_demo, try_real_model
+    from kvlab.experiments.real_model import real_model_demo, try_real_model
     from kvlab.model.tiny_checkpoint import FAMILIES, save_tiny_checkpoint
 
     transformers.utils.logging.disable_progress_bar()  # one bar per save and load otherwise

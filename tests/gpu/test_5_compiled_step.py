@@ -1,6 +1,6 @@
 """The compiled fixed-shape static decode step on the device, in a child process bounded in time.
 
-``kvlab.lessons.l03_cache_strategies.static_compile`` (torch.compile of the static cache's decode step): the
+``kvlab.experiments.static_compile`` (torch.compile of the static cache's decode step): the
 default mode through ``try_compiled_decode`` (the notebook's own call), and on CUDA ``mode="reduce-overhead"``,
 whose step must be recorded as a CUDA graph (``cuda_graph == "captured"``). A compile that does not finish
 within its share of the budget is a SKIP, not a hang. The rules are ``compiled_step_checks``.
@@ -30,11 +30,11 @@ def compile_in_child(mode: str | None, budget_s: float, pairs: int, new_tokens: 
     command line with ``--mode``. The child runs on $KVLAB_DEVICE. Never raises: the answer has a ``status``
     ("compiled", "timeout" or "failed") and a one-line ``message``.
     """
-    from kvlab.lessons.l03_cache_strategies.static_compile import try_compiled_decode
+    from kvlab.experiments.static_compile import try_compiled_decode
 
     if mode is None:
         return try_compiled_decode(budget_s=budget_s, pairs=pairs, new_tokens=new_tokens)
-    cmd = [sys.executable, "-m", "kvlab.lessons.l03_cache_strategies.static_compile", "--pairs", str(pairs), "--new",
+    cmd = [sys.executable, "-m", "kvlab.experiments.static_compile", "--pairs", str(pairs), "--new",
            str(new_tokens), "--threads", "1", "--mode", mode]
     start = time.perf_counter()
     try:

@@ -25,7 +25,7 @@ def serve_and_load(device: torch.device, quick: bool) -> dict:
 
     from kvlab.http.loadgen import http_workload, run_loadtest
     from kvlab.http.local import ServerProcess
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.experiments.recall import load_recall_model
 
     n = 8 if quick else 16
     requests = http_workload("short_short", n, arrival="poisson", rate=20.0, seed=0, max_context=256)

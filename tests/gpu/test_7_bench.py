@@ -64,8 +64,8 @@ def test_bench_decode_runs_every_cache_on_the_device(gpu, gpu_report, record):
 def batch_scaling_run(device: torch.device, quick: bool) -> dict:
     """Notebook 05's experiment (``batch_scaling``) on the lesson model at its claim's small settings."""
     from kvlab.lessons import verdicts
-    from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
-    from kvlab.lessons.l05_batching.batch_scaling import batch_scaling, crossover_batch
+    from kvlab.experiments.slowdown import slowdown_model
+    from kvlab.experiments.batch_scaling import batch_scaling, crossover_batch
 
     sizes = (1, 2, 4, 8, 16) if quick or device.type != "cuda" else (1, 2, 4, 8, 16, 32, 64)
     result = batch_scaling(slowdown_model(), batch_sizes=sizes, steps=3, repeats=3, prompts=4, prefill_tokens=16)

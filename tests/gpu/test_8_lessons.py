@@ -40,7 +40,7 @@ def lesson_setup(gpu, gpu_report):
     kvlab.widgets needs ipywidgets (a kvlab dependency); a device image may lack it, and the claims only call the
     widgets' plain functions, so then a stand-in module lets them import. The report says which one was used."""
     from kvlab.course import setup_report
-    from kvlab.lessons.l01_the_slowdown.slowdown import slowdown_model
+    from kvlab.experiments.slowdown import slowdown_model
     from kvlab.model.lessons import lesson_scale
 
     with pytest.MonkeyPatch.context() as mp:
@@ -64,7 +64,7 @@ def lesson_setup(gpu, gpu_report):
 
 def slowdown(s) -> dict:
     from kvlab.lessons import verdicts
-    from kvlab.lessons.l01_the_slowdown.slowdown import run_slowdown, slowdown_summary
+    from kvlab.experiments.slowdown import run_slowdown, slowdown_summary
 
     kw = dict(prompt_tokens=64, max_new_tokens=40) if s.quick else {}  # else the device's lesson sizes
     frame = run_slowdown(s.model, repeats=1 if s.quick else 2, **kw)
@@ -74,7 +74,7 @@ def slowdown(s) -> dict:
 
 
 def memory(s) -> dict:
-    from kvlab.lessons.l02_kv_cache.memory import measure_cache_memory
+    from kvlab.experiments.memory import measure_cache_memory
 
     frame = measure_cache_memory(s.model, prompt_tokens=64, max_new_tokens=32)
     last = frame.groupby("cache").tail(1)
@@ -85,8 +85,8 @@ def memory(s) -> dict:
 
 
 def strategies(s) -> dict:
-    from kvlab.lessons.l03_cache_strategies.strategies import default_settings, run_strategies
-    from kvlab.tasks.recall import load_recall_model
+    from kvlab.experiments.strategies import default_settings, run_strategies
+    from kvlab.experiments.recall import load_recall_model
 
     recall = load_recall_model(device=s.device)
     frame = run_strategies(recall, default_settings(s.device), pairs=(4, 16), new_tokens=8, repeats=1,
@@ -100,25 +100,25 @@ def strategies(s) -> dict:
 
 
 def journey(s) -> dict:
-    from kvlab.lessons.l04_four_clocks.four_clocks import journey_clocks, run_journey
-    from kvlab.runs.serving_run import lesson_model
+    from kvlab.experiments.four_clocks import journey_clocks, run_journey
+    from kvlab.experiments.serving_run import lesson_model
 
     run = run_journey(lesson_model(), n_ahead=2, max_seqs=1, prompt_tokens=16, max_new_tokens=8)
     return dict(clocks=journey_clocks(run).to_dict(orient="records"))
 
 
 def batching(s) -> dict:
-    from kvlab.lessons.l05_batching.batching import batching_table, compare_policies
-    from kvlab.runs.serving_run import lesson_model
+    from kvlab.experiments.batching import batching_table, compare_policies
+    from kvlab.experiments.serving_run import lesson_model
 
     runs = compare_policies(lesson_model(), n=8, max_seqs=4, prompt_tokens=32, max_new_tokens=24)
     return dict(table=batching_table(runs).to_dict(orient="records"))
 
 
 def prefix_and_chunks(s) -> dict:
-    from kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks import (chunked_prefill_runs, prefix_caching_runs,
+    from kvlab.experiments.prefix_and_chunks import (chunked_prefill_runs, prefix_caching_runs,
                                                                        prefix_caching_table)
-    from kvlab.runs.serving_run import lesson_model
+    from kvlab.experiments.serving_run import lesson_model
 
     prefix = prefix_caching_table(prefix_caching_runs(lesson_model(), n=4, system_prompt_tokens=128))
     chunks = chunked_prefill_runs(lesson_model(), n_decoding=3, decode_tokens=40, long_prompt_tokens=512)

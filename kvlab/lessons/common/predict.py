@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 
 from .fold import folded
 from .panel import PanelResult, figure_output, output_html
-from .provenance import cell_of, current_cell
+from kvlab.experiments.provenance import cell_of, current_cell
 from .session import note_comparison
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..l01_the_slowdown.slowdown import prefill_vs_decode
+from kvlab.experiments.slowdown import prefill_vs_decode
 from ..common.claims import claim, frame_of
 
 NOTEBOOK = "00_start_here.ipynb"

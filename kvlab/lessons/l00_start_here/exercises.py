@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..l01_the_slowdown.slowdown import tokens_processed
+from kvlab.experiments.slowdown import tokens_processed
 from ..common.exercises import Feedback, _is_number, exercise, multiple_choice, right, wrong
 
 

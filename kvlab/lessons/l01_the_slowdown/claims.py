@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .long_context import context_step_summary
-from .slowdown import slowdown_fit, slowdown_summary, step_curves
+from kvlab.experiments.long_context import context_step_summary
+from kvlab.experiments.slowdown import slowdown_fit, slowdown_summary, step_curves
 from ..common.claims import claim, frame_of
 
 NOTEBOOK = "01_the_slowdown.ipynb"

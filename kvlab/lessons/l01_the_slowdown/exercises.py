@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .slowdown import tokens_processed
+from kvlab.experiments.slowdown import tokens_processed
 from ..common.exercises import Feedback, check_function, check_number, exercise, right
 
 

@@ -6,7 +6,7 @@ from typing import Sequence
 import ipywidgets as widgets
 import pandas as pd
 
-from .slowdown import run_slowdown, slowdown_summary
+from kvlab.experiments.slowdown import run_slowdown, slowdown_summary
 from ...model.decoder import Decoder
 from ...model.lessons import lesson_scale
 from .figures import plot_slowdown

@@ -13,7 +13,7 @@ from ...generate import generate
 from ...model.config import tiny_llama
 from ...model.decoder import Decoder
 from ...model.tokenizer import ByteTokenizer
-from .memory import GIB, max_sequences, resolve_config
+from kvlab.experiments.memory import GIB, max_sequences, resolve_config
 from ..common.exercises import Feedback, exercise, check_number, multiple_choice, right, method_source, solution_code, wrong, _is_number
 
 
@@ -72,7 +72,7 @@ per_sequence = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 32768 * 2
 answer = (80 * 2**30 - c.num_parameters() * 2) // per_sequence
 ```
 Each conversation holds `4 GiB` of cache, and the fp16 weights leave about `65 GiB` of the `80`.
-`kvlab.lessons.l02_kv_cache.memory.max_sequences("Llama-3-8B (GQA)", 32768, 80)` does the same count.""")
+`kvlab.experiments.memory.max_sequences("Llama-3-8B (GQA)", 32768, 80)` does the same count.""")
 def check_sequences_that_fit(answer: Any) -> Feedback:
     """How many 32K-token sequences of Llama-3-8B (fp16 weights and cache) fit in an 80 GiB GPU?"""
     model, context, gpu = "Llama-3-8B (GQA)", 32768, 80
@@ -89,7 +89,7 @@ def check_sequences_that_fit(answer: Any) -> Feedback:
                   (math.ceil((gpu * GIB - cfg.num_parameters() * 2) / per_seq),
                    "rounded up: the last sequence would not fit completely. Round down.")],
         hint="memory left for the cache = 80 GiB − parameters × 2 bytes; divide by one sequence's KV bytes "
-             "and round down (kvlab.lessons.l02_kv_cache.memory.max_sequences does exactly this).",
+             "and round down (kvlab.experiments.memory.max_sequences does exactly this).",
         confirm=f"{expected} sequences: each holds {per_seq / GIB:g} GiB of cache. At 32K tokens the cache, "
                 "not the weights, decides how many conversations one GPU can hold.")
 

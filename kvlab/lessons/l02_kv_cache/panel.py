@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from .memory import CACHE_PRECISIONS, kv_memory_table, measure_cache_memory, resolve_config
+from kvlab.experiments.memory import CACHE_PRECISIONS, kv_memory_table, measure_cache_memory, resolve_config
 from ...model.config import PUBLISHED_CONFIGS
 from ...model.decoder import Decoder
 from .figures import plot_cache_memory, plot_kv_memory

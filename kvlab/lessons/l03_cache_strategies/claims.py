@@ -124,7 +124,7 @@ def quantized_time_goes_into_the_cache(result: Any) -> dict:
 
 
 def _summary(result: Any) -> pd.DataFrame:
-    from .cache_accuracy import accuracy_summary
+    from kvlab.experiments.cache_accuracy import accuracy_summary
 
     return accuracy_summary(_accuracy(result))
 
@@ -269,7 +269,7 @@ def _offloaded(result: Any) -> pd.DataFrame:
            the bytes moved differ from (stored + 1) × bytes per token: the cache copied more or less than the
            history. Look at OffloadedCache._copy, the one place bytes cross tiers.""")
 def offloaded_bytes_follow_the_count(result: Any) -> dict:
-    from .figures_strategies import expected_bytes_moved
+    from kvlab.lessons.l03_cache_strategies.figures import expected_bytes_moved
 
     frame = frame_of(result)
     bpt = int(frame.attrs["bytes_per_token"])
@@ -383,7 +383,7 @@ def compiled_step_is_faster(compiled: dict) -> dict:
 
 def _pairs_ran(result: Any) -> pd.DataFrame:
     """The rows of the strategies whose transformers cache ran, one row per (strategy, library)."""
-    from .transformers_caches import RAN
+    from kvlab.experiments.transformers_caches import RAN
 
     frame = frame_of(result)
     ran = frame.loc[(frame["library"] == "transformers") & (frame["status"] == RAN), "strategy"]
@@ -522,7 +522,7 @@ def _modelled_link(result: Any) -> dict:
 
 
 def _spread(result: Any, run: str, measure: str) -> dict:
-    from .offload_load import distribution_table
+    from kvlab.experiments.offload_load import distribution_table
 
     t = distribution_table(result).set_index(["run", "measure"])
     return t.loc[(run, measure)].to_dict()
@@ -552,7 +552,7 @@ def offloaded_engine_serves_the_same_tokens(result: Any) -> dict:
            attend over, or missed some. (The count assumes no preemption and no prefix shared between the
            sequences of one step.)""")
 def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
-    from .offload_load import OFFLOADED, bytes_by_hand
+    from kvlab.experiments.offload_load import OFFLOADED, bytes_by_hand
 
     off = result.run(OFFLOADED)
     bs, per_token = int(off.settings["block_size"]), int(result.settings["bytes_per_token"])
@@ -576,7 +576,7 @@ def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
            something slowed the on-device run's steps (another program on the machine): look at the step times in
            the figure and run the cell again.""")
 def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
-    from .offload_load import OFFLOADED, ON_DEVICE
+    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE
 
     off, dev = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
     return dict(off=off["p95"] * 1e3, dev=dev["p95"] * 1e3, n=int(dev["n"]), off50=off["p50"] * 1e3,
@@ -593,7 +593,7 @@ def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
            vary with the batch (see the count above), so their link time should spread the steps; a machine busy
            with other programs can spread the on-device steps as much. Run again.""")
 def offloading_widens_the_spread(result: Any) -> dict:
-    from .offload_load import OFFLOADED, ON_DEVICE
+    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE
 
     so, sd = _spread(result, OFFLOADED, "step time"), _spread(result, ON_DEVICE, "step time")
     to, td = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
@@ -613,7 +613,7 @@ def offloading_widens_the_spread(result: Any) -> dict:
            from noise larger than that difference: a busy machine. Run again, or lower link_gbps to make the
            link's share larger.""")
 def offload_cost_follows_the_bytes(result: Any) -> dict:
-    from .offload_load import paired_steps
+    from kvlab.experiments.offload_load import paired_steps
 
     p = paired_steps(result)
     med = float(p["bytes_moved"].median())

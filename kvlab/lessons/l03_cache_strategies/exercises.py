@@ -20,11 +20,11 @@ answer = 2 / 32 + 2 / 8   # codes: 2 of 32 bits; scale + zero-point: 2 x 32 bits
 ```
 0.3125: more than the 4-bit cache with groups of 32 takes. With groups of 8 the scales and
 zero-points cost four times as much as the 2-bit codes. Smaller groups follow the data more closely
-and cost more; `ideal_memory_ratio` in `kvlab.lessons.l03_cache_strategies.strategies` computes it
+and cost more; `ideal_memory_ratio` in `kvlab.experiments.strategies` computes it
 for any setting.""")
 def check_quantized_memory_ratio(answer: Any) -> Feedback:
     """2-bit codes, groups of 8 values, fp32 scale and zero-point, residual 0: bytes as a fraction of fp32's."""
-    from .strategies import ideal_memory_ratio
+    from kvlab.experiments.strategies import ideal_memory_ratio
 
     setting = {"cache": "quantized", "bits": 2, "group_size": 8, "residual": 0}
     expected = ideal_memory_ratio(setting, head_dim=32, tokens=1000, element_bytes=4)

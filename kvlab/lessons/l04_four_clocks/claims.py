@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from .four_clocks import mean_vs_tail
-from ...runs.serving_run import ServingRun
-from .tokens_words import BPE, BYTE, REFERENCE
+from kvlab.experiments.four_clocks import mean_vs_tail
+from kvlab.experiments.serving_run import ServingRun
+from kvlab.experiments.tokens_words import BPE, BYTE, REFERENCE
 from ..common.claims import claim, frame_of
 
 NOTEBOOK = "04_four_clocks.ipynb"

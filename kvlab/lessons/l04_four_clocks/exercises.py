@@ -11,8 +11,8 @@ from ..common.exercises import Feedback, exercise, check_function, right, wrong,
 @functools.lru_cache(maxsize=4)
 def _journey_clocks_at(step_s: float) -> tuple[float, float]:
     """(TTFT, E2E) of lesson 04's watched request when every engine step costs ``step_s`` (virtual clock)."""
-    from .four_clocks import journey_workload
-    from ...runs.serving_run import FixedStepCostExecutor, serve
+    from kvlab.experiments.four_clocks import journey_workload
+    from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
     from ...model.lessons import lesson_config
 
     config = lesson_config()

@@ -4,10 +4,10 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from .four_clocks import journey_clocks, run_journey
-from ...runs.serving_run import runs_frame
+from kvlab.experiments.four_clocks import journey_clocks, run_journey
+from kvlab.experiments.serving_run import runs_frame
 from ...model.decoder import Decoder
-from .figures_journey import plot_request_journey
+from kvlab.lessons.l04_four_clocks.figures import plot_request_journey
 from ..common.panel import ExperimentPanel
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .batching import batching_table
-from ...runs.serving_run import ServingRun
+from kvlab.experiments.batching import batching_table
+from kvlab.experiments.serving_run import ServingRun
 from ..common.claims import claim, frame_of
 
 NOTEBOOK = "05_batching.ipynb"

@@ -12,7 +12,7 @@ EX05_MAX_SEQS = 2
 
 
 def _idle_slots(max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX05_MAX_SEQS) -> dict:
-    from .batching import idle_slots
+    from kvlab.experiments.batching import idle_slots
     return idle_slots(max_new_tokens, max_seqs)
 
 
@@ -25,7 +25,7 @@ prefill, how many slots sit idle because a member finished before its batch did?
 check_idle_slots(my_idle_slots)""",
           explanation="""Batch 1 = (8, 16): it lasts 16 steps with 2 slots = 32 slots, of which 8 + 16 = 24 produce a token:
 8 idle. Batch 2 = (32, 64): `2 × 64 = 128` slots, 96 used: 32 idle. In all **40** idle slots, a quarter
-of what ran. `kvlab.lessons.l05_batching.batching.idle_slots` does the same count.""")
+of what ran. `kvlab.experiments.batching.idle_slots` does the same count.""")
 def check_idle_slots(answer: Any) -> Feedback:
     """Decode slots left idle by static batching of EX05_OUTPUTS, EX05_MAX_SEQS at a time (slot = sequence x step)."""
     s = _idle_slots()
@@ -43,7 +43,7 @@ def check_idle_slots(answer: Any) -> Feedback:
 def admission_steps(policy: str, max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX05_MAX_SEQS,
                     prompt_tokens: int = 16) -> dict:
     """The step at which each request of exercise 05.2 is first scheduled, from a run of the engine's scheduler."""
-    from ...runs.serving_run import FixedStepCostExecutor, serve
+    from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
     from ...model.config import tiny_llama
     from ...serving.scheduler import SchedulerConfig
     from ...workload import Request
@@ -91,7 +91,7 @@ def solution_admission(waiting, free_blocks, token_budget, free_slots):
 
     It is the engine's own rule, written out in the explanation below; the checker compares any rule with it.
     """
-    from .admission import builtin_admission
+    from kvlab.experiments.admission import builtin_admission
 
     return builtin_admission(waiting, free_blocks, token_budget, free_slots)
 
@@ -194,7 +194,7 @@ def _picked_otherwise(where: str, waiting, free_blocks: int, token_budget: int, 
 def _hand_built_case_failure(rule) -> str | None:
     """Run ``rule`` on ADMISSION_CASES; the message for the first case it answers otherwise than the engine's rule."""
     from ...serving.scheduler import WaitingRequest
-    from .admission import builtin_admission
+    from kvlab.experiments.admission import builtin_admission
 
     for name, shapes, free_blocks, token_budget, free_slots in ADMISSION_CASES:
         waiting = [WaitingRequest(i, tokens, blocks, 0.0, False) for i, (tokens, blocks) in enumerate(shapes)]
@@ -260,7 +260,7 @@ or only into an empty batch), which leaves slots idle that a waiting request cou
 def check_admission_rule(rule: Any) -> Feedback:
     """Run the engine with the learner's admission rule; check blocks, budget, slots, starvation, admitting too
     few (ADMISSION_CASES) and every pick of the run against the engine's own rule."""
-    from .admission import admission_run, admission_workload, clocks_table
+    from kvlab.experiments.admission import admission_run, admission_workload, clocks_table
 
     if not callable(rule) or isinstance(rule, type):
         return wrong(f"pass your function itself, check_admission_rule(my_admission), not "

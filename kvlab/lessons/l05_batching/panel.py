@@ -4,8 +4,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from .batching import LENGTHS, compare_policies
-from ...runs.serving_run import runs_frame
+from kvlab.experiments.batching import LENGTHS, compare_policies
+from kvlab.experiments.serving_run import runs_frame
 from ...model.decoder import Decoder
 from ..common.gantt import plot_gantts
 from ..common.panel import ExperimentPanel

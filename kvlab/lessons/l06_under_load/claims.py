@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .load import DEFAULT_SLO, real_vs_simulated
+from kvlab.experiments.service_curves import DEFAULT_SLO, real_vs_simulated
 from ..common.checks import rises_at_every_level, series
 from ..common.claims import claim
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.exercises import Feedback, check_function, exercise, multiple_choice
+from ...serving.sweep import KEEPS_UP_RATIO, find_knee
 
 
 EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves
@@ -19,36 +20,34 @@ EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): 
 
 
 def _knee_06(offered, throughput_ratio, ttft_p95, slo_ttft_s):
-    from ...serving.sweep import find_knee
-
-    keeps = [r >= 0.9 and t <= slo_ttft_s for r, t in zip(throughput_ratio, ttft_p95)]
+    keeps = [r >= KEEPS_UP_RATIO and t <= slo_ttft_s for r, t in zip(throughput_ratio, ttft_p95)]
     i = find_knee(offered, keeps)
     return None if i is None else offered[i]
 
 
 def _knee_06_last_ok(offered, throughput_ratio, ttft_p95, slo_ttft_s):  # a wrong answer: the last level that keeps up
-    ok = [x for x, r, t in zip(offered, throughput_ratio, ttft_p95) if r >= 0.9 and t <= slo_ttft_s]
+    ok = [x for x, r, t in zip(offered, throughput_ratio, ttft_p95) if r >= KEEPS_UP_RATIO and t <= slo_ttft_s]
     return ok[-1] if ok else None
 
 
 @exercise("06_under_load.ipynb", solution=_knee_06, wrong=_knee_06_last_ok,
           title='find the knee',
-          question="""Write `knee(offered, throughput_ratio, ttft_p95, slo_ttft_s)`: the lists give one value per load
+          question=f"""Write `knee(offered, throughput_ratio, ttft_p95, slo_ttft_s)`: the lists give one value per load
 level, in rising order of load. Return the offered load of the knee as defined above (a level
-keeps up when `throughput_ratio >= 0.9` and `ttft_p95 <= slo_ttft_s`), or `None` when the first
+keeps up when `throughput_ratio >= {KEEPS_UP_RATIO}` and `ttft_p95 <= slo_ttft_s`), or `None` when the first
 level already fails or no level fails.""",
           code="""def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
     return None   # your code here
 
 answer = None   # replace None with your function: answer = knee
 check_knee(answer)""",
-          explanation="""Walk up the levels and stop at the first that does not keep up; the knee is the one before it.
+          explanation=f"""Walk up the levels and stop at the first that does not keep up; the knee is the one before it.
 
 ```python
 def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
     last_ok = None
     for load, ratio, p95 in zip(offered, throughput_ratio, ttft_p95):
-        if ratio < 0.9 or p95 > slo_ttft_s:
+        if ratio < {KEEPS_UP_RATIO} or p95 > slo_ttft_s:
             return last_ok          # None if the very first level fails
         last_ok = load
     return None                     # never failed: the knee lies beyond the loads tried
@@ -67,7 +66,7 @@ def check_knee(answer: Any) -> Feedback:
         if got == _knee_06_last_ok(**kwargs):
             return ("that is the last level that keeps up, but the curve broke earlier: the knee is the level "
                     f"just before the FIRST one that fails ({expected}).")
-        return (f"expected {expected}: walk up the loads; a level keeps up when achieved/offered >= 0.9 and p95 "
+        return (f"expected {expected}: walk up the loads; a level keeps up when achieved/offered >= {KEEPS_UP_RATIO} and p95 "
                 "TTFT <= the SLO; the knee is the level just before the first that does not.")
 
     return check_function(answer, cases, what="knee", explain=explain)

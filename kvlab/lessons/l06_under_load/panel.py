@@ -5,7 +5,7 @@ import ipywidgets as widgets
 import pandas as pd
 
 from ...clocks import SLO
-from .load import DEFAULT_SLO, scheduler_config, service_curve
+from kvlab.experiments.service_curves import DEFAULT_SLO, scheduler_config, service_curve
 from .figures import plot_service_curve
 from ...serving.cost_model import CostModel
 from ...workload import PROFILE_NAMES

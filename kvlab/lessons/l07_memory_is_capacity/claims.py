@@ -1,6 +1,6 @@
 """Claims of notebook 07 (memory is capacity): counts of sequences that fit a KV budget, and what is wasted.
 
-Every claim here reads a counting table of ``kvlab.lessons.l07_memory_is_capacity.capacity`` (no model runs, no
+Every claim here reads a counting table of ``kvlab.experiments.capacity`` (no model runs, no
 clock): the same numbers on every machine, so every claim is deterministic.
 """
 from __future__ import annotations

@@ -11,12 +11,12 @@ EX07_BLOCKS, EX07_BLOCK_SIZE, EX07_RESERVE = 48, 16, 512
 
 
 def _fit_07() -> tuple[int, int]:
-    from .capacity import block_manager_fit
+    from kvlab.experiments.capacity import block_manager_fit
     return block_manager_fit(EX07_LENGTHS, EX07_BLOCKS, EX07_BLOCK_SIZE), EX07_BLOCKS * EX07_BLOCK_SIZE // EX07_RESERVE
 
 
 def _fit_07_by_tokens() -> int:
-    from .capacity import fit_in_order
+    from kvlab.experiments.capacity import fit_in_order
     return fit_in_order(EX07_LENGTHS, EX07_BLOCKS * EX07_BLOCK_SIZE)
 
 

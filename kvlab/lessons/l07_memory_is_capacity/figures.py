@@ -17,7 +17,7 @@ SCHEME_COLORS = {"reserve max length": "#d62728", "paged blocks": "#1f77b4"}
 def plot_paged_vs_reserved(table: pd.DataFrame) -> Figure:
     """Left: sequences that fit the same budget per scheme. Right: where the budget's token slots go.
 
-    ``table`` comes from ``kvlab.lessons.l07_memory_is_capacity.capacity.paged_vs_reserved``.
+    ``table`` comes from ``kvlab.experiments.capacity.paged_vs_reserved``.
     """
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax_fit, ax_parts = fig.subplots(1, 2, width_ratios=[1, 2])
@@ -51,7 +51,7 @@ def plot_block_size(table: pd.DataFrame) -> Figure:
 
     Right: sequences that fit the budget.
 
-    ``table`` comes from ``kvlab.lessons.l07_memory_is_capacity.capacity.block_size_table``.
+    ``table`` comes from ``kvlab.experiments.capacity.block_size_table``.
     """
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax_waste, ax_fit = fig.subplots(1, 2)
@@ -76,7 +76,7 @@ def plot_block_size(table: pd.DataFrame) -> Figure:
 def plot_capacity_levers(table: pd.DataFrame) -> Figure:
     """One panel per max context: sequences that fit vs max new tokens, reserved vs paged, with the worst case.
 
-    ``table`` comes from ``kvlab.lessons.l07_memory_is_capacity.capacity.capacity_levers``.
+    ``table`` comes from ``kvlab.experiments.capacity.capacity_levers``.
     """
     contexts = list(dict.fromkeys(table["max_model_len"]))
     fig = Figure(figsize=(4 * max(len(contexts), 1) + 1, 3.6), layout="constrained")

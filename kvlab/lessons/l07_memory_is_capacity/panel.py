@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from .capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
+from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
 from ...model.config import ModelConfig
 from .figures import plot_paged_vs_reserved
 from ..common.panel import ExperimentPanel

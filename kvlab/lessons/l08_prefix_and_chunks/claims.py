@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from .prefix_and_chunks import chunked_prefill_table, preemption_table, prefix_caching_table
+from kvlab.experiments.prefix_and_chunks import chunked_prefill_table, preemption_table, prefix_caching_table
 from ..common.claims import claim
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
@@ -197,7 +197,7 @@ def chunks_delay_the_long_prompt(result: Any) -> dict:
            the ideal cache finds nothing: no two prompts of this trace share a first block. An Azure-format trace
            has no block ids, so it shares nothing by construction; a Mooncake trace should.""")
 def ideal_cache_hit_ratio_of_the_trace(frame: pd.DataFrame) -> dict:
-    from .prefix_traces import ideal_hit_ratio
+    from kvlab.experiments.prefix_traces import ideal_hit_ratio
     ideal = ideal_hit_ratio(frame)
     span = float(frame["arrival_s"].iloc[-1] - frame["arrival_s"].iloc[0])
     return dict(n=len(frame), span=span, rate=(len(frame) - 1) / span if span > 0 else float("inf"),
@@ -216,7 +216,7 @@ def ideal_cache_hit_ratio_of_the_trace(frame: pd.DataFrame) -> dict:
            later turns hold no more than half of the hits: in this trace, sharing comes mostly from prompts that
            many sessions send, not from conversations resending their history.""")
 def later_turns_hold_most_of_the_ideal_hits(frame: pd.DataFrame) -> dict:
-    from .prefix_traces import SHARED_MIN_REQUESTS, hit_sources, hit_sources_table
+    from kvlab.experiments.prefix_traces import SHARED_MIN_REQUESTS, hit_sources, hit_sources_table
     t = hit_sources_table(hit_sources(frame)).set_index("kind")
     total = t.loc["all requests", "hit_tokens"]
     share = (lambda x: x / total) if total else (lambda x: 0.0)

@@ -17,7 +17,7 @@ def tokens_recomputed_after_preemption(prompt_tokens: int = EX08_PROMPT, written
     computed (the newest is computed by the step that would have written the next one). Readmitted,
     it computes all ``prompt_tokens + written_tokens`` again in one prefill; all but the newest were
     computed once already. ``tests/test_experiments_serving.py`` checks this against the engine's
-    own count (``kvlab.lessons.l08_prefix_and_chunks.prefix_and_chunks.recomputed_tokens``).
+    own count (``kvlab.experiments.prefix_and_chunks.recomputed_tokens``).
     """
     return prompt_tokens + written_tokens - 1
 

@@ -252,7 +252,7 @@ KNEE_REASON = ("one run over a few rates of a second each: one rung is the whole
 def kvlab_knee_beyond_transformers(run: Any) -> dict:
     """Shown, not asserted (was: ✓ when kvlab's knee was at or above transformers' and its top-rate p95 under half
     of transformers'). The name keeps what the comparison usually shows on a 2-core CPU."""
-    from .two_engines import engine_knees
+    from kvlab.experiments.two_engines import engine_knees
 
     t = _engine_rows(run)
     slo = t.attrs.get("settings", {}).get("slo_ttft_s", 1.0)

@@ -1,0 +1,187 @@
+"""Batching policies on the same requests: static vs continuous, equal vs mixed lengths, and waiting for a fuller batch.
+
+- ``compare_policies``: every request arrives at once; a static batch runs until its longest
+  member finishes and only then admits the next group, continuous batching refills a slot as
+  soon as a sequence finishes. With equal lengths the two barely differ; with mixed lengths the
+  static batch idles on its finished members.
+- ``batch_wait_runs``: requests trickle in; a static batch may wait up to ``batch_wait_s`` for
+  more members. Fuller batches do more work per step (more tokens per second of compute), and
+  the first request of each batch waits longer for its first token.
+All on the real decoder with the engine's wall clock, unless an ``executor`` is given.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvlab.model.decoder import Decoder
+from kvlab.serving.executor import Executor
+from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, SchedulerConfig
+from kvlab.threads import LESSON_THREADS, check_threads
+from kvlab.workload import Request, arrival_times
+from kvlab.experiments.progress import Progress, no_progress
+from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
+                          serve, warm_up)
+from kvlab.experiments.provenance import experiment
+
+LENGTHS = ("equal", "mixed")
+
+
+def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt_tokens: int = 64,
+                    max_new_tokens: int = 48, spread: float = 0.8, arrivals: Sequence[float] | None = None,
+                    seed: int = 0) -> list[Request]:
+    """``n`` requests with equal lengths, or mixed lengths with the same means.
+
+    "mixed": prompt and output lengths evenly spread over mean x (1 ± ``spread``), shuffled
+    (seeded), so both workloads ask for the same number of tokens (up to rounding). ``arrivals``:
+    one arrival time per request (default: all at 0).
+    """
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths={lengths!r}: choose one of {', '.join(LENGTHS)}")
+    check_positive_int("n", n)
+    check_positive_int("prompt_tokens", prompt_tokens)
+    check_positive_int("max_new_tokens", max_new_tokens)
+    if not 0 <= spread < 1:
+        raise ValueError(f"spread must be in [0, 1): lengths range over mean x (1 ± spread); got {spread!r}")
+    arrivals = [0.0] * n if arrivals is None else [float(a) for a in arrivals]
+    if len(arrivals) != n:
+        raise ValueError(f"arrivals has {len(arrivals)} times for n={n} requests; give one per request")
+    rng = np.random.default_rng(seed)
+
+    def spread_lengths(mean: int) -> np.ndarray:
+        if lengths == "equal" or n == 1:
+            return np.full(n, mean)
+        return rng.permutation(np.maximum(1, np.round(np.linspace(mean * (1 - spread), mean * (1 + spread), n))))
+
+    prompts, outputs = spread_lengths(prompt_tokens).astype(int), spread_lengths(max_new_tokens).astype(int)
+    return [Request(i, int(p), int(o), arrivals[i], lengths, prompt=seeded_prompt(vocab_size, int(p), (seed, i)))
+            for i, (p, o) in enumerate(zip(prompts, outputs))]
+
+
+def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENGTHS,
+                     policies: Sequence[str] = POLICIES, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
+                     max_new_tokens: int = 48, max_batch_tokens: int = MAX_BATCH_TOKENS, clock: str = "wall",
+                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
+                     progress: Progress = no_progress) -> list[ServingRun]:
+    """Serve the same all-at-once requests under each policy, for each length mix.
+
+    Runs are labelled "<policy>, <lengths> lengths" and keep ``policy`` and ``lengths`` in
+    ``run.extra``. Both policies get the same ``max_seqs`` and token budget.
+    """
+    model = resolve_model(model)
+    check_threads(threads)
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    workloads = {ls: policy_workload(model.config.vocab_size, ls, n, prompt_tokens, max_new_tokens, seed=seed)
+                 for ls in lengths}
+    plan = [(ls, p) for ls in lengths for p in policies]
+    if executor is None:
+        warm_up(model, threads)
+    runs = []
+    for ls, p in progress(plan, total=len(plan), desc="policies", unit="run"):
+        sched = SchedulerConfig(policy=p, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
+        run = serve(model.config if executor is not None else model, workloads[ls], label=f"{p}, {ls} lengths",
+                    clock=clock, executor=executor, scheduler=sched, threads=threads)
+        run.extra.update(policy=p, lengths=ls)
+        runs.append(run)
+    return runs
+
+
+def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequence[str] = LENGTHS, n: int = 12,
+                  max_seqs: int = 4, prompt_tokens: int = 64, max_new_tokens: int = 48, seed: int = 0,
+                  threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> list[ServingRun]:
+    """``compare_policies`` on the real model ``rounds`` times, as paired rounds: each round serves the same requests
+    under both policies, back to back, the policy that goes first alternating from round to round (so a machine
+    slowing down or speeding up during the cell favours neither). ``run.extra["round"]`` numbers the rounds.
+
+    A round's two runs share the machine's state of the moment, so their ratio is what one round says about the
+    policies; the equal-length pair of the same round, whose schedules are identical, says how far apart the
+    machine alone put two runs in that round.
+    """
+    check_positive_int("rounds", rounds)
+    model = resolve_model(model)
+    runs: list[ServingRun] = []
+    for r in progress(range(rounds), total=rounds, desc="paired rounds", unit="round"):
+        order = POLICIES if r % 2 == 0 else tuple(reversed(POLICIES))
+        for ls in lengths:
+            for p in order:
+                run = compare_policies(model, lengths=(ls,), policies=(p,), n=n, max_seqs=max_seqs,
+                                       prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, seed=seed,
+                                       threads=threads)[0]
+                run.extra["round"] = r
+                runs.append(run)
+    return runs
+
+
+def rounds_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """``batching_table(policy_rounds(...))`` with one row per run label: the median of its rounds, and ``rounds``."""
+    numeric = [c for c in table.columns if c not in ("run", "policy", "lengths", "round")
+               and pd.api.types.is_numeric_dtype(table[c])]
+    grouped = table.groupby("run", sort=False)
+    out = grouped[numeric].median()
+    for key in ("policy", "lengths"):
+        if key in table.columns:
+            out.insert(0, key, grouped[key].first())
+    out.insert(0, "rounds", grouped.size())
+    return out.reset_index()
+
+
+def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0, 0.1, 0.2, 0.4),
+                    rate: float = 15.0, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
+                    max_new_tokens: int = 32, include_continuous: bool = True, clock: str = "wall",
+                    executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
+                    progress: Progress = no_progress) -> list[ServingRun]:
+    """Static batching under a trickle (one request every 1/``rate`` s), waiting up to each of ``waits`` to fill.
+
+    A batch starts as soon as it holds ``max_seqs`` requests or its first member has waited
+    ``batch_wait_s``. With ``include_continuous`` a continuous-batching run on the same requests
+    is added for reference. ``run.extra`` keeps ``policy`` and ``batch_wait_s``.
+    """
+    model = resolve_model(model)
+    check_threads(threads)
+    waits = [float(w) for w in waits]
+    bad = [w for w in waits if not w >= 0]
+    if not waits or bad:
+        raise ValueError(f"waits must be a non-empty list of seconds >= 0, got {waits!r}")
+    requests = policy_workload(model.config.vocab_size, "equal", n, prompt_tokens, max_new_tokens,
+                               arrivals=arrival_times("constant", n, rate), seed=seed)
+    plan = [("static", w) for w in waits] + ([("continuous", 0.0)] if include_continuous else [])
+    if executor is None:
+        warm_up(model, threads)
+    runs = []
+    for policy, w in progress(plan, total=len(plan), desc="batch wait", unit="run"):
+        sched = SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, batch_wait_s=w)
+        label = f"static, wait {w * 1e3:.0f} ms" if policy == "static" else "continuous (no wait)"
+        run = serve(model.config if executor is not None else model, requests, label=label, clock=clock,
+                    executor=executor, scheduler=sched, threads=threads)
+        run.extra.update(policy=policy, batch_wait_s=w)
+        runs.append(run)
+    return runs
+
+
+def batching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
+    """``runs_table`` with the run's policy, length mix and batch wait in front."""
+    table = runs_table(runs)
+    for i, key in enumerate(("policy", "lengths", "batch_wait_s", "round")):
+        if any(key in r.extra for r in runs):
+            table.insert(1 + i, key, [r.extra.get(key) for r in runs])
+    return table
+
+
+def idle_slots(max_new_tokens: Sequence[int], max_seqs: int) -> dict:
+    """Decode slots of static batches: how many steps x slots ran, and how many sat idle (ignoring prefill).
+
+    The requests are batched in order, ``max_seqs`` at a time; each batch lasts as long as its
+    longest member, and a finished member's slot stays empty until the batch ends.
+    """
+    check_positive_int("max_seqs", max_seqs)
+    lengths = [int(x) for x in max_new_tokens]
+    slots = used = 0
+    for i in range(0, len(lengths), max_seqs):
+        batch = lengths[i:i + max_seqs]
+        slots += len(batch) * max(batch)
+        used += sum(batch)
+    return {"slots": slots, "used": used, "idle": slots - used, "idle_share": (slots - used) / slots if slots else 0.0}
