@@ -4,7 +4,7 @@
     python scripts/fault_figures.py --json results/fault_figures.json
 
 Each case starts kvlab's server (tiny random Llama, 4 batch slots) in this process with one
-fault from `kvlab.serving.faults` at its third step, sends 8 concurrent streamed requests
+fault from `tests/faults.py` at its third step, sends 8 concurrent streamed requests
 (4 run, 4 wait), and reads /health and /metrics once the server is idle. `raise_always` sends
 12, enough for the 3 failing steps in a row that stop the engine, and also runs `run_server`
 to its end and reports its exit status. `temperature 1e-38` sends one request at that
@@ -29,7 +29,7 @@ from test_faults import one  # noqa: E402  the streamed request the fault-inject
 from kvlab.http.local import ServerThread, free_port, wait_until_healthy  # noqa: E402
 from kvlab.http.server import create_app, run_server  # noqa: E402
 from kvlab.serving import Engine, SchedulerConfig  # noqa: E402
-from kvlab.serving.faults import FaultyExecutor, FaultyScheduler  # noqa: E402
+from faults import FaultyExecutor, FaultyScheduler  # noqa: E402
 from kvlab.threads import torch_threads  # noqa: E402
 
 MODEL = "tiny-llama"

@@ -1,6 +1,6 @@
 """Lesson 09 over a real socket: accounting, the service curve, client vs engine clocks, the panel, the exercises.
 
-The load-shaped tests run against kvlab's scripted server (kvlab.http.testing) in a thread on
+The load-shaped tests run against kvlab's scripted server (kvlab.http.scripted) in a thread on
 127.0.0.1 and a free port, whose answers are known: `max_tokens` tokens, one per chunk, and a
 429 for every k-th request when asked. One test starts the real `python -m kvlab serve` in a
 subprocess, as the notebook does, and checks it is gone after `stop()`. No assertion on times:
@@ -20,7 +20,7 @@ from kvlab.experiments.wire import (accounting, check_rates, client_vs_engine, m
                                     requests_per_rate, serve_args, server_metrics, start_server, wait_until_idle,
                                     wire_service_curve)
 from kvlab.http.local import ServerThread
-from kvlab.http.testing import scripted_app
+from kvlab.http.scripted import scripted_app
 from kvlab.lessons.l09_measure_a_real_server.figures import plot_client_vs_engine, plot_wire_service_curve
 from kvlab.lessons.l09_measure_a_real_server.panel import service_table, wire_panel
 

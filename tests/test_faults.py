@@ -1,6 +1,6 @@
 """A fault stays in its request: faults injected into the real engine, behind the real server, on a real socket.
 
-The test device is `kvlab.serving.faults`: the real `ModelExecutor` with one fault at a chosen
+The test device is `tests/faults.py`: the real `ModelExecutor` with one fault at a chosen
 step (raise once, raise on every step, out of memory, NaN logits in one row, a stuck step), and
 a scheduler that raises after it has allocated blocks. Each case asserts what the issue asks:
 every request answered within the bound, the server serves afterwards (or, after the
@@ -22,7 +22,7 @@ import pytest
 from kvlab.http.local import ServerThread, free_port, wait_until_healthy
 from kvlab.http.server import create_app, exit_when_engine_stops, run_server
 from kvlab.serving import ENGINE_ERROR, MODEL_FAILED, Engine, SamplingParams, SchedulerConfig, StepFailed
-from kvlab.serving.faults import FaultyExecutor, FaultyScheduler, FaultyTokenizer
+from faults import FaultyExecutor, FaultyScheduler, FaultyTokenizer
 from kvlab.workload import Request
 
 MODEL = "tiny-llama"
@@ -170,8 +170,8 @@ def run_in_a_thread(app) -> tuple[str, Callable[[float], int | None]]:
     """`run_server(app)` as `python -m kvlab serve` runs it, in a thread: its URL once healthy, and a function
     waiting up to the seconds given for its exit status (None: still running)."""
     port, exit_code = free_port(), []
-    thread = threading.Thread(target=lambda: exit_code.append(run_server(app, "127.0.0.1", port, log_level="warning",
-                                                                         drain_timeout_s=2)), daemon=True)
+    thread = threading.Thread(target=lambda: exit_code.append(run_server(app, host="127.0.0.1", port=port,
+                                                                         log_level="warning", drain_timeout_s=2)), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     wait_until_healthy(url)

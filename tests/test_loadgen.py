@@ -22,7 +22,7 @@ from kvlab.results_io import load_results
 from kvlab.http.loadgen import http_workload, request_body, run_loadtest
 from kvlab.http.loadtest import main
 from kvlab.http.local import ServerProcess, ServerThread, free_port
-from kvlab.http.testing import scripted_app
+from kvlab.http.scripted import scripted_app
 from kvlab.workload import Request
 
 # The tolerance on a median: half the scripted time (a client that mis-times a request is off by a whole TTFT or
@@ -41,7 +41,7 @@ def workload(n=8, rate=25.0, max_new_tokens=6, **kw):
 @pytest.fixture(scope="module")
 def timed_server():
     # A subprocess, as in real use: the server's timers do not wait on the client's Python.
-    with ServerProcess(["kvlab.http.testing", "--ttft", str(TTFT_S), "--gap", str(GAP_S)]) as server:
+    with ServerProcess(["kvlab.http.scripted", "--ttft", str(TTFT_S), "--gap", str(GAP_S)]) as server:
         run_loadtest(server.url, workload(n=4, rate=math.inf))  # warm up: a fresh server's first answers are slow
         yield server
 

@@ -1,7 +1,7 @@
 """Benchmark: how many streamed requests per second the load generator alone can drive.
 
 A load generator must never be the bottleneck it measures. This starts the
-scripted server (`kvlab.http.testing`, answering instantly: every chunk of a
+scripted server (`kvlab.http.scripted`, answering instantly: every chunk of a
 response in one write) in a *subprocess* on 127.0.0.1, so the two do not
 share an event loop, and drives it from this process:
 
@@ -84,7 +84,7 @@ def measure(url: str, server_pid: int | None, scenario: str, n: int, tokens: int
 def run(requests: int = 2000, tokens: int = 16, max_connections: int = 64, rate: float = GOAL_RPS,
         paced_seconds: float = 5.0, seed: int = 0) -> pd.DataFrame:
     """Warm up, then the `max_rate` and `paced` scenarios; one row each."""
-    with ServerProcess(["kvlab.http.testing"]) as server:
+    with ServerProcess(["kvlab.http.scripted"]) as server:
         measure(server.url, None, "warmup", 200, tokens, max_connections, seed=seed)
         pid = server.process.pid
         rows = [measure(server.url, pid, "max_rate", requests, tokens, max_connections, seed=seed),

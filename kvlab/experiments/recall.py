@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pandas as pd
 import torch

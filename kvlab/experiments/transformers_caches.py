@@ -21,7 +21,7 @@ the quantized one needs the optimum-quanto package) keeps its row, with the reas
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd

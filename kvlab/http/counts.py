@@ -14,15 +14,20 @@ read anywhere sees counts that add up.
 from __future__ import annotations
 
 import collections
+from typing import Literal, get_args
 
 # outcome -> kind. The outcomes are the `kvlab_requests_total{outcome=...}` series (notebook 09 reads them).
-OUTCOMES: dict[str, str] = {
+Outcome = Literal["completed", "failed", "cancelled", "rejected_queue_full", "rejected_unavailable", "invalid_request",
+                  "model_not_found", "unauthorized"]
+Kind = Literal["completed", "failed", "cancelled", "rejected"]
+OUTCOMES: dict[Outcome, Kind] = {
     "completed": "completed", "failed": "failed", "cancelled": "cancelled",
     "rejected_queue_full": "rejected", "rejected_unavailable": "rejected", "invalid_request": "rejected",
     "model_not_found": "rejected", "unauthorized": "rejected",
 }
-KINDS = ("completed", "failed", "cancelled", "rejected")
+KINDS: tuple[Kind, ...] = get_args(Kind)
 PLACES = ("waiting", "running")
+assert set(get_args(Outcome)) == set(OUTCOMES) and set(OUTCOMES.values()) == set(KINDS)  # one list of each
 
 
 class RequestCounts:
@@ -70,7 +75,7 @@ class Tally:
             self.counts.in_place["running"] += 1
             self.place = "running"
 
-    def end(self, outcome: str) -> bool:
+    def end(self, outcome: Outcome) -> bool:
         """Count the request's outcome; only its first end counts (False for any later one)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; one of {', '.join(OUTCOMES)}")

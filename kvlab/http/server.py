@@ -52,12 +52,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from kvlab.http.counts import OUTCOMES, RequestCounts, Tally  # noqa: F401 (OUTCOMES: kvlab.http.server's own before)
 from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S, STOPPED, AsyncEngine, EngineRejected, RequestStream
 from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer_errors_as_json,
-                              api_key_from_env, check_api_key, check_content_type, error_response,
+                              check_api_key, check_content_type, error_response,
                               header_timeout_protocol, is_loopback, read_body)
 from kvlab.http.protocol import APIError, CompletionRequest, ResponseShape, parse_request, sse
+from kvlab.http.settings import ServerSettings
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
+from kvlab.serving.sequence import COMPLETED
 from kvlab.serving.scheduler_cli import add_scheduler_arguments, scheduler_config_from_args
 from kvlab.workload import Request as WorkloadRequest
 from kvlab.command_args import command_args
@@ -92,19 +94,18 @@ def load_model(model: str | None = None, seed: int = 0, device: str | None = Non
 class ServerState:
     """What the routes share: the engine loop, the served name, the tokenizer, the guards and the counts."""
 
-    def __init__(self, engine: Engine, model_name: str, retry_after_s: int, keep_records: int,
-                 api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_failed_steps: int = MAX_FAILED_STEPS,
-                 step_timeout_s: float = STEP_TIMEOUT_S) -> None:
-        self.engine = AsyncEngine(engine, keep_records=keep_records, max_failed_steps=max_failed_steps,
-                                  step_timeout_s=step_timeout_s, on_stop=self._engine_stopped)
+    def __init__(self, engine: Engine, model_name: str, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.engine = AsyncEngine(engine, keep_records=settings.keep_records, max_failed_steps=settings.max_failed_steps,
+                                  step_timeout_s=settings.step_timeout_s, on_stop=self._engine_stopped)
         self.model_name = model_name
         self.tokenizer = (engine.model.tokenizer if engine.model is not None and engine.model.tokenizer is not None
                           else ByteTokenizer())
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_token_ids = (eos,) if eos is not None else ()
-        self.retry_after_s = retry_after_s
-        self.api_key, self.max_body_bytes, self.read_timeout_s = api_key, max_body_bytes, read_timeout_s
+        self.retry_after_s = settings.retry_after_s
+        self.api_key, self.max_body_bytes, self.read_timeout_s = (settings.api_key, settings.max_body_bytes,
+                                                                  settings.read_timeout_s)
         self.counts = RequestCounts()
         self.outcomes = self.counts.outcomes  # by outcome name: kvlab_requests_total{outcome=...}
         self.shutdown: Callable[[], None] | None = None  # asks the HTTP server to exit (set by run_server)
@@ -127,18 +128,17 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1,
-               keep_records: int = 10_000, *, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               read_timeout_s: float = READ_TIMEOUT_S, max_failed_steps: int = MAX_FAILED_STEPS,
-               step_timeout_s: float = STEP_TIMEOUT_S) -> FastAPI:
+def create_app(engine: Engine, model_name: str = "kvlab", settings: ServerSettings | None = None,
+               **changes) -> FastAPI:
     """The FastAPI app serving `engine` under `model_name`; `app.state.kvlab` is its ServerState.
 
-    `api_key`: when set, every `/v1` route, `/metrics` and `/kvlab/requests` need
+    `settings` (default `ServerSettings()`), with any of its fields changed by name (`api_key=...`,
+    `max_failed_steps=...`): with `api_key` set, every `/v1` route, `/metrics` and `/kvlab/requests` need
     `Authorization: Bearer <api_key>` (`kvlab.http.guard`); `/health` stays open. `max_failed_steps` failing engine
     steps in a row stop the engine for good; a step running past `step_timeout_s` does too.
     """
-    state = ServerState(engine, model_name, retry_after_s, keep_records, api_key, max_body_bytes, read_timeout_s,
-                        max_failed_steps, step_timeout_s)
+    settings = (settings or ServerSettings()).replace(**changes)
+    state = ServerState(engine, model_name, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -153,7 +153,7 @@ def create_app(engine: Engine, model_name: str = "kvlab", retry_after_s: int = 1
     app = FastAPI(title="kvlab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvlab = state
 
-    answer_errors_as_json(app, api_key)
+    answer_errors_as_json(app, settings.api_key)
 
     @app.get("/health")
     async def health() -> Response:
@@ -349,7 +349,7 @@ async def _events(state: ServerState, stream: RequestStream, shape: ResponseShap
             yield sse(shape.role_chunk())
         while True:
             out = await stream.queue.get()  # the watchdog answers it if the engine stops making progress
-            if out.finished and out.finish_reason not in ("length", "stop"):  # cancelled, engine error
+            if out.finished and out.finish_reason not in COMPLETED:  # cancelled, engine error
                 tally.end("cancelled" if out.finish_reason == "cancelled" else "failed")
                 yield _error_event(out)
                 yield sse("[DONE]")
@@ -383,7 +383,7 @@ async def _collect(state: ServerState, request: Request, stream: RequestStream, 
     async def collect():
         while True:
             out = await stream.queue.get()
-            if out.finished and out.finish_reason not in ("length", "stop"):
+            if out.finished and out.finish_reason not in COMPLETED:
                 return out
             text, failure = _text_or_failure(state, stream, out)
             if failure is not None:
@@ -404,13 +404,13 @@ async def _collect(state: ServerState, request: Request, stream: RequestStream, 
             collector.cancel()
         else:
             out = collector.result()
-            tally.end("completed" if out.finish_reason in ("length", "stop") else
+            tally.end("completed" if out.finish_reason in COMPLETED else
                       "cancelled" if out.finish_reason == "cancelled" else "failed")
         _closer(state, stream, tally)()
     if tally.outcome == "cancelled" and not collector.done():
         return Response(status_code=499)  # nobody reads it
     out = collector.result()
-    if out.finish_reason not in ("length", "stop"):
+    if out.finish_reason not in COMPLETED:
         status = 500 if out.finish_reason == ENGINE_ERROR else 503
         return error_response(APIError(status, _early_end_message(out), out.finish_reason, type_="server_error",
                                         headers={"Retry-After": str(state.retry_after_s)} if status == 503 else None))
@@ -508,17 +508,20 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     return engine, args.served_model_name or name
 
 
-def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info",
-               drain_timeout_s: int = 10) -> int:
-    """Serve `app` with uvicorn until interrupted (0) or until its engine stops for good (1, for a supervisor)."""
+def run_server(app: FastAPI, **changes) -> int:
+    """Serve `app` with uvicorn until interrupted (0) or until its engine stops for good (1, for a supervisor).
+
+    Where and how (`host`, `port`, `log_level`, `drain_timeout_s`) come from the app's `ServerSettings`, with any
+    field changed by name."""
     import uvicorn
 
     state: ServerState = app.state.kvlab
-    if not is_loopback(host) and state.api_key is None:
+    settings = state.settings.replace(**changes)
+    if not is_loopback(settings.host) and state.api_key is None:
         log.warning("serving on %s, beyond this machine, with no API key: anyone who can reach it can use the "
-                    "model and read /metrics and /kvlab/requests; set $%s (or --api-key)", host, API_KEY_ENV)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                           timeout_graceful_shutdown=drain_timeout_s,
+                    "model and read /metrics and /kvlab/requests; set $%s (or --api-key)", settings.host, API_KEY_ENV)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                                           access_log=False, timeout_graceful_shutdown=settings.drain_timeout_s,
                                            http=header_timeout_protocol(state.read_timeout_s)))
     exit_when_engine_stops(app, server)
     server.run()
@@ -532,14 +535,12 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Serve until interrupted (exit status 0), or until the engine stops for good (1)."""
     args = command_args(args, "python -m kvlab serve", __doc__, add_arguments)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    settings = ServerSettings.from_args(args)  # checked before the model loads
     engine, name = build_engine(args)
-    app = create_app(engine, name, retry_after_s=args.retry_after, api_key=api_key_from_env(args.api_key),
-                     max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
-                     max_failed_steps=args.max_failed_steps, step_timeout_s=args.step_timeout)
-    log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, args.host, args.port,
-             ", API key required" if app.state.kvlab.api_key else "")
-    return run_server(app, args.host, args.port, log_level=args.log_level, drain_timeout_s=args.drain_timeout)
-
+    app = create_app(engine, name, settings)
+    log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, settings.host, settings.port,
+             ", API key required" if settings.api_key else "")
+    return run_server(app)
 
 if __name__ == "__main__":
     raise SystemExit(main())

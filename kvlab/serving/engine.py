@@ -19,7 +19,7 @@ from ..workload import Request
 from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
 from .executor import Executor, ModelExecutor
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .sequence import SamplingParams, Sequence, SequenceStatus
+from .sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 from ..cache.paged import BLOCK_SIZE
 
 CLOCKS = ("wall", "virtual")
@@ -64,11 +64,11 @@ class RequestOutput:
     token_id: int | None  # the new token, or None for a request that ended without one
     num_output_tokens: int
     finished: bool
-    finish_reason: str | None  # "length" | "stop" | "queue_full" | "prompt_too_long" | "cancelled" | "engine_error"
+    finish_reason: FinishReason | None
     error: str | None = None  # why, for a request ended by "engine_error"
 
 
-ENGINE_ERROR = "engine_error"  # the finish reason of a request a failing step (or its own bad logits) ended
+ENGINE_ERROR: FinishReason = "engine_error"  # the finish reason of a request a failing step (or its own bad logits) ended
 MODEL_FAILED = "model"  # StepFailed.where of a step that ran but gave no finite logits for any sequence
 
 

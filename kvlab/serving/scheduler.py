@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal, get_args
 
 from .block_manager import BlockManager
-from .sequence import Sequence, SequenceStatus
+from .sequence import FinishReason, Sequence, SequenceStatus
 
-POLICIES = ("continuous", "static")
-PRIORITIES = ("decode_first", "prefill_first")
+Policy = Literal["continuous", "static"]  # admit whenever a slot frees, or only when the whole batch has finished
+Priority = Literal["decode_first", "prefill_first"]  # who goes first in a step's token budget
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)
 
 
 MAX_BATCH_TOKENS = 512  # tokens computed per step by default: a whole 512-token prompt fits in one step
@@ -36,8 +38,8 @@ class SchedulerConfig:
       context); a longer request fails with "prompt_too_long".
     """
 
-    policy: str = "continuous"
-    priority: str = "decode_first"
+    policy: Policy = "continuous"
+    priority: Priority = "decode_first"
     max_seqs: int = 16
     max_batch_tokens: int = MAX_BATCH_TOKENS
     chunked_prefill: bool = True
@@ -189,7 +191,7 @@ class Scheduler:
         self.num_preemptions = 0
 
     # -- queue entry and exit ----------------------------------------------------------------
-    def add_sequence(self, seq: Sequence) -> str | None:
+    def add_sequence(self, seq: Sequence) -> FinishReason | None:
         """Queue ``seq``, or return why it is rejected ("prompt_too_long", "queue_full")."""
         total = seq.num_prompt_tokens + seq.max_new_tokens
         if total > self.max_model_len:
@@ -214,7 +216,7 @@ class Scheduler:
                     return seq
         return None
 
-    def fail(self, seq: Sequence, reason: str) -> None:
+    def fail(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq`` with ``reason`` wherever it is (waiting, running, or half-way between after a fault), freeing its blocks."""
         if seq in self.waiting:
             self.waiting.remove(seq)

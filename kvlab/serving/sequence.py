@@ -3,11 +3,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal, get_args
 
 import torch
 
 from ..clocks import RequestRecord
 from ..sampling import check_sampling
+
+
+# Why a request ended: it completed ("length": max_new_tokens reached, "stop": a stop token), was rejected
+# ("queue_full", "prompt_too_long"), aborted ("cancelled") or failed ("engine_error"); OpenAI's and vLLM's names
+# for the first two.
+FinishReason = Literal["length", "stop", "queue_full", "prompt_too_long", "cancelled", "engine_error"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
+COMPLETED: tuple[FinishReason, ...] = ("length", "stop")  # the reasons of a request that completed
 
 
 class SequenceStatus(Enum):
@@ -75,7 +84,7 @@ class Sequence:
         # current block table were already offered to the cache.
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
-        self.finish_reason: str | None = None  # "length" | "stop" | a fail reason
+        self.finish_reason: FinishReason | None = None
         self.generator: torch.Generator | None = None  # set by the engine for seeded sampling
 
     # -- lengths -----------------------------------------------------------------------------

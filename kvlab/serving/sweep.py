@@ -41,7 +41,7 @@ from ..workload import Request, make_workload
 from .block_manager import bytes_per_block
 from .cost_model import CostModel, CostModelExecutor, load_calibration
 from .engine import Engine
-from .scheduler import SchedulerConfig
+from .scheduler import Policy, Priority, SchedulerConfig
 from .scheduler_cli import scheduler_config_from_args
 
 LevelProgress = Callable[[Iterable], Iterable]
@@ -56,7 +56,7 @@ MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out);
 MAX_WAITING = 64  # the lessons' bounded queue: overload shows up as failures (SchedulerConfig's queue is unbounded)
 
 
-def scheduler_config(policy: str = SchedulerConfig.policy, priority: str = SchedulerConfig.priority, *,
+def scheduler_config(policy: Policy = SchedulerConfig.policy, priority: Priority = SchedulerConfig.priority, *,
                      max_waiting: int | None = MAX_WAITING, max_model_len: int | None = MAX_MODEL_LEN,
                      **fields) -> SchedulerConfig:
     """The lesson's scheduler: SchedulerConfig with two defaults that deliberately differ.

@@ -43,7 +43,7 @@ def _scheduled_curve() -> pd.DataFrame:
     """The notebook's rates and seconds per rate, sent to the scripted server (no model): only the schedule matters."""
     from kvlab.experiments.wire import wire_service_curve
     from kvlab.http.local import ServerThread
-    from kvlab.http.testing import scripted_app
+    from kvlab.http.scripted import scripted_app
 
     with ServerThread(scripted_app(ttft_s=0.002, gap_s=0.001)) as server:
         return wire_service_curve(server.url, rates=(8, 32, 128), duration_s=1.5)

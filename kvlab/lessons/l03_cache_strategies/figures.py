@@ -1,4 +1,6 @@
-"""Figures of the cache strategies side by side: memory held, latency paid, bytes moved and accuracy kept.
+"""Notebook 03's figures: the strategies side by side, kvlab beside transformers, offloading under load.
+
+Figures of the cache strategies side by side: memory held, latency paid, bytes moved and accuracy kept.
 
 ``frame`` is ``run_strategies``' table (one row per setting and context); ``accuracy`` is
 ``accuracy_by_distance``'s (or ``recall_accuracy`` frames concatenated): one row per setting and

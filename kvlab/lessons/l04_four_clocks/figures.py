@@ -1,4 +1,6 @@
-"""One request's journey: arrival, admission, first token, every token, finish — with the four clocks on it.
+"""Notebook 04's figures: one request's journey, a clock's distribution, tokens per word, cold vs warm start.
+
+One request's journey: arrival, admission, first token, every token, finish — with the four clocks on it.
 
 Top: the request's timeline (queued, prefill, decode, paused, as in the Gantt chart), its token
 arrivals as ticks, and brackets for the clocks: queue wait (arrival -> admission), TTFT

@@ -1,4 +1,6 @@
-"""What each step's batch held: prompt tokens vs decoding sequences, step by step.
+"""Notebook 05's figures: each step's batch, what a policy delivers, why batching works.
+
+What each step's batch held: prompt tokens vs decoding sequences, step by step.
 
 A step computes some prompt tokens (prefill, maybe a chunk) and one token for each decoding
 sequence. Stacking the two per step shows a policy at work: a static batch thins out as its

@@ -1,4 +1,6 @@
-"""Figures of prefix caching on a replayed trace: hit ratio against KV capacity, and caching on vs off.
+"""Notebook 08's figures: prefix hits against KV capacity, KV blocks over time, the gaps between tokens.
+
+Figures of prefix caching on a replayed trace: hit ratio against KV capacity, and caching on vs off.
 
 KV blocks over time: how much of the memory budget sequences hold, what the prefix cache keeps, what is free.
 

@@ -1,4 +1,6 @@
-"""The trace panel of lesson 08: a trace's shared prefixes replayed, hits against KV memory, caching on vs off.
+"""Notebook 08's panels: a KV budget that runs out, and a replayed trace's shared prefixes.
+
+The trace panel of lesson 08: a trace's shared prefixes replayed, hits against KV memory, caching on vs off.
 
 The panel of lesson 08: a KV budget too small for every sequence to grow — blocks over time and preemptions.
 """

@@ -1,4 +1,6 @@
-"""The panel of lesson 09: a service curve measured at the client of a running server, behind a Run button.
+"""Notebook 09's panels: a service curve at the client, and a second engine on the same weights.
+
+The panel of lesson 09: a service curve measured at the client of a running server, behind a Run button.
 
 The panel of lesson 09's second engine: kvlab serve and transformers serve, same weights and workload, behind a Run button.
 """

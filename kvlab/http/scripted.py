@@ -1,4 +1,7 @@
-"""A scripted OpenAI-compatible streaming server whose chunk timings the caller sets.
+"""A scripted OpenAI-compatible streaming server whose chunk timings the caller sets: the load client's reference.
+
+An instrument, not scaffolding: `python -m kvlab bench loadgen` measures the load client against it, and lesson
+09's claims check the client's clocks on it, so it ships with the package.
 
 It runs no model: every request is answered with `max_tokens` tokens of
 filler text, the first chunk `ttft_s` after the request arrived, then one
@@ -10,7 +13,7 @@ look like vLLM's: chat opens with a role-only chunk (sent at once, before
 the first token), `stream_options.include_usage` adds a usage chunk, and
 `data: [DONE]` closes the stream.
 
-    python -m kvlab.http.testing --port 8100 --ttft 0.05 --gap 0.01
+    python -m kvlab.http.scripted --port 8100 --ttft 0.05 --gap 0.01
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve a scripted app with uvicorn (for benchmarks: the load generator in another process)."""
     import uvicorn
 
-    p = argparse.ArgumentParser(prog="python -m kvlab.http.testing", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kvlab.http.scripted", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--ttft", type=float, default=0.0)

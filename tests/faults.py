@@ -1,7 +1,7 @@
 """Faults on purpose: an executor and a scheduler that fail at a chosen step, to show a failure stays in its request.
 
 The test device of the engine's fault handling (``tests/test_faults.py``,
-``scripts/fault_figures.py``). ``FaultyExecutor`` is the real ``ModelExecutor`` with one
+``scripts/fault_figures.py``); test scaffolding, so it lives here in tests/, not in the package. ``FaultyExecutor`` is the real ``ModelExecutor`` with one
 fault added at its ``at_step``-th call of ``execute`` (counted from 0):
 
 - ``raise_once``: a RuntimeError at that step only;
@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from ..model.decoder import Decoder
-from .executor import ModelExecutor, StepResult
-from .scheduler import Scheduler, SchedulerOutput
+from kvlab.model.decoder import Decoder
+from kvlab.serving.executor import ModelExecutor, StepResult
+from kvlab.serving.scheduler import Scheduler, SchedulerOutput
 
 FAULTS = ("raise_once", "raise_always", "oom", "nan_row", "nan_step", "nan_always", "hang")
 NAN_FAULTS = ("nan_row", "nan_step", "nan_always")
