@@ -27,7 +27,7 @@ HELP = {
     "batch_wait_s": "static batching: wait this long (s) to fill the batch",
 }
 CHOICES = {"policy": POLICIES, "priority": PRIORITIES}
-TYPES = {"int": int, "float": float, "str": str}
+TYPES = {"int": int, "float": float, "str": str, "Policy": str, "Priority": str}  # the Literals are strings
 OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulerConfig) if f.name in HELP)  # not admission (code)
 
 
