@@ -134,8 +134,8 @@ def share_cells(notebook: str) -> list:
         "started, so they are placed when they ran)" if requests else "")
     text = ("### Share your run with the room (optional)\n\n"
             "In a workshop your teacher may gather everyone's runs and show the room side by side: each "
-            "prediction against what each machine measured, and how often each claim held across the room "
-            "(`notebooks/TEACHING.md`, *Running a room*). Type your name below to take part; add `url=` and "
+            "prediction against what each machine measured, and how often each claim held across the room. "
+            "Type your name below to take part; add `url=` and "
             "`key=` if your teacher gave them, or leave them out to save a file you hand in. What goes in: the "
             f"name you type, your machine's device, threads and versions, {what}. No paths, host names or "
             "prompts, and nothing at all while the name is empty.")

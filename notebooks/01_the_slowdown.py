@@ -117,11 +117,12 @@ per_token_costs(result.frame)
 
 # %% [markdown]
 # Some of a pass's cost is paid once, however many tokens it holds: every operation is started,
-# Python runs between them, every weight is read. This model's weights (the MiB printed above) stay
-# largely in a CPU's caches, so here the first two dominate; on a large model on a GPU, reading the
-# weights does (notebook 05). A cached step pays all that for
-# one token; an uncached step shares it among all the tokens of its pass. So a token gets cheaper as
-# the pass grows, and the measured ratio falls short of the work ratio mostly by that.
+# Python runs between them, every weight is read. This model's weights (the MiB printed above) fit
+# in the caches of a CPU whose L2/L3 holds tens of MiB (many server CPUs; not every laptop), and
+# there the first two dominate; on a large model on a GPU, reading the weights does (notebook 05).
+# A cached step pays all that for one token; an uncached step shares it among all the tokens of its
+# pass. So a token gets cheaper as the pass grows, and the measured ratio falls short of the work
+# ratio mostly by that.
 #
 # "Tokens processed" also undercounts one part: attention compares each token of the pass with
 # every token before it, work that grows with the **square** of the length. Once a pass holds enough
@@ -188,10 +189,14 @@ verdicts(long_run, "cached_steps_grow_at_long_context", fold=True)
 # held in fast on-chip memory and never writes the full matrix of query–key scores to GPU memory;
 # for decode, its [Flash-Decoding](https://crfm.stanford.edu/2023/10/12/flashdecoding.html) variant
 # splits one long history into chunks processed in parallel across the GPU.
-# [PagedAttention](https://arxiv.org/abs/2309.06180) (vLLM) is memory management: K/V in fixed-size
-# blocks anywhere in the pool, with near-zero waste and blocks shared between requests (notebooks
-# 07 and 08). Its paper measures its kernel somewhat slower than one reading contiguous memory
-# (§7.1: the block table costs lookups), paid back by the larger batches the saved memory allows.
+# [PagedAttention](https://arxiv.org/abs/2309.06180) (vLLM) is an attention algorithm and kernel
+# that reads K/V from fixed-size blocks anywhere in the pool, through each sequence's block table
+# (§3); vLLM's
+# [KV cache manager](https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py)
+# hands those blocks out (§4 of the paper), with near-zero waste and blocks shared between requests
+# (notebooks 07 and 08). The paper measures the PagedAttention kernel somewhat slower than one
+# reading contiguous memory (§7.1: the block table costs lookups), paid back by the larger batches
+# the saved memory allows.
 
 # %% [markdown]
 # ## Try it

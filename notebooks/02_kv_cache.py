@@ -65,11 +65,12 @@ verdicts(out, "cache_holds_every_token_but_the_last")
 # %% [markdown]
 # ## Same tokens, with and without the cache
 #
-# The cache is a saving, not an approximation: here, in fp32 on a CPU, greedy decoding writes the
-# same tokens with and without it. On a GPU in fp16 or bf16 the two paths add numbers in a different
-# order, and a near-tie between two tokens can flip one
-# ([a transformers report](https://github.com/huggingface/transformers/issues/36536);
-# [PyTorch on reproducibility](https://pytorch.org/docs/stable/notes/randomness.html)).
+# The cache is a saving, not an approximation: in this run, in fp32 on a CPU, greedy decoding writes
+# the same tokens with and without it. The two paths still add numbers in a different order, so a
+# near-tie between two tokens can in principle flip one, in fp32 too. In reduced precision (fp16 or
+# bf16), on any device, rounding is coarser and such flips are seen in practice
+# ([a transformers report](https://github.com/huggingface/transformers/issues/36536), with and
+# without a GPU; [PyTorch on reproducibility](https://pytorch.org/docs/stable/notes/randomness.html)).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -214,7 +215,7 @@ if real is not None:
 # ## Summary
 #
 # - Keys and values of past tokens never change, so each layer can store them: the KV cache. It
-#   saves time; in fp32 it leaves the tokens unchanged.
+#   saves time; in this run (fp32, on a CPU) it left the tokens unchanged.
 # - Its size is `2 × layers × kv_heads × head_dim × tokens × batch × bytes_per_element`. For served
 #   models it, not the weights, often decides how many requests fit: context and batch multiply it,
 #   fewer K/V heads and lower precision divide it.

@@ -40,7 +40,8 @@ print(f"expected answer: {ex.answer}   model's answer: {out.text}   "
 
 # %% [markdown]
 # **Checked:** the exact cache answers the held-out questions. On a CPU the model, the questions and
-# greedy decoding are deterministic, so everyone's output is identical.
+# greedy decoding are deterministic, so the output is the same on most machines; a borderline answer
+# can differ where another CPU adds the same numbers in another order.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -189,8 +190,9 @@ verdicts(result, "quantized_time_goes_into_the_cache", fold=True)
 #
 # Answers are that price. The table counts right answers per bucket of distance between the fact
 # and the question (each column gives its n, so one answer moves a bucket a lot). The exact cache's
-# row is the reference. On a CPU these counts are the same on every machine. On a GPU other kernels
-# round differently, so an answer on the edge (most likely at the lowest bits) can flip.
+# row is the reference. On a CPU these counts are the same on most machines; an answer on the edge
+# (most likely at the lowest bits) can differ, since another CPU may add its sums in another order.
+# On a GPU other kernels round differently, so such an answer can flip there too.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -262,10 +264,11 @@ verdicts(result, "slow_link_time_shows_in_the_step")
 #
 # The table, per decode step: *KiB moved* between the tiers; *link ms*, the link's own time for those
 # bytes (bytes / rate); *ms copying*, the time the copies really took (waiting for the link
-# included); *GB/s copying*, bytes per second of copying; *GB/s of step*, bytes per second of the
-# whole step (what gpt-fast prints as achieved bandwidth,
-# [`generate.py`](https://github.com/pytorch-labs/gpt-fast/blob/main/generate.py)); then the step's
-# median time beside the dynamic cache's.
+# included); *GB/s copying*, bytes per second of copying; *GB/s of step*, the bytes moved divided by
+# the whole step's time. gpt-fast's bandwidth figure is the same kind of rate, bytes over time: it
+# multiplies the model's weight bytes by the tokens per second
+# ([`generate.py`](https://github.com/pytorch-labs/gpt-fast/blob/main/generate.py)); here only the
+# cache's bytes count. Then the step's median time beside the dynamic cache's.
 #
 # The slow link is a model, stated plainly (`OffloadedCache(link_gbps=...)`, the panel's *slow link*).
 # Every byte is still copied, in chunks, and after each chunk the cache waits until those bytes would

@@ -277,7 +277,9 @@ verdicts(words, "fewer_tokens_per_second_can_be_more_words", fold=True)
 #
 # - In the panel, set **batch slots** to 8: the queue disappears. What happens to TTFT, and to TPOT?
 # - Run `run_mixed_load(model, rate=12)`, twice the arrival rate. Which grows faster, p50 or p95?
-# - Run `run_mixed_load(model, burstiness=4.0)`: the same rate, evenly spaced. What happens to the tail?
+# - Run `run_mixed_load(model, burstiness=4.0)`: the same average rate without the clumps. The gaps
+#   between arrivals still vary, half as much (relative to their mean) as for independent, Poisson
+#   arrivals: more regular, not evenly spaced. What happens to the tail?
 # - In the exact run, set `STEP_S = 0.020` and predict every clock before running the cell.
 
 # %% [markdown]

@@ -28,8 +28,8 @@
 #   [vLLM](https://github.com/vllm-project/vllm/blob/main/README.md) and by transformers'
 #   [`generate_batch`](https://huggingface.co/docs/transformers/main/continuous_batching).
 #
-# When every request asks for the same number of tokens, the two rules do the same thing. Real
-# traffic has mixed lengths.
+# When the requests arrive together and each asks for the same number of tokens, the two rules do
+# the same thing. Real traffic arrives over time, with mixed lengths.
 
 # %%
 # %matplotlib inline
@@ -223,9 +223,10 @@ plot_gantts(frame, frame.attrs["steps"])
 #
 # A decode step pays some costs once, whatever its batch: starting every small operation, and
 # reading every weight. Extra sequences share them. A large model reads its weights from main memory
-# at every step; this one's are small enough to stay in the processor's cache, so here the shared cost is mostly
-# starting each operation. The section below times one step at batch sizes from 1 to 64 and says
-# which shared cost dominates on your machine.
+# at every step; this one's fit in the cache of a CPU whose L2/L3 holds tens of MiB (many server
+# CPUs; not every laptop), and there the shared cost is mostly starting each operation. The section
+# below times one step at batch sizes from 1 to 64 and says which shared cost dominates on your
+# machine.
 
 # %% [markdown]
 # ### Going deeper: why batching works, measured
@@ -248,9 +249,10 @@ plot_gantts(frame, frame.attrs["steps"])
 # The cell also measures two limits of your machine, each giving a floor no step can beat:
 #
 # - **memory floor** = bytes a step reads / main memory's bandwidth (a matrix-vector product over a
-#   matrix too big for any cache). It is flat: the weights are read once, whatever the batch.
-#   It is the floor of a model too big for the cache; this model's weights stay in the cache, which
-#   reads faster, so its steps could in principle go below it;
+#   matrix too big for any cache). It is nearly flat: the weights are read once per step, whatever
+#   the batch; only the K/V bytes grow with it. It is the floor of a model too big for the cache;
+#   where this model's weights stay in a CPU's cache, which reads faster, its steps could in
+#   principle go below it;
 # - **compute floor** = (a multiply and an add) × weights × batch / arithmetic speed (a large matrix
 #   product's). It rises with the batch.
 #

@@ -23,8 +23,10 @@
 #   whole context). A short answer leaves most of it empty, and nobody else can use it.
 # - **Paged blocks**: memory is a pool of fixed-size blocks, say of 16 tokens. A sequence gets a new
 #   block only when its last one is full; a table maps its positions to blocks anywhere in the pool.
-#   This is PagedAttention, vLLM's memory manager
-#   (<a href="https://arxiv.org/abs/2309.06180">Kwon et al. 2023, §4</a>).
+#   vLLM works this way: its
+#   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/core/kv_cache_manager.py">KV cache manager</a>
+#   hands out the blocks, and its attention kernels, PagedAttention, read K/V through the table
+#   (<a href="https://arxiv.org/abs/2309.06180">Kwon et al. 2023, §3–4</a>).
 #
 # The budget holds 8 sequences at the model's full context (1,024 tokens). The workload is 64
 # requests mixing chats, long documents and long generations, admitted first come, first served
@@ -138,8 +140,11 @@ verdicts(sizes, "waste_is_about_half_a_block", "bigger_blocks_fit_fewer", fold=T
 # %% [markdown]
 # ## Max context and max new tokens are capacity levers
 #
-# A server sets the longest context it accepts (`max_model_len`; longer prompts are cut) and the
-# most tokens it generates per answer (`max_new_tokens`). Both bound a sequence's cache, so both
+# A server sets the longest context it accepts (`max_model_len`:
+# <a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/engine/input_processor.py">vLLM</a>
+# rejects a longer prompt, unless the request asks to cut it with
+# <a href="https://docs.vllm.ai/en/stable/serving/openai_compatible_server/#extra-parameters">`truncate_prompt_tokens`</a>)
+# and the most tokens it generates per answer (`max_new_tokens`). Both bound a sequence's cache, so both
 # decide how many fit. A reserving server must set aside prompt + max new tokens for every request;
 # a paging one holds only what is written.
 

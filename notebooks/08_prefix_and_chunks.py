@@ -163,8 +163,8 @@ guess.against(trace, ideal_hit_percent, what="the ideal cache finds")
 verdicts(trace, "ideal_cache_hit_ratio_of_the_trace", after=guess)
 
 # %% [markdown]
-# An engine reaches it only with room for every block: its cache is its KV pool, and a full pool evicts
-# the least recently used blocks.
+# An engine is sure to reach it only with room for every block: its cache is its KV pool, and a full
+# pool evicts the least recently used blocks.
 
 # %% [markdown]
 # ### Going deeper: where the hits come from, and the trace replayed

@@ -65,10 +65,11 @@ with httpx.stream("POST", srv.url + "/v1/completions", json=body, trust_env=Fals
 # ## 2. Measure at the client
 #
 # The load generator sends a seeded workload **open loop**: each request leaves at its scheduled time,
-# answered or not, as real users do. Each clock starts at the *scheduled* arrival, so a client that
-# falls behind cannot hide a wait (`send_delay_s` says how far behind it fell). A token is stamped when
-# its event is read from the socket. Every request asks for `ignore_eos`, so it writes exactly its
-# `max_tokens`. 20 short requests at 16 per second (too few for a p99: it is left out):
+# answered or not, as the requests of many independent users arrive (one person in a chat waits for
+# each answer before asking again: a closed loop). Each clock starts at the *scheduled* arrival, so
+# a client that falls behind cannot hide a wait (`send_delay_s` says how far behind it fell). A token
+# is stamped when its event is read from the socket. Every request asks for `ignore_eos`, so it
+# writes exactly its `max_tokens`. 20 short requests at 16 per second (too few for a p99: it is left out):
 
 # %%
 from kvlab.experiments.wire import accounting, measure_at_client

@@ -49,7 +49,8 @@ yours. What explains it?""",
               "runs. Warming up would show in a few early steps, not make every step take twice as long."),
         "b": ("the same work done faster: the same settings give the same tokens, and the seconds belong to "
               "the machine;", None),
-        "c": ("noise: two timed runs never agree exactly, and the next pair of runs could well turn the order around;",
+        "c": ("noise: timed runs vary from one run to the next, and another pair of runs could well turn the order "
+              "around;",
               "noise moves single steps up and down; it does not halve every step of three runs that each keep "
               "their fastest time. A steady factor of two, with the same tokens, is two machines."),
         "d": ("their times come from a virtual clock, which prices each step instead of timing it.",

@@ -80,30 +80,32 @@ def check_offloaded_bytes(answer: Any) -> Feedback:
 check_dominant_constraint = multiple_choice(
     "03_cache_strategies.ipynb", "check_dominant_constraint",
     title='which constraint dominates',
-    stem="""An assistant answers questions about long contracts: prompts of 30,000 tokens, short answers
-that must quote clause numbers exactly, streamed at a steady reading pace. The GPU's memory is full
-at 6 conversations while its compute is mostly idle. Which of these fits this workload worst?""",
+    stem="""An assistant summarises long reports: prompts of 30,000 tokens, summaries of a few hundred tokens
+streamed at a steady reading pace. The GPU's memory is full at 6 requests at once while its compute
+is mostly idle. Which of these fits this workload worst?""",
     options={
-        "a": ("an 8-bit quantized cache with a residual window, because rounding the stored keys can change which "
-              "clause a lookup finds;",
-              "that is a risk to measure, not a reason to rule it out: memory is what binds here, and 8 bits with a "
-              "full-precision window of recent tokens is the first thing to try, kept only if the answers at "
-              "30,000 tokens match the exact cache's (measure them, as the accuracy plots do)."),
+        "a": ("an 8-bit quantized cache with a residual window, because rounding the stored keys and values "
+              "changes some of the tokens it writes;",
+              "that is a price to check, not a reason to rule it out: memory is what binds here, and 8 bits with "
+              "a full-precision window of recent tokens is the first thing to try, kept only if its summaries of "
+              "real reports hold up against the exact cache's. A summary can absorb a changed word; a workload "
+              "whose answers must quote the context exactly starts from the exact caches instead (the table "
+              "above)."),
         "b": ("the dynamic cache, because its memory grows with the 30,000-token context;",
               "every exact cache holds the same bytes for the same tokens; the dynamic cache is the exact baseline "
               "every other strategy is compared with, and the prompt is stored in one step by the prefill."),
-        "c": ("a static cache, because it reserves memory for the longest conversation before any token arrives;",
-              "here each conversation reaches about its maximum anyway, so little of the reservation stays empty. "
+        "c": ("a static cache, because it reserves memory for the longest request before any token arrives;",
+              "here each request reaches about its maximum anyway (the prompt is most of it), so little of the reservation stays empty. "
               "A static cache frees no byte, but it breaks no requirement either, and its fixed shapes allow a "
               "compiled step."),
-        "d": ("this notebook's offloaded cache, because it streams each conversation's history over the host link "
+        "d": ("this notebook's offloaded cache, because it streams each request's history over the host link "
               "every step.", None),
     },
     correct="d", wrong_example="a",
-    confirm="streaming every running conversation's 30,000-token history over the host link at every step makes "
+    confirm="streaming every running request's 30,000-token history over the host link at every step makes "
             "the gap between tokens grow with the context, and this workload must stream steadily. Host memory "
             "itself is not ruled out: engines that keep idle prefix blocks there (LMCache, SGLang's HiCache) "
-            "copy a contract's K/V back once per question instead of recomputing its prefill.",
+            "copy a document's K/V back once per request instead of recomputing its prefill.",
     explanation="""```python
 answer = "d"
 ```
@@ -111,14 +113,16 @@ This notebook's offloaded cache (like transformers' offloaded cache,
 [docs](https://huggingface.co/docs/transformers/main/en/kv_cache#offloaded-cache)) moves each layer's whole
 history across the link on every decode step: the bytes you counted in exercise 2, here for 30,000
 tokens. For Llama-3-8B in fp16 that is `kv_cache_bytes(32, 8, 128, 30_000, 1, 2)` = `3.9e9` bytes
-per conversation per step, against a host link that carries tens of GB per second, so six
-conversations would wait about a second per token. Memory binds, so the first lever is fewer bytes
-per token: 8 bits, then 4, with a residual window, kept only if the answers at the real length
-match the exact cache's.
+per request per step, against a host link that carries tens of GB per second, so six requests
+would wait about a second per token. Memory binds, so the first lever is fewer bytes
+per token: 8 bits with a residual window, kept only if its summaries of real reports at the real
+length hold up against the exact cache's. Fewer bits lose more (the accuracy table above), and a
+workload whose answers quote the context exactly keeps an exact cache until the count of right
+answers says otherwise.
 
-Host memory is still a standard lever for this very workload, in another design: engines that
-offload *idle* prefix blocks keep a contract's K/V in host memory between questions and copy it
-back once, when the next question about that contract arrives, instead of recomputing a
+Host memory is still a standard lever for long documents, in another design: engines that
+offload *idle* prefix blocks keep a document's K/V in host memory between requests and copy it
+back once, when the next request about that document arrives, instead of recomputing a
 30,000-token prefill ([LMCache](https://docs.lmcache.ai/), used by vLLM through its KV connector;
 SGLang's [HiCache](https://docs.sglang.io/advanced_features/hicache_design.html), a host-memory
 tier under its prefix cache). What fits worst is streaming the history of running sequences every

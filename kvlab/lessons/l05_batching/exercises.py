@@ -222,11 +222,8 @@ the prompt tokens it computes when it joins, and `.blocks`, the free KV blocks i
 left of this step: `free_blocks`, `token_budget` (tokens the step can still compute after the running
 sequences' decodes) and `free_slots` (room under `max_seqs`). It returns the requests that join, in
 order: as many as fit, oldest first, whether or not the batch is empty, up to the first that does
-not fit. The checker runs the engine with your rule (`SchedulerConfig(admission=my_admission)`) on a
-small workload with exact step costs (the virtual clock), checks at every step that no block, token
-or slot is over-allocated and that no request is passed over for ever, tries your rule on a few
-queues built by hand where admitting too few shows, and compares every pick and the four clocks
-with those of the engine's own rule.""",
+not fit. The checker serves a small workload with your rule and compares every pick, and the four
+clocks, with the engine's own rule.""",
           code='''def my_admission(waiting, free_blocks, token_budget, free_slots):
     """Which waiting requests join the running batch this step, in the order they join."""
     admitted = []
@@ -256,7 +253,13 @@ admit the short ones behind it) looks better on average, but while short request
 long one never finds enough free blocks at once, and waits for ever. The other slips the checker
 names: ignoring the token budget or the free blocks, checking each request against them without
 subtracting what the requests admitted before it took, and admitting too few (one request a step,
-or only into an empty batch), which leaves slots idle that a waiting request could use.""")
+or only into an empty batch), which leaves slots idle that a waiting request could use.
+
+How the checker works: it runs the engine with your rule (`SchedulerConfig(admission=my_admission)`)
+on a small workload with exact step costs (the virtual clock), checks at every step that no block,
+token or slot is over-allocated and that no request is passed over for ever, tries your rule on a
+few queues built by hand where admitting too few shows, and compares every pick and the four clocks
+with those of the engine's own rule.""")
 def check_admission_rule(rule: Any) -> Feedback:
     """Run the engine with the learner's admission rule; check blocks, budget, slots, starvation, admitting too
     few (ADMISSION_CASES) and every pick of the run against the engine's own rule."""

@@ -107,7 +107,9 @@ def _throughput_slips(frame) -> list[tuple[float, str]]:
                                     / frame.loc[frame["status"] == "completed", "e2e_s"].sum()),
           title='throughput, as the service sees it',
           question="""Write `throughput(frame)`: the output tokens per second of a run, from its requests frame
-(`result.frame()`), counted as vLLM's benchmark does: output tokens of the **completed** requests
+(`result.frame()`), counted as
+<a href="https://github.com/vllm-project/vllm/blob/main/vllm/benchmarks/serve.py">vLLM's benchmark</a>
+does: output tokens of the **completed** requests
 divided by the run's duration, from the first scheduled arrival to its last event.""",
           code="""throughput = None   # replace None with your function, e.g.  def throughput(frame): return ...
 check_output_tokens_per_s(throughput)""",
