@@ -755,7 +755,8 @@ FACTS: list[Fact] = [
     # the top
     Fact("two to four exercises", exercises_per_notebook),
     Fact("installs it from the repository at `REPO_REF` of `kvlab/course.py`", setup_cells_install_repo_ref),
-    Fact("the same on every CPU (on a GPU, 03's answer counts can differ by an answer on the edge", gpu_caveat_in_03),
+    Fact("03's answer counts are the same on most CPUs and can differ by an answer on the edge on another CPU or on a GPU",
+         gpu_caveat_in_03),
     # the plans
     Fact("The core story in five notebooks and one cell of a sixth", plan_90_names_five_notebooks_and_one_cell_of_06),
     Fact("read at 150 words a minute, the cells run, and two minutes per exercise", reading_rate),
