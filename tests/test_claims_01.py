@@ -175,3 +175,32 @@ def test_one_step_ratio_is_never_both_slowing_down_and_nearly_flat():
     assert flat.values["ratio"] == pytest.approx(1.25, abs=0.01)
     assert slow.holds is False and flat.holds is True
     assert CLAIMS["uncached_tokens_slow_down"].on(run(fixed=0.0, per_token=0.1)).holds  # 4.3×: slows down
+
+
+def test_a_slowdown_below_the_work_ratio_by_less_than_the_runs_scatter_is_not_called_below():
+    """The old rule (measured ratio < work ratio, no margin) held on a ratio 1.5% below the work ratio in steps
+    that jump by ±0.3 ms: the sentence now says by how much the ratio must stay below, from the run's scatter."""
+    import numpy as np
+
+    c = CLAIMS["measured_slowdown_below_work"]
+    quiet = run(fixed=0.1, per_token=0.1)  # measured 22.7 / 5.3 = 4.28×, work 226 / 52 = 4.35×
+    v = c.on(quiet)
+    assert v.holds is True and v.values["margin"] == pytest.approx(0.0), v.text
+    assert "by more than 0.0%, twice the standard error" in v.text, v.text
+    noisy = run(fixed=0.1, per_token=0.1)
+    uncached = (noisy["cache"] == "none") & (noisy["token"] >= 1)
+    noisy.loc[uncached, "step_ms"] += 0.3 * np.where(noisy.loc[uncached, "token"] % 2 == 0, 1.0, -1.0)
+    v = c.on(noisy)
+    assert v.values["ratio"] < v.values["work"]  # what the old rule saw as "below"
+    assert v.holds is False and v.values["ratio"] * (1 + v.values["margin"]) >= v.values["work"], v.text
+
+
+def test_the_flat_and_growing_sentences_state_the_line_they_are_decided_by():
+    """"nearly flat", "slow down" and "grow at long context" are decided by one fixed line, FLAT_WITHIN: each
+    sentence states it."""
+    from kvlab.lessons.l01_the_slowdown.claims import FLAT_WITHIN
+
+    line = f"{FLAT_WITHIN:g}×"
+    for name in ("uncached_tokens_slow_down", "cached_steps_stay_flat"):
+        assert line in CLAIMS[name].on(run()).text, name
+    assert line in CLAIMS["cached_steps_grow_at_long_context"].on(long_context_run()).text

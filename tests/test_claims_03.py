@@ -142,3 +142,41 @@ def test_the_offload_claims_are_shown_not_checked_behind_a_modelled_link():
         if modelled.settings["link_gbps"]:
             assert not shown.asserted and str(shown).startswith("• on your run") and "by construction" in shown.text
         assert checked.asserted and str(checked)[0] in "✓✗", str(checked)
+
+
+def _set_counts(frame: pd.DataFrame, column: str, by_bits: dict) -> None:
+    """Set ``column`` of every accuracy row of the quantized settings to ``by_bits[bits]`` (summed per setting, so
+    the first row of each setting takes the value and the others 0)."""
+    acc = frame.attrs["accuracy"]
+    for bits, value in by_bits.items():
+        rows = acc.index[acc["setting"].str.startswith("quantized") & (acc["bits"] == bits)]
+        acc.loc[rows, column] = 0
+        acc.loc[rows[0], column] = value
+
+
+def test_one_answer_fewer_at_the_fewest_bits_is_not_a_fall():
+    """8/8, 8/8, 7/8 passed the old rule (never rising, a strict end-to-end fall): one answer is within what drawing
+    the questions can do. The fall must pass two standard errors of the difference between the two counts."""
+    from kvlab.experiments.cache_accuracy import accuracy_summary
+
+    frame = _copy(_example())
+    c = verdicts(frame, "answers_fall_as_bits_fall")[0]
+    assert c.holds is True and "more than the" in c.text, c.text
+    _set_counts(frame, "correct", {8: 8, 4: 8, 2: 7})
+    summary = accuracy_summary(frame.attrs["accuracy"])
+    assert summary.loc[summary["setting"].str.startswith("quantized"), "correct"].tolist() == [8, 8, 7]
+    v = verdicts(frame, "answers_fall_as_bits_fall")[0]
+    assert v.holds is False and v.values["drop"] == 1 and v.values["margin"] > 1, v.text
+
+
+def test_top1_ties_are_named_and_tied_answers_are_not_the_same_order_as_a_rising_kl():
+    """Top-1 12/12 and 12/12 where the answers fell (60 and 57) once read "the same order as recall accuracy ✓":
+    the sentence now names the tie. And a KL rising at every step beside two settings with the same right answers
+    (old rule: held) is not the same order: it fails."""
+    frame = _copy(_example())
+    v = verdicts(frame, "token_metrics_order_settings_like_accuracy")[0]
+    assert v.holds is True, v.text
+    assert "tied at 8 and 4 bits, which the recall answers told apart" in v.text  # the example's top-1: 8/8, 8/8, 5/8
+    _set_counts(frame, "correct", {8: 8, 4: 8, 2: 0})  # the answers tie at 8 and 4 bits; the KL still grows
+    v = verdicts(frame, "token_metrics_order_settings_like_accuracy")[0]
+    assert v.holds is False, v.text

@@ -62,3 +62,29 @@ def test_the_capacity_panel_counts_what_the_notebook_counts():
                                  block_size=32, max_model_len=1024)
     assert result.frame["sequences_fit"].tolist() == expected["sequences_fit"].tolist()
     assert result.figure is not None
+
+
+def test_the_waste_claim_names_the_block_size_of_its_largest_gap():
+    """The sentence once put the largest gap (1.72 slots, at blocks of 128) beside the numbers of blocks of 16, whose
+    gap is 0.72: it now says where the largest gap is."""
+    import pandas as pd
+
+    sizes = pd.DataFrame({"block_size": [1, 16, 128], "waste_per_sequence": [0.0, 8.22, 65.22],
+                          "rule_of_thumb": [0.0, 7.5, 63.5], "sequences_fit": [33, 32, 28]})
+    v = CLAIMS["waste_is_about_half_a_block"].on(sizes)
+    assert v.holds is True and "the largest gap is 1.72 slots, at blocks of 128 (65.2 slots, rule 63.5)" in v.text
+    assert "at blocks of 16, 8.2 slots against 7.5" in v.text, v.text
+
+
+def test_the_block_fit_claim_says_never_more_and_fewer_at_the_largest():
+    """The fit is flat over the small blocks (33 for 1 to 8): the sentence says what is checked, never more and
+    fewer at the largest block than at the smallest, and lists every block size; all equal or a rise fails."""
+    import pandas as pd
+
+    c = CLAIMS["bigger_blocks_fit_fewer"]
+    sizes = pd.DataFrame({"block_size": [1, 2, 4, 8, 16, 128], "sequences_fit": [33, 33, 33, 33, 32, 28]})
+    v = c.on(sizes)
+    assert v.holds is True and "never fit more sequences, and the largest fit fewer than the smallest" in v.text
+    assert "33 with blocks of 1, 2, 4 and 8; 32 with blocks of 16; 28 with blocks of 128" in v.text, v.text
+    assert c.on(sizes.assign(sequences_fit=33)).holds is False
+    assert c.on(sizes.assign(sequences_fit=[33, 33, 34, 33, 32, 28])).holds is False

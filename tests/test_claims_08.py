@@ -48,8 +48,11 @@ def test_the_wall_claim_on_preemption_reads_the_stacked_table_of_the_notebook():
     table = pd.DataFrame({"kv_blocks": [192, 40], "preemptions": [0, 11], "wall_s": [1.0, 1.6], "completed": [12, 12]})
     v = CLAIMS["tight_budget_costs_time"].on(table)
     assert v.holds is True and "took 1.6× as long" in v.text
+    # one wall-clock run per budget has no spread to set a margin by (the old check, > 1.1×, was a fixed one):
+    # shown with its numbers, never ✓ or ✗
     table["wall_s"] = [1.0, 1.05]
-    assert CLAIMS["tight_budget_costs_time"].on(table).holds is False
+    v = CLAIMS["tight_budget_costs_time"].on(table)
+    assert not CLAIMS["tight_budget_costs_time"].asserts and str(v).startswith("• on your run")
 
 
 def test_prefix_hit_claims_count_whole_blocks_of_the_shared_prompt():

@@ -88,9 +88,12 @@ def _knob_table(runs: Any, edit) -> pd.DataFrame:
 
 
 @counterexample("continuous_answers_first_under_a_trickle")
-def _continuous_later(runs: Any) -> pd.DataFrame:  # continuous's median first token twice the best static's
+def _continuous_as_late_as_waiting(runs: Any) -> pd.DataFrame:
+    """Continuous batching's median first token as late as the soonest static run that waits for a fuller batch (the
+    static run that does not wait, the old yardstick, left as it was)."""
     def edit(t, static, c):
-        t.loc[c, "ttft_p50_s"] = 2 * t.loc[static, "ttft_p50_s"].min() + 0.002
+        waiting = [i for i in static if t.loc[i, "batch_wait_s"] > 0]
+        t.loc[c, "ttft_p50_s"] = t.loc[waiting, "ttft_p50_s"].min()
     return _knob_table(runs, edit)
 
 

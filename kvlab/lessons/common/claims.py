@@ -39,13 +39,14 @@ check looser than its sentence is caught.
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from .fold import folded
 from .session import note_verdicts
 
-__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "verdicts"]
+__all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "median_se", "verdicts"]
 
 Clock = Literal["deterministic", "wall"]
 
@@ -207,3 +208,16 @@ def verdicts(result: Any, *names: str, after: Any = None, fold: bool = False) ->
 def frame_of(result: Any) -> Any:
     """The table a claim reads: a panel result's ``.frame``, or the result itself (already a frame)."""
     return getattr(result, "frame", result)
+
+
+def median_se(p50: float, p95: float, n: int) -> float:
+    """The standard error of a median of ``n`` values, estimated from their own spread: the sd read off the gap from
+    the median to the 95th percentile ((p95 - p50) / 1.645, as for a normal distribution; a long upper tail makes
+    it larger, so a margin built on it errs on the safe side), times sqrt(pi / 2) / sqrt(n).
+
+    What a wall-clock claim comparing two medians of one run uses as that run's own margin: a difference counts
+    when it passes twice the standard error of the difference (``hypot`` of the two)."""
+    n = int(n)
+    if n < 1:
+        raise ValueError("a median of no values has no standard error")
+    return max(float(p95) - float(p50), 0.0) / 1.645 * math.sqrt(math.pi / 2 / n)

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
 from kvlab.experiments.batching import batching_table
 from kvlab.experiments.serving_run import ServingRun
-from ..common.claims import claim, frame_of
+from ..common.claims import claim, frame_of, median_se
 
 NOTEBOOK = "05_batching.ipynb"
 
@@ -230,26 +231,46 @@ def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
     return static, t[t["policy"] == "continuous"].iloc[0]
 
 
-# "No later" on the wall clock: a static run that never makes anyone wait (a fast machine, no wait) ties with continuous
-# batching, and one run's median moves by this share (plus a millisecond) on a shared machine; the sentence says so.
-NO_LATER_SLACK, NO_LATER_FLOOR_S = 0.25, 0.001
+# "Sooner" on the wall clock: by more than this many standard errors of the difference between two medians, each
+# standard error from that run's own spread of first tokens (``median_se``).
+SOONER_SE = 2.0
+
+
+def _sooner_margin(a: pd.Series, b: pd.Series) -> float:
+    """SOONER_SE standard errors of the difference between two runs' TTFT p50 (seconds)."""
+    return SOONER_SE * float(np.hypot(median_se(a["ttft_p50_s"], a["ttft_p95_s"], a["ttft_n"]),
+                                      median_se(b["ttft_p50_s"], b["ttft_p95_s"], b["ttft_n"])))
 
 
 @claim(NOTEBOOK, clock="wall",
        says="""
-           continuous batching's median first token came after {c:.0f} ms, no later than the static runs'
-           ({lo:.0f} to {hi:.0f} ms; TTFT p50, n = {n} each) by more than a fixed allowance of {slack:.0%} (plus
-           {floor:.0f} ms) for noise""",
+           continuous batching's median first token came after {c:.0f} ms, sooner than with every static run that
+           waits for a fuller batch (waiting up to {waits} ms: {ttfts} ms; TTFT p50, n = {n} each), each time by
+           more than twice the standard error of the difference (at most {margin:.1f} ms, from each run's own spread
+           of first tokens){nowait}""",
        otherwise="""
-           a static run's median first token came clearly sooner than continuous batching's. Continuous batching
-           starts each request at the next step, so that is the machine: a run slowed by other programs. Run the
-           cell again.""")
+           a static run that waits for a fuller batch had its median first token about as soon as continuous
+           batching, or sooner. Continuous batching starts each request at the next step while the static run holds
+           it back for company, so that is the machine: a run slowed by other programs. Run the cell again.""")
 def continuous_answers_first_under_a_trickle(result: Any) -> dict:
+    """Compared with the static runs that wait (wait > 0) only: a static run that never waits starts a request that
+    finds the engine idle at once, as continuous batching does, so under a trickle the two tie up to noise (the old
+    check let continuous batching be 25% + 1 ms later than that run and still printed "no later"). Its median is
+    quoted, not compared; the exact runs on the virtual clock compare every static run."""
     static, c = _knob(result)
-    best = static["ttft_p50_s"].min()
-    return dict(c=c["ttft_p50_s"] * 1e3, lo=best * 1e3, hi=static["ttft_p50_s"].max() * 1e3,
-                n=int(c["ttft_n"]), slack=NO_LATER_SLACK, floor=NO_LATER_FLOOR_S * 1e3,
-                holds=c["ttft_p50_s"] <= (1 + NO_LATER_SLACK) * best + NO_LATER_FLOOR_S)
+    waiting = static[static["batch_wait_s"] > 0]
+    if waiting.empty:
+        raise ValueError("this run has no static run that waits for a fuller batch")
+    margins = [_sooner_margin(c, r) for _, r in waiting.iterrows()]
+    gaps = waiting["ttft_p50_s"] - c["ttft_p50_s"]
+    alone = static[static["batch_wait_s"] == 0]
+    nowait = ("" if alone.empty else
+              f". Static batching that does not wait came after {alone['ttft_p50_s'].iloc[0] * 1e3:.0f} ms: not "
+              "compared, since under a trickle it too starts a request that finds the engine idle at once")
+    return dict(c=c["ttft_p50_s"] * 1e3, waits=_series(waiting["batch_wait_s"] * 1e3, ".0f"),
+                ttfts=_series(waiting["ttft_p50_s"] * 1e3, ".0f"), n=int(c["ttft_n"]), margin=max(margins) * 1e3,
+                nowait=nowait,
+                holds=bool(all(g > m for g, m in zip(gaps, margins))))
 
 
 @claim(NOTEBOOK, clock="wall",
@@ -352,27 +373,34 @@ def _ms_series(d: pd.DataFrame, column: str, sizes) -> str:
     return ", ".join(f"{d.loc[b, column] * 1e3:.2f} ms at batch {b}" for b in sizes)
 
 
+FLAT_BAR = 2.0  # the lesson's bar: a batch's step under twice a one-sequence step (stated in the sentence)
+
+
 @claim(NOTEBOOK, clock="wall",
        says="""
-           a decode step stayed under twice the time of a one-sequence step up to batch {flat} ({series}; medians
-           of {n} steps each): {flat} sequences for at most twice the price of one""",
+           a decode step took less than twice as long as a one-sequence step at every batch up to {flat} ({series};
+           medians of {n} steps each): {flat} sequences for less than twice the price of one ({times:.2f}× at batch
+           {flat}), where the lesson expects it up to batch 4 at least""",
        otherwise="""
            already a small batch cost twice a single step. On a machine busy with other programs single steps jump
            by milliseconds: look at the band around the curve (p25-p75) and run the cell again. A machine whose
            arithmetic is slow next to its fixed cost per step shows each sequence's work in the step already at
            small batches, whatever the floors say.""")
 def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
+    """The sentence says "less than twice", the bar the check applies, never "flat": the step may grow (the regime
+    line says where it first grew by more than a tenth) and still cost less than twice a one-sequence step."""
     d = _decode_rows(result)
     one = d["step_s"].iloc[0]
     if d.index[0] != 1:
         raise ValueError("this run has no batch of 1 to compare with")
     flat = 1
     for b in d.index[1:]:
-        if d.loc[b, "step_s"] >= 2 * one:
+        if d.loc[b, "step_s"] >= FLAT_BAR * one:
             break
         flat = int(b)
     shown = [b for b in d.index if b <= max(flat * 2, 2)]
-    return dict(flat=flat, series=_ms_series(d, "step_s", shown), n=int(d["n"].iloc[0]), holds=flat >= 4)
+    return dict(flat=flat, series=_ms_series(d, "step_s", shown), n=int(d["n"].iloc[0]),
+                times=float(d.loc[flat, "step_s"] / one), holds=flat >= 4)
 
 
 @claim(NOTEBOOK, clock="wall",

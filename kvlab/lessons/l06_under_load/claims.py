@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.experiments.service_curves import DEFAULT_SLO, real_vs_simulated
-from ..common.checks import rises_at_every_level, series
+from ..common.checks import TIE, rises_at_every_level, series
 from ..common.claims import claim
 
 NOTEBOOK = "06_under_load.ipynb"
@@ -74,17 +74,25 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
                 holds=0.8 <= float(top["ratio"]) <= 1.25)
 
 
+# The agreement the course asks of a simulator calibrated on this machine a moment before the real run: every median
+# within this factor of the real one, either way. A fixed goal, not a margin from the run's noise (a median of 30
+# requests moves by a few percent; the simulator's misses are its model's, and the machine changing between the
+# calibration and the run): the sentence says so.
+SIMULATOR_GOAL = 2.0
+
+
 @claim(NOTEBOOK, clock="wall",
        says="""
-           the medians agree within a factor of 2; real ÷ simulated, lowest to highest load: TTFT p50 {ttft_p50};
-           TPOT p50 {tpot_p50}; and in the tails TTFT p95 {ttft_p95}, E2E p95 {e2e_p95} (n = {n} completed
-           requests per load and source); largest gap: {worst}""",
+           the medians met the course's goal for a simulator calibrated a moment before, within a factor of
+           {goal:g} either way (a fixed goal, not a margin from this run's noise); real ÷ simulated, lowest to
+           highest load: TTFT p50 {ttft_p50}; TPOT p50 {tpot_p50}; and in the tails TTFT p95 {ttft_p95}, E2E p95
+           {e2e_p95} (n = {n} completed requests per load and source); largest gap: {worst}""",
        otherwise="""
-           a median is more than twice (or less than half) what the simulator predicted. The cost model was fit on
-           this machine a moment ago, so this is mostly the machine's load changing between the calibration and
-           the real run, or the real run falling behind at the highest load, where a slightly slower step changes
-           which requests are batched together. Read the ratios, not one number: the tails move the most (a p95 of
-           a few dozen requests rests on its slowest two or three).""")
+           a median is more than twice (or less than half) what the simulator predicted, so it missed the goal. The
+           cost model was fit on this machine a moment ago, so this is mostly the machine's load changing between
+           the calibration and the real run, or the real run falling behind at the highest load, where a slightly
+           slower step changes which requests are batched together. Read the ratios, not one number: the tails
+           move the most (a p95 of a few dozen requests rests on its slowest two or three).""")
 def simulator_medians_within_factor_two(check: Any) -> dict:
     g = _gap(check)
     by = {c: g[g["clock"] == c] for c in ("ttft_p50_s", "tpot_p50_s", "ttft_p95_s", "e2e_p95_s")}
@@ -96,7 +104,8 @@ def simulator_medians_within_factor_two(check: Any) -> dict:
     medians = pd.concat([by["ttft_p50_s"]["ratio"], by["tpot_p50_s"]["ratio"]])
     return dict(**{k.removesuffix("_s"): _series(v["ratio"]) for k, v in by.items()},
                 n=_n(pd.concat([by["ttft_p50_s"]["n_real"], by["ttft_p50_s"]["n_simulated"]])), worst=worst,
-                holds=bool(((medians >= 0.5) & (medians <= 2.0)).all()))
+                goal=SIMULATOR_GOAL,
+                holds=bool(((medians >= 1 / SIMULATOR_GOAL) & (medians <= SIMULATOR_GOAL)).all()))
 
 
 RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 of a few dozen requests rests on 1-2
@@ -104,18 +113,23 @@ RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 
 
 @claim(NOTEBOOK, clock="wall",
        says="""
-           the medians rise with the load at every level, on the real model and in the simulator (lowest to
-           highest load, real | simulated): TTFT p50 {ttft_real} | {ttft_sim} ms; TPOT p50 {tpot_real} |
-           {tpot_sim} ms; E2E p50 {e2e_real} | {e2e_sim} ms. {verdict}""",
+           the medians rose with the load, on the real model and in the simulator (lowest to highest load, real |
+           simulated): TTFT p50 {ttft_real} | {ttft_sim} ms; TPOT p50 {tpot_real} | {tpot_sim} ms; E2E p50
+           {e2e_real} | {e2e_sim} ms. Each rose by more than {tie:.0%} from the lowest load to the highest and fell
+           by no more than {tie:.0%} from one level to the next (a fixed tie for two light loads, not a margin from
+           this run's noise). {verdict}""",
        otherwise="""
-           a median fell from one load to the next, or the highest load's was not clearly above the lowest's. The
-           machine's load most likely changed during the run (another program started or stopped), so the levels
-           were served by a faster or slower machine; run the check again on a quiet machine.""")
+           a median fell by more than the tie from one load to the next, or the highest load's was not above the
+           lowest's by more than it. The machine's load most likely changed during the run (another program started or
+           stopped), so the levels were served by a faster or slower machine; run the check again on a quiet
+           machine.""")
 def real_and_simulated_rise_with_load(check: Any) -> dict:
-    """Every median clock rises at every level, not only from the first to the last: no level below the one
-    before by more than ``checks.TIE`` (two light loads give the same median up to jitter), the last above the
-    first. The tails (p95) are compared in ``simulator_medians_within_factor_two``, not here: a p95 of a few
-    dozen requests rests on the slowest one or two, and on a shared machine it goes up and down between levels."""
+    """Every median clock rises level by level up to ``checks.TIE``: no level below the one before by more than that
+    share (two light loads give the same median up to jitter), and the last above the first by more than the same
+    share (the old rule asked 5% there, less than the fall it called a tie, and its sentence said "rise at every
+    level"; it now says what is checked). The tails (p95) are compared in ``simulator_medians_within_factor_two``,
+    not here: a p95 of a few dozen requests rests on the slowest one or two, and on a shared machine it goes up
+    and down between levels."""
     values, falls = {}, []
     for source in ("real", "simulated"):
         rows = check[check["source"] == source].sort_values("offered_rps")
@@ -124,11 +138,10 @@ def real_and_simulated_rise_with_load(check: Any) -> dict:
         for clock in RISING_CLOCKS:
             name = clock.split("_")[0]
             values[f"{name}_{source[:4].rstrip('u')}"] = series(rows[clock], "{:.1f}", 1e3)
-            if not rises_at_every_level(rows[clock]):
+            if not rises_at_every_level(rows[clock], overall=1 + TIE):
                 falls.append(f"{_label(clock)} ({source})")
-    verdict = ("Both have the same shape (ties within a tenth)" if not falls
-               else f"Not rising at every load: {', '.join(falls)}")
-    return dict(**values, verdict=verdict, holds=not falls)
+    verdict = ("Both have the same shape" if not falls else f"Not so: {', '.join(falls)}")
+    return dict(**values, tie=TIE, verdict=verdict, holds=not falls)
 
 
 # -- the service curves (virtual time on the shipped calibration) ------------------------------------------

@@ -63,21 +63,24 @@ def tight_budget_runs_fewer_sequences_per_step(result: Any) -> dict:
                 and tight.peak_blocks_used == tight.kv_blocks and ample.peak_blocks_used < ample.kv_blocks)
 
 
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            on this machine the {tight}-block run ({p} preemptions) took {x:.1f}× as long as the {ample}-block run
-           ({t_t:.2f} s vs {t_a:.2f} s for the same {n} answers)""",
+           ({t_t:.2f} s vs {t_a:.2f} s for the same {n} answers). An observation, not a check: one run per budget
+           gives no spread to set a margin by; the extra work itself (steps, recomputed tokens) is counted
+           exactly on the virtual clock, the same on every machine""",
        otherwise="""
-           the tight run was not clearly slower this time. It runs more steps and recomputes tokens, so on a quiet
-           machine it takes longer; but when other programs compete for the cores, either run can be slowed more
-           than the other, and with few preemptions the extra work is small. Press Run in the panel, then run this
-           cell and the one above again, or lower the budget.""")
+           (an observation: never marked ✗) the tight run runs more steps and recomputes tokens, so on a quiet
+           machine it takes longer; when other programs compete for the cores, either run can be slowed more than
+           the other, and with few preemptions the extra work is small.""")
 def tight_budget_costs_time(result: Any) -> dict:
+    """Shown, not asserted (was: ✓ when the tight run took more than 1.1× the ample one's wall time, a fixed
+    margin on one wall-clock run per budget). The extra steps and recomputed tokens, what makes it slower, are the
+    deterministic claims of the virtual-clock runs."""
     tight, ample = _tight_and_ample(result)
     x = float(tight.wall_s) / float(ample.wall_s)
     return dict(tight=int(tight.kv_blocks), ample=int(ample.kv_blocks), p=int(tight.preemptions), x=x,
-                t_t=float(tight.wall_s), t_a=float(ample.wall_s), n=int(tight.completed),
-                holds=tight.preemptions > 0 and x > 1.1)
+                t_t=float(tight.wall_s), t_a=float(ample.wall_s), n=int(tight.completed), holds=True)
 
 
 # -- prefix caching -----------------------------------------------------------------------------------
