@@ -16,6 +16,7 @@ from kvlab import data
 from kvlab.http import server
 from kvlab.serving import cost_model
 from kvlab.experiments import recall
+from kvlab.model import lessons as lesson_models
 from kvlab import traces as workload  # the Azure sample and its reader live in kvlab.traces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def test_a_missing_shipped_file_names_itself_and_how_to_get_it_back():
 
 
 def test_a_missing_recall_checkpoint_is_an_error_not_a_random_model(tmp_path, monkeypatch):
-    monkeypatch.setattr(recall, "RECALL_MODEL_DIR", tmp_path / "recall-tiny")
+    monkeypatch.setattr(lesson_models, "RECALL_MODEL_DIR", tmp_path / "recall-tiny")  # where the checkpoint loads from
     with pytest.raises(FileNotFoundError, match="recall-tiny.*train_recall.py"):
         recall.load_recall_model()
     with pytest.raises(FileNotFoundError, match="recall-tiny.*train_recall.py"):
