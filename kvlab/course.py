@@ -75,13 +75,11 @@ NOTEBOOKS: list[Lesson] = [
            uses=("kvlab.course", "kvlab.env")),
     Lesson("01_the_slowdown.ipynb", "The slowdown",
            "without a cache each token takes longer than the last; time per token and cumulative time, "
-           "none vs dynamic; expected (work) vs measured ratio", 20,
-           experiments=("slowdown", "long_context")),
+           "none vs dynamic; expected (work) vs measured ratio", 20, experiments=("slowdown", "long_context")),
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
-           "a real published model where the machine is online", 25,
-           experiments=("memory", "real_model")),
+           "a real published model where the machine is online", 25, experiments=("memory", "real_model")),
     Lesson("03_cache_strategies.ipynb", "Cache strategies",
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
