@@ -34,9 +34,10 @@ class Lesson:
     title: str
     shows: str
     minutes: int
-    # the experiments it runs (modules of kvlab.experiments, shared by any lesson): `pytest -m lNN` runs their tests
+    # the experiments it is the lesson of (modules of kvlab.experiments): `pytest -m lNN` runs their tests
     experiments: tuple[str, ...] = ()
-    # other kvlab modules outside the lesson's folder whose code the notebook shows directly (kvlab.traces in 08)
+    # other kvlab modules outside the lesson's folder behind its outputs: an experiment another lesson teaches or
+    # several share (kvlab.experiments.serving_run), code the notebook shows directly (kvlab.traces in 08)
     uses: tuple[str, ...] = ()
 
     @property
@@ -66,13 +67,12 @@ EXERCISE_MINUTES = 2  # the least an exercise takes: read, write a line, run its
 READING_SHARE = 0.4
 MAIN_PATH_CLAIMS = 6  # claim lines a notebook shows on its main path; the others in "every check on your run"
 
-# In order. Adding a notebook: its folder kvlab/lessons/lNN_<name>/, its experiments in kvlab/experiments/ and its Lesson
-# here; navigation follows this list.
+# In order. Adding a notebook: its folder kvlab/lessons/lNN_<name>/, its experiments in kvlab/experiments/ and its
+# Lesson here; navigation follows this list.
 NOTEBOOKS: list[Lesson] = [
     Lesson("00_start_here.ipynb", "Start here",
            "your machine (device, versions, threads), how the lab is laid out, how a panel works", 15,
-           experiments=("slowdown",),
-           uses=("kvlab.course", "kvlab.env")),
+           uses=("kvlab.course", "kvlab.env", "kvlab.experiments.slowdown")),
     Lesson("01_the_slowdown.ipynb", "The slowdown",
            "without a cache each token takes longer than the last; time per token and cumulative time, "
            "none vs dynamic; expected (work) vs measured ratio", 20, experiments=("slowdown", "long_context")),
@@ -91,28 +91,28 @@ NOTEBOOKS: list[Lesson] = [
            "one request's journey from arrival to last token with queue wait, TTFT, TPOT and E2E drawn on it; "
            "cold vs warm start measured in a fresh process; why a mean hides the wait (quantiles with n); tokens "
            "are not words: tokens per word by language and tokenizer, and what that does to tokens/s", 25,
-           experiments=("four_clocks", "tokens_words", "serving_run")),
+           experiments=("four_clocks", "tokens_words"), uses=("kvlab.experiments.serving_run",)),
     Lesson("05_batching.ipynb", "Batching",
            "static vs continuous batching on the same requests, equal and mixed lengths; Gantt charts on one "
            "time axis; what each step's batch holds; the wait-for-a-fuller-batch knob; why batching works "
            "(decode step time and GB/s by batch size, prompts batched); write the admission rule yourself", 30,
-           experiments=("batching", "admission", "batch_scaling", "bandwidth", "serving_run")),
+           experiments=("batching", "admission", "batch_scaling", "bandwidth"),
+           uses=("kvlab.experiments.serving_run",)),
     Lesson("06_under_load.ipynb", "Under load",
            "the service curve (the four clocks, achieved vs offered throughput, failures) for each profile and the "
            "mixture, its knee; a simulator calibrated on your machine checked against the real model; two real "
            "policies where the one with more throughput starts answers later; sent/completed/failed/waiting counts", 25,
-           experiments=("service_curves", "slowdown")),
+           experiments=("service_curves",), uses=("kvlab.experiments.slowdown",)),
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each), counted by hand and by the "
            "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 20,
-           experiments=("capacity", "serving_run")),
+           experiments=("capacity",), uses=("kvlab.experiments.serving_run",)),
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
            "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
            "capacity, caching on vs off on the four clocks", 25,
-           experiments=("prefix_and_chunks", "prefix_traces", "serving_run"),
-           uses=("kvlab.traces",)),
+           experiments=("prefix_and_chunks", "prefix_traces"), uses=("kvlab.experiments.serving_run", "kvlab.traces")),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "
            "request accounted for; client and engine TTFT side by side (what HTTP and streaming add); a service "
