@@ -239,14 +239,16 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
 
 
 def prefill_over_decode(result: Any) -> tuple[float, dict]:
-    """Notebook 00's answer from a run (a panel's result or its frame): the prefill's time over a decode step's,
-    with the two step times it is computed from (``prefill_vs_decode``)."""
+    """Notebook 00's answer from a run (a panel's result or its frame): the prefill's time over a decode step's
+    (``prefill_vs_decode``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
+    order proves them, and no number is listed for the search (``Comparison.inputs``)."""
     r = prefill_vs_decode(getattr(result, "frame", result))
-    return float(r.ratio), {"prefill ms": float(r.prefill_ms), "decode step ms": float(r.decode_ms)}
+    return float(r.ratio), {}
 
 
 def late_over_early(result: Any) -> tuple[float, dict]:
     """Notebook 01's answer from a run: without a cache, the late step's time over the early step's
-    (``slowdown_summary``), with the two step times it is computed from."""
+    (``slowdown_summary``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
+    order proves them, and no number is listed for the search (``Comparison.inputs``)."""
     r = slowdown_summary(getattr(result, "frame", result)).set_index("cache").loc["none"]
-    return float(r.measured_ratio), {"early step ms": float(r.early_step_ms), "late step ms": float(r.late_step_ms)}
+    return float(r.measured_ratio), {}

@@ -57,7 +57,11 @@ class Comparison:
     what: str
     asked_in: int | None = None  # the execution count of the cell that asked (None outside a kernel)
     produced_in: int | None = None  # ... and of the cell whose experiment produced the result
-    inputs: Mapping[str, float] = field(default_factory=dict)  # the numbers the answer is computed from
+    # The numbers the answer is computed from that a run reproduces (counts, bytes, tokens): an earlier output
+    # could state them, and the notebook test searches for them. A wall-clock reading is a fresh draw each run,
+    # so no earlier output can state it (a match is a coincidence: 11.7 ms and "11.7 MiB of weights"); the
+    # cell order (asked_in < produced_in) is what proves it was not seen first, and it is not listed.
+    inputs: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def in_order(self) -> bool | None:
