@@ -12,6 +12,8 @@ competing for every core, and counts the runs in which the claim held. A measure
     python scripts/claims_robustness.py --teaching                # TEACHING.md rewritten from the committed record
     python scripts/claims_robustness.py --notebooks --runs 2      # the teacher's key's ranges (every notebook)
     python scripts/claims_robustness.py --notebooks --runs 1 --only 00 03 --json results/key_ranges.json
+    python scripts/claims_robustness.py --notebooks --runs 10 --quiet-only --only 09 --merge   # 09 again, in the record
+    python scripts/claims_robustness.py some_claim --runs 10 --json notebooks/claims_hold_rates.json --merge --teaching
 
 Prints one line per claim and condition with the load average before and after (on a shared machine "quiet"
 means only that this script started no competing processes); the JSON also records kvlab's version, the
@@ -202,7 +204,10 @@ def measured_paragraph(report: dict, key: dict | None = None,
             f"seeds 0 to {runs - 1}, first \"quiet\" (no competing processes started by the script), then \"loaded\" "
             f"(one CPU-bound competing process per core). Its 1-minute load average was {qb:.2f} before and "
             f"{qa:.2f} after the quiet runs, {lb:.2f} and {la:.2f} around the loaded ones (other programs on the "
-            f"machine count too: \"quiet\" is only as quiet as the machine was).\n{notebook_sentence(key)}")
+            f"machine count too: \"quiet\" is only as quiet as the machine was)."
+            + "".join(f" {', '.join(f'`{c}`' for c in r['claims'])} measured again after a change of rule with "
+                      f"`{r['command']}`, from {r['started']} to {r['finished']}." for r in report.get("remeasured", []))
+            + f"\n{notebook_sentence(key)}")
 
 
 def notebook_sentence(key: dict | None) -> str:
@@ -213,10 +218,16 @@ def notebook_sentence(key: dict | None) -> str:
                        + f" from {c['started']} to {c['finished']}, load average {c['load_before']:.2f} before and "
                          f"{c['load_after']:.2f} after" for c in key["conditions"])
     kept = any("claims" in e for e in key["executions"])
+    quiet_only = all(c["condition"] == "quiet" for c in key["conditions"])
     return (f"The columns \"in the notebook\" count the executions of each teacher's notebook itself (top to bottom "
             f"in a fresh kernel, as a learner's Run All) in which the claim's line said ✓, from "
             f"`notebooks/key_ranges.json`, measured with `{key['command']}` on {_machine(key)}, {key['runs']} "
             f"run{'s' if key['runs'] != 1 else ''} of each notebook per condition: {around}"
+            + (" (never under competing load: beside one CPU-bound process per core a Run All takes many times a "
+               "quiet one, so every notebook that often is hours; the loaded rates are the examples')"
+               if quiet_only else "")
+            + "".join(f"; {', '.join(n[:2] for n in r['notebooks'])} measured again after a change with "
+                      f"`{r['command']}`, from {r['started']} to {r['finished']}" for r in key.get("remeasured", []))
             + (f"; {NOT_MEASURED} where it did not measure the notebook or the claim." if kept else
                f". That record predates the script's recording of each line's claim, so they say {NOT_MEASURED} until "
                f"it is measured again."))
@@ -406,6 +417,36 @@ def _shown_path(path: str) -> str:
     return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
 
 
+def merged_rates(record: dict, again: dict, claims: list[str], command: str) -> dict:
+    """The examples' ``record`` with the rows of ``claims`` replaced by ``again``'s (claims measured again after
+    their rule changed), and what was measured again, with what command and when, kept under "remeasured"."""
+    if again["runs"] != record["runs"]:
+        raise SystemExit(f"--merge needs the record's --runs {record['runs']} (every claim the same number of runs)")
+    out = dict(record)
+    out["hold_rates"] = [r for r in record["hold_rates"] if r["claim"] not in claims] + again["hold_rates"]
+    out["remeasured"] = record.get("remeasured", []) + [
+        {"claims": list(claims), "command": command, "started": again["started"], "finished": again["finished"]}]
+    return out
+
+
+def merged(record: dict, again: dict) -> dict:
+    """``record`` (a notebooks' record) with the notebooks ``again`` measured replaced by its executions and
+    answers, and ``again``'s command, dates and conditions kept under "remeasured" (``--only NN --merge``: one
+    notebook measured again after a change, the others as they were)."""
+    if again["runs"] != record["runs"] or {c["condition"] for c in again["conditions"]} != {
+            c["condition"] for c in record["conditions"]}:
+        raise SystemExit("--merge needs the record's runs and conditions (--runs, --quiet-only) so every notebook "
+                         f"has the same number of executions: the record has {record['runs']} runs of "
+                         f"{[c['condition'] for c in record['conditions']]}")
+    names = set(again["notebooks"])
+    out = dict(record)
+    out["executions"] = [e for e in record["executions"] if e["notebook"] not in names] + again["executions"]
+    out["predictions"] = [p for p in record["predictions"] if p["notebook"] not in names] + again["predictions"]
+    out["remeasured"] = record.get("remeasured", []) + [
+        {k: again[k] for k in ("notebooks", "command", "started", "finished", "conditions")}]
+    return out
+
+
 def measure_key(args: argparse.Namespace) -> None:
     """``--notebooks``: execute the teacher's copies, write the record, rewrite KEY.md from the course's record."""
     from kvlab import teachers_key
@@ -417,14 +458,18 @@ def measure_key(args: argparse.Namespace) -> None:
     out = Path(args.json) if args.json else KEY_RECORD
     command = " ".join(["python scripts/claims_robustness.py --notebooks --runs", str(args.runs)]
                        + (["--only", *args.only] if args.only else []) + (["--quiet-only"] if args.quiet_only else [])
-                       + (["--json", _shown_path(args.json)] if args.json else []))
+                       + (["--json", _shown_path(args.json)] if args.json else [])
+                       + (["--merge"] if args.merge else []))
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     found = notebook_answers(names, runs=args.runs, loaded=not args.quiet_only, timeout_s=args.timeout,
                              progress=print)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
-                     "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
-                     "notebooks": names, **found})
+    record = {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
+              "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command,
+              "notebooks": names, **found}
+    if args.merge:
+        record = merged(json.loads(out.read_text(encoding="utf-8")), record)
+    write_json(out, record)
     print(f"wrote {_shown_path(str(out))}")
     if out.resolve() == KEY_RECORD.resolve():
         if teachers_key.write(NOTEBOOKS_DIR):
@@ -448,16 +493,23 @@ def main() -> None:
                              "from it)")
     parser.add_argument("--only", nargs="+", default=[], metavar="NN",
                         help="with --notebooks: only the notebooks whose names start so (e.g. 00 03)")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace the named claims (or, with --notebooks --only, those notebooks) in the existing "
+                             "record; the rest is kept as measured, and the record notes what was measured again")
     parser.add_argument("--timeout", type=int, default=NOTEBOOK_TIMEOUT_S,
                         help="with --notebooks: seconds one cell may take")
     args = parser.parse_args()
     if args.notebooks:
+        if args.merge and not args.only:
+            parser.error("--merge replaces the notebooks named by --only in the record")
         if args.names or args.teaching:
             parser.error("--notebooks runs notebooks, not claims: no claim names, no --teaching")
         measure_key(args)
         return
     if args.only:
         parser.error("--only goes with --notebooks")
+    if args.merge and not (args.names and args.json):
+        parser.error("--merge replaces the named claims' rows in the record --json names")
     unknown = [n for n in args.names if n not in CLAIMS]
     if unknown:
         parser.error(f"unknown claim(s) {unknown}; known: {sorted(CLAIMS)}")
@@ -474,9 +526,15 @@ def main() -> None:
         from kvlab.results_io import write_json
 
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        write_json(args.json, {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
-                               "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "hold_rates": as_records(rates)})
+        record = {"environment": environment(), "runs": args.runs, "cpu_count": os.cpu_count(),
+                  "started": started, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "hold_rates": as_records(rates)}
+        if args.merge:
+            command = " ".join(["python scripts/claims_robustness.py", *args.names, "--runs", str(args.runs),
+                                "--json", _shown_path(args.json), "--merge"])
+            record = merged_rates(json.loads(Path(args.json).read_text(encoding="utf-8")), record, args.names,
+                                  command)
+        write_json(args.json, record)
         print(f"wrote {args.json}")
         if args.teaching:
             write_teaching(Path(args.json))

@@ -325,3 +325,47 @@ def test_hold_rates_count_fresh_seeded_runs_of_an_example_shared_by_its_claims()
     assert even.rate == pytest.approx(2 / 3)
     assert (read.held, read.unreadable) == (2, 1)
     assert robustness.as_records(rates)[0]["rate"] == pytest.approx(2 / 3)
+
+
+def test_a_notebook_measured_again_replaces_its_runs_and_the_record_says_so():
+    """``--notebooks --only 09 --merge``: 09's executions and answers replace the record's, the other notebooks'
+    stay, and the teacher's sentence names what was measured again and when; a different number of runs or other
+    conditions is refused (every notebook keeps the same number of executions per condition)."""
+    robustness = _claims_robustness()
+    cond = [{"condition": "quiet", "processes": 0, "started": "a", "finished": "b", "load_before": 1.0,
+             "load_after": 1.0}]
+
+    def run(nb, mark):
+        return {"notebook": nb, "condition": "quiet", "run": 0, "claims": {"c": mark}}
+
+    record = {"runs": 1, "conditions": cond, "command": "first", "notebooks": ["00.ipynb", "09.ipynb"],
+              "executions": [run("00.ipynb", "✓"), run("09.ipynb", "✗")],
+              "predictions": [{"notebook": "00.ipynb"}, {"notebook": "09.ipynb", "old": True}],
+              "environment": {"cuda_device": None, "torch_threads": 1, "versions": {"kvlab": "0", "torch": "0"}},
+              "cpu_count": 2}
+    again = {"runs": 1, "conditions": cond, "command": "again --only 09 --merge", "notebooks": ["09.ipynb"],
+             "started": "c", "finished": "d", "executions": [run("09.ipynb", "✓")],
+             "predictions": [{"notebook": "09.ipynb"}]}
+    out = robustness.merged(record, again)
+    assert [e["claims"]["c"] for e in out["executions"]] == ["✓", "✓"]
+    assert out["predictions"] == [{"notebook": "00.ipynb"}, {"notebook": "09.ipynb"}]
+    assert "09 measured again after a change with `again --only 09 --merge`, from c to d" in \
+        robustness.notebook_sentence(out)
+    with pytest.raises(SystemExit, match="same number of executions"):
+        robustness.merged(record, {**again, "runs": 2})
+
+
+def test_a_claim_measured_again_replaces_its_rows_and_the_paragraph_says_so():
+    robustness = _claims_robustness()
+    row = lambda claim, held, cond="quiet": {"claim": claim, "condition": cond, "held": held, "runs": 10,  # noqa: E731
+                                            "load_before": 1.0, "load_after": 1.0}
+    env = {"cuda_device": None, "torch_threads": 1, "versions": {"kvlab": "0", "torch": "0"}}
+    record = {"runs": 10, "started": "a", "finished": "b", "cpu_count": 2, "environment": env,
+              "hold_rates": [row("x", 10), row("y", 7), row("y", 5, "loaded")]}
+    again = {"runs": 10, "started": "c", "finished": "d", "hold_rates": [row("y", 10), row("y", 9, "loaded")]}
+    out = robustness.merged_rates(record, again, ["y"], "python scripts/claims_robustness.py y --merge")
+    assert [(r["claim"], r["held"]) for r in out["hold_rates"]] == [("x", 10), ("y", 10), ("y", 9)]
+    assert "`y` measured again after a change of rule with `python scripts/claims_robustness.py y --merge`, " \
+           "from c to d." in robustness.measured_paragraph(out)
+    with pytest.raises(SystemExit, match="--runs 10"):
+        robustness.merged_rates(record, {**again, "runs": 3}, ["y"], "")

@@ -66,23 +66,32 @@ def seeded_schedule_sends_near_offered(curve: Any) -> dict:
            at {offered:g} req/s offered nothing was turned away: {sent} requests were sent over {span:.2f} s
            ({sent_rps:.1f} req/s), all {completed} completed, and the window ran on {drain:.2f} s past the last
            arrival until the last answer ended, so achieved = {completed} / {window:.2f} s = {achieved:.1f} req/s,
-           {share:.0%} of the rate sent. The server kept up: at least {keep:.0%} of the rate sent, the course's line
-           for keeping up (the knee uses it too); the gap to {offered:g} is the draw and the drain""",
+           {share:.0%} of the rate sent. The server kept up: leaving out the last answer's own time (an E2E p50 of
+           {e2e:.2f} s), it finished the work at {served:.1f} req/s, at least {keep:.0%} of the rate sent (the
+           course's line for keeping up); the gap to {offered:g} is the draw and the drain""",
        otherwise="""
-           the window ran on long after the last arrival. Either the server was still working off a queue (at this
-           rate it did not keep up, and the achieved rate is what it could serve), or the last answers were slow
-           because the machine was busy. Run the panel again; if it persists, offer less.""")
+           the window ran on long after the last arrival, longer than one answer takes. Either the server was still
+           working off a queue (at this rate it did not keep up, and the achieved rate is what it could serve), or
+           the last answers were slow because the machine was busy. Run the panel again; if it persists, offer
+           less.""")
 def achieved_rate_below_offered_explained(curve: Any) -> dict:
+    """Kept up: the work finished at ``KEEPS_UP_RATIO`` of the rate sent or more, the last answer's own time (the
+    rate's E2E p50) left out of the window. A server with no queue ends its last answer about one E2E after the
+    last arrival, so over a window of a second or two the plain achieved rate is below 90% of the rate sent even
+    when nothing waited (the old rule, achieved >= 90% of sent, failed there: 48 requests over 1.71 s and a
+    0.2 s answer give 89%); a queue left at the end runs the window on by far more than one answer."""
     t = _rows(curve)
     clean = t[(t["rejected"] == 0) & (t["failed_other"] == 0) & (t["completed"] == t["sent"])]
     if clean.empty:
         raise ValueError("every offered rate had rejections or failures; there is no rate that was kept up with")
     r = clean.iloc[-1]  # the highest rate with nothing turned away
+    e2e = float(r.e2e_p50_s)
+    served = int(r.completed) / max(float(r.window_s) - e2e, 1e-9)
     return dict(offered=float(r.offered_rps), sent=int(r.sent), span=float(r.scheduled_span_s),
                 sent_rps=float(r.sent_rps), completed=int(r.completed), drain=float(r.drain_s),
                 window=float(r.window_s), achieved=float(r.requests_per_s),
-                share=float(r.requests_per_s) / float(r.sent_rps), keep=KEEPS_UP_RATIO,
-                holds=float(r.requests_per_s) >= KEEPS_UP_RATIO * float(r.sent_rps))
+                share=float(r.requests_per_s) / float(r.sent_rps), e2e=e2e, served=served, keep=KEEPS_UP_RATIO,
+                holds=served >= KEEPS_UP_RATIO * float(r.sent_rps))
 
 
 @claim(NOTEBOOK, clock="wall",
