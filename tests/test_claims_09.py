@@ -195,6 +195,9 @@ def test_kept_up_is_the_courses_line_and_the_sentence_states_it():
     c = CLAIMS["achieved_rate_below_offered_explained"]
     v = c.on(curve())
     assert v.holds is True and f"at least {KEEPS_UP_RATIO:.0%} of the rate sent" in v.text, v.text
+    slow = curve(requests_per_s=[7.06, 0.85 * 126.9], window_s=[1.70, 1.78], drain_s=[0.08, 0.27])
+    assert 0.85 * 126.9 >= 0.8 * 126.9  # what the first rule (0.8 of sent) called keeping up
+    assert c.on(slow).holds is False
     no_queue = curve(offered_rps=[8.0, 32.0], sent=[12, 48], completed=[12, 48], num_requests=[12, 48],
                      scheduled_span_s=[1.62, 1.71], sent_rps=[7.4, 28.0], window_s=[1.70, 1.92],
                      drain_s=[0.08, 0.21], requests_per_s=[7.06, 48 / 1.92], e2e_p50_s=[0.06, 0.19])
