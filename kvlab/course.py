@@ -57,10 +57,10 @@ class Lesson:
         return (self.package, "kvlab.lessons.common", *(f"kvlab.experiments.{e}" for e in self.experiments), *self.uses)
 
 
-# A notebook's minutes cover at least reading its markdown at READING_WPM, its Run All and EXERCISE_MINUTES per
-# exercise (tests/test_plans.py checks it, and that the TEACHING.md plans' slots fit what they name).
+# A notebook's minutes cover at least reading its markdown at READING_WPM, its Run All and each exercise at its price
+# (kvlab.lessons.common.exercises.EXERCISE_MINUTES, by what it asks for); tests/test_plans.py checks it, and that the
+# TEACHING.md plans' slots fit what they name.
 READING_WPM = 150  # words per minute: technical prose read with figures beside it
-EXERCISE_MINUTES = 2  # the least an exercise takes: read, write a line, run its checker
 # The main path (kvlab.reading: markdown outside folds and Going deeper sections, plus the claim lines shown
 # unfolded) reads at READING_WPM within READING_SHARE of a notebook's minutes; the rest is for running, trying
 # the knobs and the exercises (tests/test_reading.py). Depth goes into folds, never into more minutes.
@@ -79,7 +79,7 @@ NOTEBOOKS: list[Lesson] = [
     Lesson("02_kv_cache.ipynb", "The KV cache",
            "what K and V are, the cache as K/V tensors per layer, same tokens with and without it, "
            "the memory formula vs measured bytes, a calculator for published models; write the cache yourself; "
-           "a real published model where the machine is online", 25, experiments=("memory", "real_model")),
+           "a real published model where the machine is online", 30, experiments=("memory", "real_model")),
     Lesson("03_cache_strategies.ipynb", "Cache strategies",
            "dynamic, static, quantized (8/4/2 bits) and offloaded side by side on a tiny trained recall model: "
            "memory saved, latency paid, bytes moved, accuracy by bits and by distance; what fixed shapes allow "
@@ -105,13 +105,13 @@ NOTEBOOKS: list[Lesson] = [
            experiments=("service_curves",), uses=("kvlab.experiments.slowdown",)),
     Lesson("07_memory_is_capacity.ipynb", "Memory is capacity",
            "paged blocks vs max-length reservation (sequences that fit, waste of each), counted by hand and by the "
-           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 20,
+           "engine's block manager; block size and its waste; max context and max new tokens as capacity levers", 30,
            experiments=("capacity",), uses=("kvlab.experiments.serving_run",)),
     Lesson("08_prefix_and_chunks.ipynb", "Preemption, prefixes and chunks",
            "a KV budget that runs out: preemption by recompute and what it costs; prefix caching on a shared system "
            "prompt (blocks reused, a sooner first token); chunked prefill keeping the gaps between tokens steady "
            "when a long prompt arrives; a replayed trace with shared prefixes: ideal vs achieved hit ratio by KV "
-           "capacity, caching on vs off on the four clocks", 25,
+           "capacity, caching on vs off on the four clocks", 30,
            experiments=("prefix_and_chunks", "prefix_traces"), uses=("kvlab.experiments.serving_run", "kvlab.traces")),
     Lesson("09_measure_a_real_server.ipynb", "Measure a real server",
            "kvlab's engine behind an OpenAI-compatible HTTP server on loopback, measured at the client; every "

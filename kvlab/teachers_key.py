@@ -141,12 +141,14 @@ def ranges_paragraph(record: dict | None, record_path: str = f"notebooks/{RANGES
                       for name, c in conditions.items() if c.get("load_before") is not None
                       and c.get("load_after") is not None)
     loaded = conditions.get("loaded", {}).get("processes")
+    loaded_for = conditions.get("loaded", {}).get("notebooks")  # a merged record: loaded runs of some notebooks only
+    only = f" (notebooks {', '.join(n[:2] for n in loaded_for)} only)" if loaded_for else ""
     names = record.get("notebooks") or sorted({p["notebook"] for p in record.get("predictions", [])})
     which = "" if set(names) >= {n.file for n in NOTEBOOKS} else f" (notebooks {', '.join(n[:2] for n in names)} only)"
     return (f"*Quiet* and *loaded*: the range of answers (lowest–highest, and in how many runs) when the teacher's "
             f"copies{which} were executed {record['runs']} time{'s' * (record['runs'] != 1)} each quiet (no competing "
             f"processes started by the script; other programs on the machine count too) and "
-            + (f"as many times with {loaded} CPU-bound competing processes, one per core, "
+            + (f"as many times with {loaded} CPU-bound competing processes, one per core{only}, "
                if loaded else "never under competing load, ")
             + f"from {record['started']} to {record['finished']}, with `{record['command']}` on a machine with "
             f"{record['cpu_count']} CPU cores and {device} ({env.get('torch_threads')} torch threads, kvlab "

@@ -167,8 +167,8 @@ plot_cold_warm(cold)
 verdicts(cold, "startup_dwarfs_a_warm_request", "first_request_extra_is_small", fold=True)
 
 # %% [markdown]
-# Both checks compare the start-up with every warm serving, not only with a typical one: the first
-# against the slowest warm request, the second takes the first request's extra against the fastest.
+# Each check compares like with like: the start-up with the whole warm service (every warm request,
+# start to finish), and the first request with the warm ones beside their own spread.
 # The start-up is one measurement of one process: run the cell again to see how much it moves (a
 # second start usually finds the libraries in the operating system's file cache and is quicker).
 #

@@ -41,8 +41,10 @@ print(f"{model.config.name}: {model.num_parameters() / 1e6:.1f}M parameters")
 # %% [markdown]
 # ## Same requests, two policies
 #
-# Twelve requests arrive together, with mixed prompt and output lengths, and there are four batch
-# slots. Before running them, predict: a static batch lasts as long as its longest member.
+# Sixteen requests arrive together, with mixed prompt lengths and answers as mixed as chat answers:
+# most short, a few long (as in ShareGPT's conversations,
+# [Kwon et al. 2023, Fig. 11](https://arxiv.org/abs/2309.06180)). There are four batch slots.
+# Before running them, predict: a static batch lasts as long as its longest member.
 
 # %%
 from kvlab.lessons.common.predict import predict
@@ -95,7 +97,7 @@ plot_batch_composition(result.frame.attrs["trace"], by="run", max_seqs=4)
 # Fewer steps for the same tokens should mean more tokens per second, but on a shared machine every
 # timing jitters. So the cell below serves both length mixes under both policies three times, in
 # paired rounds: each round runs the two policies back to back. With equal lengths both policies run
-# the same schedule, so their gap in a round is the machine's noise in that round. With 12 requests a
+# the same schedule, so their gap in a round is the machine's noise in that round. With 16 requests a
 # run's p95 is about its slowest request.
 
 # %%
@@ -320,6 +322,9 @@ verdicts(scaling, "decode_step_stays_flat_for_small_batches", "per_sequence_deco
 # - Set **batch slots** to 8 with 24 requests: which policy gains more from the extra slots?
 # - In the exact knob, set `rate=4.0` too: what does each wait buy now, and what does it cost?
 # - `policy_rounds(model, rounds=5)`: more paired rounds; does the spread of the ratios shrink?
+# - `policy_rounds(model, seed=0)`: another shuffle of the same requests, whose longest answer arrives
+#   last. It then runs alone at the end under either rule: how much of continuous batching's gain is left?
+#   (This notebook's shuffle, `LESSON_SHUFFLE`, brings the longest answer early.)
 #
 # Behind this notebook: `kvlab.serving.Scheduler` (policies; `SchedulerConfig(admission=...)` takes
 # your rule), `kvlab.experiments.batching` (`compare_policies`, `policy_rounds`,

@@ -32,9 +32,9 @@
 #
 # Short chats send prompts of 16 to 64 tokens and get 8 to 32 back. Long prompts (a document to
 # summarise) send 256 to 512 tokens and get the same short answers. A curve's **capacity at the TTFT
-# target** (marked *knee* in the figure and tables) is the last load tested that keeps up: at least
-# 0.9 of the offered requests per second served, and the p95 time to first token (TTFT) within the
-# target (`ttft_s=2.0` here), whichever rule fails first; known to one step of the grid of loads.
+# target** (marked *knee* in the figure and tables) is the highest load tested before the first that
+# does not keep up: at least 0.9 of the offered requests per second served, and the p95 time to first
+# token (TTFT) within the target (`ttft_s=2.0` here). It is known to one grid step.
 #
 # Predict before you run it: at what fraction of the short chats' capacity will the long prompts' be?
 
@@ -69,10 +69,9 @@ verdicts(curves, "long_traffic_bends_at_lower_rate", "latency_climbs_and_refusal
 # %% [markdown]
 # **Reading the curves.** Top left: the slowest first tokens (thick lines, p95) climb as batches
 # fill, before the knee; past it requests queue, and even the median (thin lines) climbs steeply.
-# Bottom left: achieved throughput follows the offered load (dashed diagonal), then flattens:
-# capacity. Bottom right: a full queue refuses new
-# requests, which bounds the wait of those served. A long prompt is many times a short chat's work
-# before its first token, so far fewer fit per second. The knees:
+# Bottom left: achieved throughput follows the offered load (the diagonal), then flattens.
+# Bottom right: a full queue refuses new requests, bounding the wait of those served. A long
+# prompt is many times a short chat's work. The knees:
 
 # %%
 display(curves[curves["is_knee"]][["profile", "offered_rps", "achieved_rps", "ttft_p50_s", "ttft_p95_s", "ttft_n",
@@ -289,7 +288,7 @@ verdicts(ab_at_two_loads(round_model), "ab_below_capacity_both_keep_up",
 #
 # - A **service curve** gives, per offered load, the clocks with their sample sizes, achieved vs
 #   offered throughput and the refusals. Its **capacity at a TTFT target** (the knee) is the highest
-#   load tested that still keeps up, known to one grid step.
+#   load tested before the first that falls behind, known to one grid step.
 # - Slow first tokens climb before that load; past it, everyone waits.
 # - Long prompts reach it at a fraction of the request rate of short chats.
 # - Past capacity, a rule can finish more and stream faster while starting answers later

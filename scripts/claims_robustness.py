@@ -215,6 +215,7 @@ def notebook_sentence(key: dict | None) -> str:
     if key is None:
         return f"The columns \"in the notebook\" say {NOT_MEASURED}: there is no record notebooks/key_ranges.json."
     around = "; ".join(f"{c['condition']}" + (f" ({c['processes']} competing processes)" if c["processes"] else "")
+                       + (f" for {', '.join(n[:2] for n in c['notebooks'])} only" if c.get("notebooks") else "")
                        + f" from {c['started']} to {c['finished']}, load average {c['load_before']:.2f} before and "
                          f"{c['load_after']:.2f} after" for c in key["conditions"])
     kept = any("claims" in e for e in key["executions"])
@@ -429,17 +430,25 @@ def merged_rates(record: dict, again: dict, claims: list[str], command: str) -> 
     return out
 
 
+def check_mergeable(record: dict, runs: int) -> None:
+    """Refuse a --merge before any notebook runs (a measurement of many minutes must not end refused): the record
+    must hold ``runs`` runs per notebook and condition."""
+    if runs != record["runs"]:
+        raise SystemExit(f"--merge needs the record's --runs {record['runs']} (every notebook the same number of "
+                         f"executions per condition); nothing was run")
+
+
 def merged(record: dict, again: dict) -> dict:
     """``record`` (a notebooks' record) with the notebooks ``again`` measured replaced by its executions and
     answers, and ``again``'s command, dates and conditions kept under "remeasured" (``--only NN --merge``: one
-    notebook measured again after a change, the others as they were)."""
-    if again["runs"] != record["runs"] or {c["condition"] for c in again["conditions"]} != {
-            c["condition"] for c in record["conditions"]}:
-        raise SystemExit("--merge needs the record's runs and conditions (--runs, --quiet-only) so every notebook "
-                         f"has the same number of executions: the record has {record['runs']} runs of "
-                         f"{[c['condition'] for c in record['conditions']]}")
+    notebook measured again after a change, the others as they were). A condition the record lacks (the first
+    loaded runs, of some notebooks) is added with the notebooks it covers; the others say "—" under it."""
+    check_mergeable(record, again["runs"])
     names = set(again["notebooks"])
     out = dict(record)
+    have = {c["condition"] for c in record["conditions"]}
+    out["conditions"] = record["conditions"] + [{**c, "notebooks": sorted(names)} for c in again["conditions"]
+                                                if c["condition"] not in have]
     out["executions"] = [e for e in record["executions"] if e["notebook"] not in names] + again["executions"]
     out["predictions"] = [p for p in record["predictions"] if p["notebook"] not in names] + again["predictions"]
     out["remeasured"] = record.get("remeasured", []) + [
@@ -460,6 +469,10 @@ def measure_key(args: argparse.Namespace) -> None:
                        + (["--only", *args.only] if args.only else []) + (["--quiet-only"] if args.quiet_only else [])
                        + (["--json", _shown_path(args.json)] if args.json else [])
                        + (["--merge"] if args.merge else []))
+    if args.merge:
+        if not out.exists():
+            raise SystemExit(f"--merge needs an existing record at {_shown_path(str(out))}; nothing was run")
+        check_mergeable(json.loads(out.read_text(encoding="utf-8")), args.runs)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     found = notebook_answers(names, runs=args.runs, loaded=not args.quiet_only, timeout_s=args.timeout,
                              progress=print)

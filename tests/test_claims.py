@@ -329,8 +329,9 @@ def test_hold_rates_count_fresh_seeded_runs_of_an_example_shared_by_its_claims()
 
 def test_a_notebook_measured_again_replaces_its_runs_and_the_record_says_so():
     """``--notebooks --only 09 --merge``: 09's executions and answers replace the record's, the other notebooks'
-    stay, and the teacher's sentence names what was measured again and when; a different number of runs or other
-    conditions is refused (every notebook keeps the same number of executions per condition)."""
+    stay, and the teacher's sentence names what was measured again and when; a different number of runs is refused
+    (every notebook keeps the same number of executions per condition), and the first loaded runs of some notebooks
+    join a quiet record, named with the notebooks they cover."""
     robustness = _claims_robustness()
     cond = [{"condition": "quiet", "processes": 0, "started": "a", "finished": "b", "load_before": 1.0,
              "load_after": 1.0}]
@@ -353,6 +354,15 @@ def test_a_notebook_measured_again_replaces_its_runs_and_the_record_says_so():
         robustness.notebook_sentence(out)
     with pytest.raises(SystemExit, match="same number of executions"):
         robustness.merged(record, {**again, "runs": 2})
+    loaded = {**cond[0], "condition": "loaded", "processes": 2}
+    both = robustness.merged(record, {**again, "conditions": cond + [loaded],
+                                      "executions": [run("09.ipynb", "✓"), {**run("09.ipynb", "✓"),
+                                                                            "condition": "loaded"}]})
+    assert [c["condition"] for c in both["conditions"]] == ["quiet", "loaded"]
+    assert both["conditions"][1]["notebooks"] == ["09.ipynb"]
+    assert "loaded (2 competing processes) for 09 only" in robustness.notebook_sentence(both)
+    assert robustness.notebook_columns(both, "09", "c")[1].startswith("1/1")
+    assert robustness.notebook_columns(both, "00", "c")[1] == robustness.NOT_MEASURED
 
 
 def test_a_claim_measured_again_replaces_its_rows_and_the_paragraph_says_so():

@@ -12,35 +12,42 @@ NOTEBOOK = "04_four_clocks.ipynb"
 
 
 
-def _cold(cold_ms: float, warm_ms: list[float], startup_s: float) -> pd.DataFrame:
+def _cold(cold_ms: float, warm_ms: list[float], startup_s: float, warm_e2e_ms: float = 80.0) -> pd.DataFrame:
     frame = pd.DataFrame({"run": range(1 + len(warm_ms)), "start": ["cold"] + ["warm"] * len(warm_ms),
-                          "ttft_s": [v / 1e3 for v in [cold_ms, *warm_ms]]})
+                          "ttft_s": [v / 1e3 for v in [cold_ms, *warm_ms]],
+                          "e2e_s": [(v + warm_e2e_ms) / 1e3 for v in [cold_ms, *warm_ms]]})
     frame.attrs.update(python_start_s=0.4 * startup_s, import_s=0.5 * startup_s, build_model_s=0.05 * startup_s,
                        engine_init_s=0.05 * startup_s)
     return frame
 
 
 def test_cold_start_claims_on_a_hand_made_start():
-    frame = _cold(9.0, [7.0, 8.0, 6.0, 20.0], startup_s=2.0)
+    frame = _cold(9.0, [7.0, 8.0, 6.0, 7.5], startup_s=2.0)
     startup, extra = verdicts(frame, "startup_dwarfs_a_warm_request", "first_request_extra_is_small")
-    assert startup.holds and startup.values["warm"] == pytest.approx(7.5) and startup.values["n"] == 4
-    assert startup.values["slowest"] == pytest.approx(20.0) and startup.values["times"] == pytest.approx(100)
+    assert startup.holds and startup.values["n"] == 4 and startup.values["served"] == pytest.approx(0.3485)
     assert startup.values["imports"] == pytest.approx(1.8) and "the engine 0.100 s" in startup.text
-    assert extra.holds and extra.values["extra"] == pytest.approx(1.5)
-    assert extra.values["extra_max"] == pytest.approx(3.0)  # against the fastest warm serving (6 ms)
-    assert "6.0 to 20.0 ms" in extra.text
+    assert "longer than serving all 4 warm requests one after another" in startup.text
+    assert extra.holds and extra.values["extra"] == pytest.approx(1.75) and extra.values["warm"] == pytest.approx(7.25)
     slow_first = _cold(1500.0, [7.0, 8.0], startup_s=2.0)
     assert not CLAIMS["first_request_extra_is_small"].on(slow_first).holds  # 1.5 s extra: most of the cold cost
 
 
-def test_the_start_up_must_dwarf_every_warm_serving_not_only_the_median():
-    """Old rule: start-up > 10x the warm median (n = 4 in the notebook). New: > 10x the slowest warm serving, so one
-    stalled warm request that the median hides makes the claim say so."""
-    frame = _cold(9.0, [7.0, 8.0, 6.0, 7.5, 250.0], startup_s=2.0)  # median 7.5 ms, one warm serving 250 ms
+def test_the_start_up_is_compared_with_the_whole_warm_service_not_one_first_token():
+    """Old rule: start-up > 10x the slowest warm TTFT, which seconds against milliseconds never fails (298x in the
+    notebook). New: longer than every warm request served start to finish, one after another (2-3x on 2 cores)."""
+    frame = _cold(9.0, [7.0] * 11, startup_s=0.5, warm_e2e_ms=80.0)  # 11 x 87 ms = 0.96 s of service
     v = CLAIMS["startup_dwarfs_a_warm_request"].on(frame)
-    assert 2.0 > 10 * 0.0075 and not v.holds and v.values["slowest"] == pytest.approx(250.0)
-    first = _cold(1100.0, [1.0, 1000.0, 1000.0], startup_s=2.0)  # +100 ms over the median, +1099 over the fastest
-    assert not CLAIMS["first_request_extra_is_small"].on(first).holds
+    assert 0.5 > 10 * 0.007 and not v.holds and v.values["times"] == pytest.approx(0.5 / 0.957)
+
+
+def test_the_first_request_must_pay_a_measurable_extra_and_a_small_one():
+    """The first request against the warm median, beside the warm runs' own spread: no extra to see is ✗ (the
+    sentence says it paid one), and an extra over a tenth of the start-up is ✗ (the sentence says it was small)."""
+    like_warm = _cold(7.6, [7.0, 8.0, 6.0, 7.5, 9.0, 7.2], startup_s=2.0)  # +0.2 ms, inside the warm spread
+    v = CLAIMS["first_request_extra_is_small"].on(like_warm)
+    assert not v.holds and v.values["extra"] < 2 * v.values["se"], v.text
+    heavy = _cold(307.0, [7.0, 8.0, 6.0, 7.5], startup_s=2.0)  # +300 ms: 15% of the start-up
+    assert not CLAIMS["first_request_extra_is_small"].on(heavy).holds
 
 
 def test_the_mean_vs_tail_claims_count_requests_above_the_mean():

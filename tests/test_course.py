@@ -378,6 +378,30 @@ def test_binder_pins_agree_with_requirements():
     assert not differ, f"binder/environment.yml vs requirements.txt (binder, requirements): {differ}"
 
 
+@pytest.mark.full
+def test_binder_pins_a_notebook_whose_own_requirements_admit_the_pinned_jupyterlab(tmp_path):
+    """repo2docker's base environment has a Jupyter Notebook of its own (7.4.7, which requires jupyterlab < 4.5); the
+    pinned notebook replaces it, and its own Requires-Dist (read from its wheel on the index) admits the pinned
+    jupyterlab and jupyter-server, so pip installs Binder's environment without a conflict."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    _, pip = binder_pins()
+    assert "notebook" in pip, "binder/environment.yml must pin notebook beside jupyterlab (repo2docker ships one)"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp_path,
+                    f"notebook=={pip['notebook']}"], check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("notebook-*.whl")
+    meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("METADATA"))
+    needs = [Requirement(line.split(":", 1)[1].strip()) for line in
+             zipfile.ZipFile(wheel).read(meta).decode().splitlines() if line.startswith("Requires-Dist:")]
+    refused = [str(r) for r in needs if r.marker is None and r.name.lower() in pip
+               and not r.specifier.contains(pip[r.name.lower()], prereleases=True)]
+    assert not refused, f"notebook {pip['notebook']} refuses Binder's pins: {refused}"
+
+
 def test_binder_has_everything_kvlab_imports_and_widgets_for_jupyterlab_4():
     import tomllib
 

@@ -105,3 +105,14 @@ def test_check_reports_staleness_as_a_warning_and_strict_makes_it_a_failure(stal
     out, err = capsys.readouterr()
     assert f"{NOTEBOOK}: stale (outputs older than kvlab/env.py)" in out and err.startswith("warning: 1 notebook(s)")
     assert authoring.main(argparse.Namespace(only=[], execute=False, check=True, strict=True)) == 1
+
+
+def test_every_saved_copy_is_current_with_its_source_and_the_modules_behind_it():
+    """``python -m kvlab notebooks --check --strict`` in the default suite: a teacher's copy whose outputs are older
+    than a module behind them (a stale run, e.g. after a claim's rule changed) fails here, not in a reader's hands.
+    Re-execute with ``python -m kvlab notebooks``."""
+    results = [authoring.build(p, check=True) for p in authoring.selected([])]
+    results += [authoring.build_workshop(p, check=True) for p in authoring.selected([])]
+    stale = [f"{r.notebook}: {r.action} ({r.detail.splitlines()[0] if r.detail else ''})"
+             for r in results if r.action != "unchanged"]
+    assert not stale, "run python -m kvlab notebooks:\n" + "\n".join(stale)

@@ -161,7 +161,14 @@ def test_nothing_before_a_prediction_states_its_answer(run):
                                    f"...{leaks[0][1][:300]!r}")
 
 
-PROVENANCE = re.compile(r'<div class="kvlab-prediction" data-asked="(\d*)" data-produced="(\d*)" data-inputs="([^"]*)"')
+PROVENANCE = re.compile(r'<div class="kvlab-prediction" data-asked-ago="(-?\d*)" data-produced-ago="(-?\d*)" '
+                        r'data-inputs="([^"]*)"')
+
+
+def code_cell_back(cells, j: int, ago: int) -> int:
+    """The index of the code cell ``ago`` cells run before cell ``j`` (a kernel runs no empty cell); -1 before all."""
+    ran = [i for i, c in enumerate(cells[:j + 1]) if c.cell_type == "code" and c.source.strip()]
+    return ran[-1 - ago] if 0 <= ago < len(ran) else -1
 
 
 def input_needles(value: float) -> list[str]:
@@ -177,7 +184,6 @@ def test_every_prediction_is_asked_before_the_experiment_that_answers_it(run):
     produced ``result`` (kvlab.experiments.provenance); the result must come after the question. And nothing
     shown before the question states a number the answer is computed from (the ``measure``'s inputs)."""
     cells = run.executed.cells
-    by_count = {c.execution_count: i for i, c in enumerate(cells) if c.cell_type == "code" and c.execution_count}
     found = 0
     for j, cell in enumerate(cells):
         for out in cell.get("outputs", []):
@@ -188,7 +194,8 @@ def test_every_prediction_is_asked_before_the_experiment_that_answers_it(run):
             assert m and m.group(1) and m.group(2), (
                 f"{run.name}, cell {j}: a prediction compared without its experiment's result; write "
                 f"guess.against(result, measure) with a result from an @experiment")
-            asked, made = by_count[int(m.group(1))], by_count[int(m.group(2))]
+            asked, made = code_cell_back(cells, j, int(m.group(1))), code_cell_back(cells, j, int(m.group(2)))
+            assert asked >= 0 and made >= 0, f"{run.name}, cell {j}: {m.group(0)} points before the first cell"
             assert made > asked, (f"{run.name}: the result compared in cell {j} was produced in cell {made}, "
                                   f"before its question was asked in cell {asked}")
             inputs = json.loads(html.unescape(m.group(3)))

@@ -1,8 +1,10 @@
 """The course's minutes and TEACHING.md's plans fit the notebooks they name.
 
 A notebook's minutes (kvlab/course.py) cover at least reading its main path's markdown (kvlab.reading) at READING_WPM, its Run All (as
-recorded in the teacher's copy) and EXERCISE_MINUTES per exercise. A slot of the 90-minute plan covers the sections
-it names (their markdown read, two minutes per exercise it names); the half-day plan's slots are the minutes."""
+recorded in the teacher's copy) and each exercise at its price (EXERCISE_MINUTES by what it asks for: a choice, a
+number, a function, a build-it). A slot of the 90-minute plan covers the sections it names (their markdown read, each
+exercise it names at its price); the half-day plan's slots are the minutes. Every exercise is on the main path: its
+question is never folded away from its checker cell."""
 from __future__ import annotations
 
 import json
@@ -13,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from kvlab import authoring
-from kvlab.course import EXERCISE_MINUTES, NOTEBOOKS, READING_WPM
+from kvlab.course import NOTEBOOKS, READING_WPM
 from kvlab.lessons import EXERCISES
+from kvlab.lessons.common.exercises import exercises_for
 from kvlab.reading import COMMENT, DETAILS, main_path_cells, markdown_words
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -64,11 +67,23 @@ def lesson(number: str):
 @pytest.mark.parametrize("entry", NOTEBOOKS, ids=lambda n: n.file[:2])
 def test_a_notebooks_minutes_cover_reading_it_running_it_and_its_exercises(entry):
     words = sum(section_words(entry.file).values())
-    exercises = sum(e.notebook == entry.file for e in EXERCISES.values())
-    least = words / READING_WPM + run_minutes(entry.file) + EXERCISE_MINUTES * exercises
+    exercises = exercises_for(entry.file)
+    least = words / READING_WPM + run_minutes(entry.file) + sum(e.minutes for e in exercises)
     assert entry.minutes >= math.ceil(least), (
         f"{entry.file}: {entry.minutes} min planned, but {words} words at {READING_WPM}/min, its Run All and "
-        f"{exercises} exercises take {least:.1f}; raise its minutes in kvlab/course.py")
+        f"{len(exercises)} exercises ({', '.join(f'{e.kind} {e.minutes}' for e in exercises)} min) take "
+        f"{least:.1f}; raise its minutes in kvlab/course.py")
+
+
+@pytest.mark.parametrize("entry", NOTEBOOKS, ids=lambda n: n.file[:2])
+def test_every_exercise_sits_on_the_main_path_with_its_checker(entry):
+    """An exercise's question folded into a Going deeper section while its checker cell prints "Not yet" on the main
+    path (08, once) is half an exercise: every question is a main-path cell, as its checker is."""
+    nb = authoring.from_source(authoring.source_path(NOTEBOOK_DIR / entry.file))
+    on_path = {i for i, _ in main_path_cells(nb.cells)}
+    folded = [c.source.split("\n", 1)[0] for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+              and re.search(r"^### Exercise \d+:", c.source, re.M) and i not in on_path]
+    assert not folded, f"{entry.file}: exercise questions folded away from their checkers: {folded}"
 
 
 def test_the_90_minute_plan_adds_up_and_each_slot_fits_the_sections_it_names():
@@ -84,9 +99,10 @@ def test_the_90_minute_plan_adds_up_and_each_slot_fits_the_sections_it_names():
         assert named, f"the 90-minute plan's slot for {entry.file} names no section"
         missing = [s for s in named if s not in words]
         assert not missing, f"{entry.file} has no section {missing}; its sections: {[w for w in words if w]}"
-        exercises = len(re.findall(r"\bExercise\b", what))
+        ordered = exercises_for(entry.file)
+        exercises = sum(ordered[int(n) - 1].minutes for n in re.findall(r"\bExercise (\d+)\b", what))
         share = sum(words[s] for s in named) / sum(words.values())
-        least = sum(words[s] for s in named) / READING_WPM + share * run_minutes(entry.file) + EXERCISE_MINUTES * exercises
+        least = sum(words[s] for s in named) / READING_WPM + share * run_minutes(entry.file) + exercises
         assert minutes >= least, f"{entry.file}: {minutes} min for {named}, which take {least:.1f}"
 
 

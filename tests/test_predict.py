@@ -131,23 +131,29 @@ def test_a_figure_that_states_the_answer_folds_and_says_so_in_plain_text():
 
 def test_a_comparison_carries_where_its_question_and_its_result_came_from():
     """guess.against(result, measure): the cell that asked and the cell whose experiment produced the result go
-    into the HTML the notebook tests read, with the numbers the answer is computed from; a result produced before
-    its question is flagged on the page itself."""
+    into the HTML the notebook tests read, counted back from the comparing cell, with the numbers the answer is
+    computed from; a result produced before its question is flagged on the page itself."""
+    from dataclasses import replace
+
     from kvlab.experiments.provenance import cell_of, experiment, produced
 
     guess = predict("How many times as many steps?", unit="×", value=1.5)
     guess.asked_in = 7  # as a kernel's cell 7 would record it
     later = produced({"static": 223, "continuous": 175}, cell=9)
-    c = guess.against(later, lambda r: (r["static"] / r["continuous"], {"static steps": r["static"]}))
+    c = replace(guess.against(later, lambda r: (r["static"] / r["continuous"], {"static steps": r["static"]})),
+                compared_in=10)
     assert (c.asked_in, c.produced_in, c.in_order) == (7, 9, True)
     page = c._repr_html_()
-    assert 'data-asked="7" data-produced="9"' in page and "static steps" in page and "⚠" not in page
+    assert 'data-asked-ago="3" data-produced-ago="1"' in page and "static steps" in page and "⚠" not in page
     earlier = produced([1, 2], cell=3)
     c = guess.against(earlier, lambda r: float(len(r)))
     assert c.in_order is False and "produced before the question was asked" in c._repr_html_()
     # a bare number: no provenance at all, which the notebook test refuses
     c = guess.against(4.19)
-    assert c.produced_in is None and c.in_order is None and 'data-produced=""' in c._repr_html_()
+    assert c.produced_in is None and c.in_order is None and 'data-produced-ago=""' in c._repr_html_()
+    # where the cells are unknown (outside a kernel), the order is not known either: no warning
+    c = guess.against(produced([1, 2]), lambda r: float(len(r)))
+    assert c.in_order is None and "⚠" not in c._repr_html_()
 
     @experiment
     def run(n):

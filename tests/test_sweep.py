@@ -62,9 +62,9 @@ def test_a_simulated_sweep_is_deterministic(cost_model):
 
 
 def test_knee_on_a_synthetic_curve():
-    assert find_knee([1, 2, 3, 4], [True, True, False, False]) == 1
-    assert find_knee([1, 2, 3], [False, False, False]) is None  # overloaded everywhere
-    assert find_knee([1, 2, 3], [True, True, True]) is None  # the knee lies beyond the rates tried
+    assert find_knee([1, 2, 3, 4], [True, True, False, False]).index == 1
+    assert find_knee([1, 2, 3], [False, False, False]).index is None  # overloaded everywhere
+    assert find_knee([1, 2, 3], [True, True, True]).index is None  # the knee lies beyond the rates tried
     frame = pd.DataFrame({"profile": "x", "policy": "p", "offered_rps": [1.0, 2.0, 3.0, 4.0, 5.0],
                           "throughput_ratio": [1.0, 0.99, 0.97, 0.8, 0.6],
                           "ttft_p95_s": [0.1, 0.2, 0.9, 5.0, 9.0]})

@@ -18,13 +18,15 @@ def sweep_rows(engine="kvlab serve", rates=(4, 8, 16), served=(1.0, 1.0, 0.5), p
 
 
 def test_the_knee_is_the_highest_rate_served_with_every_lower_rate_served_too():
-    assert knee(sweep_rows(), slo_ttft_s=1.0) == 8.0
-    assert knee(sweep_rows(served=(1.0, 0.85, 1.0), p95=(0.1, 0.2, 0.3)), slo_ttft_s=1.0) == 4.0  # 85% < 90% served
-    assert knee(sweep_rows(p95=(1.5, 0.2, 0.3)), slo_ttft_s=1.0) is None  # even the lowest rate missed the bound
-    assert knee(sweep_rows(p95=(0.1, 0.2, 0.3), served=(1, 1, 1)), slo_ttft_s=1.0) == 16.0
+    assert knee(sweep_rows(), slo_ttft_s=1.0).rps == 8.0
+    assert knee(sweep_rows(served=(1.0, 0.85, 1.0), p95=(0.1, 0.2, 0.3)), slo_ttft_s=1.0).rps == 4.0  # 85% < 90% served
+    low = knee(sweep_rows(p95=(1.5, 0.2, 0.3)), slo_ttft_s=1.0)  # even the lowest rate missed the bound
+    assert (low.case, low.rps, low.at_least) == ("behind_from_the_start", None, None)
+    top = knee(sweep_rows(p95=(0.1, 0.2, 0.3), served=(1, 1, 1)), slo_ttft_s=1.0)  # no knee on the grid
+    assert (top.case, top.rps, top.at_least) == ("kept_up", None, 16.0)
     assert not within_knee({"served": 1.0, "ttft_p95_s": float("nan")}, 1.0)  # nothing completed: no p95
     both = pd.concat([sweep_rows(), sweep_rows("transformers serve", p95=(0.1, 2.0, 3.0))])
-    assert engine_knees(both, 1.0) == {"kvlab serve": 8.0, "transformers serve": 4.0}
+    assert {e: k.rps for e, k in engine_knees(both, 1.0).items()} == {"kvlab serve": 8.0, "transformers serve": 4.0}
 
 
 def test_a_rate_is_read_at_its_close_with_the_unanswered_counted_at_their_wait():

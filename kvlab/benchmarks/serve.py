@@ -29,6 +29,7 @@ with its IQR and min-max (`kvlab.experiments.rounds`). About 6 minutes on 2 core
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from typing import Callable, Sequence
@@ -157,9 +158,10 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                         ratios.append({"engine": other, "over": base, "level": "low load" if phase == "warm"
                                        else f"{rate:g} req/s", "offered_rps": rate, "clock": col,
                                        **paired_ratio([a for a, _ in pairs], [b for _, b in pairs])})
-            ks = [(a or 0.0) / b if b else float("nan") for a, b in zip(knees[other], knees[base])]
+            ks = [(a.at_least or 0.0) / b.at_least if b.at_least else float("nan")
+                  for a, b in zip(knees[other], knees[base])]
             knee_ratios.append({"engine": other, "over": base, **spread(ks),
-                                "capped": any(k == top_rate for k in knees[other] + knees[base])})
+                                "capped": any(k.case == "kept_up" for k in knees[other] + knees[base])})
     used = pd.DataFrame(list(usage))
     usage_by_engine = {}
     if not used.empty:
@@ -223,10 +225,11 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
         lines.append(f"  {r.engine:<26} {r.level:>10} {r.sent:>5} {r.served:>6.2f} {_ms(r.ttft_p50_s):>9} "
                      f"{_ms(r.ttft_p95_sent_s):>9} {_ms(r.tpot_p50_s):>9} {_ms(r.tpot_p95_s):>9} "
                      f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f}")
-    lines.append(f"knees (>= 90% served, TTFT p95 <= {args.slo_ttft:g} s, {args.profile}; bisected {args.bisect} "
-                 "times), req/s per round:")
+    lines.append(f"knees (the highest rate before the first without >= 90% served and TTFT p95 <= {args.slo_ttft:g} s, "
+                 f"{args.profile}; bisected {args.bisect} times), per round:")
     for e, ks in out["knees"].items():
-        lines.append(f"  {e:<26} {ks}  median {format_spread(spread([k or 0.0 for k in ks]), '{:.1f}')}")
+        lines.append(f"  {e:<26} {'; '.join(map(str, ks))}  median "
+                     f"{format_spread(spread([k.at_least or 0.0 for k in ks]), '{:.1f}')}")
     lines.append(f"paired ratios engine / kvlab serve, median of {args.rounds} rounds [IQR, min-max]:")
     for k in out["knee_ratios"]:
         lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
@@ -256,7 +259,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         settings = {**{k: v for k, v in vars(args).items() if k not in ("json", "module", "command", "subcommand")},
                     "equal_threads": out["equal_threads"], "servers": out["servers"], "greedy": out["greedy"],
                     "left_out": out["left_out"], "started_s": out["started_s"], "wall_s": wall,
-                    "clocks": out["clocks"].to_dict("records"), "knees": out["knees"],
+                    "clocks": out["clocks"].to_dict("records"),
+                    "knees": {e: [dataclasses.asdict(k) | {"words": str(k)} for k in ks] for e, ks in out["knees"].items()},
                     "knee_ratios": out["knee_ratios"], "ratios": out["ratios"].to_dict("records"),
                     "usage": out["usage"], "usage_by_engine": out["usage_by_engine"],
                     "load_before": out["load_before"], "load_after": out["load_after"]}

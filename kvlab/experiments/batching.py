@@ -27,19 +27,36 @@ from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resol
 from kvlab.experiments.provenance import experiment
 
 LENGTHS = ("equal", "mixed")
+OUTPUT_SHAPES = ("even", "long_tail")
+# Lesson 05's requests: 16 at once, mixed outputs long-tailed, in the shuffle whose longest answer arrives early
+# (shuffle 0 puts it last, where it runs alone at the end under either rule and the gap shrinks: a lesson of its own).
+LESSON_REQUESTS = 16
+LESSON_SHUFFLE = 3
+MIN_TAIL_OUTPUT = 4  # the shortest answer of a long-tailed mix
+
+
+def long_tail(mean: int, n: int) -> np.ndarray:
+    """``n`` output lengths shaped like chat answers: many short, a few long (the evenly spaced quantiles of an
+    exponential distribution), scaled to total ``n`` x ``mean`` (up to rounding), at least ``MIN_TAIL_OUTPUT``."""
+    q = (np.arange(n) + 0.5) / n
+    x = -np.log(1 - q)  # (n,) quantiles of the exponential with mean 1, rising
+    return np.maximum(MIN_TAIL_OUTPUT, np.round(x * mean * n / x.sum())).astype(int)
 
 
 def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt_tokens: int = 64,
                     max_new_tokens: int = 48, spread: float = 0.8, arrivals: Sequence[float] | None = None,
-                    seed: int = 0) -> list[Request]:
+                    seed: int = 0, outputs: str = "even") -> list[Request]:
     """``n`` requests with equal lengths, or mixed lengths with the same means.
 
-    "mixed": prompt and output lengths evenly spread over mean x (1 ± ``spread``), shuffled
-    (seeded), so both workloads ask for the same number of tokens (up to rounding). ``arrivals``:
-    one arrival time per request (default: all at 0).
+    "mixed": prompt lengths evenly spread over mean x (1 ± ``spread``); output lengths the same way
+    (``outputs="even"``) or long-tailed like chat answers (``"long_tail"``: ``long_tail``); each shuffled
+    (seeded), so both workloads ask for the same number of tokens (up to rounding). ``arrivals``: one arrival
+    time per request (default: all at 0).
     """
     if lengths not in LENGTHS:
         raise ValueError(f"lengths={lengths!r}: choose one of {', '.join(LENGTHS)}")
+    if outputs not in OUTPUT_SHAPES:
+        raise ValueError(f"outputs={outputs!r}: choose one of {', '.join(OUTPUT_SHAPES)}")
     check_positive_int("n", n)
     check_positive_int("prompt_tokens", prompt_tokens)
     check_positive_int("max_new_tokens", max_new_tokens)
@@ -55,17 +72,23 @@ def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt
             return np.full(n, mean)
         return rng.permutation(np.maximum(1, np.round(np.linspace(mean * (1 - spread), mean * (1 + spread), n))))
 
-    prompts, outputs = spread_lengths(prompt_tokens).astype(int), spread_lengths(max_new_tokens).astype(int)
+    prompts = spread_lengths(prompt_tokens).astype(int)
+    if lengths == "mixed" and outputs == "long_tail" and n > 1:
+        answers = rng.permutation(long_tail(max_new_tokens, n))
+    else:
+        answers = spread_lengths(max_new_tokens).astype(int)
     return [Request(i, int(p), int(o), arrivals[i], lengths, prompt=seeded_prompt(vocab_size, int(p), (seed, i)))
-            for i, (p, o) in enumerate(zip(prompts, outputs))]
+            for i, (p, o) in enumerate(zip(prompts, answers))]
 
 
 def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENGTHS,
-                     policies: Sequence[str] = POLICIES, n: int = 12, max_seqs: int = 4, prompt_tokens: int = 64,
+                     policies: Sequence[str] = POLICIES, n: int = LESSON_REQUESTS, max_seqs: int = 4, prompt_tokens: int = 64,
                      max_new_tokens: int = 48, max_batch_tokens: int = MAX_BATCH_TOKENS, clock: str = "wall",
-                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
-                     progress: Progress = no_progress) -> list[ServingRun]:
-    """Serve the same all-at-once requests under each policy, for each length mix.
+                     executor: Executor | None = None, seed: int = LESSON_SHUFFLE,
+                     threads: int | None = LESSON_THREADS, progress: Progress = no_progress,
+                     outputs: str = "long_tail") -> list[ServingRun]:
+    """Serve the same all-at-once requests under each policy, for each length mix (mixed outputs long-tailed,
+    as chat answers are, unless ``outputs="even"``: ``policy_workload``).
 
     Runs are labelled "<policy>, <lengths> lengths" and keep ``policy`` and ``lengths`` in
     ``run.extra``. Both policies get the same ``max_seqs`` and token budget.
@@ -75,8 +98,8 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
-    workloads = {ls: policy_workload(model.config.vocab_size, ls, n, prompt_tokens, max_new_tokens, seed=seed)
-                 for ls in lengths}
+    workloads = {ls: policy_workload(model.config.vocab_size, ls, n, prompt_tokens, max_new_tokens, seed=seed,
+                                     outputs=outputs) for ls in lengths}
     plan = [(ls, p) for ls in lengths for p in policies]
     if executor is None:
         warm_up(model, threads)
@@ -90,9 +113,11 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
     return runs
 
 
-def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequence[str] = LENGTHS, n: int = 12,
-                  max_seqs: int = 4, prompt_tokens: int = 64, max_new_tokens: int = 48, seed: int = 0,
-                  threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> list[ServingRun]:
+def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequence[str] = LENGTHS,
+                  n: int = LESSON_REQUESTS, max_seqs: int = 4, prompt_tokens: int = 64, max_new_tokens: int = 48,
+                  seed: int = LESSON_SHUFFLE,
+                  threads: int | None = LESSON_THREADS, progress: Progress = no_progress,
+                  outputs: str = "long_tail") -> list[ServingRun]:
     """``compare_policies`` on the real model ``rounds`` times, as paired rounds: each round serves the same requests
     under both policies, back to back, the policy that goes first alternating from round to round (so a machine
     slowing down or speeding up during the cell favours neither). ``run.extra["round"]`` numbers the rounds.
@@ -110,7 +135,7 @@ def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequen
             for p in order:
                 run = compare_policies(model, lengths=(ls,), policies=(p,), n=n, max_seqs=max_seqs,
                                        prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, seed=seed,
-                                       threads=threads)[0]
+                                       threads=threads, outputs=outputs)[0]
                 run.extra["round"] = r
                 runs.append(run)
     return runs

@@ -40,7 +40,7 @@ from kvlab.serving.sweep import (DEFAULT_SLO, MAX_MODEL_LEN, MAX_WAITING, parse_
                              sweep_settings)
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.experiments.provenance import experiment
-from kvlab.serving.sweep import KEEPS_UP_RATIO
+from kvlab.serving.knee import KEEPS_UP_RATIO, keeps_up
 
 
 
@@ -186,7 +186,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     for name, sched in policies.items():
         s = summarize(runs[name], until_s=until)
         d = s.to_dict()
-        # Keeping up, as in mark_knee: the run drained, were >= 90% of the requests/s sent served?
+        # Keeping up, by the knee's rule (kvlab.serving.knee): the run drained, were >= 90% of the requests/s sent served?
         drained = level_row(engines[name], runs[name], reqs, rate)
         rows.append({"policy": name, "rule": sched.priority if sched.policy == "continuous" else "static",
                      "offered_rps": rate, "window_s": until,
@@ -196,7 +196,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
                         for q in ("n", "p50_s", "p95_s")},
                      **_ttft_over_sent(runs[name], until),
                      "throughput_ratio": drained["throughput_ratio"],
-                     "keeps_up": bool(drained["throughput_ratio"] >= KEEPS_UP_RATIO),
+                     "keeps_up": keeps_up(drained["throughput_ratio"]),
                      "max_seqs": sched.max_seqs, "max_batch_tokens": sched.max_batch_tokens})
     frame = pd.DataFrame(rows)
     frame.attrs.update(profile=profile, output_tokens=output_tokens, requests=n, seed=seed,
@@ -374,6 +374,9 @@ def main(args: argparse.Namespace) -> int:
             "tpot_p50_s", "e2e_p95_s", "failure_rate", "peak_kv_blocks", "goodput_rps", "keeps_up", "is_knee"]
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    knees = {k: v for f in frames for k, v in f.attrs["knees"].items()}
+    print("knee (the highest load before the first that does not keep up): "
+          + "; ".join(f"{curve}: {words}" for curve, words in knees.items()))
     levels = len(frame)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{levels} levels x {requests} requests in {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU "
@@ -382,7 +385,8 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         settings = {"simulate": args.simulate, "config": config.name, "profiles": profiles, "requests": requests,
                     "rates": args.rates or "auto", "engine": frames[0].attrs.get("settings"), "slo": slo.targets(),
-                    "knee_rule": frame.attrs.get("knee_rule") or {"min_throughput_ratio": KEEPS_UP_RATIO},
+                    "knee_rule": frames[0].attrs.get("knee_rule") or {"min_throughput_ratio": KEEPS_UP_RATIO},
+                    "knees": knees,
                     "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds, "load_average_1m": load,
                     "cost_model_environment": cost_model.environment}
         save_results(args.json, frame, settings)
@@ -426,6 +430,8 @@ def trace_sweep_main(args) -> int:
             "tpot_p50_s", "failure_rate", "token_hit_ratio", "prefill_tokens_computed", "keeps_up", "is_knee"]
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print("knee (the highest load before the first that does not keep up): "
+          + "; ".join(f"{curve}: {words}" for curve, words in frame.attrs.get("knees", {}).items()))
     print(f"{len(frame)} levels x {frame.attrs['requests']} requests of {Path(args.trace).name} "
           f"in {seconds:.1f} s wall, "
           f"{cpu_seconds:.1f} s CPU ({'virtual time, cost model' if args.simulate else 'real time, ' + config.name})")

@@ -43,7 +43,7 @@ from kvlab.http.shared_checkpoint import check_same_tokens, save_byte_tokenizer,
 from kvlab.workload import Request
 from kvlab.experiments.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS
-from kvlab.serving.sweep import KEEPS_UP_RATIO
+from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
 
 ENGINES = ("kvlab serve", "transformers serve")
 PHASES = ("cold", "warm", "sweep")
@@ -168,20 +168,17 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_
 
 
 def within_knee(row: dict | pd.Series, slo_ttft_s: float, min_served: float = KEEPS_UP_RATIO) -> bool:
-    """Whether a rate is served: at least `min_served` of its requests completed and TTFT p95 <= `slo_ttft_s`
-    (over every request sent, `ttft_p95_sent_s`, where the row has it)."""
+    """Whether a rate keeps up (`kvlab.serving.knee.keeps_up`): at least `min_served` of its requests completed and
+    TTFT p95 <= `slo_ttft_s` (over every request sent, `ttft_p95_sent_s`, where the row has it)."""
     p95 = row["ttft_p95_sent_s"] if "ttft_p95_sent_s" in row else row["ttft_p95_s"]
-    return bool(row["served"] >= min_served and np.isfinite(p95) and p95 <= slo_ttft_s)
+    return keeps_up(float(row["served"]), float(p95), slo_ttft_s, min_served)
 
 
-def knee(rows: pd.DataFrame, slo_ttft_s: float, min_served: float = KEEPS_UP_RATIO) -> float | None:
-    """The highest offered rate served (`within_knee`) with every lower rate served too; None if the lowest is not."""
-    best = None
-    for _, row in rows.sort_values("offered_rps").iterrows():
-        if not within_knee(row, slo_ttft_s, min_served):
-            break
-        best = float(row["offered_rps"])
-    return best
+def knee(rows: pd.DataFrame, slo_ttft_s: float, min_served: float = KEEPS_UP_RATIO) -> Knee:
+    """The knee of one engine's sweep rows (`kvlab.serving.knee.find_knee` over `within_knee`)."""
+    rows = rows.sort_values("offered_rps")
+    return find_knee(rows["offered_rps"].astype(float).tolist(),
+                     [within_knee(row, slo_ttft_s, min_served) for _, row in rows.iterrows()])
 
 
 def cold_and_warm(server: LoadTestResult | LoopbackServer, rate: float, cold_requests: int = 6, warmup: int = 4,
@@ -244,12 +241,12 @@ class EnginesRun:
     unavailable: str | None = None  # why transformers serve was not measured, if it was not
 
     def knees(self) -> dict:
-        """{engine: knee of its sweep} (None: not even the lowest rate was served)."""
+        """{engine: the `Knee` of its sweep}."""
         return engine_knees(self.frame, self.settings["slo_ttft_s"], self.settings["min_served"])
 
 
 def engine_knees(frame: pd.DataFrame, slo_ttft_s: float, min_served: float = KEEPS_UP_RATIO) -> dict:
-    """{engine: `knee` of its sweep rows} (None: not even the lowest rate was served)."""
+    """{engine: the `Knee` of its sweep rows}."""
     return {e: knee(g, slo_ttft_s, min_served) for e, g in frame[frame.phase == "sweep"].groupby("engine", sort=False)}
 
 

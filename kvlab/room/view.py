@@ -29,7 +29,7 @@ shared twice under two names (the same requests) is pooled once, under the first
 **The service curve** pools every placed 09 record by wall time: windows of ``window_s`` seconds give
 the offered rate (arrivals / s), the achieved rate
 (completions / s) and the clocks of the requests that arrived in them; windows are grouped into
-buckets of offered rate, and the knee is ``kvlab.serving.sweep.find_knee``'s walk: the highest bucket
+buckets of offered rate, and the knee is ``kvlab.serving.knee.find_knee``'s walk: the highest bucket
 before the first that does not keep up. A bucket keeps up when at least ``min_served`` (``KEEPS_UP_RATIO``, 0.9) of its
 requests completed (not refused with 429, not failed) and their TTFT p95 is within ``slo_ttft_s``
 (1 s by default: say the room's own), as notebook 09 judges a rate. Achieved / offered is shown, not
@@ -52,7 +52,7 @@ from kvlab.clocks import RequestRecord, quantiles
 
 from .record import LearnerRun, RoomFileError, validate
 from .store import ROOM_FILE_SCHEMA, ClockCheck, Store, clock_check, room_file
-from kvlab.serving.sweep import KEEPS_UP_RATIO, find_knee
+from kvlab.serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 
 MAD_FLOOR = 0.01
 CLOCKS = ("ttft", "tpot", "e2e")
@@ -393,10 +393,10 @@ class Room:
                 row.update({f"{c}_n": q["n"], f"{c}_p50_s": q["p50"], f"{c}_p95_s": q["p95"]})
             rows.append(row)
         curve = pd.DataFrame(rows)
-        keeps = (curve["served"] >= min_served) & (curve["ttft_p95_s"] <= slo_ttft_s)  # NaN p95: does not keep up
-        curve["keeps_up"] = keeps
-        knee = find_knee(curve["offered_rps"].tolist(), keeps.tolist())
-        curve["is_knee"] = [i == knee for i in range(len(curve))]
+        curve["keeps_up"] = [keeps_up(s, t, slo_ttft_s, min_served) for s, t in zip(curve["served"], curve["ttft_p95_s"])]
+        knee = find_knee(curve["offered_rps"].tolist(), curve["keeps_up"].tolist())
+        curve["is_knee"] = [i == knee.index for i in range(len(curve))]
+        curve.attrs["knee"] = knee
         return curve
 
     def knee_rps(self, **kwargs) -> Knee:
@@ -405,14 +405,14 @@ class Room:
         curve = self.service_curve(**kwargs)
         if curve.empty:
             return Knee(None, "no_requests", "no knee: the room holds no pooled 09 requests")
-        slo = kwargs.get("slo_ttft_s", 1.0)
-        if curve["is_knee"].any():
-            rps = float(curve.loc[curve["is_knee"], "offered_rps"].iloc[0])
+        slo, knee = kwargs.get("slo_ttft_s", 1.0), curve.attrs["knee"]
+        if knee.case == "knee":
+            rps = float(knee.rps)
             above = curve[~curve["keeps_up"]].iloc[0]
             return Knee(rps, "knee", f"{rps:.3g} requests/s offered by the room: the busiest rate that kept up; at "
                                      f"{above['offered_rps']:.3g}/s {_behind(above, slo)}")
-        if curve["keeps_up"].all():
-            top = float(curve["offered_rps"].iloc[-1])
+        if knee.case == "kept_up":
+            top = float(knee.highest_rps)
             return Knee(None, "kept_up", f"no knee: every rate the room offered kept up, up to {top:.3g} requests/s "
                                          f"({curve['refused'].max():.0%} refused at most); the knee lies beyond it")
         low = curve.iloc[0]

@@ -18,12 +18,9 @@ compressed) and returns one tidy row per level:
 - resources: peak KV blocks and bytes in use, peak running sequences, preemptions, steps;
 - goodput under an SLO (requests meeting every target per second, and their share).
 
-**The knee** (``mark_knee``): walking up the levels, a level *keeps up* when achieved
-throughput is at least ``min_throughput_ratio`` (``KEEPS_UP_RATIO``, 90%) of what was sent and, when a TTFT
-target is given, p95 TTFT is within it. The knee is the highest level before the first one
-that does not keep up: the most load this configuration takes before queues, not work, decide
-the waiting time. No knee is marked when even the lowest level fails (overloaded everywhere),
-nor when every level keeps up (the knee lies beyond the rates tried: raise them).
+**The knee** (``mark_knee``): the highest load tested before the first one that does not keep up (at least
+``KEEPS_UP_RATIO`` of what was sent served and, with a TTFT target, p95 TTFT within it), by the one rule of
+:mod:`kvlab.serving.knee`, which also says what a curve that keeps up everywhere, or nowhere, has instead.
 """
 from __future__ import annotations
 
@@ -41,6 +38,7 @@ from ..workload import Request, make_workload
 from .block_manager import bytes_per_block
 from .cost_model import CostModel, CostModelExecutor, load_calibration
 from .engine import Engine
+from .knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
 from .scheduler import Policy, Priority, SchedulerConfig
 from .scheduler_cli import scheduler_config_from_args
 
@@ -50,7 +48,6 @@ LevelProgress = Callable[[Iterable], Iterable]
 # -- what every sweep runs on (lessons 06 and 08, `python -m kvlab sweep`): the SLO, the pool, the lesson's scheduler,
 # the simulator, the options. Service curves per profile (kvlab.experiments.service_curves) and trace replays
 # (kvlab.experiments.prefix_traces) both take them from here.
-KEEPS_UP_RATIO = 0.9  # a level keeps up when at least 90% of the requests/s sent are served (mark_knee, the room)
 DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
 MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
 MAX_WAITING = 64  # the lessons' bounded queue: overload shows up as failures (SchedulerConfig's queue is unbounded)
@@ -189,45 +186,32 @@ def load_sweep(engine: Engine, rates: Sequence[float], profile: str = "mixture",
 
 def mark_knee(frame: pd.DataFrame, min_throughput_ratio: float = KEEPS_UP_RATIO, slo_ttft_s: float | None = None,
               by: Sequence[str] = ("profile", "policy")) -> pd.DataFrame:
-    """Add ``keeps_up`` and ``is_knee`` columns, one knee per curve (rows grouped by ``by``).
+    """Add ``keeps_up`` and ``is_knee`` columns, one knee per curve (rows grouped by ``by``), by the one rule
+    (:mod:`kvlab.serving.knee`); ``frame.attrs["knees"]`` says each curve's knee in words, its case included.
 
-    See the module doc for the definition. ``slo_ttft_s`` defaults to the frame's ``slo_ttft_s``
-    column when the sweep had an SLO.
+    ``slo_ttft_s`` defaults to the frame's ``slo_ttft_s`` column when the sweep had an SLO.
     """
     if not 0 < min_throughput_ratio <= 1:
         raise ValueError(f"min_throughput_ratio={min_throughput_ratio} must be in (0, 1], e.g. 0.9 for 90%")
     frame = frame.copy()
     if slo_ttft_s is None and "slo_ttft_s" in frame:
         slo_ttft_s = float(frame["slo_ttft_s"].iloc[0])
-    keeps = frame["throughput_ratio"] >= min_throughput_ratio
-    if slo_ttft_s is not None:
-        keeps &= frame["ttft_p95_s"] <= slo_ttft_s
-    frame["keeps_up"] = keeps.to_numpy()
+    p95 = frame["ttft_p95_s"] if "ttft_p95_s" in frame else pd.Series(math.nan, index=frame.index)
+    frame["keeps_up"] = [keeps_up(r, t, slo_ttft_s, min_throughput_ratio)
+                         for r, t in zip(frame["throughput_ratio"], p95)]
     frame["is_knee"] = False
     keys = [k for k in by if k in frame]
-    groups = frame.groupby(keys, sort=False).groups.values() if keys else [frame.index]
-    for index in groups:
+    groups = frame.groupby(keys, sort=False).groups.items() if keys else [((), frame.index)]
+    knees = {}
+    for key, index in groups:
         curve = frame.loc[index].sort_values("offered_rps")
         knee = find_knee(curve["offered_rps"].tolist(), curve["keeps_up"].tolist())
-        if knee is not None:
-            frame.loc[curve.index[knee], "is_knee"] = True
-    frame.attrs.update(knee_rule={"min_throughput_ratio": min_throughput_ratio, "slo_ttft_s": slo_ttft_s})
+        if knee.index is not None:
+            frame.loc[curve.index[knee.index], "is_knee"] = True
+        knees[" / ".join(map(str, key if isinstance(key, tuple) else (key,)))] = str(knee)
+    frame.attrs.update(knee_rule={"min_throughput_ratio": min_throughput_ratio, "slo_ttft_s": slo_ttft_s},
+                       knees=knees)
     return frame
-
-
-def find_knee(offered: Sequence[float], keeps_up: Sequence[bool]) -> int | None:
-    """Index of the highest load before the first level that does not keep up (None: no such level).
-
-    ``offered`` must rise. None when the first level already fails, or when none fails.
-    """
-    if len(offered) != len(keeps_up):
-        raise ValueError(f"offered ({len(offered)}) and keeps_up ({len(keeps_up)}) must have one entry per level")
-    if any(b <= a for a, b in zip(offered, offered[1:])):
-        raise ValueError("offered loads must rise strictly from level to level")
-    for i, ok in enumerate(keeps_up):
-        if not ok:
-            return i - 1 if i > 0 else None
-    return None
 
 
 def estimate_capacity_rps(cost_model: CostModel, requests: Sequence[Request], max_seqs: int) -> float:
@@ -261,5 +245,6 @@ def auto_rates(capacity_rps: float, levels: int = 10, low: float = 0.1, high: fl
     return [float(f"{r:.4g}") for r in np.linspace(low, high, levels) * capacity_rps]
 
 
-__all__ = ["DEFAULT_SLO", "KEEPS_UP_RATIO", "MAX_MODEL_LEN", "MAX_WAITING", "auto_rates", "estimate_capacity_rps", "find_knee",
+__all__ = ["DEFAULT_SLO", "KEEPS_UP_RATIO", "MAX_MODEL_LEN", "MAX_WAITING", "Knee", "auto_rates", "estimate_capacity_rps",
+           "find_knee",
            "level_row", "load_sweep", "mark_knee", "parse_rates", "scheduler_config", "simulator", "sweep_settings"]

@@ -78,12 +78,3 @@ _SIM = dict(achieved_rps=[10.0, 19.0, 30.0], ttft_p50_s=[0.010, 0.012, 0.020], t
 def _real_serves_less(_example: Any) -> pd.DataFrame:  # the real run served 0.7× the simulated rate at the top load
     return check_by_hand({**_SIM, "achieved_rps": [10.0, 19.0, 21.0]}, _SIM)
 
-
-@counterexample("simulator_medians_within_factor_two")
-def _real_median_far_off(_example: Any) -> pd.DataFrame:  # a real TTFT median 2.5× the simulated one
-    return check_by_hand({**_SIM, "ttft_p50_s": [0.010, 0.030, 0.020]}, _SIM)
-
-
-@counterexample("real_and_simulated_rise_with_load")
-def _rises_then_falls(_example: Any) -> pd.DataFrame:  # the real median TTFT up then down (12 -> 111 -> 17 ms)
-    return check_by_hand({**_SIM, "ttft_p50_s": [0.012, 0.111, 0.017]}, _SIM)

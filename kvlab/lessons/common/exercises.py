@@ -33,7 +33,7 @@ import io
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from .fold import folded_solution
 
@@ -94,6 +94,13 @@ class lazy:
         return f"lazy({getattr(self.make, '__name__', 'answer')})"
 
 
+ExerciseKind = Literal["choice", "number", "function", "build"]
+# What one try takes, from reading the question to a checked answer: a letter; a number worked out by hand; a small
+# function; a build-it (a class or a kernel of several steps, 10-15 minutes). The planned minutes of a notebook cover
+# its exercises at these prices (tests/test_plans.py).
+EXERCISE_MINUTES: dict[str, int] = {"choice": 2, "number": 3, "function": 6, "build": 12}
+
+
 @dataclass(frozen=True)
 class Exercise:
     """A registered checker with an answer it must confirm and one it must reject (used by the tests)."""
@@ -107,6 +114,12 @@ class Exercise:
     question: str = ""  # markdown
     code: str = ""  # the answer cell, after the checker's import
     explanation: str = ""  # markdown inside the folded solution
+    kind: ExerciseKind = "number"  # what it asks for, and so its minutes (EXERCISE_MINUTES)
+
+    @property
+    def minutes(self) -> int:
+        """The minutes a try takes (EXERCISE_MINUTES by kind)."""
+        return EXERCISE_MINUTES[self.kind]
 
     def ask(self, answer: Any) -> Feedback:
         """Call the checker with ``answer`` (resolving lazy(...) and Answer(...))."""
@@ -133,13 +146,17 @@ def _as_feedback(result: Any, printed: str) -> Feedback:
 
 
 def exercise(notebook: str, *, solution: Any, wrong: Any, title: str = "", question: str = "", code: str = "",
-             explanation: str = "") -> Callable[[Callable[..., Any]], Callable[..., Feedback]]:
-    """Register a checker for ``notebook``; the wrapped checker returns a Feedback and never raises.
+             explanation: str = "", kind: ExerciseKind = "number") -> Callable[[Callable[..., Any]], Callable[..., Feedback]]:
+    """Register a checker for ``notebook``; the wrapped checker returns a Feedback and never raises. ``kind`` says
+    what it asks for (a "choice", a "number", a "function", a "build"), which prices it (EXERCISE_MINUTES).
 
     A ``None`` anywhere in the call means "not answered yet" and gets a prompt to answer; an
     exception while checking (a learner's function that crashes, an answer of an unexpected type)
     comes back as a message. A checker may return Feedback, or print its message and return a bool.
     """
+    if kind not in EXERCISE_MINUTES:
+        raise ValueError(f"kind={kind!r}: choose one of {', '.join(EXERCISE_MINUTES)}")
+
     def register(fn: Callable[..., Any]) -> Callable[..., Feedback]:
         if fn.__name__ in EXERCISES:
             raise ValueError(f"an exercise named {fn.__name__!r} is already registered "
@@ -159,7 +176,7 @@ def exercise(notebook: str, *, solution: Any, wrong: Any, title: str = "", quest
             return _as_feedback(result, out.getvalue())
 
         EXERCISES[fn.__name__] = Exercise(fn.__name__, notebook, checker, solution, wrong, title, question, code,
-                                          explanation)
+                                          explanation, kind)
         return checker
 
     return register
@@ -289,7 +306,7 @@ def multiple_choice(notebook: str, name: str, *, title: str, stem: str,
     check.__name__ = check.__qualname__ = name
     check.__doc__ = f"Multiple choice: {title}."
     return exercise(notebook, solution=correct, wrong=wrong_example or next(iter(explanations)), title=title,
-                    question=question, code=code, explanation=explanation)(check)
+                    question=question, code=code, explanation=explanation, kind="choice")(check)
 
 
 def check_function(fn: Any, cases: Sequence[tuple[dict, Any]], *, what: str,

@@ -7,7 +7,7 @@
 
 ``against(result, measure)`` takes the experiment's result and the function that reads the answer from it
 (a number, or ``(number, {name: input})`` naming the numbers the answer is computed from). It notes the cell
-that asked and the cell that produced the result (:mod:`.provenance`), so a notebook whose result came before
+that asked and the cell that produced the result (:mod:`kvlab.experiments.provenance`), so a notebook whose result came before
 its question fails its test by construction, and the inputs are what no earlier output may state.
 
 The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
@@ -55,8 +55,9 @@ class Comparison:
     measured: float
     unit: str
     what: str
-    asked_in: int | None = None  # the execution count of the cell that asked (None outside a kernel)
-    produced_in: int | None = None  # ... and of the cell whose experiment produced the result
+    asked_in: int | None = None  # the number of the cell that asked (kvlab's count, .provenance; None outside a kernel)
+    produced_in: int | None = None  # ... of the cell whose experiment produced the result
+    compared_in: int | None = None  # ... and of the cell that compared them (where this comparison shows)
     # The numbers the answer is computed from that a run reproduces (counts, bytes, tokens): an earlier output
     # could state them, and the notebook test searches for them. A wall-clock reading is a fresh draw each run,
     # so no earlier output can state it (a match is a coincidence: 11.7 ms and "11.7 MiB of weights"); the
@@ -70,11 +71,16 @@ class Comparison:
             return None
         return self.produced_in > self.asked_in
 
+    def _cells_ago(self, cell: int | None) -> str:
+        return "" if cell is None or self.compared_in is None else str(self.compared_in - cell)
+
     def _provenance(self) -> str:
-        """HTML attributes the notebook tests read: where the question and the result came from."""
+        """HTML attributes the notebook tests read: how many cells before this one the question was asked and the
+        result produced. Counted back from here, they are the same under every runner (nbval's saved-output check
+        compares them), wherever the kernel's count began."""
         inputs = html.escape(json.dumps(dict(self.inputs), ensure_ascii=False), quote=True)
-        return (f' data-asked="{"" if self.asked_in is None else self.asked_in}"'
-                f' data-produced="{"" if self.produced_in is None else self.produced_in}" data-inputs="{inputs}"')
+        return (f' data-asked-ago="{self._cells_ago(self.asked_in)}"'
+                f' data-produced-ago="{self._cells_ago(self.produced_in)}" data-inputs="{inputs}"')
 
     def _fmt(self, x: float) -> str:
         return f"{x:,.3g}{self.unit}" if self.unit in ("×", "%") else f"{x:,.3g} {self.unit}".rstrip()
@@ -180,7 +186,7 @@ class Prediction:
             if isinstance(measured, tuple):
                 measured, inputs = measured
         comparison = Comparison(self.question, self.value, float(measured), self.unit, what,
-                                self.asked_in, produced_in, dict(inputs))
+                                self.asked_in, produced_in, current_cell(), dict(inputs))
         note_comparison(comparison)  # for the room (session.share_run)
         return comparison
 

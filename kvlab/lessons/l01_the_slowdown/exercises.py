@@ -62,7 +62,7 @@ def _explain_total(kwargs: dict, got: Any, expected: Any) -> str:
                else "each step processes only the newest token."))
 
 
-@exercise("01_the_slowdown.ipynb",
+@exercise("01_the_slowdown.ipynb", kind="function",
           solution=lambda cache, prompt_tokens, new_tokens: (
               new_tokens * prompt_tokens + new_tokens * (new_tokens - 1) // 2 if cache == "none"
               else prompt_tokens + new_tokens - 1),

@@ -310,7 +310,7 @@ def _probe(cache_class: type) -> str | None:
     return None
 
 
-@exercise("02_kv_cache.ipynb", solution=SolutionCache, wrong=OnlyNewKeysCache,
+@exercise("02_kv_cache.ipynb", kind="build", solution=SolutionCache, wrong=OnlyNewKeysCache,
           title="write the cache",
           question="""Time to write one. The cache below has the interface of every kvlab cache: each layer calls
 `update(layer_idx, k, v)` with the new tokens' keys and values, shaped `(batch, kv_heads, new_tokens, head_dim)`,

@@ -78,7 +78,7 @@ def _share_above_mean(values):
     return sum(v > mean for v in values) / len(values)
 
 
-@exercise("04_four_clocks.ipynb", solution=_share_above_mean, wrong=_share_above_mean_wrong,
+@exercise("04_four_clocks.ipynb", kind="function", solution=_share_above_mean, wrong=_share_above_mean_wrong,
           title='how many wait longer than average?',
           question="""Write a function `share_above_mean(values)` that returns the fraction (between 0 and 1) of the
 values strictly above their mean. The checker tries it on a few lists; then apply it to the TTFTs

@@ -214,22 +214,23 @@ def _hand_built_case_failure(rule) -> str | None:
     return None
 
 
-@exercise("05_batching.ipynb", solution=solution_admission, wrong=skip_ahead_admission,
+@exercise("05_batching.ipynb", kind="build", solution=solution_admission, wrong=skip_ahead_admission,
           title="write the admission rule",
           question="""At the start of every step the scheduler decides which waiting requests **join** the running
 batch. Write that decision. Your function gets the queue, oldest first (each request has `.tokens`,
 the prompt tokens it computes when it joins, and `.blocks`, the free KV blocks it takes), and what is
 left of this step: `free_blocks`, `token_budget` (tokens the step can still compute after the running
 sequences' decodes) and `free_slots` (room under `max_seqs`). It returns the requests that join, in
-order: as many as fit, oldest first, whether or not the batch is empty, up to the first that does
-not fit. The checker serves a small workload with your rule and compares every pick, and the four
-clocks, with the engine's own rule.""",
+the order they join. Three demands: never promise more blocks, tokens or slots than are left; never
+leave a slot idle that a waiting request could use; and never let a later request overtake an earlier
+one, or a long request could be passed over for ever while short ones keep coming. The checker serves
+a small workload with your rule and compares every pick, and the four clocks, with the engine's own
+rule.""",
           code='''def my_admission(waiting, free_blocks, token_budget, free_slots):
     """Which waiting requests join the running batch this step, in the order they join."""
     admitted = []
     for request in waiting:          # oldest first; request.tokens, request.blocks
-        # TODO: when the request does not fit what is left, stop;
-        #       otherwise admit it and take what it uses from what is left
+        # TODO: does this request join? What does that leave for the next one?
         pass
     return admitted
 

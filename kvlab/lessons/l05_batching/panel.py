@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from kvlab.experiments.batching import LENGTHS, compare_policies
+from kvlab.experiments.batching import LENGTHS, LESSON_REQUESTS, compare_policies
 from kvlab.experiments.serving_run import runs_frame
 from ...model.decoder import Decoder
 from ..common.gantt import plot_gantts
@@ -23,7 +23,7 @@ def policies_for_learners(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def batching_panel(model: Decoder | None = None, lengths: str = "mixed", n: int = 12, max_seqs: int = 4,
+def batching_panel(model: Decoder | None = None, lengths: str = "mixed", n: int = LESSON_REQUESTS, max_seqs: int = 4,
                    max_new_tokens: int = 48) -> ExperimentPanel:
     """Pick equal or mixed lengths, the number of requests and the batch slots; Run serves them under both policies."""
     controls = {

@@ -18,7 +18,7 @@ import pandas as pd
 
 from kvlab.experiments.service_curves import DEFAULT_SLO, real_vs_simulated
 from ..common.checks import TIE, rises_at_every_level, series
-from ..common.claims import claim
+from ..common.claims import SHOWN_ONLY, claim
 
 NOTEBOOK = "06_under_load.ipynb"
 PROFILE_WORDS = {"short_short": "short chats", "long_short": "long prompts", "long_gen": "long answers",
@@ -57,7 +57,7 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
            the real model served noticeably less (or more) than the simulator predicted where throughput is set by
            the engine. Usually the machine was busier during the real run than during the calibration a moment
            before (other programs, another notebook), so real steps took longer than the cost model says. Run the
-           calibration and the check again when the machine is quiet.""")
+           cell again: it calibrates and checks together, so both see the same moment of the machine.""")
 def simulator_throughput_close_to_real(check: Any) -> dict:
     """Decided at the highest load alone. Below capacity a level's throughput is its arrivals: the real run and the
     simulated one replay the same arrival times, so their ratio is about 1 whatever the cost model says (it once
@@ -79,9 +79,14 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
 # requests moves by a few percent; the simulator's misses are its model's, and the machine changing between the
 # calibration and the run): the sentence says so.
 SIMULATOR_GOAL = 2.0
+# Both simulator checks held in 8 of 10 executions of 06 on a quiet 2-core machine (notebooks/key_ranges.json), short of
+# the course's 9: the real run and the calibration a moment before it see different moments of a shared machine. So
+# they are shown (•) with their numbers, not marked, and the lesson's point (the service curve) is decided elsewhere.
+SIMULATOR_SHOWN = ("a simulator calibrated a moment before and the real run see two moments of a shared machine: the "
+                   "agreement moved with the machine's load in 2 of 10 quiet runs of this notebook")
 
 
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            the medians met the course's goal for a simulator calibrated a moment before, within a factor of
            {goal:g} either way (a fixed goal, not a margin from this run's noise); real ÷ simulated, lowest to
@@ -104,14 +109,14 @@ def simulator_medians_within_factor_two(check: Any) -> dict:
     medians = pd.concat([by["ttft_p50_s"]["ratio"], by["tpot_p50_s"]["ratio"]])
     return dict(**{k.removesuffix("_s"): _series(v["ratio"]) for k, v in by.items()},
                 n=_n(pd.concat([by["ttft_p50_s"]["n_real"], by["ttft_p50_s"]["n_simulated"]])), worst=worst,
-                goal=SIMULATOR_GOAL,
+                goal=SIMULATOR_GOAL, **{SHOWN_ONLY: SIMULATOR_SHOWN},
                 holds=bool(((medians >= 1 / SIMULATOR_GOAL) & (medians <= SIMULATOR_GOAL)).all()))
 
 
 RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 of a few dozen requests rests on 1-2
 
 
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            the medians rose with the load, on the real model and in the simulator (lowest to highest load, real |
            simulated): TTFT p50 {ttft_real} | {ttft_sim} ms; TPOT p50 {tpot_real} | {tpot_sim} ms; E2E p50
@@ -121,8 +126,8 @@ RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 
        otherwise="""
            a median fell by more than the tie from one load to the next, or the highest load's was not above the
            lowest's by more than it. The machine's load most likely changed during the run (another program started or
-           stopped), so the levels were served by a faster or slower machine; run the check again on a quiet
-           machine.""")
+           stopped), so the levels were served by a faster or slower machine; more requests per level steady the
+           medians.""")
 def real_and_simulated_rise_with_load(check: Any) -> dict:
     """Every median clock rises level by level up to ``checks.TIE``: no level below the one before by more than that
     share (two light loads give the same median up to jitter), and the last above the first by more than the same
@@ -141,7 +146,7 @@ def real_and_simulated_rise_with_load(check: Any) -> dict:
             if not rises_at_every_level(rows[clock], overall=1 + TIE):
                 falls.append(f"{_label(clock)} ({source})")
     verdict = ("Both have the same shape" if not falls else f"Not so: {', '.join(falls)}")
-    return dict(**values, tie=TIE, verdict=verdict, holds=not falls)
+    return dict(**values, tie=TIE, verdict=verdict, holds=not falls, **{SHOWN_ONLY: SIMULATOR_SHOWN})
 
 
 # -- the service curves (virtual time on the shipped calibration) ------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..common.exercises import Feedback, check_function, exercise, multiple_choice
-from ...serving.sweep import KEEPS_UP_RATIO, find_knee
+from ...serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 
 
 EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves
@@ -20,9 +20,7 @@ EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): 
 
 
 def _knee_06(offered, throughput_ratio, ttft_p95, slo_ttft_s):
-    keeps = [r >= KEEPS_UP_RATIO and t <= slo_ttft_s for r, t in zip(throughput_ratio, ttft_p95)]
-    i = find_knee(offered, keeps)
-    return None if i is None else offered[i]
+    return find_knee(offered, [keeps_up(r, t, slo_ttft_s) for r, t in zip(throughput_ratio, ttft_p95)]).rps
 
 
 def _knee_06_last_ok(offered, throughput_ratio, ttft_p95, slo_ttft_s):  # a wrong answer: the last level that keeps up
@@ -30,12 +28,13 @@ def _knee_06_last_ok(offered, throughput_ratio, ttft_p95, slo_ttft_s):  # a wron
     return ok[-1] if ok else None
 
 
-@exercise("06_under_load.ipynb", solution=_knee_06, wrong=_knee_06_last_ok,
+@exercise("06_under_load.ipynb", kind="function", solution=_knee_06, wrong=_knee_06_last_ok,
           title='find the knee',
           question=f"""Write `knee(offered, throughput_ratio, ttft_p95, slo_ttft_s)`: the lists give one value per load
-level, in rising order of load. Return the offered load of the knee as defined above (a level
-keeps up when `throughput_ratio >= {KEEPS_UP_RATIO}` and `ttft_p95 <= slo_ttft_s`), or `None` when the first
-level already fails or no level fails.""",
+level, in rising order of load. Return the offered load of the knee as defined above: the highest load
+before the first level that does not keep up (a level keeps up when `throughput_ratio >= {KEEPS_UP_RATIO}` and
+`ttft_p95 <= slo_ttft_s`). Return `None` when the curve has no knee on its grid: the first level already fails
+(capacity below it), or no level fails (capacity at least the highest load).""",
           code="""def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
     return None   # your code here
 
@@ -54,15 +53,16 @@ def knee(offered, throughput_ratio, ttft_p95, slo_ttft_s):
 
 answer = knee
 ```
-`kvlab.serving.sweep.find_knee` and `mark_knee` do the same on a sweep's table.""")
+`kvlab.serving.knee.find_knee` does the same for every knee kvlab prints: the lessons' curves, the HTTP sweeps,
+`bench serve` and the room view.""")
 def check_knee(answer: Any) -> Feedback:
     """A function knee(offered, throughput_ratio, ttft_p95, slo_ttft_s) -> the knee's offered load, or None."""
     cases = [(c, _knee_06(**c)) for c in EX06_CURVES]
 
     def explain(kwargs: dict, got: Any, expected: Any) -> str:
         if expected is None and got is not None:
-            return ("expected None: either the lowest load already fails (no load is safe) or no level fails "
-                    "(the knee lies beyond the loads tried).")
+            return ("expected None: either the lowest load already fails (capacity lies below it) or no level "
+                    "fails (capacity is at least the highest load: the knee lies beyond the loads tested).")
         if got == _knee_06_last_ok(**kwargs):
             return ("that is the last level that keeps up, but the curve broke earlier: the knee is the level "
                     f"just before the FIRST one that fails ({expected}).")

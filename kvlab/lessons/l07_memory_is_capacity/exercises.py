@@ -186,7 +186,7 @@ def dense_attention(q, k, v):
     return y[:, 0]  # (heads, head_dim)
 
 
-@exercise("07_memory_is_capacity.ipynb", solution=solution_paged_attention, wrong=forgets_the_cut,
+@exercise("07_memory_is_capacity.ipynb", kind="build", solution=solution_paged_attention, wrong=forgets_the_cut,
           title="attention over a paged cache",
           question="""A paged cache keeps a sequence's keys and values in blocks scattered over a pool; the block
 table says which. Write the attention of one new token over them: gather, score with

@@ -411,7 +411,7 @@ def _run_scenario(cls: type, name: str, num_blocks: int, bs: int, ops: list) -> 
     return None
 
 
-@exercise(NOTEBOOK, solution=SolutionBlockTable, wrong=FreesSharedBlocks,
+@exercise(NOTEBOOK, kind="build", solution=SolutionBlockTable, wrong=FreesSharedBlocks,
           title="write the block table",
           question="""A block table hands out fixed-size blocks of a pool:
 `allocate(seq_id, token_ids)` gives a new sequence blocks for its whole prompt, `append(seq_id,

@@ -269,7 +269,8 @@ KNEE_REASON = ("one run over a few rates of a second each: one rung is the whole
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
-           the knee (the highest rate with at least 90% served and TTFT p95 within {slo:g} s): {k} on kvlab serve,
+           the knee (the highest rate before the first without at least 90% served and TTFT p95 within {slo:g} s):
+           {k} on kvlab serve,
            {t} on transformers serve; at {rate:g} req/s, the highest rate both were offered, the first token's p95
            over every request sent was {k_ms:.0f} ms on kvlab serve against {t_ms:.0f} ms ({times:.1f}×)""",
        otherwise="the run holds no sweep of both engines.")
@@ -281,13 +282,9 @@ def kvlab_knee_beyond_transformers(run: Any) -> dict:
     t = _engine_rows(run)
     slo = t.attrs.get("settings", {}).get("slo_ttft_s", 1.0)
     knees = engine_knees(t, slo)
-    top = {e: g["offered_rps"].max() for e, g in t[t["phase"] == "sweep"].groupby("engine")}
 
     def say(e: str) -> str:
-        k = knees.get(e)
-        if k is None:
-            return "none of the rates"
-        return f"{k:g} req/s" + (" (the highest rate offered: its knee is there or beyond)" if k == top[e] else "")
+        return str(knees[e]) if e in knees else "no sweep"
 
     rate = _shared_top_rate(t)
     s = t[(t["phase"] == "sweep") & (t["offered_rps"] == rate)].set_index("engine")

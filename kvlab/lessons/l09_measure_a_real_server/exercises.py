@@ -39,7 +39,7 @@ def _overhead_slips(frame) -> list[tuple[float, str]]:
              "around. Take the median.")]
 
 
-@exercise("09_measure_a_real_server.ipynb", solution=_overhead_ms,
+@exercise("09_measure_a_real_server.ipynb", kind="function", solution=_overhead_ms,
           wrong=lambda frame: float(frame["client_ttft_from_sent_s"].median() - frame["engine_ttft_s"].median()) * 1e3,
           title='what the wire adds',
           question="""Write a function `overhead_ms(frame)` that takes a side-by-side frame like `side` and returns the
@@ -102,7 +102,7 @@ def _throughput_slips(frame) -> list[tuple[float, str]]:
              "event, a failure included: take the last finished_s of every request.")]
 
 
-@exercise("09_measure_a_real_server.ipynb", solution=_output_tokens_per_s,
+@exercise("09_measure_a_real_server.ipynb", kind="function", solution=_output_tokens_per_s,
           wrong=lambda frame: float(frame.loc[frame["status"] == "completed", "output_tokens"].sum()
                                     / frame.loc[frame["status"] == "completed", "e2e_s"].sum()),
           title='throughput, as the service sees it',

@@ -191,7 +191,7 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
     run = EnginesRun(frame, described, greedy["answers"], settings, "; ".join(left_out.values()) or None)
     knees = run.knees()
     message = (f"same greedy text on {greedy['prompts'] - len(greedy['differ'])} of {greedy['prompts']} prompts; "
-               + "; ".join(f"{e}: knee {k if k is not None else 'below the lowest rate'} req/s, "
+               + "; ".join(f"{e}: knee {k}, "
                            f"{u['processes']} processes, {u['cores_busy']} cores busy"
                            for (e, k), u in zip(knees.items(), usage)))
     return ThreeEngines(message, run, clocks_table(frame).round(2), plot_two_engines(frame, slo_ttft_s), usage)
