@@ -288,7 +288,8 @@ def rewrite_teaching(text: str, report: dict, key: dict | None = None) -> str:
         m = ROW.match(line.rstrip("\n"))
         if m:
             name, nb = m.group(1), m.group(2)
-            quiet, loaded = columns.get(name, (m.group(3), m.group(4)))
+            observed = name in CLAIMS and not CLAIMS[name].asserts  # an observation cannot fail: nothing to count
+            quiet, loaded = ("shown (•)", "shown (•)") if observed else columns.get(name, (m.group(3), m.group(4)))
             nb_quiet, nb_loaded = notebook_columns(key, nb, name)
             end = "\n" if line.endswith("\n") else ""
             line = f"| `{name}` | {nb} | {quiet} | {loaded} | {nb_quiet} | {nb_loaded} |{m.group(7)}{end}"

@@ -42,17 +42,21 @@ def _rounds_table(c_tps, s_tps, c_eq, s_eq, c_ttft=0.1, s_ttft=0.2):
     return pd.DataFrame(rows)
 
 
-def test_the_mixed_gain_must_hold_in_every_paired_round_and_beat_the_noisiest_equal_pair():
-    """Old rule: one mixed pair beyond one equal pair's difference. New: continuous ahead in every round, and the
-    median ratio beyond the largest equal-pair difference of any round (at least 5%)."""
+def test_the_mixed_gain_must_hold_in_every_paired_round_and_beat_the_equal_pairs_noise():
+    """Continuous ahead in every round, and the median ratio beyond the median equal-pair difference of the rounds (at
+    least 5%): one pair disturbed beside a competing load (60% apart) no longer hides a gain every round shows; noise
+    as large as the gain in most rounds still does."""
     name = "mixed_lengths_continuous_serves_more_per_second"
     quiet = _rounds_table([115, 112, 118], [100, 100, 100], [100, 100, 100], [98, 101, 100])
     v = CLAIMS[name].on(quiet)
     assert v.holds and v.values["times"] == pytest.approx(1.15) and "median of 3 paired rounds" in v.text
     behind = _rounds_table([90, 130, 130], [100, 100, 100], [100, 100, 100], [100, 100, 100])  # median 1.3, one behind
     assert CLAIMS[name].on(behind).holds is False
-    noisy = _rounds_table([115, 112, 118], [100, 100, 100], [100, 100, 100], [100, 80, 100])  # one pair 20% apart
+    noisy = _rounds_table([115, 112, 118], [100, 100, 100], [100, 100, 100], [100, 80, 80])  # two pairs 20% apart
     assert CLAIMS[name].on(noisy).holds is False
+    one_disturbed = _rounds_table([152, 145, 158], [100, 100, 100], [100, 100, 100], [100, 40, 98])  # a loaded run
+    v = CLAIMS[name].on(one_disturbed)
+    assert v.holds and "in the median of 3 rounds" in v.text, v.text
     one = _rounds_table([115], [100], [100], [99])  # a single round: the old rule
     assert CLAIMS[name].on(one).holds and "paired rounds" not in CLAIMS[name].on(one).text
     sooner = CLAIMS["mixed_lengths_continuous_first_tokens_sooner"].on(quiet)
@@ -102,7 +106,9 @@ def test_the_batched_step_claim_compares_decode_steps_only():
     frame = pd.DataFrame()
     frame.attrs["trace"] = trace
     v = CLAIMS["a_batched_step_costs_less_than_separate_steps"].on(frame)
-    assert v.holds and v.values["times"] == pytest.approx(0.011 / 0.008) and (v.values["nb"], v.values["n1"]) == (2, 2)
+    # the fastest tenth of each (other programs only add time), the medians quoted beside
+    assert v.holds and v.values["times"] == pytest.approx(0.0102 / 0.008) and (v.values["nb"], v.values["n1"]) == (2, 2)
+    assert v.values["median_times"] == pytest.approx(0.011 / 0.008) and "the fastest tenth of 2 and of 2 steps" in v.text
     frame.attrs["trace"] = trace[trace["num_seqs"] != 1]
     assert CLAIMS["a_batched_step_costs_less_than_separate_steps"].on(frame).holds is None  # nothing to compare
 

@@ -64,15 +64,14 @@ def test_a_simulator_close_to_the_real_run_passes_its_claims():
 
 
 def test_a_busy_machine_fails_the_claims_and_says_what_to_look_at():
-    """Real steps three times slower than calibrated, and a real run that does not slow down with load: the throughput
-    claim says ✗; the two medians' checks are observations (•, they held in 8 of 10 quiet runs of the notebook), shown
-    with the rule's verdict in their numbers and their reason."""
+    """Real steps three times slower than calibrated, and a real run that does not slow down with load: the three
+    simulator checks are observations (•: the medians held in 8 of 10 quiet runs of the notebook, the throughput in 5 of
+    10 loaded ones), shown with the rule's verdict in their numbers and their reason."""
     real = {k: [3 * v[1]] * 3 for k, v in SIM_WITH_E2E_MEDIAN.items()}
     real["achieved_rps"] = [10.0, 14.0, 15.0]
     check = _check(real, SIM_WITH_E2E_MEDIAN)
-    verdict = CLAIMS["simulator_throughput_close_to_real"].on(check)
-    assert verdict.holds is False and str(verdict).startswith("✗ not on your run"), str(verdict)
-    for name in ("simulator_medians_within_factor_two", "real_and_simulated_rise_with_load"):
+    for name in ("simulator_throughput_close_to_real", "simulator_medians_within_factor_two",
+                 "real_and_simulated_rise_with_load"):
         shown = str(CLAIMS[name].on(check))
         assert shown.startswith("•") and "two moments of a shared machine" in shown, shown
     assert "Not so:" in str(CLAIMS["real_and_simulated_rise_with_load"].on(check))

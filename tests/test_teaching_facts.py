@@ -380,7 +380,7 @@ def the_constructed_x_is_rendered_from_the_counterexample():
     from claim_examples import counterexample_of
     from kvlab.lessons import CLAIMS
 
-    c = CLAIMS["simulator_throughput_close_to_real"]
+    c = CLAIMS["uncached_tokens_slow_down"]
     assert c.asserts and c.clock == "wall"
     block = TEACHING.read_text(encoding="utf-8").split("```\n", 2)[1].strip()
     assert block == str(c.on(counterexample_of(c)(None))), "re-render the ✗ example in TEACHING.md"
@@ -876,7 +876,7 @@ FACTS: list[Fact] = [
     # when a claim says ✗
     Fact("may sit below the one before by a tenth and count as a tie", tie_is_a_tenth),
     Fact("Each asserting wall-clock claim has a counter-example in the tests", every_asserting_wall_claim_has_a_counterexample),
-    Fact("a real model that served 0.70 of the simulated rate", the_constructed_x_is_rendered_from_the_counterexample),
+    Fact("uncached steps that do not grow with the tokens they recompute", the_constructed_x_is_rendered_from_the_counterexample),
     Fact("`compiled_step_is_faster` (03) is shown as an observation (•), not asserted", observations_not_asserted),
     Fact("never ✗: the slow link is kvlab's model", observations_not_asserted),
     Fact("(`SWEEP_RATES = (8.0, 24.0, 48.0)`)", rates_of_the_two_engines),

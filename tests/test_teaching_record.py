@@ -112,3 +112,14 @@ def test_a_hold_rate_comes_with_its_wilson_interval():
     assert rate_cell(0, 10) == "0/10 (0–28%)"
     low, high = wilson(7, 10)
     assert 0.39 < low < 0.40 and 0.89 < high < 0.90  # the textbook case: 7/10 gives 39.7%–89.2%
+
+
+def test_an_observation_shows_no_example_rate_even_one_recorded_while_it_asserted(record, key):
+    """06's simulator checks became observations (•) after their rates were recorded: their rows say "shown (•)", as
+    every observation's do, never an old count (nor 3/3 from a short run)."""
+    made = _key(key, [{NAME: "✓"}])
+    name = "simulator_medians_within_factor_two"
+    assert not CLAIMS[name].asserts
+    text = (f"<!-- kvlab:hold-rates -->\n<!-- /kvlab:hold-rates -->\n"
+            f"| `{name}` | 06 | 3/3 | 3/3 | 5/5 | 4/5 | why | *say* |\n")
+    assert f"| `{name}` | 06 | shown (•) | shown (•) |" in rewrite_teaching(text, record, made)

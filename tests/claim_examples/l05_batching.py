@@ -97,13 +97,6 @@ def _continuous_as_late_as_waiting(runs: Any) -> pd.DataFrame:
     return _knob_table(runs, edit)
 
 
-@counterexample("waiting_fills_batches_but_delays_first_tokens")
-def _wait_changes_nothing(runs: Any) -> pd.DataFrame:  # the longest wait: same batches, same first tokens
-    def edit(t, static, c):
-        t.loc[static[-1], ["mean_batch", "ttft_p50_s"]] = t.loc[static[0], ["mean_batch", "ttft_p50_s"]].to_numpy()
-    return _knob_table(runs, edit)
-
-
 @counterexample("continuous_batches_only_what_has_arrived")
 def _continuous_batches_full(runs: Any) -> pd.DataFrame:  # continuous as full as the longest static wait
     def edit(t, static, c):

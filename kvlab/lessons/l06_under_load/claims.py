@@ -47,7 +47,7 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- the simulator against the real model (wall clock) -----------------------------------------------------
-@claim(NOTEBOOK, clock="wall",
+@claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            at the highest load ({rate:g} req/s offered, past the estimated capacity: a burst of {n} requests sent in
            about {span:.2f} s, so the engine's speed decides when they are done) the real model served {real:.1f}
@@ -70,7 +70,7 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
     top = t.iloc[-1]
     return dict(rate=float(top["offered_rps"]), real=float(top["real"]), sim=float(top["simulated"]),
                 ratio=float(top["ratio"]), n=int(top["n_real"]), span=int(top["n_real"]) / float(top["offered_rps"]),
-                low=_series(t["ratio"].iloc[:-1]),
+                low=_series(t["ratio"].iloc[:-1]), **{SHOWN_ONLY: SIMULATOR_SHOWN},
                 holds=0.8 <= float(top["ratio"]) <= 1.25)
 
 
@@ -79,11 +79,12 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
 # requests moves by a few percent; the simulator's misses are its model's, and the machine changing between the
 # calibration and the run): the sentence says so.
 SIMULATOR_GOAL = 2.0
-# Both simulator checks held in 8 of 10 executions of 06 on a quiet 2-core machine (notebooks/key_ranges.json), short of
-# the course's 9: the real run and the calibration a moment before it see different moments of a shared machine. So
-# they are shown (•) with their numbers, not marked, and the lesson's point (the service curve) is decided elsewhere.
+# The simulator checks held in 8 of 10 executions of 06 on a quiet 2-core machine (the medians) and in 5 of 10 beside a
+# competing load (the throughput; notebooks/key_ranges.json), short of the course's 9 and 8: the real run and the
+# calibration a moment before it see different moments of a shared machine. So they are shown (•) with their numbers,
+# not marked, and the lesson's point (the service curve, on the virtual clock) is decided elsewhere.
 SIMULATOR_SHOWN = ("a simulator calibrated a moment before and the real run see two moments of a shared machine: the "
-                   "agreement moved with the machine's load in 2 of 10 quiet runs of this notebook")
+                   "agreement moved with the machine's load in 2 of 10 quiet and 5 of 10 loaded runs of this notebook")
 
 
 @claim(NOTEBOOK, clock="wall", asserts=False,
