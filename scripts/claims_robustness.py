@@ -448,8 +448,12 @@ def merged(record: dict, again: dict) -> dict:
     names = set(again["notebooks"])
     out = dict(record)
     have = {c["condition"] for c in record["conditions"]}
-    out["conditions"] = record["conditions"] + [{**c, "notebooks": sorted(names)} for c in again["conditions"]
-                                                if c["condition"] not in have]
+    measured = {c["condition"] for c in again["conditions"]}
+    out["conditions"] = [c if "notebooks" not in c else  # a partial condition: which notebooks it covers now
+                         {**c, "notebooks": sorted((set(c["notebooks"]) - names)
+                                               | (names if c["condition"] in measured else set()))}
+                         for c in record["conditions"]]
+    out["conditions"] += [{**c, "notebooks": sorted(names)} for c in again["conditions"] if c["condition"] not in have]
     out["executions"] = [e for e in record["executions"] if e["notebook"] not in names] + again["executions"]
     out["predictions"] = [p for p in record["predictions"] if p["notebook"] not in names] + again["predictions"]
     out["remeasured"] = record.get("remeasured", []) + [

@@ -363,6 +363,9 @@ def test_a_notebook_measured_again_replaces_its_runs_and_the_record_says_so():
     assert "loaded (2 competing processes) for 09 only" in robustness.notebook_sentence(both)
     assert robustness.notebook_columns(both, "09", "c")[1].startswith("1/1")
     assert robustness.notebook_columns(both, "00", "c")[1] == robustness.NOT_MEASURED
+    more = robustness.merged(both, {**again, "notebooks": ["00.ipynb"], "conditions": cond + [loaded],
+                                    "executions": [run("00.ipynb", "✓")]})
+    assert more["conditions"][1]["notebooks"] == ["00.ipynb", "09.ipynb"]  # the partial condition grows
 
 
 def test_a_claim_measured_again_replaces_its_rows_and_the_paragraph_says_so():
