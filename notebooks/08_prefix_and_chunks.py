@@ -85,7 +85,7 @@ verdicts(exact, "tight_budget_preempts_and_recomputes", "tight_budget_runs_fewer
 # **prefix caching** the engine names every full block by a hash of its tokens and of all the blocks
 # before it, and a new request reuses the blocks it matches, as
 # [vLLM does](https://docs.vllm.ai/en/latest/design/prefix_caching/) ([SGLang](https://arxiv.org/abs/2312.07104)
-# finds the shared prefix in a radix tree instead). Ten chat requests share a 256-token system
+# finds the shared prefix in a radix tree instead). Ten chat requests share a 512-token system
 # prompt, with caching off and on:
 
 # %%
@@ -101,7 +101,7 @@ plot_gantts(frame, frame.attrs["steps"])
 verdicts(prefix, "prefix_hits_on_your_run", "prefix_cache_brings_first_token_sooner")
 
 # %% [markdown]
-# Every request after the first reuses the 16 full blocks of the system prompt: `9 × 256 = 2,304`
+# Every request after the first reuses the 32 full blocks of the system prompt: `9 × 512 = 4,608`
 # tokens never computed. The orange prefill bars shrink, and the first token comes sooner.
 
 # %% [markdown]

@@ -95,7 +95,7 @@ def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 
 
 # -- prefix caching ----------------------------------------------------------------------------------
-def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 256,
+def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 512,
                         rate: float = 8.0, block_size: int = BLOCK_SIZE, clock: str = "wall",
                         executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                         progress: Progress = no_progress) -> list[ServingRun]:
