@@ -2,6 +2,7 @@
 and bench serve's paired summary, each on a stand-in (the real vLLM is the full tier's, tests/test_vllm_full.py)."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -179,7 +180,8 @@ def test_bench_serve_pairs_each_engine_with_kvlab_round_by_round():
     frame = synthetic_frame()
     out = bench_serve.summarize(frame, ["kvlab serve", "transformers serve", "vLLM"], 3, 1.0, 64.0,
                                 usage=[{"engine": "vLLM", "processes": 3, "threads": 40, "torch_threads": None,
-                                        "cores_busy": 1.5}])
+                                        "cores_busy": 1.5, "others_cores_busy": {"kvlab serve": 0.01,
+                                                                                 "transformers serve": 0.03}}])
     assert {e: [k.rps for k in ks] for e, ks in out["knees"].items()} == {
         "kvlab serve": [16.0] * 3, "transformers serve": [8.0] * 3, "vLLM": [32.0] * 3}
     knee_ratio = {k["engine"]: k for k in out["knee_ratios"]}
@@ -194,3 +196,47 @@ def test_bench_serve_pairs_each_engine_with_kvlab_round_by_round():
     assert set(bench_serve.CLOCKS) <= set(clocks.columns) and set(clocks.engine) == {"kvlab serve",
                                                                                        "transformers serve", "vLLM"}
     assert out["usage_by_engine"]["vLLM"]["processes"] == 3
+    assert out["usage_by_engine"]["vLLM"]["others_cores_busy_max"] == 0.03  # what the idle servers took meanwhile
+
+
+def test_vllms_client_gets_the_requests_kvlabs_client_sends(tmp_path):
+    from kvlab.benchmarks import vllm_client
+    from kvlab.experiments.two_engines import engine_workload
+    from kvlab.http.loadgen import request_body
+    from kvlab.http.peer import LoopbackServer
+
+    path = vllm_client.dataset_file(tmp_path, "mixture", 12, 16.0, seed=3)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    ours = engine_workload("mixture", 12, 16.0, 3)
+    assert [x["output_tokens"] for x in lines] == [r.max_new_tokens for r in ours]
+    assert [x["prompt"] for x in lines] == [request_body(r, "m", prompt_format="text")["prompt"] for r in ours]
+    server = LoopbackServer("transformers serve", [], "/m", {"generation_config": '{"eos_token_id": -1}'}, {}, None)
+    server.process = type("P", (), {"url": "http://127.0.0.1:9"})()
+    argv = vllm_client.command_line(server, path, 12, 16.0, 3, warmups=30)
+    value = dict(zip(argv[::2], argv[1::2]))
+    assert value["--request-rate"] == "16" and value["--num-prompts"] == "12" and value["--disable-shuffle"]
+    assert json.loads(argv[argv.index("--extra-body") + 1]) == server.extra_body  # its own way to ignore the end
+    assert value["--base-url"] == "http://127.0.0.1:9" and value["--num-warmups"] == "30"
+    row = vllm_client._row("vLLM", 16.0, 12, {"completed": 11, "failed": 1, "duration": 1.0,
+                                             "output_throughput": 900.0, "p50_ttft_ms": 20.0, "p95_ttft_ms": 80.0,
+                                             "p50_tpot_ms": 3.0, "p95_tpot_ms": 4.0, "p50_e2el_ms": 300.0,
+                                             "p95_e2el_ms": 500.0})
+    assert row["served"] == 11 / 12 and row["ttft_p95_s"] == 0.08 and row["tpot_p50_s"] == 0.003
+
+
+def test_vllm_gets_the_libraries_its_cpu_guide_asks_for_where_they_are(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm, "LIB_DIRS", (str(tmp_path / "sys"),))
+    libs = vllm.preload_libraries(tmp_path)
+    assert libs["LD_PRELOAD"] == "" and len(libs["missing"]) == 2 and "libtcmalloc-minimal4" in libs["missing"][0]
+    (tmp_path / "sys").mkdir()
+    (tmp_path / "sys" / vllm.TCMALLOC[0]).write_bytes(b"")
+    iomp = vllm.venv_python(tmp_path).parent.parent / "lib" / "libiomp5.so"
+    iomp.parent.mkdir(parents=True)
+    iomp.write_bytes(b"")
+    libs = vllm.preload_libraries(tmp_path)
+    assert libs["LD_PRELOAD"].split(":") == [str(tmp_path / "sys" / vllm.TCMALLOC[0]), str(iomp)]
+    assert libs["missing"] == []
+    log = ("INFO [ompmultiprocessing.py:185] \tlocal_rank=0, core ids=[0]\n"
+           "INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n")
+    assert vllm.omp_binding(log) == "OpenMP threads on cores [0], cores [1] kept for the rest"
+    assert vllm.omp_binding("no binding here") is None

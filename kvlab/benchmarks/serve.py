@@ -4,25 +4,32 @@ Every engine loads one checkpoint folder (the lesson model with a byte tokenizer
 once, all together; then, before any timing, each writes its greedy answer to 16 recall prompts and
 the answers are compared with kvlab serve's (`three_engines.same_greedy_tokens`; a difference
 stops the run). Then `--rounds` paired rounds, the engines' order rotated from round to round, each
-engine measured alone while the others idle (`three_engines.measure_engine`):
+engine measured alone while the others idle (`three_engines.measure_engine`; the CPU the idle ones take
+meanwhile is recorded beside it):
 
 - **cold** (first round only): the first `--cold` requests after the server started;
 - **low load**: `--requests` short_short requests at `--low-rate` req/s;
+- **warm-up** (every round, not reported): `--warmup` requests of the sweep's profile at once, so each engine
+  has met the sweep's shapes (its long prompts, a full batch) and opened its connections before the timing;
 - **sweep**: the `--profile` mixture at the `--rates` ladder, `--duration` s each, read at each rate's
   close, up to the first rate not served (>= 90% completed and TTFT p95 over every request sent
   <= `--slo-ttft`), then the gap between the last rate served and the first not served halved
   `--bisect` times: the knee of each round is bisected, not read off the ladder.
 
-The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1), the same server on
-`--equal-threads` (default: the cores this process may use, as many as vLLM spreads its three
-processes over), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
---setup-only`; left out with one line when it is not). Beside the figures, each engine's
-processes, OS threads and the CPU cores its process tree kept busy while it was measured.
+The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine thread on one core, its
+HTTP front end beside it), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
+--setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
+preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
+one, the same split as kvlab's; recorded from its log). `--equal-threads N` adds kvlab serve on N torch threads.
+Beside the figures, each engine's processes, OS threads and the CPU cores its process tree kept busy while it was
+measured, and how late the client's requests went out (a server slow to accept shows there first).
+`--second-client` measures every server again with vLLM's own benchmark client (`kvlab.benchmarks.vllm_client`).
 
 Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
 rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
 configurations as the baseline) of TTFT p95, TPOT p50 and the knee, each the median of per-round ratios
-with its IQR and min-max (`kvlab.experiments.rounds`). About 6 minutes on 2 cores with the defaults (vLLM's start included).
+with its IQR and min-max (`kvlab.experiments.rounds`). About 8 minutes on 2 cores with the defaults (vLLM's start
+included), 2 more with `--second-client`.
 
     python -m kvlab bench serve --json results/bench_serve.json
 """
@@ -39,8 +46,11 @@ import pandas as pd
 
 from kvlab.command_args import command_args
 from kvlab.http.vllm import NAME as VLLM
-from kvlab.experiments.three_engines import (ENGINES, available_engines, make_engine,
-                                                                   measure_engine, same_greedy_tokens, vllm_folder)
+from kvlab.benchmarks.vllm_client import CLIENT as SECOND_CLIENT
+from kvlab.benchmarks.vllm_client import vllm_client_sweep
+from kvlab.experiments.three_engines import (ENGINES, available_engines, make_engine, measure_engine,
+                                             same_greedy_tokens, server_pid, vllm_folder)
+from kvlab.http.peer import LoopbackServer, process_usage
 from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, start_together
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
@@ -48,34 +58,32 @@ from ..threads import LESSON_THREADS
 
 KVLAB = "kvlab serve"
 DEFAULT_RATES = (8.0, 16.0, 32.0, 64.0, 128.0)
-CLOCKS = ("ttft_p50_s", "ttft_p95_sent_s", "tpot_p50_s", "tpot_p95_s", "e2e_p50_s", "e2e_p95_s")
+WARMUP = 30  # requests of the sweep's profile, at once, before every sweep: its shapes and connections met first
+CLIENT_LATE_S = 0.05  # a rate whose requests went out later than this (p95) timed the client's waiting too
+DURATION_S = 3.0  # seconds of load per rate: p95 over at least 24 requests, not the largest of 16
+CLOCKS = ("ttft_p50_s", "ttft_p95_sent_s", "tpot_p50_s", "tpot_p95_s", "e2e_p50_s", "e2e_p95_s",
+          "send_delay_p95_s")
 RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
-
-
-def equal_threads_default() -> int:
-    """The cores this process may run on: what vLLM's processes spread over on this machine."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def kvlab_equal_name(threads: int) -> str:
     return f"{KVLAB}, {threads} threads"
 
 
-def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: int = 6, warmup: int = 4,
-        rates: Sequence[float] = DEFAULT_RATES, duration_s: float = 2.0, bisect: int = 2, profile: str = "mixture",
-        slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS, equal_threads: int | None = None,
-        engines: Sequence[str] = ENGINES, model: str | None = None, seed: int = 0,
-        log: Callable[[str], None] = print) -> dict:
+def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: int = 6, warmup: int = WARMUP,
+        rates: Sequence[float] = DEFAULT_RATES, duration_s: float = DURATION_S, bisect: int = 2,
+        profile: str = "mixture", slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS,
+        equal_threads: int | None = None, engines: Sequence[str] = ENGINES, model: str | None = None, seed: int = 0,
+        second_client: bool = False, log: Callable[[str], None] = print) -> dict:
     """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
-    equal_threads = equal_threads or equal_threads_default()
     todo, left_out = available_engines(engines)
     for e, why in left_out.items():
         log(f"{e} left out: {why}")
     folder = lesson_checkpoint(model) if model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
     servers = [make_engine(e, folder, threads) for e in todo]
-    if KVLAB in todo and equal_threads != threads:
+    if KVLAB in todo and equal_threads is not None and equal_threads != threads:
         twin = make_engine(KVLAB, folder, equal_threads)
         twin.name = kvlab_equal_name(equal_threads)
         servers.insert(1, twin)
@@ -96,20 +104,51 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
         for r in range(rounds):
             for server in rotated(servers, r):
                 log(f"  round {r + 1}/{rounds}: {server.name}")
+                others = {s.name: process_usage(server_pid(s)) for s in servers if s is not server}
+                t_others = time.perf_counter()
                 rows, used = measure_engine(server, rates, cold=r == 0, low_rate=low_rate, cold_requests=cold,
                                             warmup=warmup, warm_requests=requests, sweep_profile=profile,
                                             duration_s=duration_s, slo_ttft_s=slo_ttft_s, seed=seed + r,
                                             bisect=bisect, log=log)
                 frames.append(pd.DataFrame(rows).assign(round=r))
-                usage.append({**used, "round": r})
+                usage.append({**used, "round": r, "others_cores_busy": others_busy(servers, server, others,
+                                                                                   time.perf_counter() - t_others)})
+        second = vllm_client_table(servers, rates, duration_s, profile, seed, log) if second_client else None
         described = {s.name: s.describe() for s in servers}
     finally:
         for server in servers:
             server.stop()
     frame = pd.concat(frames, ignore_index=True)
     out = {"frame": frame, "servers": described, "greedy": greedy, "left_out": left_out, "started_s": started_s,
-           "usage": usage, "load_before": before, "load_after": load_average(), "equal_threads": equal_threads}
+           "usage": usage, "second_client": second, "load_before": before, "load_after": load_average(), "equal_threads": equal_threads}
     return {**out, **summarize(frame, [s.name for s in servers], rounds, slo_ttft_s, max(rates), usage)}
+
+
+def others_busy(servers: Sequence[LoopbackServer], measured: LoopbackServer, before: dict, wall_s: float) -> dict:
+    """{server: CPU cores it kept busy on average} for every server but `measured`, over `wall_s` since `before`
+    (their `process_usage`): what the idle servers took from the one being measured."""
+    busy = {}
+    for s in servers:
+        if s is measured or before.get(s.name) is None or not s.alive():
+            continue
+        now = process_usage(server_pid(s))
+        busy[s.name] = round((now["cpu_s"] - before[s.name]["cpu_s"]) / wall_s, 3) if now and wall_s > 0 else None
+    return busy
+
+
+def vllm_client_table(servers: Sequence[LoopbackServer], rates: Sequence[float], duration_s: float, profile: str,
+                      seed: int, log: Callable[[str], None] = print) -> pd.DataFrame:
+    """vLLM's own benchmark client (`kvlab.benchmarks.vllm_client`) against every server, at the ladder's rungs
+    but the top (past every knee it would only wait for a queue to drain)."""
+    rows = []
+    for server in servers:
+        log(f"  {SECOND_CLIENT} against {server.name} at {', '.join(f'{r:g}' for r in rates[:-1])} req/s ...")
+        try:
+            rows += vllm_client_sweep(server, sorted(rates)[:-1], duration_s, profile, seed, warmups=WARMUP)
+        except RuntimeError as e:  # one server's failure is that server's row, not the end of the benchmark
+            log(f"    {SECOND_CLIENT} could not measure {server.name}: {e}")
+            rows.append({"engine": server.name, "client": SECOND_CLIENT, "error": str(e)})
+    return pd.DataFrame(rows)
 
 
 def _rows(frame: pd.DataFrame, r: int, engine: str) -> pd.DataFrame:
@@ -132,7 +171,7 @@ def clock_table(frame: pd.DataFrame, engines: Sequence[str]) -> pd.DataFrame:
             rows.append({"engine": e, "level": level, "offered_rps": rate, "rounds": len(g),
                          "sent": int(g.sent.median()), "completed": float(g.completed.median()),
                          "served": float(g.served.median()),
-                         **{c: float(g[c].median()) for c in CLOCKS},
+                         **{c: float(g[c].median()) if c in g else float("nan") for c in CLOCKS},
                          "output_tokens_per_s": float(g.output_tokens_per_s.median())})
     return pd.DataFrame(rows)
 
@@ -170,7 +209,9 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                                   "threads": int(g.threads.max()) if g.threads.notna().any() else None,
                                   "torch_threads": (None if "torch_threads" not in g or pd.isna(g.torch_threads.iloc[0])
                                                     else int(g.torch_threads.iloc[0])),
-                                  "cores_busy": spread(list(g.cores_busy.dropna()))}
+                                  "cores_busy": spread(list(g.cores_busy.dropna())),
+                                  "others_cores_busy_max": max((c or 0.0 for d in g.get("others_cores_busy", ())
+                                                                for c in (d or {}).values()), default=0.0)}
     return {"clocks": clock_table(frame, engines), "knees": knees, "ratios": pd.DataFrame(ratios),
             "knee_ratios": knee_ratios, "usage_by_engine": usage_by_engine}
 
@@ -182,21 +223,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--low-rate", type=float, default=LOW_RATE, help="req/s of the low-load level (short_short)")
     p.add_argument("--requests", type=int, default=20, help="requests of the low-load level")
     p.add_argument("--cold", type=int, default=6, help="the first requests after each start, reported apart")
-    p.add_argument("--warmup", type=int, default=4, help="requests after the cold ones, not reported")
+    p.add_argument("--warmup", type=int, default=WARMUP,
+                   help="requests of the sweep's profile sent at once before each sweep, every round, not reported")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
                    help="the sweep's ladder, req/s, comma-separated")
-    p.add_argument("--duration", type=float, default=2.0, help="seconds of load per sweep rate")
+    p.add_argument("--duration", type=float, default=DURATION_S, help="seconds of load per sweep rate")
     p.add_argument("--bisect", type=int, default=2, help="halvings of the gap around each knee")
     p.add_argument("--profile", default="mixture", help="workload profile of the sweep")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="the knee's TTFT p95 bound, seconds")
     p.add_argument("--threads", type=int, default=LESSON_THREADS, help="torch threads of kvlab serve and "
                                                                        "transformers serve")
     p.add_argument("--equal-threads", type=int, default=None,
-                   help="torch threads of the second kvlab serve (default: this machine's cores, as vLLM uses)")
+                   help="also measure kvlab serve on this many torch threads (e.g. this machine's cores)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--second-client", action="store_true",
+                   help=f"also measure every server with {SECOND_CLIENT} (vLLM's own client, from its venv) at "
+                        "the ladder's rates but the top, after the rounds")
     p.add_argument("--json", default=None, help="write every round's rows and the summary here (.json)")
 
 
@@ -216,20 +261,33 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     for e, u in out["usage_by_engine"].items():
         lines.append(f"  {e:<26} {u['processes']} processes, {u['threads']} threads (torch threads "
                      f"{u['torch_threads'] if u['torch_threads'] is not None else 'its own'}), cores busy "
-                     f"{format_spread(u['cores_busy'])}")
+                     f"{format_spread(u['cores_busy'])}; the other servers meanwhile at most "
+                     f"{u['others_cores_busy_max']:.2f} cores")
     t = out["clocks"]
     lines.append("every clock at every load, ms (median over rounds; TTFT p95 over every request sent):")
     lines.append(f"  {'engine':<26} {'level':>10} {'sent':>5} {'served':>6} {'TTFT p50':>9} {'TTFT p95':>9} "
-                 f"{'TPOT p50':>9} {'TPOT p95':>9} {'E2E p50':>9} {'E2E p95':>9} {'tok/s':>7}")
+                 f"{'TPOT p50':>9} {'TPOT p95':>9} {'E2E p50':>9} {'E2E p95':>9} {'tok/s':>7} {'late p95':>9}")
     for r in t.itertuples():
         lines.append(f"  {r.engine:<26} {r.level:>10} {r.sent:>5} {r.served:>6.2f} {_ms(r.ttft_p50_s):>9} "
                      f"{_ms(r.ttft_p95_sent_s):>9} {_ms(r.tpot_p50_s):>9} {_ms(r.tpot_p95_s):>9} "
-                     f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f}")
+                     f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f} "
+                     f"{_ms(r.send_delay_p95_s):>9}")
+    lines.append("  (late p95: how long after its scheduled time the client's request went out, p95; a server slow to "
+                 "accept connections shows here)")
     lines.append(f"knees (the highest rate before the first without >= 90% served and TTFT p95 <= {args.slo_ttft:g} s, "
                  f"{args.profile}; bisected {args.bisect} times), per round:")
     for e, ks in out["knees"].items():
         lines.append(f"  {e:<26} {'; '.join(map(str, ks))}  median "
                      f"{format_spread(spread([k.at_least or 0.0 for k in ks]), '{:.1f}')}")
+    frame = out["frame"]
+    if "send_delay_p95_s" in frame:
+        lines.append(f"the client's own lateness (requests sent more than {CLIENT_LATE_S * 1e3:.0f} ms after their "
+                     "scheduled time, p95), per engine over every sweep rate of every round:")
+        for e, g in frame[frame.phase == "sweep"].groupby("engine", sort=False):
+            late = g[g.send_delay_p95_s > CLIENT_LATE_S]
+            lines.append(f"  {e:<26} late at {len(late)} of {len(g)} rates (worst {_ms(g.send_delay_p95_s.max())} ms)"
+                         + (": the machine left the client waiting, so these rows time the machine as much as the "
+                            "engine" if len(late) else ""))
     lines.append(f"paired ratios engine / kvlab serve, median of {args.rounds} rounds [IQR, min-max]:")
     for k in out["knee_ratios"]:
         lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
@@ -238,7 +296,32 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     for r in ratios.itertuples() if len(ratios) else ():
         s = {"median": r.median, "q1": r.q1, "q3": r.q3, "min": r.min, "max": r.max}
         lines.append(f"  {r.level:>11} {r.clock:<16} {r.engine} / {r.over}: {format_spread(s, unit='x')} n={r.n}")
+    second = out.get("second_client")
+    if second is not None and len(second):
+        lines += second_client_lines(second, t)
     lines.append(format_load(out["load_before"], out["load_after"]))
+    return lines
+
+
+def second_client_lines(second: pd.DataFrame, clocks: pd.DataFrame) -> list[str]:
+    """kvlab's client (median over rounds) beside vLLM's (one run) at each rate: TTFT p50/p95, TPOT p50, tok/s."""
+    lines = [f"the same servers, rates and requests through two clients, ms (kvlab: median over rounds; "
+             f"{SECOND_CLIENT}: one run):",
+             f"  {'engine':<26} {'req/s':>6} {'client':<17} {'done':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
+             f"{'TPOT p50':>9} {'tok/s':>7}"]
+    for r in second.itertuples():
+        if isinstance(getattr(r, "error", None), str):
+            lines.append(f"  {r.engine:<26} {SECOND_CLIENT} failed: {r.error.splitlines()[-1][:120]}")
+            continue
+        ours = clocks[(clocks.engine == r.engine) & (clocks.offered_rps == r.offered_rps)
+                      & ~clocks.level.isin(["cold", "low load"])]
+        if len(ours):
+            o = ours.iloc[0]
+            lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {'kvlab bench serve':<17} {o.served:>8.2f} "
+                         f"{_ms(o.ttft_p50_s):>9} {_ms(o.ttft_p95_sent_s):>9} {_ms(o.tpot_p50_s):>9} "
+                         f"{o.output_tokens_per_s:>7.0f}")
+        lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} {r.served:>8.2f} {_ms(r.ttft_p50_s):>9} "
+                     f"{_ms(r.ttft_p95_s):>9} {_ms(r.tpot_p50_s):>9} {r.output_tokens_per_s:>7.0f}")
     return lines
 
 
@@ -251,7 +334,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = run(args.rounds, args.low_rate, args.requests, args.cold, args.warmup, rates, args.duration, args.bisect,
               args.profile, args.slo_ttft, args.threads, args.equal_threads, engines, args.model, args.seed,
-              log=lambda m: print(m, flush=True))
+              args.second_client, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))
     print(f"bench serve took {wall / 60:.1f} min")
@@ -263,6 +346,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                     "knees": {e: [dataclasses.asdict(k) | {"words": str(k)} for k in ks] for e, ks in out["knees"].items()},
                     "knee_ratios": out["knee_ratios"], "ratios": out["ratios"].to_dict("records"),
                     "usage": out["usage"], "usage_by_engine": out["usage_by_engine"],
+                    "second_client": (None if out["second_client"] is None
+                                      else out["second_client"].to_dict("records")),
                     "load_before": out["load_before"], "load_after": out["load_after"]}
         print(f"wrote {save_results(args.json, out['frame'], settings)}")
     return 0

