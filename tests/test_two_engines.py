@@ -125,7 +125,11 @@ def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accoun
     assert np.allclose(closed.tpot_p50_sent_s, closed.tpot_p50_s, equal_nan=True)
     assert (t[t.phase == "cold"].sent == 6).all() and (t[t.phase == "warm"].sent == 12).all()
     table = clocks_table(run)
-    assert {"TTFT n", "TTFT p95 ms", "TPOT p50 ms", "sent", "completed", "failed", "waiting"} <= set(table.columns)
+    assert {"TTFT n", "TTFT p95 ms", "TPOT p50 ms", "sent", "completed", "failed", "waiting",
+            "client late p95 ms"} <= set(table.columns)
+    # the client's own lateness, from its records: on loopback against kvlab's servers it sends on time; every
+    # connection it opened is counted, at least one per measurement
+    assert (t.send_delay_p95_s >= 0).all() and (t.new_connections >= 1).all() and (t.connect_max_s >= 0).all()
     assert t.attrs["settings"]["slo_ttft_s"] == 1.0 and set(t.attrs["servers"]) == set(engines)
 
 

@@ -240,3 +240,18 @@ def test_vllm_gets_the_libraries_its_cpu_guide_asks_for_where_they_are(tmp_path,
            "INFO [ompmultiprocessing.py:185] \treserved_cpus=[1]\n")
     assert vllm.omp_binding(log) == "OpenMP threads on cores [0], cores [1] kept for the rest"
     assert vllm.omp_binding("no binding here") is None
+
+
+def test_a_knee_ratio_behind_which_the_client_waited_is_not_a_verdict():
+    frame = synthetic_frame()
+    frame["send_delay_p95_s"] = np.where(frame.engine == "vLLM", 0.4, 0.002)  # the client left waiting on vLLM
+    out = bench_serve.summarize(frame, ["kvlab serve", "transformers serve", "vLLM"], 3, 1.0, 64.0)
+    ratio = {k["engine"]: k for k in out["knee_ratios"]}
+    assert ratio["vLLM"]["client_late_rates"] == (frame[(frame.engine == "vLLM")].phase == "sweep").sum() > 0
+    assert ratio["transformers serve"]["client_late_rates"] == 0
+    args = bench_serve.command_args([], "bench serve", "", bench_serve.add_arguments)
+    out.update(servers={}, left_out={}, greedy={"prompts": 16, "max_tokens": 16, "answers": {}}, frame=frame,
+               load_before={}, load_after={})
+    lines = "\n".join(bench_serve.report_lines(out, args))
+    assert "knee vLLM / kvlab serve" in lines and "not a verdict: the client waited" in lines
+    assert "vLLM                       late at" in lines

@@ -199,8 +199,11 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                                        **paired_ratio([a for a, _ in pairs], [b for _, b in pairs])})
             ks = [(a.at_least or 0.0) / b.at_least if b.at_least else float("nan")
                   for a, b in zip(knees[other], knees[base])]
+            sweeps = frame[(frame.phase == "sweep") & frame.engine.isin([other, base])]
+            late = (sweeps.send_delay_p95_s > CLIENT_LATE_S) if "send_delay_p95_s" in sweeps else sweeps.phase != "sweep"
             knee_ratios.append({"engine": other, "over": base, **spread(ks),
-                                "capped": any(k.case == "kept_up" for k in knees[other] + knees[base])})
+                                "capped": any(k.case == "kept_up" for k in knees[other] + knees[base]),
+                                "client_late_rates": int(late.sum()), "rates": len(sweeps)})
     used = pd.DataFrame(list(usage))
     usage_by_engine = {}
     if not used.empty:
@@ -291,7 +294,9 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     lines.append(f"paired ratios engine / kvlab serve, median of {args.rounds} rounds [IQR, min-max]:")
     for k in out["knee_ratios"]:
         lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
-                     f"{format_spread(k, unit='x')}")
+                     f"{format_spread(k, unit='x')}"
+                     + (f" (not a verdict: the client waited at {k['client_late_rates']} of the {k['rates']} rates "
+                        "behind it)" if k.get("client_late_rates") else ""))
     ratios = out["ratios"]
     for r in ratios.itertuples() if len(ratios) else ():
         s = {"median": r.median, "q1": r.q1, "q3": r.q3, "min": r.min, "max": r.max}
@@ -320,6 +325,10 @@ def second_client_lines(second: pd.DataFrame, clocks: pd.DataFrame) -> list[str]
             lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {'kvlab bench serve':<17} {o.served:>8.2f} "
                          f"{_ms(o.ttft_p50_s):>9} {_ms(o.ttft_p95_sent_s):>9} {_ms(o.tpot_p50_s):>9} "
                          f"{o.output_tokens_per_s:>7.0f}")
+        if r.completed == 0 and isinstance(getattr(r, "first_error", None), str) and r.first_error:
+            lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} every request failed: "
+                         f"{r.first_error.strip().splitlines()[-1][:100]}")
+            continue
         lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} {r.served:>8.2f} {_ms(r.ttft_p50_s):>9} "
                      f"{_ms(r.ttft_p95_s):>9} {_ms(r.tpot_p50_s):>9} {r.output_tokens_per_s:>7.0f}")
     return lines

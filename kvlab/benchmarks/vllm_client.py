@@ -51,6 +51,7 @@ for argv in json.load(open(sys.argv[1])):
     add_cli_args(parser)
     result = main(parser.parse_args(argv))
     row = {k: v for k, v in result.items() if k in keep or k.endswith("_ms")}
+    row["first_error"] = next((str(e)[:300] for e in result.get("errors") or () if e), "")
     print("KVLAB-RESULT " + json.dumps(row), flush=True)
 """
 
@@ -114,7 +115,8 @@ def _row(engine: str, rate: float, sent: int, res: dict) -> dict:
     ms = 1e-3
     row = {"engine": engine, "client": CLIENT, "offered_rps": rate, "sent": sent, "completed": res["completed"],
            "failed": res.get("failed", 0), "served": res["completed"] / sent,
-           "output_tokens_per_s": res["output_throughput"], "duration_s": res["duration"]}
+           "output_tokens_per_s": res["output_throughput"], "duration_s": res["duration"],
+           "first_error": res.get("first_error", "")}
     for clock, key in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2el")):
         for p in PERCENTILES.split(","):
             value = res.get(f"p{p}_{key}_ms", res.get(f"median_{key}_ms") if p == "50" else None)

@@ -317,6 +317,8 @@ def clocks_table(run: EnginesRun | pd.DataFrame) -> pd.DataFrame:
         "TPOT n": t["tpot_n"], "TPOT p50 ms": t["tpot_p50_s"] * ms, "TPOT p95 ms": t["tpot_p95_s"] * ms,
         "E2E p50 ms": t["e2e_p50_s"] * ms, "E2E p95 ms": t["e2e_p95_s"] * ms,
         "achieved req/s": t["requests_per_s"], "output tok/s": t["output_tokens_per_s"],
+        # how late the client's requests went out (p95): a machine that leaves the client waiting shows here
+        "client late p95 ms": t["send_delay_p95_s"] * ms if "send_delay_p95_s" in t else np.nan,
     })
 
 
