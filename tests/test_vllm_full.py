@@ -59,6 +59,19 @@ def test_every_request_of_a_short_sweep_is_accounted_for(servers):
     assert usage["processes"] >= 3  # API server, engine core, worker
 
 
+def test_vllms_own_client_measures_both_servers_and_vllm_runs_as_its_cpu_guide_asks(servers):
+    from kvlab.benchmarks.vllm_client import CLIENT, vllm_client_sweep
+
+    kvlab, peer = servers
+    for server in servers:  # the second client of `bench serve --second-client`: every request accounted for
+        [row] = vllm_client_sweep(server, [8.0], 2.0, warmups=2)
+        assert row["client"] == CLIENT and row["completed"] == row["sent"] == 16 and not row["first_error"], row
+        assert 0 < row["ttft_p50_s"] <= row["e2e_p50_s"] and row["output_tokens_per_s"] > 0
+    settings = peer.describe()  # what `bench serve` writes into its JSON
+    assert settings["omp_binding"] and "OpenMP threads on cores" in settings["omp_binding"]
+    assert "libiomp5.so" in (settings["ld_preload"] or "")  # vLLM's venv always has Intel's OpenMP
+
+
 def test_stopping_vllm_leaves_no_process_and_no_port_behind(servers):
     _, peer = servers
     group, port = peer.process.process.pid, peer.process.port
