@@ -17,6 +17,10 @@ script looks up a distribution named `vllm` and fails) as a `LoopbackServer` lik
 transformers serve's: offline, on 127.0.0.1, float32, its KV space, compile cache and temporary
 files in the home folder, waited for at `/v1/models` (it has no `/health` until ready; 50-100 s), and
 stopped by its process group, because it runs three processes: API server, engine core, worker.
+It starts as vLLM's CPU guide recommends: TCMalloc and Intel's OpenMP preloaded where found
+(`preload_libraries`), and its OpenMP threads bound by vLLM itself, all cores but one, the one left to its
+front end (`omp_binding` reads the binding back from its log). `setup_bench_extra` adds what
+`pip install vllm[bench]` would, for its own benchmark client (`kvlab.benchmarks.vllm_client`).
 """
 from __future__ import annotations
 
