@@ -120,7 +120,8 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
             server.stop()
     frame = pd.concat(frames, ignore_index=True)
     out = {"frame": frame, "servers": described, "greedy": greedy, "left_out": left_out, "started_s": started_s,
-           "usage": usage, "second_client": second, "load_before": before, "load_after": load_average(), "equal_threads": equal_threads}
+           "usage": usage, "second_client": second, "load_before": before, "load_after": load_average(),
+           "equal_threads": equal_threads}
     return {**out, **summarize(frame, [s.name for s in servers], rounds, slo_ttft_s, max(rates), usage)}
 
 
@@ -140,11 +141,11 @@ def vllm_client_table(servers: Sequence[LoopbackServer], rates: Sequence[float],
                       seed: int, log: Callable[[str], None] = print) -> pd.DataFrame:
     """vLLM's own benchmark client (`kvlab.benchmarks.vllm_client`) against every server, at the ladder's rungs
     but the top (past every knee it would only wait for a queue to drain)."""
-    rows = []
+    rows, rungs = [], sorted(float(r) for r in rates)[:-1]
     for server in servers:
-        log(f"  {SECOND_CLIENT} against {server.name} at {', '.join(f'{r:g}' for r in rates[:-1])} req/s ...")
+        log(f"  {SECOND_CLIENT} against {server.name} at {', '.join(f'{r:g}' for r in rungs)} req/s ...")
         try:
-            rows += vllm_client_sweep(server, sorted(rates)[:-1], duration_s, profile, seed, warmups=WARMUP)
+            rows += vllm_client_sweep(server, rungs, duration_s, profile, seed, warmups=WARMUP)
         except RuntimeError as e:  # one server's failure is that server's row, not the end of the benchmark
             log(f"    {SECOND_CLIENT} could not measure {server.name}: {e}")
             rows.append({"engine": server.name, "client": SECOND_CLIENT, "error": str(e)})
@@ -200,10 +201,10 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
             ks = [(a.at_least or 0.0) / b.at_least if b.at_least else float("nan")
                   for a, b in zip(knees[other], knees[base])]
             sweeps = frame[(frame.phase == "sweep") & frame.engine.isin([other, base])]
-            late = (sweeps.send_delay_p95_s > CLIENT_LATE_S) if "send_delay_p95_s" in sweeps else sweeps.phase != "sweep"
+            late = int((sweeps.send_delay_p95_s > CLIENT_LATE_S).sum()) if "send_delay_p95_s" in sweeps else 0
             knee_ratios.append({"engine": other, "over": base, **spread(ks),
                                 "capped": any(k.case == "kept_up" for k in knees[other] + knees[base]),
-                                "client_late_rates": int(late.sum()), "rates": len(sweeps)})
+                                "client_late_rates": late, "rates": len(sweeps)})
     used = pd.DataFrame(list(usage))
     usage_by_engine = {}
     if not used.empty:

