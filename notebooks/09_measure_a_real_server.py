@@ -373,7 +373,11 @@ three.show()
 #   hands requests over ZMQ to an engine-core process that runs the scheduler in a busy loop and drives a
 #   worker process that runs the model
 #   (<a href="https://docs.vllm.ai/en/latest/design/arch_overview/">architecture overview</a>). kvlab serve
-#   does it all in one process on one thread; *cores busy* in the table shows what vLLM's second core buys it.
+#   splits once: its engine loop, scheduler and model step in a process of their own
+#   (`kvlab/http/engine_process.py`), and the front end only reads requests, turns tokens into text and
+#   writes them. In one process the two would take turns on Python's interpreter lock, so every step would
+#   wait for the front end's work of the step before; `python -m kvlab serve --engine-in-thread` puts them
+#   back together, and `bench serve --thread-twin` measures both (README).
 # - **Compiled fixed-shape steps.** vLLM compiles its model with `torch.compile` and, on a GPU, replays CUDA
 #   graphs captured for fixed batch sizes
 #   (<a href="https://docs.vllm.ai/en/latest/design/torch_compile/">torch.compile</a>,
@@ -384,7 +388,9 @@ three.show()
 # - **CPU attention kernels.** Its attention reads the paged KV cache where it lies, in C++
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);
-#   kvlab gathers the blocks into one tensor first (notebook 07).
+#   kvlab gathers the blocks into one tensor first (notebook 07), one gather per layer for all the
+#   sequences of a step rather than one per sequence: on a CPU each call costs a fixed few microseconds,
+#   so a step of many short calls pays that many times (vLLM's kernel reads the blocks in place, in one call).
 # - **Chunked prefill and prefix caching, on by default.** Its guide says chunked prefill is "always
 #   enabled by default" in V1, with decodes scheduled first
 #   (<a href="https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill">optimization guide</a>);
@@ -401,12 +407,14 @@ three.show()
 #   its API server and engine core, whose queues busy-wait for a second after each read
 #   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/distributed/device_communicators/shm_broadcast.py">shm_broadcast.py</a>).
-#   On two cores the load client shares that core: the table's *client late p95 ms* says how long the
-#   client's own requests waited to go out, and where it is large the row times the machine as much as
-#   vLLM. vLLM is built to run the model on a GPU and keep the CPU for serving
+#   On two cores the load client shares that core, and an ordinary process there can wait hundreds of
+#   milliseconds for it; so the client here runs in Linux's real-time class where the machine allows it
+#   (`kvlab/http/client_priority.py`), ahead of every server alike. The table's *client late p95 ms* says how
+#   long the client's own requests waited to go out: where it is large, the row times the machine as much
+#   as the engine. vLLM is built to run the model on a GPU and keep the CPU for serving
 #   (<a href="https://docs.vllm.ai/en/latest/design/arch_overview/">architecture overview</a>): a tiny model on
-#   two CPU cores is not its ground. The README's benchmark section has `bench serve` measured both ways,
-#   and with vLLM's own client.
+#   two CPU cores is not its ground. The README's benchmark section has `bench serve`'s figures, dated, with
+#   their spread, and checked with vLLM's own client.
 
 # %% [markdown]
 # ## 7. Stop the server

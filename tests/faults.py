@@ -142,3 +142,16 @@ class FaultyTokenizer:
 
 
 __all__ = ["FAULTS", "FaultyExecutor", "FaultyScheduler", "FaultyTokenizer", "InjectedFault"]
+
+
+def tiny_engine(fault: str | None = None, at_step: int = 2, max_seqs: int = 4, **fault_options):
+    """The tests' tiny-Llama engine (one torch thread), with `fault` at `at_step` when asked: what an engine's own
+    process builds (`AsyncEngine.in_process`), so a module-level function, picklable by name."""
+    import kvlab
+    from kvlab.serving import Engine, SchedulerConfig
+
+    torch.set_num_threads(1)
+    model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
+    executor = FaultyExecutor(model, fault, at_step, **fault_options) if fault else None
+    return Engine(model, executor=executor,
+                  scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=128, max_waiting=64))

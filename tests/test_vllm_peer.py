@@ -247,11 +247,23 @@ def test_a_knee_ratio_behind_which_the_client_waited_is_not_a_verdict():
     frame["send_delay_p95_s"] = np.where(frame.engine == "vLLM", 0.4, 0.002)  # the client left waiting on vLLM
     out = bench_serve.summarize(frame, ["kvlab serve", "transformers serve", "vLLM"], 3, 1.0, 64.0)
     ratio = {k["engine"]: k for k in out["knee_ratios"]}
-    assert ratio["vLLM"]["client_late_rates"] == (frame[(frame.engine == "vLLM")].phase == "sweep").sum() > 0
+    # What ends a knee is the first rate above it not kept up: one per engine per round, vLLM's 3 late
+    assert ratio["vLLM"]["client_late_rates"] == 3 and ratio["vLLM"]["rates"] == 6
     assert ratio["transformers serve"]["client_late_rates"] == 0
     args = bench_serve.command_args([], "bench serve", "", bench_serve.add_arguments)
     out.update(servers={}, left_out={}, greedy={"prompts": 16, "max_tokens": 16, "answers": {}}, frame=frame,
                load_before={}, load_after={})
     lines = "\n".join(bench_serve.report_lines(out, args))
-    assert "knee vLLM / kvlab serve" in lines and "not a verdict: the client waited" in lines
+    assert "knee vLLM / kvlab serve" in lines and "not a verdict: the client was late" in lines
     assert "vLLM                       late at" in lines
+
+
+def test_lateness_only_where_no_knee_was_decided_leaves_the_ratio_a_verdict():
+    frame = synthetic_frame()
+    # late only at vLLM's 8 and 16 req/s, both kept up below its knee (32; ended by 64): no knee rests on them
+    frame["send_delay_p95_s"] = np.where((frame.engine == "vLLM") & (frame.offered_rps < 32), 0.4, 0.002)
+    out = bench_serve.summarize(frame, ["kvlab serve", "transformers serve", "vLLM"], 3, 1.0, 64.0)
+    ratio = {k["engine"]: k for k in out["knee_ratios"]}
+    assert ratio["vLLM"]["client_late_rates"] == 0 and ratio["vLLM"]["median"] == 2.0
+    knee = out["knees"]["vLLM"][0]
+    assert bench_serve.bound_row(frame[(frame.engine == "vLLM") & (frame["round"] == 0)], knee)["offered_rps"] == 64

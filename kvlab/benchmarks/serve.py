@@ -16,14 +16,17 @@ meanwhile is recorded beside it):
   <= `--slo-ttft`), then the gap between the last rate served and the first not served halved
   `--bisect` times: the knee of each round is bisected, not read off the ladder.
 
-The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine thread on one core, its
-HTTP front end beside it), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
+The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine in a process of its own on
+one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
+process, the lever off), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
 preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
 one, the same split as kvlab's; recorded from its log). `--equal-threads N` adds kvlab serve on N torch threads.
 Beside the figures, each engine's processes, OS threads and the CPU cores its process tree kept busy while it was
 measured, and how late the client's requests went out (a server slow to accept shows there first).
 `--second-client` measures every server again with vLLM's own benchmark client (`kvlab.benchmarks.vllm_client`).
+The client runs in Linux's real-time scheduling class where the machine allows it (`kvlab.http.client_priority`;
+`--client-priority normal` to not), so that no server's busy core leaves it waiting; the JSON says which.
 
 Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
 rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
@@ -46,12 +49,14 @@ import pandas as pd
 
 from kvlab.command_args import command_args
 from kvlab.http.vllm import NAME as VLLM
+from kvlab.http.client_priority import realtime_client
 from kvlab.benchmarks.vllm_client import CLIENT as SECOND_CLIENT
 from kvlab.benchmarks.vllm_client import vllm_client_sweep
 from kvlab.experiments.three_engines import (ENGINES, available_engines, make_engine, measure_engine,
                                              same_greedy_tokens, server_pid, vllm_folder)
 from kvlab.http.peer import LoopbackServer, process_usage
-from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, start_together
+from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, make_server, start_together
+from kvlab.serving.knee import Knee
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
 from ..threads import LESSON_THREADS
@@ -70,12 +75,20 @@ def kvlab_equal_name(threads: int) -> str:
     return f"{KVLAB}, {threads} threads"
 
 
+KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
+
+
 def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: int = 6, warmup: int = WARMUP,
         rates: Sequence[float] = DEFAULT_RATES, duration_s: float = DURATION_S, bisect: int = 2,
         profile: str = "mixture", slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS,
         equal_threads: int | None = None, engines: Sequence[str] = ENGINES, model: str | None = None, seed: int = 0,
-        second_client: bool = False, log: Callable[[str], None] = print) -> dict:
-    """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary."""
+        second_client: bool = False, realtime: bool = True, thread_twin: bool = False,
+        log: Callable[[str], None] = print) -> dict:
+    """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary.
+
+    `realtime`: the client runs in the real-time scheduling class where the machine allows it
+    (`client_priority.realtime_client`), so no server's busy cores leave it waiting. `thread_twin`: kvlab serve is
+    measured a second time with its engine in a thread of the server's process (the engine-process lever off)."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
     todo, left_out = available_engines(engines)
@@ -87,12 +100,15 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
         twin = make_engine(KVLAB, folder, equal_threads)
         twin.name = kvlab_equal_name(equal_threads)
         servers.insert(1, twin)
+    if KVLAB in todo and thread_twin:
+        twin = make_server(KVLAB, folder, threads=threads, engine_in_thread=True)
+        twin.name = KVLAB_THREAD
+        servers.insert(1, twin)
     before = load_average()
     log(f"starting {', '.join(s.name for s in servers)} on {folder} (vLLM takes 50-100 s) ...")
     t0 = time.perf_counter()
     start_together(servers)
     started_s = time.perf_counter() - t0
-    frames, usage = [], []
     try:
         log(f"all answered after {started_s:.0f} s; greedy answers to 16 prompts ...")
         greedy = same_greedy_tokens(servers)
@@ -101,19 +117,11 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
                                f"{greedy['prompts']} prompts, so they do not compute the same thing: "
                                f"{greedy['differ'][:2]}")
         log(f"same greedy tokens on all {greedy['prompts']} prompts; {rounds} rounds follow")
-        for r in range(rounds):
-            for server in rotated(servers, r):
-                log(f"  round {r + 1}/{rounds}: {server.name}")
-                others = {s.name: process_usage(server_pid(s)) for s in servers if s is not server}
-                t_others = time.perf_counter()
-                rows, used = measure_engine(server, rates, cold=r == 0, low_rate=low_rate, cold_requests=cold,
-                                            warmup=warmup, warm_requests=requests, sweep_profile=profile,
-                                            duration_s=duration_s, slo_ttft_s=slo_ttft_s, seed=seed + r,
-                                            bisect=bisect, log=log)
-                frames.append(pd.DataFrame(rows).assign(round=r))
-                usage.append({**used, "round": r, "others_cores_busy": others_busy(servers, server, others,
-                                                                                   time.perf_counter() - t_others)})
-        second = vllm_client_table(servers, rates, duration_s, profile, seed, log) if second_client else None
+        with realtime_client(realtime) as priority:
+            log(f"the client's scheduling class: {priority}")
+            frames, usage, second = measure_rounds(servers, rounds, rates, low_rate, cold, warmup, requests,
+                                                   profile, duration_s, slo_ttft_s, seed, bisect,
+                                                   second_client, priority.why is None, log)
         described = {s.name: s.describe() for s in servers}
     finally:
         for server in servers:
@@ -121,8 +129,30 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
     frame = pd.concat(frames, ignore_index=True)
     out = {"frame": frame, "servers": described, "greedy": greedy, "left_out": left_out, "started_s": started_s,
            "usage": usage, "second_client": second, "load_before": before, "load_after": load_average(),
-           "equal_threads": equal_threads}
+           "equal_threads": equal_threads, "client_priority": str(priority)}
     return {**out, **summarize(frame, [s.name for s in servers], rounds, slo_ttft_s, max(rates), usage)}
+
+
+def measure_rounds(servers: Sequence[LoopbackServer], rounds: int, rates: Sequence[float], low_rate: float,
+                   cold: int, warmup: int, requests: int, profile: str, duration_s: float, slo_ttft_s: float,
+                   seed: int, bisect: int, second_client: bool, realtime: bool,
+                   log: Callable[[str], None]) -> tuple[list[pd.DataFrame], list[dict], pd.DataFrame | None]:
+    """Every server measured alone in each round, the order rotated; then vLLM's client against each if asked."""
+    frames, usage = [], []
+    for r in range(rounds):
+        for server in rotated(servers, r):
+            log(f"  round {r + 1}/{rounds}: {server.name}")
+            others = {s.name: process_usage(server_pid(s)) for s in servers if s is not server}
+            t_others = time.perf_counter()
+            rows, used = measure_engine(server, rates, cold=r == 0, low_rate=low_rate, cold_requests=cold,
+                                        warmup=warmup, warm_requests=requests, sweep_profile=profile,
+                                        duration_s=duration_s, slo_ttft_s=slo_ttft_s, seed=seed + r,
+                                        bisect=bisect, log=log)
+            frames.append(pd.DataFrame(rows).assign(round=r))
+            usage.append({**used, "round": r, "others_cores_busy": others_busy(servers, server, others,
+                                                                               time.perf_counter() - t_others)})
+    second = vllm_client_table(servers, rates, duration_s, profile, seed, log, realtime) if second_client else None
+    return frames, usage, second
 
 
 def others_busy(servers: Sequence[LoopbackServer], measured: LoopbackServer, before: dict, wall_s: float) -> dict:
@@ -138,14 +168,14 @@ def others_busy(servers: Sequence[LoopbackServer], measured: LoopbackServer, bef
 
 
 def vllm_client_table(servers: Sequence[LoopbackServer], rates: Sequence[float], duration_s: float, profile: str,
-                      seed: int, log: Callable[[str], None] = print) -> pd.DataFrame:
+                      seed: int, log: Callable[[str], None] = print, realtime: bool = False) -> pd.DataFrame:
     """vLLM's own benchmark client (`kvlab.benchmarks.vllm_client`) against every server, at the ladder's rungs
-    but the top (past every knee it would only wait for a queue to drain)."""
+    but the top (past every knee it would only wait for a queue to drain), in kvlab's client's scheduling class."""
     rows, rungs = [], sorted(float(r) for r in rates)[:-1]
     for server in servers:
         log(f"  {SECOND_CLIENT} against {server.name} at {', '.join(f'{r:g}' for r in rungs)} req/s ...")
         try:
-            rows += vllm_client_sweep(server, rungs, duration_s, profile, seed, warmups=WARMUP)
+            rows += vllm_client_sweep(server, rungs, duration_s, profile, seed, warmups=WARMUP, realtime=realtime)
         except RuntimeError as e:  # one server's failure is that server's row, not the end of the benchmark
             log(f"    {SECOND_CLIENT} could not measure {server.name}: {e}")
             rows.append({"engine": server.name, "client": SECOND_CLIENT, "error": str(e)})
@@ -177,6 +207,17 @@ def clock_table(frame: pd.DataFrame, engines: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def bound_row(rows: pd.DataFrame, k: Knee) -> dict | None:
+    """The sweep row that bounded a round's knee: the first rate above it that did not keep up (the lowest rate
+    when behind from the start; None when every rate kept up). Its failure is what the knee says; if the client
+    was late there, the failure may be the client's."""
+    sweep = rows[rows.phase == "sweep"].sort_values("offered_rps")
+    if k.case == "kept_up" or not len(sweep):
+        return None
+    above = sweep if k.rps is None else sweep[sweep.offered_rps > k.rps]
+    return above.iloc[0].to_dict() if len(above) else None
+
+
 def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft_s: float, top_rate: float,
               usage: Sequence[dict] = (), min_served: float = 0.9) -> dict:
     """Knees per round, paired ratios other / kvlab serve of the clocks at each level and of the knee, usage."""
@@ -200,11 +241,12 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                                        **paired_ratio([a for a, _ in pairs], [b for _, b in pairs])})
             ks = [(a.at_least or 0.0) / b.at_least if b.at_least else float("nan")
                   for a, b in zip(knees[other], knees[base])]
-            sweeps = frame[(frame.phase == "sweep") & frame.engine.isin([other, base])]
-            late = int((sweeps.send_delay_p95_s > CLIENT_LATE_S).sum()) if "send_delay_p95_s" in sweeps else 0
+            deciding = [bound_row(_rows(frame, r, e), knees[e][r]) for r in range(rounds) for e in (other, base)]
+            deciding = [row for row in deciding if row is not None]
+            late = sum(bool(row.get("send_delay_p95_s", 0.0) > CLIENT_LATE_S) for row in deciding)
             knee_ratios.append({"engine": other, "over": base, **spread(ks),
                                 "capped": any(k.case == "kept_up" for k in knees[other] + knees[base]),
-                                "client_late_rates": late, "rates": len(sweeps)})
+                                "client_late_rates": late, "rates": len(deciding)})
     used = pd.DataFrame(list(usage))
     usage_by_engine = {}
     if not used.empty:
@@ -239,6 +281,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                                        "transformers serve")
     p.add_argument("--equal-threads", type=int, default=None,
                    help="also measure kvlab serve on this many torch threads (e.g. this machine's cores)")
+    p.add_argument("--thread-twin", action="store_true",
+                   help="also measure kvlab serve with its engine in a thread of the server's process (the lever off)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
@@ -246,6 +290,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--second-client", action="store_true",
                    help=f"also measure every server with {SECOND_CLIENT} (vLLM's own client, from its venv) at "
                         "the ladder's rates but the top, after the rounds")
+    p.add_argument("--client-priority", choices=("realtime", "normal"), default="realtime",
+                   help="the load client's scheduling class: realtime (SCHED_FIFO where allowed, so no server's busy "
+                        "cores leave it waiting) or normal")
     p.add_argument("--json", default=None, help="write every round's rows and the summary here (.json)")
 
 
@@ -296,8 +343,8 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     for k in out["knee_ratios"]:
         lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
                      f"{format_spread(k, unit='x')}"
-                     + (f" (not a verdict: the client waited at {k['client_late_rates']} of the {k['rates']} rates "
-                        "behind it)" if k.get("client_late_rates") else ""))
+                     + (f" (not a verdict: the client was late at {k['client_late_rates']} of the {k['rates']} rates "
+                        "where a knee was found to end)" if k.get("client_late_rates") else ""))
     ratios = out["ratios"]
     for r in ratios.itertuples() if len(ratios) else ():
         s = {"median": r.median, "q1": r.q1, "q3": r.q3, "min": r.min, "max": r.max}
@@ -305,6 +352,7 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     second = out.get("second_client")
     if second is not None and len(second):
         lines += second_client_lines(second, t)
+    lines.append(f"the client's scheduling class: {out.get('client_priority', 'normal')}")
     lines.append(format_load(out["load_before"], out["load_after"]))
     return lines
 
@@ -344,7 +392,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = run(args.rounds, args.low_rate, args.requests, args.cold, args.warmup, rates, args.duration, args.bisect,
               args.profile, args.slo_ttft, args.threads, args.equal_threads, engines, args.model, args.seed,
-              args.second_client, log=lambda m: print(m, flush=True))
+              args.second_client, args.client_priority == "realtime", args.thread_twin,
+              log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))
     print(f"bench serve took {wall / 60:.1f} min")
@@ -352,6 +401,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
         settings = {**{k: v for k, v in vars(args).items() if k not in ("json", "module", "command", "subcommand")},
                     "equal_threads": out["equal_threads"], "servers": out["servers"], "greedy": out["greedy"],
                     "left_out": out["left_out"], "started_s": out["started_s"], "wall_s": wall,
+                    "client_priority": out["client_priority"],
                     "clocks": out["clocks"].to_dict("records"),
                     "knees": {e: [dataclasses.asdict(k) | {"words": str(k)} for k in ks] for e, ks in out["knees"].items()},
                     "knee_ratios": out["knee_ratios"], "ratios": out["ratios"].to_dict("records"),

@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from kvlab.http.client_priority import set_realtime
 from kvlab.experiments.two_engines import engine_workload
 from kvlab.http.loadgen import request_body
 from kvlab.http.peer import LoopbackServer
@@ -70,10 +71,11 @@ def command_line(server: LoopbackServer, dataset: Path, num_requests: int, rate:
 
 def vllm_client_sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float, profile: str = "mixture",
                       seed: int = 0, warmups: int = 0, min_requests: int = 8, home: str | Path | None = None,
-                      timeout_s: float = 600.0) -> list[dict]:
+                      timeout_s: float = 600.0, realtime: bool = False) -> list[dict]:
     """One row per rate from vLLM's client against the running `server` (rate x `duration_s` requests, at least
     `min_requests`, as kvlab's sweep sends): completed, failed, TTFT/TPOT/E2E p50 and p95 (seconds), output tokens/s.
 
+    `realtime`: run it in the real-time class kvlab's client ran in (`client_priority.set_realtime`).
     Raises RuntimeError with vLLM's own words when its client fails, or `vllm_status`'s line when vLLM is not set up.
     """
     ok, why = vllm_status(home)
@@ -93,7 +95,8 @@ def vllm_client_sweep(server: LoopbackServer, rates: Sequence[float], duration_s
         env = venv_env(vllm_home(home), {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                                          "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"})
         done = subprocess.run([str(venv_python(home)), str(folder / "driver.py"), str(folder / "jobs.json")],
-                              capture_output=True, text=True, env=env, timeout=timeout_s, cwd=tmp)
+                              capture_output=True, text=True, env=env, timeout=timeout_s, cwd=tmp,
+                              preexec_fn=set_realtime if realtime else None)
     results = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
                if line.startswith("KVLAB-RESULT ")]
     if done.returncode != 0 or len(results) != len(jobs):

@@ -36,7 +36,9 @@ class PagedAttentionMetadata:
     decode_block_tables: torch.Tensor | None  # (D, Bmax) their blocks, padded with block 0
     decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real
     prefill_rows: list[int]  # sequences attended one by one, causally: prompt chunks, and decodes not batched
-    prefill_blocks: list[torch.Tensor]  # (nb,) blocks of each of those sequences
+    # Those of them that read stored keys (all but whole new prompts) are gathered in one call per layer:
+    gather_blocks: torch.Tensor | None  # (sum nb,) their blocks, one sequence after the other
+    gather_start: list[int]  # per prefill row: where its slots start in that gather (-1: a new prompt, none)
 
     @classmethod
     def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
@@ -61,12 +63,20 @@ class PagedAttentionMetadata:
             keys = torch.arange(width * block_size, device=device)  # (L,)
             dec_mask = (keys[None, :] < lens[:, None])[:, None, None, :]  # (D, 1, 1, L)
             dec_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)  # (D,)
-        prefill_blocks = [torch.tensor(block_tables[i][:-(-context_lens[i] // block_size)], dtype=torch.long,
-                                       device=device) for i in prefill_rows]
+        # One gather per layer for every row that reads stored keys, instead of one per row: each
+        # index_select is a call with its own fixed cost, and a step may hold tens of such rows.
+        flat, gather_start = [], []
+        for i in prefill_rows:
+            if query_lens[i] == context_lens[i]:  # a whole new prompt: its keys are its own new k, v
+                gather_start.append(-1)
+                continue
+            gather_start.append(len(flat) * block_size)
+            flat.extend(block_tables[i][:-(-context_lens[i] // block_size)])
+        gather = torch.tensor(flat, dtype=torch.long, device=device) if flat else None
         return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
                    query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,
                    decode_rows=decode_rows, decode_token_idx=dec_idx, decode_block_tables=dec_tables,
-                   decode_mask=dec_mask, prefill_rows=prefill_rows, prefill_blocks=prefill_blocks)
+                   decode_mask=dec_mask, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start)
 
 
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
@@ -135,14 +145,18 @@ class PagedKVCache(KVCache):
             y = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=md.decode_mask,
                                                enable_gqa=gqa)  # (D, nh, 1, hs) over (D, nkv, L, hs)
             out[0, :, md.decode_token_idx] = y.squeeze(2).transpose(0, 1)  # (nh, D, hs)
-        for row, blocks in zip(md.prefill_rows, md.prefill_blocks):
+        if md.gather_blocks is not None:  # every row's stored blocks at once: (sum nb * bs, nkv, hs)
+            flat = (-1, self.num_kv_heads, self.head_dim)
+            k_rows = k_pool.index_select(0, md.gather_blocks).view(flat)
+            v_rows = v_pool.index_select(0, md.gather_blocks).view(flat)
+        for j, row in enumerate(md.prefill_rows):
             start, T, ctx = md.query_start_loc[row], md.query_lens[row], md.context_lens[row]
-            if T == ctx:  # a whole prompt from an empty cache: its keys are the new k, v; no gather
+            at = md.gather_start[j]
+            if at < 0:  # a whole prompt from an empty cache: its keys are the new k, v; no gather
                 keys, values = k[:, :, start:start + T], v[:, :, start:start + T]  # (1, nkv, T, hs)
-            else:
-                flat = (-1, self.num_kv_heads, self.head_dim)
-                keys = k_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
-                values = v_pool.index_select(0, blocks).view(flat)[:ctx].transpose(0, 1)[None]
+            else:  # its slice of the step's one gather
+                keys = k_rows[at:at + ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
+                values = v_rows[at:at + ctx].transpose(0, 1)[None]
             # the T new queries sit at positions ctx-T .. ctx-1 of the ctx keys
             out[:, :, start:start + T] = causal_attention(q[:, :, start:start + T], keys, values)
         return out

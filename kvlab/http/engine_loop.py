@@ -34,6 +34,15 @@ Engine-side `RequestRecord`s (stamped on the engine's clock, from the moment
 the server received the request) are kept for the last `keep_records`
 requests, so client-side and engine-side clocks can be compared
 (`kvlab.http.compare`).
+
+Where the loop runs: in a thread of the server's process (`AsyncEngine(engine)`),
+or in a process of its own (`AsyncEngine.in_process(factory)`,
+`kvlab.http.engine_process`), as vLLM runs its EngineCore beside its API server.
+In a thread, the HTTP front end (parsing, turning tokens into text, writing
+each chunk) takes Python's one interpreter lock from the engine between its
+operations; in its own process the engine steps on its own core. The same
+loop and the same messages either way: everything the engine says to the
+front end goes through `_reply`, everything the front end asks through `_send`.
 """
 
 from __future__ import annotations
@@ -41,13 +50,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from kvlab.clocks import RequestRecord
+from kvlab.http.engine_process import EngineProcess
 from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams, StepFailed
 from kvlab.workload import Request
 
@@ -104,31 +115,64 @@ class AsyncEngine:
         self.failed_steps_in_a_row = 0
         self.last_error: str | None = None  # the last failing step's error, for /health
         self.error: BaseException | None = None  # set when the engine stopped for good
-        self._commands: queue.Queue = queue.Queue()
+        self._commands: queue.Queue = queue.Queue()  # what the engine loop reads (fed by _send, or by a pipe)
         self._accepting = True  # guarded by _lock: once False, no add command is queued any more
         self._lock = threading.Lock()
         self._verdicts: dict[str, asyncio.Future] = {}  # request id -> its pending verdict (event loop)
-        self._step_started: float | None = None  # time.monotonic() of the running step, None between steps
+        self._stop_done: asyncio.Future | None = None  # answered with the number cancelled when the loop stops
+        self._step_clock: Any = _StepClock()  # .value: time.monotonic() of the running step, NaN between steps
         self._stopped_on_loop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._process: Any = None  # the engine's own process (kvlab.http.engine_process), when it has one
+        self._pipe: Any = None  # the sending end: (front end) commands to that process; (engine process) messages up
+        self._inbox: Any = None  # (front end) the receiving end of the engine process's messages
+        self._send_lock = threading.Lock()
         self._watchdog: asyncio.Task | None = None
         self._publish_gauges()
+
+    @classmethod
+    def in_process(cls, factory: Callable[[], Engine], front: Engine, **options) -> "AsyncEngine":
+        """The engine loop in a process of its own, over the engine `factory()` builds there (picklable: a module-level
+        function or a functools.partial of one). `front` is the front end's copy, for what the server reads before
+        any step (the tokenizer, the model's length, the pool's size) and for its clock, which the engine shares."""
+        loop = cls(front, **options)
+        loop._process = EngineProcess(cls, factory, front.clock_origin, options)
+        return loop
 
     # -- life cycle (event loop side) -----------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
+        if self._process is None:
+            self._thread = threading.Thread(target=self._run, name="kvlab-engine", daemon=True)
+        else:  # the engine steps in its own process; this thread only carries its messages onto the event loop
+            self._pipe, self._inbox, self._step_clock = self._process.start()
+            self._thread = threading.Thread(target=self._receive, name="kvlab-engine-pipe", daemon=True)
         self._thread.start()
         self._watchdog = self._loop.create_task(self._watch())
 
+    async def ready(self, timeout_s: float = 600.0) -> None:
+        """Return once the engine can take requests (at once in a thread; once its process has built it)."""
+        if self._process is not None:
+            await self._process.ready(timeout_s)
+
+    @property
+    def in_own_process(self) -> bool:
+        return self._process is not None
+
+    def _worker_alive(self) -> bool:
+        """The engine's thread, or its process and the thread carrying its messages, are running."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        return self._process is None or self._process.alive()
+
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
+        return self._worker_alive() and self.error is None
 
     @property
     def state(self) -> str:
-        if self.error is not None or (self._thread is not None and not self._thread.is_alive()):
+        if self.error is not None or (self._thread is not None and not self._worker_alive()):
             return "stopped"
         return "degraded" if self.failed_steps_in_a_row else "ok"
 
@@ -136,28 +180,35 @@ class AsyncEngine:
         """Cancel whatever is still queued or running, free its blocks, end the thread; returns how many."""
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._thread is None or not self._thread.is_alive() or self.error is not None:
+        if self._thread is None or not self._worker_alive() or self.error is not None:
+            if self._process is not None:
+                await asyncio.to_thread(self._process.end, timeout_s)
             return 0  # not started, or stopped for good: everything was answered then (a stuck thread is a daemon)
-        done: asyncio.Future = self._loop.create_future()
-        self._commands.put(("stop", done))
+        self._stop_done = self._loop.create_future()
+        self._send(("stop",))
         try:
-            return await asyncio.wait_for(done, timeout_s)
-        except asyncio.TimeoutError:  # the thread is stuck in a step: answer everyone from here
+            return await asyncio.wait_for(self._stop_done, timeout_s)
+        except asyncio.TimeoutError:  # the engine is stuck in a step: answer everyone from here
             self._stopped(RuntimeError(f"the engine did not stop within {timeout_s} s"))
             return len(self.streams)
         finally:
+            if self._process is not None:
+                await asyncio.to_thread(self._process.end, timeout_s)
             await asyncio.to_thread(self._thread.join, timeout_s)
 
     async def _watch(self) -> None:
-        """The watchdog: declare the engine stopped if its thread died or a step is stuck."""
+        """The watchdog: declare the engine stopped if its thread (or process) died or a step is stuck."""
         while self.error is None:
             await asyncio.sleep(WATCHDOG_S)
-            started = self._step_started
-            if not self._thread.is_alive():
-                self._stopped(RuntimeError("the engine thread ended"))
-            elif started is not None and time.monotonic() - started > self.step_timeout_s:
+            started = self._step_clock.value
+            if not self._worker_alive():
+                self._stopped(RuntimeError("the engine process ended" if self._process is not None
+                                           else "the engine thread ended"))
+            elif not math.isnan(started) and time.monotonic() - started > self.step_timeout_s:
                 log.error("an engine step has run for more than %.0f s: stopping the engine", self.step_timeout_s)
                 self._stopped(TimeoutError(f"an engine step ran longer than step_timeout_s={self.step_timeout_s} s"))
+                if self._process is not None:  # a process can be ended, unlike a thread: its core is freed
+                    self._process.kill()
 
     # -- requests (event loop side) -------------------------------------------------------------
     async def submit(self, request: Request, sampling: SamplingParams) -> RequestStream:
@@ -169,7 +220,7 @@ class AsyncEngine:
                 raise EngineRejected(STOPPED)
             self.streams[stream.request_id] = stream
             self._verdicts[stream.request_id] = verdict
-            self._commands.put(("add", request, sampling, verdict))
+            self._send(("add", request, sampling))
         try:  # the engine answers between two steps; the watchdog answers if it cannot
             reason = await asyncio.wait_for(asyncio.shield(verdict), self.step_timeout_s + 2 * WATCHDOG_S)
         except asyncio.TimeoutError:  # cannot happen while the watchdog runs; a bound all the same
@@ -189,16 +240,38 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (the client left); its blocks are freed at the engine's next turn."""
-        self._commands.put(("abort", request_id))
+        self._send(("abort", request_id))
 
     def fail(self, request_id: str, why: str) -> None:
         """End a request with `engine_error` (`why` kept in its record): the engine stops generating for it and
         frees its blocks at its next turn. For a fault of the request's own outside the engine (its text)."""
-        self._commands.put(("fail", request_id, why))
+        self._send(("fail", request_id, why))
+
+    def _send(self, command: tuple) -> None:
+        """A command for the engine loop: onto its queue, or down the pipe to its process."""
+        if self._pipe is None:
+            self._commands.put(command)
+            return
+        try:
+            with self._send_lock:
+                self._pipe.send(command)
+        except (OSError, ValueError):  # the process has gone: the watchdog answers whatever is open
+            pass
 
     def release(self, request_id: str) -> None:
         """The handler is done with this stream."""
         self.streams.pop(request_id, None)
+
+    def _verdict(self, request_id: str, reason: str | None) -> None:
+        """Event loop: the engine's verdict on an add (None: queued; else the reason it was refused)."""
+        verdict = self._verdicts.get(request_id)
+        if verdict is not None:
+            _resolve(verdict, reason)
+
+    def _stopped_with(self, cancelled: int) -> None:
+        """Event loop: the engine loop has ended on a stop command, `cancelled` requests aborted."""
+        if self._stop_done is not None:
+            _resolve(self._stop_done, cancelled)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for o in outputs:
@@ -225,10 +298,48 @@ class AsyncEngine:
             self.on_stop()
 
     def _reply(self, fn, *args) -> None:
+        """Engine side: call `fn(*args)` on the front end's event loop (through the pipe from a process of its own)."""
+        if self._loop is None:  # in the engine's own process: the method's name and its arguments go down the pipe
+            try:
+                self._pipe.send((fn.__name__, args))
+            except (OSError, ValueError):  # the front end has gone
+                pass
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
+
+    def _receive(self) -> None:
+        """Front end, the pipe's thread: each message from the engine's process, called on the event loop."""
+        while True:
+            try:
+                name, args = self._inbox.recv()
+            except (EOFError, OSError):  # the process ended: the watchdog declares it stopped
+                return
+            if name in ENGINE_MESSAGES:
+                self._reply(getattr(self, name), *args)
+
+    def _synced(self, gauges: dict, counters: dict, failed_steps_in_a_row: int, last_error: str | None) -> None:
+        """Event loop: the engine process's gauges and counts after its last step."""
+        self.gauges, self.counters = gauges, collections.Counter(counters)
+        self.failed_steps_in_a_row, self.last_error = failed_steps_in_a_row, last_error
+
+    def _kept(self, record: RequestRecord) -> None:
+        """Event loop: an ended request's record, from the engine process."""
+        self.records.append(record)
+
+    def _stopped_remote(self, why: str) -> None:
+        """Event loop: the engine process stopped for good (its exception, told as text)."""
+        self._stopped(RuntimeError(why))
+
+    def _engine_ready(self, info: dict) -> None:
+        """Event loop: the engine process has built its engine (`info`: its pid and torch threads)."""
+        self._process.on_ready(info)
+
+    def _start_failed(self, text: str) -> None:
+        """Event loop: the engine process could not build its engine (`text`: its traceback)."""
+        self._process.on_start_failed(text)
 
     # -- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -247,7 +358,7 @@ class AsyncEngine:
                         break
                 for command in commands:
                     if command[0] == "stop":
-                        self._reply(_resolve, command[1], self._abort_all())
+                        self._reply(self._stopped_with, self._abort_all())
                         return
                     self._handle(command)
                 if engine.has_unfinished_requests():
@@ -259,21 +370,22 @@ class AsyncEngine:
     def _handle(self, command: tuple) -> None:
         engine = self.engine
         if command[0] == "add":
-            _, request, sampling, verdict = command
+            _, request, sampling = command
+            rid = str(request.request_id)
             if self.error is not None:
-                self._reply(_resolve, verdict, STOPPED)
+                self._reply(self._verdict, rid, STOPPED)
                 return
             try:
                 record = engine.add_request(request, sampling, now=engine.now())
             except ValueError as e:  # the server checks first; this is a safety net, not the path
-                self._reply(_resolve, verdict, f"invalid_request: {e}")
+                self._reply(self._verdict, rid, f"invalid_request: {e}")
                 return
             if record.status == "failed":
                 self._retire(request.request_id)
-                self._reply(_resolve, verdict, record.fail_reason or "rejected")
+                self._reply(self._verdict, rid, record.fail_reason or "rejected")
             else:
                 self.counters["prompt_tokens"] += request.prompt_tokens
-                self._reply(_resolve, verdict, None)
+                self._reply(self._verdict, rid, None)
             self._publish_gauges()
         elif command[0] == "abort":
             rid = command[1]
@@ -287,19 +399,19 @@ class AsyncEngine:
                 self._retire(rid)
                 self._publish_gauges()
         elif command[0] == "stop":
-            self._reply(_resolve, command[1], 0)
+            self._reply(self._stopped_with, 0)
 
     def _step(self) -> None:
         engine = self.engine
         steps = engine.scheduler.num_steps
-        self._step_started = time.monotonic()
+        self._step_clock.value = time.monotonic()
         try:
             outputs = engine.step()
         except StepFailed as failed:
             self._step_failed(failed)
             return
         finally:
-            self._step_started = None
+            self._step_clock.value = math.nan
         if engine.scheduler.num_steps == steps:  # nothing could run yet (a static batch filling up)
             try:
                 self._handle_or_requeue(self._commands.get(timeout=IDLE_POLL_S))
@@ -357,7 +469,10 @@ class AsyncEngine:
         self._publish_gauges()
         if outputs:
             self._reply(self._deliver, outputs)
-        self._reply(self._stopped, error)
+        if self._loop is None:  # from the engine's own process: its exception as text (it may not unpickle)
+            self._reply(self._stopped_remote, f"{type(error).__name__}: {error}")
+        else:
+            self._reply(self._stopped, error)
 
     def _handle_or_requeue(self, command: tuple) -> None:
         if command[0] == "stop":
@@ -370,7 +485,10 @@ class AsyncEngine:
         record = self.engine.records.pop(request_id, None)
         self.engine.sequences.pop(request_id, None)
         if record is not None:
-            self.records.append(record)
+            if self._loop is None:  # in the engine's own process: the front end keeps the records
+                self._reply(self._kept, record)
+            else:
+                self.records.append(record)
 
     def _abort_all(self) -> int:
         engine = self.engine
@@ -393,6 +511,20 @@ class AsyncEngine:
                        "kv_blocks_free": stats.free, "kv_blocks_cached": stats.cached,
                        "num_preemptions": engine.scheduler.num_preemptions,
                        "prefix_hit_tokens": stats.prefix_hit_tokens}
+        if self._pipe is not None and self._loop is None:  # in the engine's own process: tell the front end
+            self._reply(self._synced, self.gauges, dict(self.counters), self.failed_steps_in_a_row, self.last_error)
+
+
+class _StepClock:
+    """When the running step started (time.monotonic()), NaN between steps: what the watchdog reads. A process of
+    its own shares one `multiprocessing` value instead, with the same `.value`."""
+
+    value: float = math.nan
+
+
+# The front-end methods an engine process may call through the pipe (nothing else is called by name).
+ENGINE_MESSAGES = frozenset({"_verdict", "_deliver", "_stopped_with", "_synced", "_kept", "_stopped_remote",
+                             "_engine_ready", "_start_failed"})
 
 
 def _resolve(future: asyncio.Future, value) -> None:

@@ -162,8 +162,10 @@ def _folder(folder: str | Path) -> Path:
 
 def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
                  max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
-                 device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True) -> LoopbackServer:
-    """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens."""
+                 device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True,
+                 engine_in_thread: bool = False) -> LoopbackServer:
+    """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens
+    (its engine in a process of its own, or with `engine_in_thread` in a thread of the server's)."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
 
@@ -181,9 +183,12 @@ def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks
         args += ["--threads", str(threads)]
     if not prefix_caching:
         args.append("--no-prefix-caching")
+    if engine_in_thread:
+        args.append("--engine-in-thread")
     settings = {"block_size": block_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
                 "max_seqs": max_seqs, "max_waiting": max_waiting, "device": device, "prefix_caching": prefix_caching,
-                "chunked_prefill": True, "scheduling": "continuous, decode first"}
+                "chunked_prefill": True, "scheduling": "continuous, decode first",
+                "engine": "in a thread of the server" if engine_in_thread else "in its own process"}
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
                           __version__, threads)
 

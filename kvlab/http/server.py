@@ -8,7 +8,10 @@ records of recent requests, for comparing clocks with the client's).
 
 - One engine loop (`kvlab.http.engine_loop.AsyncEngine`) batches every
   connection's requests continuously; each request's tokens reach its
-  handler through its own asyncio queue, one chunk per token. A chunk's text
+  handler through its own asyncio queue, one chunk per token. The loop
+  runs in a process of its own (`kvlab.http.engine_process`), so the
+  front end's Python never holds up a step; `--engine-in-thread` runs
+  it in a thread of the server's process instead. A chunk's text
   is that token decoded on its own (for the byte tokenizer: one byte, a lone
   non-ASCII byte shows as U+FFFD), and a non-streamed answer is the same
   texts joined, so both modes give the same text; a stop token ends the
@@ -41,6 +44,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import uuid
 from pathlib import Path
@@ -94,10 +98,13 @@ def load_model(model: str | None = None, seed: int = 0, device: str | None = Non
 class ServerState:
     """What the routes share: the engine loop, the served name, the tokenizer, the guards and the counts."""
 
-    def __init__(self, engine: Engine, model_name: str, settings: ServerSettings) -> None:
+    def __init__(self, engine: Engine, model_name: str, settings: ServerSettings,
+                 engine_factory: Callable[[], Engine] | None = None) -> None:
         self.settings = settings
-        self.engine = AsyncEngine(engine, keep_records=settings.keep_records, max_failed_steps=settings.max_failed_steps,
-                                  step_timeout_s=settings.step_timeout_s, on_stop=self._engine_stopped)
+        options = dict(keep_records=settings.keep_records, max_failed_steps=settings.max_failed_steps,
+                       step_timeout_s=settings.step_timeout_s, on_stop=self._engine_stopped)
+        self.engine = (AsyncEngine(engine, **options) if engine_factory is None
+                       else AsyncEngine.in_process(engine_factory, engine, **options))
         self.model_name = model_name
         self.tokenizer = (engine.model.tokenizer if engine.model is not None and engine.model.tokenizer is not None
                           else ByteTokenizer())
@@ -129,8 +136,11 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 def create_app(engine: Engine, model_name: str = "kvlab", settings: ServerSettings | None = None,
-               **changes) -> FastAPI:
+               engine_factory: Callable[[], Engine] | None = None, **changes) -> FastAPI:
     """The FastAPI app serving `engine` under `model_name`; `app.state.kvlab` is its ServerState.
+
+    The engine loop runs in a thread of this process, or, with `engine_factory` (picklable, building the same
+    engine as `engine`), in a process of its own that builds its engine with it (`kvlab.http.engine_process`).
 
     `settings` (default `ServerSettings()`), with any of its fields changed by name (`api_key=...`,
     `max_failed_steps=...`): with `api_key` set, every `/v1` route, `/metrics` and `/kvlab/requests` need
@@ -138,17 +148,19 @@ def create_app(engine: Engine, model_name: str = "kvlab", settings: ServerSettin
     steps in a row stop the engine for good; a step running past `step_timeout_s` does too.
     """
     settings = (settings or ServerSettings()).replace(**changes)
-    state = ServerState(engine, model_name, settings)
+    state = ServerState(engine, model_name, settings, engine_factory)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.start()
-        log.info("kvlab serve: %s, %d KV blocks of %d tokens, policy %s", model_name, engine.num_blocks,
-                 engine.block_size, engine.scheduler_config.policy)
+        await state.engine.ready()
+        log.info("kvlab serve: %s, %d KV blocks of %d tokens, policy %s, the engine %s", model_name, engine.num_blocks,
+                 engine.block_size, engine.scheduler_config.policy,
+                 "in its own process" if state.engine.in_own_process else "in a thread of the server")
         yield
         cancelled = await state.engine.stop()
         log.info("kvlab serve stopped: %d request(s) cancelled at shutdown, requests %s, KV blocks used %d",
-                 cancelled, state.counts.totals(), engine.block_manager.stats().used)
+                 cancelled, state.counts.totals(), state.engine.gauges["kv_blocks_used"])
 
     app = FastAPI(title="kvlab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.kvlab = state
@@ -471,6 +483,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda (default: kvlab.pick_device)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--engine-in-thread", action="store_true",
+                   help="step the engine in a thread of the server's process, not in a process of its own "
+                        "(kvlab.http.engine_process): the front end and the engine then share one interpreter lock")
     s = p.add_argument_group("scheduling (kvlab.serving.SchedulerConfig)")
     # SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
     add_scheduler_arguments(s, max_waiting=64, help={"max_waiting": "beyond it 429 + Retry-After"})
@@ -508,6 +523,11 @@ def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
     return engine, args.served_model_name or name
 
 
+def engine_from_args(args: argparse.Namespace) -> Engine:
+    """`build_engine`'s engine alone: what the engine's own process builds (picklable as a partial of `args`)."""
+    return build_engine(args)[0]
+
+
 def run_server(app: FastAPI, **changes) -> int:
     """Serve `app` with uvicorn until interrupted (0) or until its engine stops for good (1, for a supervisor).
 
@@ -537,7 +557,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = ServerSettings.from_args(args)  # checked before the model loads
     engine, name = build_engine(args)
-    app = create_app(engine, name, settings)
+    factory = None if args.engine_in_thread else functools.partial(engine_from_args, args)
+    app = create_app(engine, name, settings, engine_factory=factory)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, settings.host, settings.port,
              ", API key required" if settings.api_key else "")
     return run_server(app)

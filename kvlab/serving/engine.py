@@ -179,6 +179,15 @@ class Engine:
         self._t0 = time.perf_counter()
         self._virtual_now = 0.0
 
+    @property
+    def clock_origin(self) -> float:
+        """The ``time.perf_counter()`` reading the wall clock counts from."""
+        return self._t0
+
+    def share_clock(self, origin: float) -> None:
+        """Count wall-clock time from ``origin``: an engine in another process keeps its front end's clock."""
+        self._t0 = origin
+
     def now(self) -> float:
         """Seconds since the run started, on the engine's clock (wall or virtual)."""
         return self._virtual_now if self.clock == "virtual" else time.perf_counter() - self._t0

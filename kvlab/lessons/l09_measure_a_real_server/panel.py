@@ -33,6 +33,7 @@ from kvlab.experiments.two_engines import (
     start_together,
 )
 from kvlab.experiments.wire import DEFAULT_RATES, check_rates, wire_service_curve
+from kvlab.http.client_priority import realtime_client
 from kvlab.http.peer import transformers_serve_available
 from kvlab.lessons.common.panel import ExperimentPanel
 from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines, plot_wire_service_curve
@@ -176,17 +177,19 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
     rows, usage = [], []
     try:
         greedy = same_greedy_tokens(servers)
-        for server in servers:
-            r, u = measure_engine(server, rates, cold=True, low_rate=low_rate, duration_s=duration_s,
-                                  slo_ttft_s=slo_ttft_s, seed=seed, bisect=bisect, log=log)
-            rows, usage = rows + r, usage + [u]
+        with realtime_client() as priority:  # as bench serve: no server's busy core leaves the client waiting
+            for server in servers:
+                r, u = measure_engine(server, rates, cold=True, low_rate=low_rate, duration_s=duration_s,
+                                      slo_ttft_s=slo_ttft_s, seed=seed, bisect=bisect, log=log)
+                rows, usage = rows + r, usage + [u]
         described = {s.name: s.describe() for s in servers}
     finally:
         for server in servers:
             server.stop()
     frame = pd.DataFrame(rows)
     settings = {"folder": str(folder), "low_rate": low_rate, "rates": list(rates), "duration_s": duration_s,
-                "slo_ttft_s": slo_ttft_s, "min_served": KEEPS_UP_RATIO, "bisect": bisect, "seed": seed}
+                "slo_ttft_s": slo_ttft_s, "min_served": KEEPS_UP_RATIO, "bisect": bisect, "seed": seed,
+                "client_priority": str(priority)}
     frame.attrs.update(servers=described, greedy=greedy, settings=settings, unavailable=left_out or None, usage=usage)
     run = EnginesRun(frame, described, greedy["answers"], settings, "; ".join(left_out.values()) or None)
     knees = run.knees()
