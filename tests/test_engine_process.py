@@ -125,3 +125,43 @@ def test_a_child_that_cannot_build_its_engine_stops_the_start_with_its_error():
     with pytest.raises(RuntimeError, match="could not build its engine(.|\n)*no checkpoint at /nowhere"):
         asyncio.run(start())
     assert time.perf_counter() - t < START_S
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal where CUDA is missing")
+def test_serve_refuses_a_device_that_is_not_here_before_starting_anything():
+    from kvlab.http import server as serve_cli
+
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        serve_cli.main(["--model", "tiny-llama", "--device", "cuda", "--port", "9"])
+
+
+@pytest.mark.full
+def test_the_serve_command_runs_its_engine_in_its_own_process_and_stops_it_on_ctrl_c(tmp_path):
+    import subprocess
+    import sys
+
+    from kvlab.http.local import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvlab", "serve", "--model", "tiny-llama", "--threads", "1",
+                             "--port", str(port), "--log-level", "info"], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.perf_counter() + START_S
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.perf_counter() < deadline, "kvlab serve did not become healthy"
+            time.sleep(0.2)
+        answer = httpx.post(url + "/v1/completions", timeout=BOUND_S, json={
+            "model": "tiny-llama", "prompt": "The cache", "max_tokens": 4, "ignore_eos": True}).json()
+        assert answer["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "the engine in its own process" in err
+    assert "kvlab-engine" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

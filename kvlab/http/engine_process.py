@@ -21,6 +21,7 @@ import asyncio
 import math
 import multiprocessing
 import os
+import signal
 import threading
 import traceback
 from typing import Any, Callable
@@ -98,7 +99,9 @@ class EngineProcess:
 def run_engine_process(loop_class: type, factory: Callable[[], Any], commands: Any, messages: Any, step_clock: Any,
                        clock_origin: float, options: dict) -> None:
     """The child: build the engine, then run the same engine loop a thread would (`loop_class`, the front end's
-    `AsyncEngine`, passed by name), its calls going up `messages`."""
+    `AsyncEngine`, passed by name), its calls going up `messages`. Ctrl-C in a terminal reaches the whole process
+    group: the child ignores it, and stops when the front end says so (or leaves)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         engine = factory()
         engine.share_clock(clock_origin)

@@ -544,7 +544,10 @@ def run_server(app: FastAPI, **changes) -> int:
                                            access_log=False, timeout_graceful_shutdown=settings.drain_timeout_s,
                                            http=header_timeout_protocol(state.read_timeout_s)))
     exit_when_engine_stops(app, server)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn has shut down cleanly, then raises Ctrl-C's signal again: done, not failed
+        pass
     if state.engine.error is not None:
         log.error("exiting with status 1: the engine stopped for good (%s)", state.engine.error)
         return 1
@@ -556,8 +559,14 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     args = command_args(args, "python -m kvlab serve", __doc__, add_arguments)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = ServerSettings.from_args(args)  # checked before the model loads
-    engine, name = build_engine(args)
     factory = None if args.engine_in_thread else functools.partial(engine_from_args, args)
+    if factory is not None:
+        from kvlab.device import pick_device
+
+        pick_device(args.device)  # a device that is not here is refused now, not by the engine process later
+    # With an engine process, the front end's copy never steps: it stays on the CPU, whatever --device says, so a
+    # GPU holds one copy of the weights and one KV pool (the engine process's).
+    engine, name = build_engine(args if factory is None else argparse.Namespace(**{**vars(args), "device": "cpu"}))
     app = create_app(engine, name, settings, engine_factory=factory)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, settings.host, settings.port,
              ", API key required" if settings.api_key else "")
