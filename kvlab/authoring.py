@@ -162,8 +162,8 @@ def expand(cells: list, notebook: str) -> list:
         elif cell.cell_type == "markdown" and _NAVIGATION.match(text):
             out.extend(share_cells(notebook))
             out.append(new_markdown_cell(navigation(entry), metadata=cell.metadata))
-        elif cell.cell_type == "markdown" and _EXERCISE.match(text):
-            name = _EXERCISE.match(text).group(1)
+        elif cell.cell_type == "markdown" and (match := _EXERCISE.match(text)):
+            name = match.group(1)
             n_exercise += 1
             out.extend(exercises.cells(name, notebook, n_exercise))
         elif cell.cell_type == "code" and text.strip() == _SETUP:
@@ -294,6 +294,7 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
         _carry_over(old, new, keep_outputs=text_only)
     detail = ""
     if text_only:  # the saved run's metadata (language_info, run time) stays with its outputs
+        assert old is not None  # text_only: there is a saved run
         new.metadata.update({k: v for k, v in old.metadata.items() if k != "widgets"})
     else:
         seconds = execute(new, notebook.parent)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -125,7 +125,7 @@ class RequestRecord:
         waiting before that.
         """
         self.check()
-        if self.sent_s > until_s:
+        if cast(float, self.sent_s) > until_s:  # __post_init__ filled a None
             return None
         if self.finished_s is not None and self.finished_s <= until_s:
             return self.status
@@ -153,7 +153,7 @@ class RequestRecord:
         n = self.output_tokens
         tpot = (e2e - ttft) / (n - 1) if n >= 2 and not math.isnan(e2e) else nan
         return {
-            "send_delay_s": self.sent_s - self.scheduled_s,
+            "send_delay_s": cast(float, self.sent_s) - self.scheduled_s,  # __post_init__ filled a None
             "queue_s": since_scheduled(self.admitted_s),
             "ttft_s": ttft,
             "tpot_s": tpot,

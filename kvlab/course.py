@@ -317,7 +317,8 @@ def course_map(link_prefix: str = f"notebooks/{WORKSHOP_DIR}/", run_times: bool 
     rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {run(n)} | {n.minutes} |"
             for n in NOTEBOOKS]
     runs = [run_seconds(n.file) for n in NOTEBOOKS]
-    total_run = "–" if None in runs else f"{round(sum(runs) / 60)} min"
+    known = [s for s in runs if s is not None]
+    total_run = "–" if None in runs else f"{round(sum(known) / 60)} min"
     return ("| # | notebook | what it shows | run time | minutes |\n|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total_run}** | **{total}** |")
 

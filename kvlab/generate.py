@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Sequence
+from typing import Generator, Iterator, Sequence, cast
 
 import pandas as pd
 import torch
 
 from .cache import KVCache, NoCache
 from .cache.registry import FIXED_SHAPE, check_cache_options, make_cache, sized_options
+from .cache.static import FixedShapeStaticCache
 from .compiled import CompiledDecodeStep, compiled_step
 from .device import now
 from .model.decoder import Decoder
@@ -243,15 +244,18 @@ def decode_n_tokens_uncached(model: Decoder, ids: torch.Tensor, cache: KVCache, 
         yield log.take(prefill(model, seq, cache))  # (1, V)
 
 
-def decode_n_tokens_compiled(step: CompiledDecodeStep, cache: KVCache, log: TokenLog) -> Iterator[TokenEvent]:
+def decode_n_tokens_compiled(step: CompiledDecodeStep, cache: FixedShapeStaticCache,
+                             log: TokenLog) -> Iterator[TokenEvent]:
     """Each token through the compiled program over the fixed-shape cache: the same shapes every token."""
     while log.more():
+        assert log.next_token is not None  # set by the prefill's take
         yield log.take(step(log.next_token[:, None], cache))  # (1, V)
 
 
 def decode_n_tokens(model: Decoder, cache: KVCache, log: TokenLog) -> Iterator[TokenEvent]:
     """Each token (1, 1) run eagerly against the stored history."""
     while log.more():
+        assert log.next_token is not None  # set by the prefill's take
         yield log.take(decode_one_token(model, log.next_token[:, None], cache))  # (1, V)
 
 
@@ -282,22 +286,23 @@ def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: st
 
 
 @torch.inference_mode()
-def _generation(model: Decoder, prompt_ids: list[int], cache: KVCache, config: GenerationConfig,
-                cache_options: dict, step: CompiledDecodeStep | None) -> Iterator[TokenEvent]:
+def _generation(model: Decoder, prompt_ids: list[int], cache: KVCache, config: GenerationConfig, cache_options: dict,
+                step: CompiledDecodeStep | None) -> Generator[TokenEvent, None, GenerationResult]:
     """Behind ``stream``, on checked arguments: the prefill, then this path's decode loop; returns the result."""
     ids = torch.tensor([prompt_ids], device=model.device)  # (1, T)
-    shape_key = None if step is None else (cache.max_len, cache.batch, cache.dtype, str(cache.device))
+    fixed = cast(FixedShapeStaticCache, cache)  # read only with a step: stream then built the fixed-shape cache
+    shape_key: tuple = () if step is None else (fixed.max_len, fixed.batch, fixed.dtype, str(fixed.device))
     compiled_before = step is not None and shape_key in step.compile_s  # this shape's program already built
     log = TokenLog(model, len(prompt_ids), cache, config)
 
     logits = prefill(model, ids, cache)  # (1, V): step 0, the first token
     if step is not None:
-        cache.sync()  # the fixed-shape cache's next slot follows the prompt
+        fixed.sync()  # the fixed-shape cache's next slot follows the prompt
     yield log.take(logits)
     if isinstance(cache, NoCache):
         yield from decode_n_tokens_uncached(model, ids, cache, log)
     elif step is not None:
-        yield from decode_n_tokens_compiled(step, cache, log)
+        yield from decode_n_tokens_compiled(step, fixed, log)
     else:
         yield from decode_n_tokens(model, cache, log)
 

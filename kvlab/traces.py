@@ -141,7 +141,10 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
     if not _is_int(block_tokens) or block_tokens < 1:
         raise ValueError(f"block_tokens={block_tokens!r}: need the trace's tokens per hash id, an integer >= 1 "
                          f"(the published Mooncake traces use {MOONCAKE_BLOCK_TOKENS})")
-    stamps, prompts, outputs, ids = [], [], [], []
+    stamps: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    ids: list[tuple[int, ...]] = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():

@@ -28,7 +28,7 @@ class Request:
     `prefix_id` names the shared system prompt its first tokens come from.
     """
 
-    request_id: int
+    request_id: int | str  # a workload numbers its requests; a server names them ("cmpl-...")
     prompt_tokens: int
     max_new_tokens: int
     arrival_s: float
@@ -150,6 +150,7 @@ def arrival_times(arrival: str, n: int, rate: float | None = None, burstiness: f
     _check_arrival(arrival, rate, burstiness)
     if arrival == "all_at_once":
         return all_at_once(n)
+    assert rate is not None  # _check_arrival raised otherwise
     if arrival == "constant":
         return constant(n, rate)
     if arrival == "poisson":

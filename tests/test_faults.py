@@ -316,12 +316,16 @@ def test_consecutive_failing_steps_stop_the_engine_answer_everyone_and_exit_1(mo
     outcomes, took = burst(url, 12)  # 3 failing steps of 4, then the rest answered at the stop
     assert exit_code(BOUND_S) == 1
     assert took < BOUND_S and all(o in (ENGINE_ERROR, "http_503") for o in outcomes), outcomes
-    assert outcomes.count(ENGINE_ERROR) >= 12 - 4  # queued ones ended too, only those not yet submitted got 503
+    # The 3 failing steps each took at least one request; every request the engine had (running or queued) ended
+    # with engine_error, and only those that reached it after the stop got 503. How many reached it before depends
+    # on how fast the client sends on this machine, so the split is checked against the server's own counts.
+    assert outcomes.count(ENGINE_ERROR) >= 3
     state = app.state.kvlab
     assert state.engine.state == "stopped" and engine.block_manager.stats().used == 0
     assert state.engine.gauges["kv_blocks_used"] == 0 and state.engine.gauges["num_requests_running"] == 0
     t = state.counts.totals()
     assert t["sent"] == 12 and t["failed"] + t["rejected"] == 12 and state.counts.add_up()
+    assert (t["failed"], t["rejected"]) == (outcomes.count(ENGINE_ERROR), outcomes.count("http_503"))
 
 
 def test_after_the_stop_health_is_503_and_new_requests_get_503_with_retry_after(model):

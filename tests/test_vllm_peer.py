@@ -267,3 +267,13 @@ def test_lateness_only_where_no_knee_was_decided_leaves_the_ratio_a_verdict():
     assert ratio["vLLM"]["client_late_rates"] == 0 and ratio["vLLM"]["median"] == 2.0
     knee = out["knees"]["vLLM"][0]
     assert bench_serve.bound_row(frame[(frame.engine == "vLLM") & (frame["round"] == 0)], knee)["offered_rps"] == 64
+
+
+def test_a_second_client_run_where_every_request_failed_says_so_rather_than_print_zeros():
+    second = pd.DataFrame([{"engine": "transformers serve", "client": "vLLM bench serve", "offered_rps": 8.0,
+                            "sent": 24, "completed": 0, "failed": 24, "served": 0.0, "output_tokens_per_s": 0.0,
+                            "first_error": "", "ttft_p50_s": 0.0, "ttft_p95_s": 0.0, "tpot_p50_s": 0.0}])
+    clocks = pd.DataFrame(columns=["engine", "offered_rps", "level"])
+    lines = bench_serve.second_client_lines(second, clocks)
+    assert lines[-1].endswith("every request failed (its client gave no reason)")
+    assert not any(" 0.00 " in line for line in lines)

@@ -50,6 +50,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -59,7 +60,7 @@ from ..model.config import PRESETS, preset
 from ..model.decoder import Decoder, build_model
 from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from ..serving.engine import Engine
-from ..serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
+from ..serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
 from ..results_io import write_json
 from ..threads import LESSON_THREADS, torch_threads
 from ..workload import Request
@@ -134,7 +135,7 @@ def entry(impl: str, policy: str, outputs: str, records: list[RequestRecord], wa
 
 
 # -- the runs --------------------------------------------------------------------------------------------
-def run_kvlab(model: Decoder, requests: list[Request], policy: str,
+def run_kvlab(model: Decoder, requests: list[Request], policy: Policy,
               s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
     sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
                             max_model_len=s.max_model_len)
@@ -305,7 +306,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
         row["expected_ratio_cost_model"] = simulated_ratio(reqs, cost_model, s)
         spreads.append(row)
     static, continuous = ("kvlab", "static", label), ("kvlab", "continuous", label)
-    summary = {"ratio_continuous_static": ratio(continuous, static),
+    summary: dict[str, Any] = {"ratio_continuous_static": ratio(continuous, static),
                "expected_ratio_continuous_static_cost_model": simulated_ratio(mixed, cost_model, s)}
     if hf is not None:
         summary["ratio_kvlab_continuous_vs_transformers_generate_batch_fixed"] = ratio(

@@ -56,6 +56,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -298,7 +299,7 @@ def main(args: argparse.Namespace) -> int:
         results.append(row)
 
     ok = {m.label for m in modes if runs[m.label] and len(runs[m.label]) == len(rounds_log)}
-    ratios = []
+    ratios: list[dict[str, Any]] = []
     for a, b in ratio_pairs([m for m in modes if m.label in ok]):
         ra, rb = runs[a], runs[b]
         ratios.append({"a": a, "b": b,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..cache import cache_class
 from ..device import now
@@ -73,7 +74,7 @@ def kv_tokens_read(mode: Mode, prompt: int, new: int) -> float:
 
 
 def run_kvlab(model: Decoder, prompt: list[int], mode: Mode, new: int, kv_per_token: int, backend: str) -> Run:
-    extra = {"compile": True, "compile_backend": backend} if mode.compiled else {}
+    extra: dict[str, Any] = {"compile": True, "compile_backend": backend} if mode.compiled else {}
     t0 = now(model.device)
     result = generate(model, prompt, cache=mode.cache, max_new_tokens=new, **mode.options, **extra)
     wall = now(model.device) - t0

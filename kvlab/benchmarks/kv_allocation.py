@@ -27,9 +27,12 @@ from ..workload import Request
 class PoolSettings(Protocol):
     """What the comparison reads of the batching benchmark's settings (``BenchSettings``)."""
 
-    block_size: int
-    max_model_len: int
-    max_batch_tokens: int
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...
+    @property
+    def max_batch_tokens(self) -> int: ...
 
 
 def kv_usage(engine: Engine) -> dict:

@@ -61,7 +61,11 @@ def measure(url: str, server_pid: int | None, scenario: str, n: int, tokens: int
     cpu0 = time.process_time()
     result = run_loadtest(url, requests, model="scripted", max_connections=max_connections, progress=False)
     client_cpu = time.process_time() - cpu0
-    server_cpu = _process_cpu_s(server_pid) - server_cpu0 if server_cpu0 is not None else float("nan")
+    server_cpu = float("nan")
+    if server_pid and server_cpu0 is not None:
+        server_cpu1 = _process_cpu_s(server_pid)
+        assert server_cpu1 is not None, "the server process ended during the run"
+        server_cpu = server_cpu1 - server_cpu0
     s = result.summary()
     sent = [r.clocks()["send_delay_s"] for r in result.records if r.extra.get("sent")]
     return {
@@ -86,6 +90,7 @@ def run(requests: int = 2000, tokens: int = 16, max_connections: int = 64, rate:
     """Warm up, then the `max_rate` and `paced` scenarios; one row each."""
     with ServerProcess(["kvlab.http.scripted"]) as server:
         measure(server.url, None, "warmup", 200, tokens, max_connections, seed=seed)
+        assert server.process is not None  # started by `with`
         pid = server.process.pid
         rows = [measure(server.url, pid, "max_rate", requests, tokens, max_connections, seed=seed),
                 measure(server.url, pid, "paced", max(1, int(rate * paced_seconds)), tokens, max_connections,

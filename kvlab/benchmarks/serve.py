@@ -241,8 +241,8 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                                        **paired_ratio([a for a, _ in pairs], [b for _, b in pairs])})
             ks = [(a.at_least or 0.0) / b.at_least if b.at_least else float("nan")
                   for a, b in zip(knees[other], knees[base])]
-            deciding = [bound_row(_rows(frame, r, e), knees[e][r]) for r in range(rounds) for e in (other, base)]
-            deciding = [row for row in deciding if row is not None]
+            bounds = [bound_row(_rows(frame, r, e), knees[e][r]) for r in range(rounds) for e in (other, base)]
+            deciding = [row for row in bounds if row is not None]
             late = sum(bool(row.get("send_delay_p95_s", 0.0) > CLIENT_LATE_S) for row in deciding)
             knee_ratios.append({"engine": other, "over": base, **spread(ks),
                                 "capped": any(k.case == "kept_up" for k in knees[other] + knees[base]),
@@ -374,9 +374,11 @@ def second_client_lines(second: pd.DataFrame, clocks: pd.DataFrame) -> list[str]
             lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {'kvlab bench serve':<17} {o.served:>8.2f} "
                          f"{_ms(o.ttft_p50_s):>9} {_ms(o.ttft_p95_sent_s):>9} {_ms(o.tpot_p50_s):>9} "
                          f"{o.output_tokens_per_s:>7.0f}")
-        if r.completed == 0 and isinstance(getattr(r, "first_error", None), str) and r.first_error:
-            lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} every request failed: "
-                         f"{r.first_error.strip().splitlines()[-1][:100]}")
+        if r.completed == 0:  # no clock to read: say so, with the first error where the client gave one
+            why = getattr(r, "first_error", None)
+            lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} every request failed"
+                         + (f": {why.strip().splitlines()[-1][:100]}" if isinstance(why, str) and why.strip()
+                            else " (its client gave no reason)"))
             continue
         lines.append(f"  {r.engine:<26} {r.offered_rps:>6g} {SECOND_CLIENT:<17} {r.served:>8.2f} {_ms(r.ttft_p50_s):>9} "
                      f"{_ms(r.ttft_p95_s):>9} {_ms(r.tpot_p50_s):>9} {r.output_tokens_per_s:>7.0f}")

@@ -57,6 +57,7 @@ class LeftOut:
 
     @contextlib.contextmanager
     def applied(self) -> Iterator["LeftOut"]:
+        owner: object  # the decoder module, or the cache class
         if self.part == "weight products":
             owner, name, replacement = decoder_module, "matvec", self._products(decoder_module.matvec)
         elif self.part == "cache and attention":

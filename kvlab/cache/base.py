@@ -4,6 +4,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 
+from typing import overload
+
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +29,16 @@ class CacheMemory:
         return asdict(self)
 
 
+@overload
 def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int,
-                   batch: int = 1, bytes_per_element: int = 4) -> int:
-    """The memory formula: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes."""
+                   batch: int = 1, bytes_per_element: int = 4) -> int: ...
+@overload
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int,
+                   batch: int, bytes_per_element: float) -> float: ...
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: int,
+                   batch: int = 1, bytes_per_element: float = 4) -> float:
+    """The memory formula: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes (an int for whole
+    bytes per element; 0.5 for a 4-bit cache gives a float)."""
     return 2 * num_layers * num_kv_heads * head_dim * tokens * batch * bytes_per_element
 
 

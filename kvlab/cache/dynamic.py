@@ -22,14 +22,15 @@ class DynamicCache(KVCache):
         self.values: list[torch.Tensor | None] = [None] * num_layers
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys[layer_idx] is None:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if keys is None or values is None:  # a layer's keys and values are set together
             # A copy, not .contiguous(): k/v may be views into the fused qkv output, which would stay alive.
-            self.keys[layer_idx] = k.clone(memory_format=torch.contiguous_format)  # (B, nkv, T, hs)
-            self.values[layer_idx] = v.clone(memory_format=torch.contiguous_format)
+            keys = self.keys[layer_idx] = k.clone(memory_format=torch.contiguous_format)  # (B, nkv, T, hs)
+            values = self.values[layer_idx] = v.clone(memory_format=torch.contiguous_format)
         else:
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], k], dim=2)  # (B, nkv, S+T, hs)
-            self.values[layer_idx] = torch.cat([self.values[layer_idx], v], dim=2)
-        return self.keys[layer_idx], self.values[layer_idx]
+            keys = self.keys[layer_idx] = torch.cat([keys, k], dim=2)  # (B, nkv, S+T, hs)
+            values = self.values[layer_idx] = torch.cat([values, v], dim=2)
+        return keys, values
 
     @property
     def seq_len(self) -> int:

@@ -112,6 +112,7 @@ class OffloadedCache(KVCache):
 
     name = "offloaded"
     LINK_CHUNK_BYTES = 64 * 1024  # a throttled copy moves this much at a time, then waits for the link
+    tier: torch.Tensor | None  # (layers, max_len, 2, B, nkv, hs); None once closed
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -172,6 +173,7 @@ class OffloadedCache(KVCache):
     def _paced_copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Copy token rows chunk by chunk; after each chunk, wait out the rest of the time its bytes take
         at ``link_gbps`` (a chunk whose copy already took longer waits nothing, and is not sped up)."""
+        assert self.link_gbps is not None  # _copy paces only a modelled link
         rows = max(1, self.LINK_CHUNK_BYTES // self.row_bytes)  # tokens (rows of K and V) per chunk
         for a in range(0, src.size(0), rows):
             t0 = time.perf_counter()
@@ -183,6 +185,7 @@ class OffloadedCache(KVCache):
 
     def _fetch(self, layer_idx: int, slot: int) -> None:
         """Copy the layer's stored tokens from the tier into a working buffer (on the side stream if prefetching)."""
+        assert self.tier is not None  # update checked it is open
         S = self._len[layer_idx]
         if self.prefetch:
             event = torch.cuda.Event()

@@ -65,7 +65,8 @@ class PagedAttentionMetadata:
             dec_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)  # (D,)
         # One gather per layer for every row that reads stored keys, instead of one per row: each
         # index_select is a call with its own fixed cost, and a step may hold tens of such rows.
-        flat, gather_start = [], []
+        flat: list[int] = []
+        gather_start: list[int] = []
         for i in prefill_rows:
             if query_lens[i] == context_lens[i]:  # a whole new prompt: its keys are its own new k, v
                 gather_start.append(-1)
@@ -97,6 +98,9 @@ class PagedKVCache(KVCache):
     """
 
     name = "paged"
+    # per layer (num_blocks, bs, nkv, hs); None in OffloadedPagedKVCache (no on-device pool per layer, its own update)
+    key_cache: list[torch.Tensor] | None
+    value_cache: list[torch.Tensor] | None
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -123,6 +127,7 @@ class PagedKVCache(KVCache):
         A paged cache has no single (B, nkv, S, hs) history to return: use ``attend``.
         """
         md = self._require_metadata()
+        assert self.key_cache is not None and self.value_cache is not None  # None only with an update of its own
         k_pool = self.key_cache[layer_idx].view(-1, self.num_kv_heads, self.head_dim)  # (slots, nkv, hs)
         v_pool = self.value_cache[layer_idx].view(-1, self.num_kv_heads, self.head_dim)
         k_pool.index_copy_(0, md.slot_mapping, k[0].transpose(0, 1))  # (N, nkv, hs) into their slots
@@ -136,11 +141,12 @@ class PagedKVCache(KVCache):
         out = torch.empty_like(q)  # (1, nh, N, hs)
         gqa = q.size(1) != self.num_kv_heads
         if md.decode_rows:
+            assert md.decode_block_tables is not None  # built with decode_rows
             D, width = md.decode_block_tables.shape
             shape = (D, width * self.block_size, self.num_kv_heads, self.head_dim)
-            flat = md.decode_block_tables.flatten()  # (D * Bmax,): index_select copies faster than t[idx]
-            keys = k_pool.index_select(0, flat).view(shape).transpose(1, 2)  # (D, nkv, L, hs)
-            values = v_pool.index_select(0, flat).view(shape).transpose(1, 2)
+            blocks = md.decode_block_tables.flatten()  # (D * Bmax,): index_select copies faster than t[idx]
+            keys = k_pool.index_select(0, blocks).view(shape).transpose(1, 2)  # (D, nkv, L, hs)
+            values = v_pool.index_select(0, blocks).view(shape).transpose(1, 2)
             q_dec = q[0, :, md.decode_token_idx].transpose(0, 1).unsqueeze(2)  # (D, nh, 1, hs)
             y = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=md.decode_mask,
                                                enable_gqa=gqa)  # (D, nh, 1, hs) over (D, nkv, L, hs)

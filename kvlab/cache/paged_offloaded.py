@@ -71,6 +71,7 @@ class OffloadedPagedKVCache(PagedKVCache):
     """A paged KV pool in a slower tier; one layer's working pool on the device (see the module docstring)."""
 
     name = "paged_offloaded"
+    tier: torch.Tensor | None  # (layers, 2, num_blocks, bs, nkv, hs); None once closed
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -111,6 +112,7 @@ class OffloadedPagedKVCache(PagedKVCache):
     # -- moving bytes between the tier and the working pool ---------------------------------------
     def _fetch(self, layer_idx: int, runs: list[tuple[int, int]]) -> int:
         """Copy the step's stored blocks of one layer, K and V, from the tier into the working pool; bytes read."""
+        assert self.tier is not None  # update checked it is open
         for a, b in runs:
             self.work_k[a:b].copy_(self.tier[layer_idx, 0, a:b])  # (b-a, bs, nkv, hs): one contiguous copy
             self.work_v[a:b].copy_(self.tier[layer_idx, 1, a:b])
@@ -118,6 +120,7 @@ class OffloadedPagedKVCache(PagedKVCache):
 
     def _write_back(self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> int:
         """Write the step's new K and V (N, nkv, hs) into their slots of the tier; bytes written."""
+        assert self.tier is not None  # update checked it is open
         flat = (-1, self.num_kv_heads, self.head_dim)
         self.tier[layer_idx, 0].view(flat).index_copy_(0, slots, k_new.to("cpu"))
         self.tier[layer_idx, 1].view(flat).index_copy_(0, slots, v_new.to("cpu"))

@@ -97,10 +97,10 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
     x = torch.rand(n, device=device)  # (n,) fp32, every page touched
     y = torch.zeros_like(x)
     nbytes = x.nbytes
-    out = {"tensor_MB": megabytes,
+    out: dict[str, float | str] = {"tensor_MB": megabytes,
            "sum_read_GBps": nbytes / _best(lambda: x.sum(), device, repeats) / 1e9,
            "copy_GBps": 2 * nbytes / _best(lambda: y.copy_(x), device, repeats) / 1e9}  # read + write
-    x = y = None  # free the 2 x 512 MB before the matvec matrix
+    del x, y  # free the 2 x 512 MB before the matvec matrix
     out.update(MatvecProbe(device).measure(repeats))
     out["note"] = ("sum: bytes read / time; copy: (read + write) / time into a preallocated tensor; "
                    "matvec: a (1, 8192) row times a 256 MB [in, out] matrix (several times the last-level "

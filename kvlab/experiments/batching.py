@@ -11,14 +11,14 @@ All on the real decoder with the engine's wall clock, unless an ``executor`` is 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import pandas as pd
 
 from kvlab.model.decoder import Decoder
 from kvlab.serving.executor import Executor
-from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, SchedulerConfig
+from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, Policy, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, arrival_times
 from kvlab.experiments.progress import Progress, no_progress
@@ -44,8 +44,9 @@ def long_tail(mean: int, n: int) -> np.ndarray:
 
 
 def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt_tokens: int = 64,
-                    max_new_tokens: int = 48, spread: float = 0.8, arrivals: Sequence[float] | None = None,
-                    seed: int = 0, outputs: str = "even") -> list[Request]:
+                    max_new_tokens: int = 48, spread: float = 0.8,
+                    arrivals: Sequence[float] | np.ndarray | None = None, seed: int = 0,
+                    outputs: str = "even") -> list[Request]:
     """``n`` requests with equal lengths, or mixed lengths with the same means.
 
     "mixed": prompt lengths evenly spread over mean x (1 ± ``spread``); output lengths the same way
@@ -105,7 +106,8 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
         warm_up(model, threads)
     runs = []
     for ls, p in progress(plan, total=len(plan), desc="policies", unit="run"):
-        sched = SchedulerConfig(policy=p, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
+        sched = SchedulerConfig(policy=cast(Policy, p), max_seqs=max_seqs,  # checked above
+                                max_batch_tokens=max_batch_tokens)
         run = serve(model.config if executor is not None else model, workloads[ls], label=f"{p}, {ls} lengths",
                     clock=clock, executor=executor, scheduler=sched, threads=threads)
         run.extra.update(policy=p, lengths=ls)
@@ -173,7 +175,8 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
         raise ValueError(f"waits must be a non-empty list of seconds >= 0, got {waits!r}")
     requests = policy_workload(model.config.vocab_size, "equal", n, prompt_tokens, max_new_tokens,
                                arrivals=arrival_times("constant", n, rate), seed=seed)
-    plan = [("static", w) for w in waits] + ([("continuous", 0.0)] if include_continuous else [])
+    plan: list[tuple[Policy, float]] = [("static", w) for w in waits] + \
+        ([("continuous", 0.0)] if include_continuous else [])
     if executor is None:
         warm_up(model, threads)
     runs = []

@@ -68,6 +68,7 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     runs = [{"cache": EXACT}] + [s for s in settings if s != {"cache": EXACT}]
     element_bits = 8 * torch.empty(0, dtype=model.dtype).element_size()
     head_dim = model.config.head_dim
+    assert model.tokenizer is not None  # every loader sets one
     stop = [model.tokenizer.encode(".")[0]]
     frames = []
     with torch_threads(threads), torch.inference_mode():

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kvlab.clocks import RequestRecord
 from kvlab.model.config import ModelConfig
 from kvlab.serving.block_manager import BlockManager, bytes_per_block
 from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
@@ -63,17 +64,18 @@ def sequence_lengths(requests: Sequence[Request], max_model_len: int | None = No
     return p + o, np.minimum(C, p + M)
 
 
-def fit_in_order(costs: Sequence[int], capacity: int) -> int:
+def fit_in_order(costs: Sequence[int] | np.ndarray, capacity: int) -> int:
     """How many of ``costs``, taken in order (first come, first served), fit in ``capacity``."""
     total = np.cumsum(np.asarray(costs, dtype=np.int64))
     return int(np.searchsorted(total, capacity, side="right"))
 
 
-def block_manager_fit(lengths: Sequence[int], num_blocks: int, block_size: int) -> int:
+def block_manager_fit(lengths: Sequence[int] | np.ndarray, num_blocks: int, block_size: int) -> int:
     """The same count from the engine's BlockManager: allocate sequences of ``lengths`` tokens until one fails."""
     bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     for i, n in enumerate(lengths):
-        seq = EngineSequence(i, [0] * int(n), 1, SamplingParams(), record=None, arrival_s=0.0)
+        record = RequestRecord(i, int(n), 1, scheduled_s=0.0)  # the engine's timestamps: unused here
+        seq = EngineSequence(i, [0] * int(n), 1, SamplingParams(), record=record, arrival_s=0.0)
         if not bm.can_allocate(seq):
             return i
         bm.allocate(seq)

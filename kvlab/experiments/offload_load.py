@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pandas as pd
 
@@ -72,7 +73,7 @@ def _serve(model: Decoder, requests, label: str, executor, sched: SchedulerConfi
 
 
 def offload_under_load(model: Decoder | None = None, n: int = 16, max_seqs: int = 4, prompt_tokens: int = 192,
-                       max_new_tokens: int = 32, spread: float = 0.8, link_gbps: float | None | str = "auto",
+                       max_new_tokens: int = 32, spread: float = 0.8, link_gbps: float | Literal["auto"] | None = "auto",
                        max_batch_tokens: int = MAX_BATCH_TOKENS, seed: int = 0, threads: int | None = LESSON_THREADS) -> OffloadUnderLoad:
     """Serve ``n`` requests (mixed lengths around ``prompt_tokens`` / ``max_new_tokens``, all at t = 0) with
     ``max_seqs`` batch slots, once with the KV pool on the device and once offloaded behind ``link_gbps``
@@ -93,6 +94,7 @@ def offload_under_load(model: Decoder | None = None, n: int = 16, max_seqs: int 
             dev, dev_tokens = _serve(model, requests, ON_DEVICE, None, sched)
             off, off_tokens = _serve(model, requests, OFFLOADED, offloaded, sched)
         log = offloaded.step_frame()
+        assert offloaded.cache is not None  # the engine built it
         tier = offloaded.cache.memory()
     finally:
         offloaded.close()

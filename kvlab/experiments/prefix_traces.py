@@ -32,7 +32,7 @@ import math
 from functools import lru_cache
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -55,7 +55,7 @@ SAMPLE_LENGTH_SCALE = 16  # the shipped sample's prompts (median ~3,800 tokens, 
 
 
 # -- 1. the ideal: every block ever seen kept -----------------------------------------------------
-def _block_hits(frame: pd.DataFrame) -> Iterator[tuple[tuple, list[tuple[int, int, int]]]]:
+def _block_hits(frame: pd.DataFrame) -> Iterator[tuple[Any, list[tuple[int, int, int]]]]:  # an itertuples row
     """Each request of the trace in order, with its blocks as (block id, tokens in it, tokens an earlier
     request held there): the ideal cache's hits, found in the trie of chains (see ``prefix_sharing``)."""
     children: dict[tuple[int, int], int] = {}  # (parent node, block id) -> node: the trie of chains

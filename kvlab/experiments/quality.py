@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Sequence, cast
 
 import pandas as pd
 import torch
@@ -127,12 +127,15 @@ def compare_to_exact(model: Decoder, prompts: str | Sequence[int] | Sequence[str
     Several prompts pool their positions.
     """
     single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
-    prompt_list = [prompts] if single else list(prompts)
+    prompt_list = cast("list[str | Sequence[int]]", [prompts] if single else list(prompts))  # one prompt each
     if not prompt_list:
         raise ValueError("no prompts given; pass a prompt or a list of prompts")
     if isinstance(cache, str):
         check_cache_options(cache, cache_options)
-    frames, equal_all, prefix_all, first = [], [], [], None
+    frames: list[pd.DataFrame] = []
+    equal_all: list[list[bool]] = []
+    prefix_all: list[int] = []
+    first: int | None = None
     for p_idx, prompt in enumerate(prompt_list):
         ids = encode_prompt(model, prompt)
         _check(model, cache, len(ids) + max_new_tokens, cache_options)

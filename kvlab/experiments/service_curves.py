@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,7 @@ from kvlab.clocks import SLO, summarize, ttft_censored
 from kvlab.model.config import PRESETS, ModelConfig, preset
 from kvlab.model.decoder import build_model
 from kvlab.model.lessons import lesson_config
-from kvlab.serving.cost_model import CostModel, load_calibration
+from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.scheduler_cli import add_scheduler_arguments
@@ -69,7 +69,8 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
     engine = simulator(cost_model, scheduler)
     if rates is None:
         sample = make_workload(profile, requests, arrival="all_at_once", seed=seed, max_context=engine.max_model_len)
-        capacity = estimate_capacity_rps(engine.executor.cost_model, sample, engine.scheduler_config.max_seqs)
+        cost = cast(CostModelExecutor, engine.executor).cost_model  # a simulator's steps are priced by one
+        capacity = estimate_capacity_rps(cost, sample, engine.scheduler_config.max_seqs)
         rates = auto_rates(capacity, levels)
     frame = load_sweep(engine, rates, profile, requests, seed=seed, slo=slo, clock="virtual",
                        progress=lambda it: progress(it, total=len(rates), desc=profile, unit="level"))
@@ -126,8 +127,8 @@ def ab_policies(max_seqs: int = 64, max_batch_tokens: int = 64) -> dict[str, Sch
     whole-prompt prefill, which needed a budget of at least max_model_len).
     B: decode-first with a small token budget per step (stall-free batching, as in Sarathi-Serve:
     every running sequence decodes each step; prompts get only the budget left over)."""
-    common = dict(policy="continuous", max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
-                  max_model_len=MAX_MODEL_LEN)
+    common: dict[str, Any] = dict(policy="continuous", max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
+                                  max_model_len=MAX_MODEL_LEN)
     return {"A": SchedulerConfig(priority="prefill_first", **common),
             "B": SchedulerConfig(priority="decode_first", **common)}
 
@@ -181,7 +182,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     runs = {name: engine.run(reqs, clock="virtual") for name, engine in engines.items()}
     # The window closes at window_s, or later if a request was still being handed over: both runs are counted at
     # the same moment, with every request sent.
-    until = max([window_s] + [r.sent_s for records in runs.values() for r in records])
+    until = max([window_s] + [cast(float, r.sent_s) for records in runs.values() for r in records])
     rows = []
     for name, sched in policies.items():
         s = summarize(runs[name], until_s=until)

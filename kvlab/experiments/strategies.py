@@ -114,7 +114,7 @@ def _timed_updates(cache: KVCache) -> tuple[list[float], list[float]]:
         copied.append(getattr(cache, "copy_s_total", 0.0) - c0)
         return out
 
-    cache.update = update  # an instance attribute shadows the class's method
+    setattr(cache, "update", update)  # an instance attribute shadows the class's method
     return spent, copied
 
 
@@ -193,6 +193,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
                     runs.setdefault((i, p), []).append(run)
         quality: dict[tuple[int, int], dict] = {}
         if examples:
+            assert model.tokenizer is not None  # every loader sets one
             stop = [model.tokenizer.encode(".")[0]]
             for (i, s), p in progress([(x, p) for x in enumerate(settings) for p in pairs],
                                       total=len(settings) * len(pairs), desc="quality"):
@@ -272,13 +273,13 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
         raise ValueError("choose at least one strategy (hold Ctrl or Cmd to pick several)")
     if "quantized" in strategies and not bits:
         raise ValueError("quantized is chosen but no bits are: pick one or more of 8, 4, 2")
-    settings = [{"cache": "dynamic"}]
+    settings: list[dict[str, Any]] = [{"cache": "dynamic"}]
     for name in STRATEGIES[1:]:
         if name not in strategies:
             continue
         if name == "quantized":
             for b in sorted(set(bits), reverse=True):
-                s = {"cache": "quantized", "bits": int(b), "residual": int(residual)}
+                s: dict[str, Any] = {"cache": "quantized", "bits": int(b), "residual": int(residual)}
                 if group_size is not None:
                     s["group_size"] = int(group_size)
                 settings.append(s)

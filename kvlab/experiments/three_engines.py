@@ -64,7 +64,8 @@ def make_engine(engine: str, folder: str | Path, threads: int | None = LESSON_TH
 
 def available_engines(engines: Sequence[str] = ENGINES) -> tuple[list[str], dict]:
     """(the engines that can run here, {engine left out: one line why})."""
-    checks = {"transformers serve": transformers_serve_available, VLLM: vllm_status}
+    checks: dict[str, Callable[[], tuple[bool, str]]] = {"transformers serve": transformers_serve_available,
+                                                         VLLM: vllm_status}
     left_out = {}
     for e in engines:
         if e in checks:
@@ -137,21 +138,25 @@ def knee_search(server: LoopbackServer, ladder: Sequence[float], duration_s: flo
         else:
             failed = rate
             break
-    for k in range(bisect if kept is not None and failed is not None else 0):
-        mid = round((kept + failed) / 2, 1)
-        if mid in (kept, failed):
-            break
-        rows.append(at(mid, f"bisect {k + 1}"))
-        if within_knee(rows[-1], slo_ttft_s, min_served):
-            kept = mid
-        else:
-            failed = mid
+    if kept is not None and failed is not None:
+        for k in range(bisect):
+            mid = round((kept + failed) / 2, 1)
+            if mid in (kept, failed):
+                break
+            rows.append(at(mid, f"bisect {k + 1}"))
+            if within_knee(rows[-1], slo_ttft_s, min_served):
+                kept = mid
+            else:
+                failed = mid
     return rows
 
 
 def server_pid(server: LoopbackServer) -> int:
     """The server's own process (vLLM's runs under a watchdog: `kvlab.http.vllm.GroupProcess.server_pid`)."""
-    return getattr(server.process, "server_pid", None) or server.process.process.pid
+    proc = server.process
+    if proc is None or proc.process is None:
+        raise RuntimeError(f"{server.name} is not started; call start() first")
+    return getattr(proc, "server_pid", None) or proc.process.pid
 
 
 def usage_between(server: LoopbackServer, before: dict | None, wall_s: float) -> dict:

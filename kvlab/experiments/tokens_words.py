@@ -72,8 +72,8 @@ class TrainedBPE:
     byte, exactly like ``ByteTokenizer``. No special tokens.
     """
 
-    bos_token_id = None
-    eos_token_id = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
 
     def __init__(self, tokenizer, corpus_chars: int) -> None:
         self.tk = tokenizer  # a tokenizers.Tokenizer
@@ -247,7 +247,9 @@ def pieces(tokenizers: dict[str, Tokenizer], text: str, limit: int = 24) -> pd.D
     rows = []
     for name, tok in tokenizers.items():
         ids = tok.encode(text)
-        cut, group, used = [], [], 0
+        cut: list[str] = []
+        group: list[int] = []
+        used = 0
         for i in ids:
             if len(cut) == limit:
                 break

@@ -187,7 +187,7 @@ def knee(rows: pd.DataFrame, slo_ttft_s: float, min_served: float = KEEPS_UP_RAT
                      [within_knee(row, slo_ttft_s, min_served) for _, row in rows.iterrows()])
 
 
-def cold_and_warm(server: LoadTestResult | LoopbackServer, rate: float, cold_requests: int = 6, warmup: int = 4,
+def cold_and_warm(server: LoopbackServer, rate: float, cold_requests: int = 6, warmup: int = 4,
                   warm_requests: int = 12, profile: str = "short_short", seed: int = 0,
                   timeout_s: float = 30.0) -> list[dict]:
     """Cold (the first requests after start), then `warmup` unreported requests, then warm, at `rate`."""

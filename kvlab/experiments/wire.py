@@ -26,7 +26,7 @@ from __future__ import annotations
 import atexit
 import re
 import time
-from typing import Sequence
+from typing import Sequence, cast
 
 import httpx
 import numpy as np
@@ -84,12 +84,11 @@ def server_metrics(url: str, timeout_s: float = 10.0, api_key: str | None = None
     ``api_key`` (else ``$KVLAB_API_KEY``) for a server started with one (a teacher's, for a room)."""
     resp = httpx.get(base_url(url) + "/metrics", timeout=timeout_s, trust_env=False,
                      headers=auth_headers(api_key_from_env(api_key)))
-    if resp.status_code == 404:
-        resp = None
-    else:
+    found = resp.status_code != 404
+    if found:
         resp.raise_for_status()
     out: dict = {"requests_total": {}}
-    for line in (resp.text.splitlines() if resp is not None else ()):
+    for line in (resp.text.splitlines() if found else ()):
         m = _METRIC.match(line)
         if m is None:
             continue
@@ -268,7 +267,7 @@ def requests_per_rate(rate: float, num_requests: int | None = None, duration_s: 
         if not (isinstance(duration_s, (int, float)) and duration_s > 0):
             raise ValueError(f"duration_s={duration_s!r} must be a positive number of seconds")
         return max(int(min_requests), int(round(rate * duration_s)))
-    return num_requests
+    return cast(int, num_requests)  # exactly one of the two was given
 
 
 def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_requests: int | None = None,

@@ -19,10 +19,14 @@ import asyncio
 import contextlib
 import json
 import os
+from typing import TYPE_CHECKING
 
 import httpx
 
 from kvlab.clocks import RequestRecord
+
+if TYPE_CHECKING:
+    import ssl
 
 API_KEY_ENV = "KVLAB_API_KEY"
 
@@ -159,9 +163,10 @@ class ConnectionLanes:
         self.size, self.timeout, self.tls = size, httpx.Timeout(timeout_s), tls
         self.clients: list[httpx.AsyncClient] = []
         self._idle: asyncio.LifoQueue | None = None
-        self._ssl = None
+        self._ssl: ssl.SSLContext | None = None
 
     def _new_client(self) -> httpx.AsyncClient:
+        assert self._ssl is not None, "lanes are opened by `async with`"  # __aenter__ sets it before any lane
         transport = httpx.AsyncHTTPTransport(verify=self._ssl, limits=httpx.Limits(max_connections=1,
                                                                                     max_keepalive_connections=1))
         client = httpx.AsyncClient(transport=transport, timeout=self.timeout, trust_env=False)

@@ -44,13 +44,14 @@ def compare_clocks(client: LoadTestResult | Sequence[RequestRecord],
                    engine: Sequence[RequestRecord]) -> pd.DataFrame:
     """One row per request completed on both sides, client and engine clocks side by side (seconds)."""
     client_records = client.records if isinstance(client, LoadTestResult) else list(client)
-    by_id = {r.request_id: r for r in engine}
+    by_id: dict[int | str | None, RequestRecord] = {r.request_id: r for r in engine}
     rows = []
     for c in client_records:
         e = by_id.get(c.extra.get("response_id"))
         if e is None or c.status != "completed" or e.status != "completed":
             continue
         cc, ec = c.clocks(), e.clocks()
+        assert c.sent_s is not None  # RequestRecord.__post_init__ sets it
         sent = c.sent_s - c.scheduled_s
         rows.append({
             "request_id": c.request_id, "response_id": e.request_id, "prompt_tokens": c.prompt_tokens,

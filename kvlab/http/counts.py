@@ -46,7 +46,7 @@ class RequestCounts:
 
     def totals(self) -> dict[str, int]:
         """sent, each kind of end, waiting and running (sent is the sum of the rest)."""
-        kinds = {k: 0 for k in KINDS}
+        kinds: dict[str, int] = {k: 0 for k in KINDS}
         for outcome, n in self.outcomes.items():
             kinds[OUTCOMES[outcome]] += n
         return {"sent": self.sent, **kinds, **self.in_place}
@@ -60,6 +60,9 @@ class Tally:
     """One request's place in the counts: waiting, then (maybe) running, then ended once with its outcome."""
 
     __slots__ = ("counts", "place", "outcome")
+    counts: RequestCounts
+    place: str
+    outcome: Outcome | None
 
     def __init__(self, counts: RequestCounts) -> None:
         self.counts, self.place, self.outcome = counts, "waiting", None

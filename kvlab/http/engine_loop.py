@@ -111,7 +111,8 @@ class AsyncEngine:
         self.on_stop = on_stop  # called on the event loop once, when the engine stops for good
         self.streams: dict[str, RequestStream] = {}  # touched only on the event loop
         self.gauges: dict = {}
-        self.counters = collections.Counter()  # prompt_tokens, generation_tokens, steps, failed_steps (engine thread)
+        # prompt_tokens, generation_tokens, steps, failed_steps (engine thread)
+        self.counters: collections.Counter[str] = collections.Counter()
         self.failed_steps_in_a_row = 0
         self.last_error: str | None = None  # the last failing step's error, for /health
         self.error: BaseException | None = None  # set when the engine stopped for good
@@ -184,6 +185,7 @@ class AsyncEngine:
             if self._process is not None:
                 await asyncio.to_thread(self._process.end, timeout_s)
             return 0  # not started, or stopped for good: everything was answered then (a stuck thread is a daemon)
+        assert self._loop is not None, "start() first"  # a started thread means start() ran
         self._stop_done = self._loop.create_future()
         self._send(("stop",))
         try:
@@ -213,6 +215,7 @@ class AsyncEngine:
     # -- requests (event loop side) -------------------------------------------------------------
     async def submit(self, request: Request, sampling: SamplingParams) -> RequestStream:
         """Hand `request` to the engine; its stream, or EngineRejected with the engine's reason."""
+        assert self._loop is not None, "start() first"
         stream = RequestStream(str(request.request_id), request.prompt_tokens)
         verdict: asyncio.Future = self._loop.create_future()
         with self._lock:

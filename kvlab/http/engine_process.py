@@ -24,9 +24,9 @@ import os
 import signal
 import threading
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Final
 
-START_METHOD = "spawn"
+START_METHOD: Final = "spawn"
 CHILD_OPTIONS = ("keep_steps", "max_failed_steps", "step_timeout_s")  # the AsyncEngine options the engine side uses
 
 

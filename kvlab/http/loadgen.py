@@ -105,6 +105,7 @@ def http_workload(
                                  seed=seed, vocab_size=PRINTABLE_COUNT, max_context=max_context, scale=scale,
                                  shared_prefix_tokens=shared_prefix_tokens)
     for r in requests:
+        assert r.prompt is not None  # made with a vocabulary, so every request has its ids
         r.prompt = [PRINTABLE_FIRST + i for i in r.prompt]
     return requests
 
@@ -176,7 +177,7 @@ class LoadTestResult:
         return requests_frame(self.records)
 
     @property
-    def output_tokens_from(self) -> str:
+    def output_tokens_from(self) -> str | None:
         """How completed requests' output tokens were counted: "usage", "chunks", "mixed" or "none"."""
         methods = {r.extra.get("output_tokens_from") for r in self.records if r.status == "completed"}
         return methods.pop() if len(methods) == 1 else ("mixed" if methods else "none")
@@ -302,6 +303,7 @@ async def loadtest(
             if record.status not in ENDED:
                 record.extra.setdefault("sent", False)
                 record.extra.setdefault("error", f"the run's deadline_s={deadline_s} passed first")
+                assert record.sent_s is not None  # RequestRecord.__post_init__ sets it
                 record.fail(max(wall, record.sent_s), "deadline")
     bar.close()
     run_settings = {"url": base, "endpoint": endpoint, "model": model, "chat": chat, "prompt_format": prompt_format,

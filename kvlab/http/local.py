@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import IO, Sequence
 
 import httpx
 
@@ -107,7 +107,7 @@ class ServerProcess:
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.process: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[str] | None = None
 
     @property
     def url(self) -> str:

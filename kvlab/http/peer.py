@@ -29,6 +29,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -40,8 +41,8 @@ from ..threads import LESSON_THREADS
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
 NUM_BLOCKS = 512  # kvlab serve's default pool (16 sequences of 512 tokens at BLOCK_SIZE 16)
-IGNORE_EOS = {"kvlab serve": {"ignore_eos": True},
-              "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
+IGNORE_EOS: dict[str, dict[str, Any]] = {"kvlab serve": {"ignore_eos": True},
+                                         "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
 
 def _version(package: str) -> str | None:
@@ -243,7 +244,7 @@ def process_usage(pid: int) -> dict | None:
             cores |= os.sched_getaffinity(p)
         except OSError:
             pass
-    live = [stats[p] for p in tree if stats.get(p) is not None]
+    live = [st for p in tree if (st := stats.get(p)) is not None]
     return {"processes": len(live), "threads": sum(st[2] for st in live),
             "cpu_s": round(sum(st[1] for st in live), 2), "cores_allowed": len(cores)}
 

@@ -48,7 +48,7 @@ import functools
 import logging
 import uuid
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -101,8 +101,8 @@ class ServerState:
     def __init__(self, engine: Engine, model_name: str, settings: ServerSettings,
                  engine_factory: Callable[[], Engine] | None = None) -> None:
         self.settings = settings
-        options = dict(keep_records=settings.keep_records, max_failed_steps=settings.max_failed_steps,
-                       step_timeout_s=settings.step_timeout_s, on_stop=self._engine_stopped)
+        options: dict[str, Any] = dict(keep_records=settings.keep_records, max_failed_steps=settings.max_failed_steps,
+                                       step_timeout_s=settings.step_timeout_s, on_stop=self._engine_stopped)
         self.engine = (AsyncEngine(engine, **options) if engine_factory is None
                        else AsyncEngine.in_process(engine_factory, engine, **options))
         self.model_name = model_name

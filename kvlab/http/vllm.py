@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from kvlab.command_args import command_args
 from kvlab.http.local import LOOPBACK, ServerProcess, wait_until_healthy
@@ -128,7 +128,7 @@ def _why_install_failed(output: str) -> VllmUnavailable:
                                       f"output:\n{tail}")
 
 
-def _run(cmd: Sequence[str], log: Callable[[str], None], what: str, timeout_s: float) -> str:
+def _run(cmd: Sequence[str | Path], log: Callable[[str], None], what: str, timeout_s: float) -> str:
     log(f"  {what}: {' '.join(str(c) for c in cmd)}")
     try:
         done = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -190,7 +190,7 @@ def setup_vllm(home: str | Path | None = None, log: Callable[[str], None] = prin
             shutil.rmtree(home / "venv", ignore_errors=True)
         raise
     vllm_version, torch_version = out.strip().splitlines()[-1].split()[:2]
-    info = {"vllm": vllm_version, "torch": torch_version, "distribution": f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}",
+    info: dict[str, Any] = {"vllm": vllm_version, "torch": torch_version, "distribution": f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}",
             "removed": list(CUDA_ONLY), "install_s": round(time.perf_counter() - t0, 1),
             "venv_bytes": _tree_bytes(home / "venv"), "python": sys.version.split()[0]}
     marker.write_text(json.dumps(info, indent=1))
@@ -266,7 +266,9 @@ class GroupProcess(ServerProcess):
     venv's under `WATCHDOG` and signals the whole group, since vLLM's engine core and worker are
     children of its API server."""
 
-    def __init__(self, cmd: Sequence[str], env: dict, log_path: Path, host: str = LOOPBACK,
+    log_path: Path
+
+    def __init__(self, cmd: Sequence[str | Path], env: dict, log_path: Path, host: str = LOOPBACK,
                  port: int | None = None) -> None:
         super().__init__([], host, port, log_path)
         self.cmd = [*map(str, cmd), "--host", self.host, "--port", str(self.port)]
@@ -287,6 +289,8 @@ class GroupProcess(ServerProcess):
     @property
     def server_pid(self) -> int | None:
         """The server's own process id (the watchdog's child), for `process_usage`."""
+        if self.process is None:
+            return None
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == self.process.pid:
@@ -296,6 +300,7 @@ class GroupProcess(ServerProcess):
         return None
 
     def _signal_group(self, sig: int) -> bool:
+        assert self.process is not None  # stop() checked
         try:
             os.killpg(self.process.pid, sig)
             return True
@@ -462,6 +467,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     print(f"starting vLLM on {folder} (50-100 s; its log: {vllm_home(args.home) / 'server.log'}) ...", flush=True)
     try:
         server.start(args.timeout)
+        assert server.process is not None and server.process.process is not None  # started
         print(f"vLLM answers at {server.url}/v1 as model {server.model!r} after {server.start_s:.0f} s "
               f"(process group {server.process.process.pid})", flush=True)
         prompt = "k3f:v9a;k1b:v2c;k07:v11;?k1b:"  # a recall query: the lesson model answers v2c.

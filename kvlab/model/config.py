@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Callable, overload
 
 from ..cache.base import kv_cache_bytes
 
@@ -22,7 +22,8 @@ class ModelConfig:
     hidden_size: int = 512
     num_layers: int = 8
     num_heads: int = 8
-    num_kv_heads: int | None = None  # None: same as num_heads (no grouping)
+    # None at construction: same as num_heads (no grouping); __post_init__ sets it, so it is an int thereafter
+    num_kv_heads: int = None  # type: ignore[assignment]
     intermediate_size: int = 1376
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
@@ -52,7 +53,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
-    def kv_bytes_per_token(self, bytes_per_element: int = 4) -> int:
+    @overload
+    def kv_bytes_per_token(self, bytes_per_element: int = 4) -> int: ...
+    @overload
+    def kv_bytes_per_token(self, bytes_per_element: float) -> float: ...
+    def kv_bytes_per_token(self, bytes_per_element: float = 4) -> float:
         """Bytes of K and V one token occupies across all layers: 2 x layers x kv_heads x head_dim x bytes.
 
         The memory formula itself is ``kvlab.cache.base.kv_cache_bytes``: this is its value for one token.

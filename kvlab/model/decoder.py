@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from ..cache.base import KVCache
 from .config import ModelConfig
 from .matvec import matvec
+from .tokenizer import Tokenizer
 
 # Weights are stored as [in, out] and applied as x @ W. A single row times a contiguous [in, out]
 # matrix streams memory markedly faster on CPU than F.linear's x @ W.T over an [out, in] matrix,
@@ -131,7 +132,7 @@ class Decoder(nn.Module):
         self.config = cfg = config
         self.embed = _param(cfg.vocab_size, cfg.hidden_size)  # token embeddings (V, C)
         if cfg.arch == "gpt2":
-            self.pos_embed = _param(cfg.max_position_embeddings, cfg.hidden_size)  # learned (P, C)
+            self.pos_embed: nn.Parameter | None = _param(cfg.max_position_embeddings, cfg.hidden_size)  # learned (P, C)
         else:
             self.pos_embed = None
             inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
@@ -140,7 +141,7 @@ class Decoder(nn.Module):
         self.final_norm = Norm(cfg)
         # Untied: lm_head stored [in, out] = (C, V). Tied: reuse the embedding (V, C).
         self.lm_head = None if cfg.tie_word_embeddings else _param(cfg.hidden_size, cfg.vocab_size)
-        self.tokenizer = None  # set by the loaders; a ByteTokenizer or the checkpoint's own
+        self.tokenizer: Tokenizer | None = None  # set by the loaders; a ByteTokenizer or the checkpoint's own
 
     def _apply(self, fn, recurse=True):
         """``.to()``, ``.half()``, ``.cuda()`` ... move ``inv_freq`` with the weights but never change its

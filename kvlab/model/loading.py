@@ -5,7 +5,7 @@ import json
 import re
 import warnings
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -178,6 +178,7 @@ def to_transformers(model: Decoder):
     import transformers
 
     cfg = model.config
+    hf: transformers.PreTrainedModel
     if cfg.arch == "gpt2":
         hf_cfg = transformers.GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.hidden_size, n_layer=cfg.num_layers,
                                          n_head=cfg.num_heads, n_inner=cfg.intermediate_size,
@@ -185,14 +186,16 @@ def to_transformers(model: Decoder):
                                          bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
         hf = transformers.GPT2LMHeadModel(hf_cfg)
     else:
-        kind = transformers.Qwen2Config if cfg.qkv_bias else transformers.LlamaConfig
-        hf_cfg = kind(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-                      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-                      intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
-                      rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps,
-                      tie_word_embeddings=cfg.tie_word_embeddings,
-                      bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
-        hf = (transformers.Qwen2ForCausalLM if cfg.qkv_bias else transformers.LlamaForCausalLM)(hf_cfg)
+        llama_kw: dict[str, Any] = dict(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+            intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+            rope_theta=cfg.rope_theta, rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
+            bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
+        if cfg.qkv_bias:
+            hf = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**llama_kw))
+        else:
+            hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama_kw))
     hf = hf.float().eval()
     src = dict(model.named_parameters())
     with torch.no_grad():

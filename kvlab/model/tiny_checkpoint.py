@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -66,12 +67,13 @@ def tiny_transformers_model(family: str, vocab_size: int, seed: int = 0):
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
+    hf: transformers.PreTrainedModel
+    common: dict[str, Any] = dict(vocab_size=vocab_size, bos_token_id=0, eos_token_id=0, initializer_range=0.2)
     if family == "gpt2":
         hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=512,
                                                                   **common))
     elif family == "llama":  # grouped-query attention, untied output layer, Llama-3-style rope_theta
-        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(  # type: ignore[call-arg]  # accepts legacy rope_theta
             hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=512, rope_theta=500000.0, tie_word_embeddings=False, **common))
     else:  # qwen2: Llama's layout plus q/k/v biases, tied embeddings

@@ -5,11 +5,16 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
-    """What kvlab needs of a tokenizer."""
+    """What kvlab needs of a tokenizer (it only reads these attributes)."""
 
-    eos_token_id: int | None
-    bos_token_id: int | None
-    vocab_size: int
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]: ...
 

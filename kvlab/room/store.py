@@ -103,7 +103,8 @@ def clock_check(run: LearnerRun, received_at: float | None, clock_offset_s: floa
         return ClockCheck()
     notes, placed = [], True
     measured = clock_offset_s is not None and math.isfinite(clock_offset_s)
-    shift = float(clock_offset_s) if measured and abs(clock_offset_s) > SKEW_TOLERANCE_S else 0.0
+    shift = (float(clock_offset_s) if measured and clock_offset_s is not None and abs(clock_offset_s) > SKEW_TOLERANCE_S
+             else 0.0)
     if shift:
         notes.append(f"the learner's clock was {_span(shift)} {'behind' if shift > 0 else 'ahead of'} the "
                      "collector's when it was shared: its requests are moved by that much")

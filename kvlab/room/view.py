@@ -148,7 +148,7 @@ class Room:
     # -- who is in the room ------------------------------------------------------------------------
     def learners(self) -> pd.DataFrame:
         """One row per learner: machine, threads, where it runs, kvlab version, notebooks shared."""
-        rows = {}
+        rows: dict[str, dict[str, Any]] = {}
         for run in self.runs:
             m = run.machine
             row = rows.setdefault(run.learner, {

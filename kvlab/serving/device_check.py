@@ -72,9 +72,9 @@ def device_check(device: torch.device | str, new_tokens: int = 8) -> DeviceCheck
             got = generate(model, prompt, cache=mode, max_new_tokens=new_tokens, **options).tokens
             if got != want:
                 problems.append(f"the {mode} cache generated {got} on {device}, {want} on the CPU")
-        want, got = _engine_tokens(reference, requests), _engine_tokens(model, requests)
-        if got != want:
-            differ = sorted(rid for rid in want if got.get(rid) != want[rid])
+        want_by_id, got_by_id = _engine_tokens(reference, requests), _engine_tokens(model, requests)
+        if got_by_id != want_by_id:
+            differ = sorted(rid for rid in want_by_id if got_by_id.get(rid) != want_by_id[rid])
             problems.append(f"the paged engine's batch gave other tokens on {device} for requests {differ}")
     except Exception as exc:  # whatever the device raises is what the learner would have met in a lesson
         problems.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")

@@ -5,7 +5,7 @@ import math
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, cast
 
 import numpy as np
 import pandas as pd
@@ -120,6 +120,7 @@ class Engine:
                  sampling: SamplingParams | None = None, seed: int = 0,
                  kv_dtype: torch.dtype | None = None,
                  block_manager_factory: Callable[[int, int, int], BlockManager] | None = None) -> None:
+        self.model: Decoder | None
         if isinstance(model_or_config, Decoder):
             self.model, self.config = model_or_config, model_or_config.config
             kv_dtype = kv_dtype or model_or_config.dtype
@@ -158,7 +159,7 @@ class Engine:
         self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
         self.seed = seed
-        self.executor = executor or ModelExecutor(self.model)
+        self.executor = executor or ModelExecutor(cast(Decoder, self.model))  # a ModelConfig came with an executor
         self.clock = "wall"
         self.reset()
         self.executor.initialize_cache(num_blocks, block_size)

@@ -69,19 +69,25 @@ class ModelExecutor(Executor):
         self.cache: PagedKVCache | None = None
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
-        cfg = self.model.config
-        reuse = self.cache is not None and (self.cache.num_blocks, self.cache.block_size) == (num_blocks, block_size)
-        if not reuse:
-            self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
-                                      device=self.model.device, num_blocks=num_blocks, block_size=block_size)
-        self.cache.reset()
+        cfg, cache = self.model.config, self.cache
+        if cache is None or (cache.num_blocks, cache.block_size) != (num_blocks, block_size):  # else reuse it
+            cache = self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
+                                              device=self.model.device, num_blocks=num_blocks, block_size=block_size)
+        cache.reset()
+
+    def _paged_cache(self) -> PagedKVCache:
+        """The paged pool (an error before ``initialize_cache``)."""
+        if self.cache is None:
+            raise RuntimeError("call initialize_cache(num_blocks, block_size) first (the Engine does)")
+        return self.cache
 
     def set_kv_usage(self, num_tokens: int, num_blocks: int) -> None:
-        self.cache.set_usage(num_tokens, num_blocks)
+        self._paged_cache().set_usage(num_tokens, num_blocks)
 
     def prepare_inputs(self, out: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
         """Packed input ids and positions (1, N), and the attention metadata of the step."""
-        ids, positions, query_lens, context_lens = [], [], [], []
+        positions: list[int] = []
+        ids, query_lens, context_lens = [], [], []
         for seq, n in zip(out.seqs, out.num_new_tokens):
             start = seq.num_computed_tokens
             ids.extend(seq.token_ids[start:start + n])
@@ -90,7 +96,7 @@ class ModelExecutor(Executor):
             context_lens.append(start + n)
         device = self.model.device
         metadata = PagedAttentionMetadata.build(query_lens, context_lens, [s.block_table for s in out.seqs],
-                                                self.cache.block_size, device)
+                                                self._paged_cache().block_size, device)
         return (torch.tensor([ids], device=device), torch.tensor([positions], device=device),  # (1, N) each
                 metadata)
 
@@ -98,13 +104,14 @@ class ModelExecutor(Executor):
         """One packed forward of the step; logits (len(rows), V) of the last token of each ``out.seqs[rows[j]]``."""
         device = self.model.device
         input_ids, positions, metadata = self.prepare_inputs(out)
-        self.cache.metadata = metadata
+        cache = self._paged_cache()
+        cache.metadata = metadata
         try:
             index = torch.tensor([metadata.query_start_loc[i + 1] - 1 for i in rows], dtype=torch.long, device=device)
             # logits only where a token is sampled: each such sequence's last token (a prompt's other rows need none)
-            return self.model(input_ids, self.cache, positions=positions, logits_index=index)[0]  # (S', V)
+            return self.model(input_ids, cache, positions=positions, logits_index=index)[0]  # (S', V)
         finally:
-            self.cache.metadata = None
+            cache.metadata = None
 
     def sample_rows(self, out: SchedulerOutput, rows: list[int], last: torch.Tensor) -> StepResult:
         """Each row's token by its own settings; a row with non-finite logits fails alone (``StepResult.failed``)."""
@@ -130,8 +137,7 @@ class ModelExecutor(Executor):
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        if self.cache is None:
-            raise RuntimeError("call initialize_cache(num_blocks, block_size) first (the Engine does)")
+        self._paged_cache()  # an error before initialize_cache
         device = self.model.device
         start = now(device)
         rows = [i for i, s in enumerate(out.do_sample) if s]

@@ -24,6 +24,7 @@ class OffloadedModelExecutor(ModelExecutor):
     pinned host memory on CUDA; ``link_gbps``: a modelled slower link, None = memory speed)."""
 
     name = "model_offloaded"
+    cache: OffloadedPagedKVCache | None
 
     def __init__(self, model: Decoder, link_gbps: float | None = None, storage_dir: str | None = None) -> None:
         super().__init__(model)
@@ -41,7 +42,9 @@ class OffloadedModelExecutor(ModelExecutor):
 
     def execute(self, out: SchedulerOutput) -> StepResult:
         c = self.cache
-        copy0, wait0 = (c.copy_s_total, c.link_wait_s_total) if c is not None else (0.0, 0.0)
+        if c is None:
+            return super().execute(out)  # raises: initialize_cache comes first
+        copy0, wait0 = c.copy_s_total, c.link_wait_s_total
         result = super().execute(out)
         self.step_log.append((out.step, c.bytes_read_last_step, c.bytes_written_last_step, c.bytes_moved_last_step,
                               c.copy_s_total - copy0, c.link_wait_s_total - wait0))

@@ -194,6 +194,7 @@ class Scheduler:
     def add_sequence(self, seq: Sequence) -> FinishReason | None:
         """Queue ``seq``, or return why it is rejected ("prompt_too_long", "queue_full")."""
         total = seq.num_prompt_tokens + seq.max_new_tokens
+        reason: FinishReason
         if total > self.max_model_len:
             reason = "prompt_too_long"
         elif self.config.max_waiting is not None and len(self.waiting) >= self.config.max_waiting:
@@ -298,7 +299,7 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting sequences while the budget, max_seqs and free blocks allow (first come, first served)."""
         if self.config.admission is not None:
-            return self._admit_by_rule(out, budget)
+            return self._admit_by_rule(out, budget, self.config.admission)
         static = self.config.policy == "static"
         while self.waiting and budget > 0 and len(self.running) < self.config.max_seqs:
             seq = self.waiting[0]
@@ -328,13 +329,13 @@ class Scheduler:
                                         seq.arrival_s, seq.num_preemptions > 0))
         return views
 
-    def _admit_by_rule(self, out: SchedulerOutput, budget: int) -> int:
+    def _admit_by_rule(self, out: SchedulerOutput, budget: int, admission: Callable[..., list]) -> int:
         """Admit what ``config.admission`` picks, once the pick is checked against this step's limits."""
         if not self.waiting:
             return budget
         views = self.waiting_view()
         free_blocks, free_slots = self.block_manager.num_free_blocks, self.config.max_seqs - len(self.running)
-        picked = self.config.admission(list(views), free_blocks, budget, free_slots)
+        picked = admission(list(views), free_blocks, budget, free_slots)
         ids = [getattr(p, "request_id", p) for p in (picked or [])]
         by_id = {v.request_id: v for v in views}
         unknown = [i for i in ids if i not in by_id]

@@ -43,7 +43,7 @@ def _flag(name: str, default) -> str:
     return ("--no-" if default is True else "--") + name.replace("_", "-")
 
 
-def add_scheduler_arguments(parser: argparse.ArgumentParser, fields: Sequence[str] = OPTION_FIELDS,
+def add_scheduler_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, fields: Sequence[str] = OPTION_FIELDS,
                             help: dict[str, str] | None = None, **defaults) -> None:
     """One option per SchedulerConfig field in ``fields`` (default: all) on ``parser`` or one of its groups.
 

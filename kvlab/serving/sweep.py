@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -112,8 +112,8 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
     arrivals = [r.arrival_s for r in requests]
     window = max(arrivals) - min(arrivals)
     drained = summarize(records, slo=slo)
-    at_window = summarize(records, until_s=max(r.sent_s for r in records))  # when the last one was handed over
-    finished = [r.finished_s for r in records if r.status == "completed"]
+    at_window = summarize(records, until_s=max(cast(float, r.sent_s) for r in records))  # at the last hand-over
+    finished = [r.finished_s for r in records if r.status == "completed" and r.finished_s is not None]
     makespan = (max(finished) - min(arrivals)) if finished else float("nan")
     mean_out = float(np.mean([r.max_new_tokens for r in requests]))
     sent_rps = (len(requests) - 1) / window if window > 0 and len(requests) > 1 else float("inf")

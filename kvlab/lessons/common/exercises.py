@@ -33,7 +33,7 @@ import io
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, cast
 
 from .fold import folded_solution
 
@@ -301,7 +301,7 @@ def multiple_choice(notebook: str, name: str, *, title: str, stem: str,
         code = f"answer = None   # a letter: {', '.join(letters[:-1])} or {letters[-1]}\n{name}(answer)"
 
     def check(answer: Any) -> Feedback:
-        return check_choice(answer, correct, explanations, confirm=confirm)
+        return check_choice(answer, correct, cast(dict[str, str], explanations), confirm=confirm)  # None raised above
 
     check.__name__ = check.__qualname__ = name
     check.__doc__ = f"Multiple choice: {title}."

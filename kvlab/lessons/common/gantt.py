@@ -12,6 +12,7 @@ from typing import Iterable
 
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -80,6 +81,7 @@ def gantt_segments(requests: pd.DataFrame | Iterable[RequestRecord], steps: pd.D
                 if s.step != cur[1] + 1 and s.start_s > cur[3]:
                     out.append((run, rid, "paused", cur[3], float(s.start_s)))
             cur = [s.phase, s.step, float(s.start_s), float(s.end_s)]
+        assert cur is not None  # mine has rows
         out.append((run, rid, cur[0], cur[2], cur[3]))
     return pd.DataFrame(out, columns=SEGMENT_COLUMNS)
 
@@ -94,10 +96,10 @@ def draw_gantt(ax: Axes, requests: pd.DataFrame | Iterable[RequestRecord], steps
     for kind in SEGMENT_KINDS:
         seg = segments[segments["kind"] == kind]
         if len(seg):
-            y = [y_of[(r.run, r.request_id)] for r in seg.itertuples(index=False)]
-            ax.barh(y, seg["end_s"] - seg["start_s"], left=seg["start_s"], height=0.72,
+            rows = [y_of[(r.run, r.request_id)] for r in seg.itertuples(index=False)]
+            ax.barh(rows, seg["end_s"] - seg["start_s"], left=seg["start_s"], height=0.72,
                     color=SEGMENT_COLORS[kind], label=SEGMENT_LABELS[kind], gid=f"gantt-{kind}")
-    handles = [Patch(color=SEGMENT_COLORS[k], label=SEGMENT_LABELS[k]) for k in SEGMENT_KINDS
+    handles: list[Artist] = [Patch(color=SEGMENT_COLORS[k], label=SEGMENT_LABELS[k]) for k in SEGMENT_KINDS
                if (segments["kind"] == k).any()]
     if "first_token_s" in req.columns:
         ft = req[pd.notna(req["first_token_s"])]

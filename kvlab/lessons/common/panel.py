@@ -122,7 +122,7 @@ class PanelResult:
     def folded_html(self) -> str:
         """Summary and figure as one HTML body for a fold; the figure is marked as drawn inside it."""
         if self.figure is not None:
-            self.figure.kvlab_folded = True  # tests/figure_text.py: not shown before the learner clicks
+            setattr(self.figure, "kvlab_folded", True)  # tests/figure_text.py: not shown before the learner clicks
         return "".join(output_html(o) for o in self.outputs())
 
     def show(self) -> None:
@@ -250,7 +250,8 @@ class ExperimentPanel:
         try:
             self._set_controls(values)
         except ValueError as exc:
-            return self._fail(exc)
+            self._fail(exc)
+            return None
         params = self.params()
         k = self.key(params)
         if k in self.cache:
@@ -272,7 +273,8 @@ class ExperimentPanel:
         except Exception as exc:  # shown as one line; the traceback stays in last_exception
             if self.progress_bar is not None and self.progress_bar.n < (self.progress_bar.total or 0):
                 self.progress_bar.close()  # turns the bar red where it stopped
-            return self._fail(exc)
+            self._fail(exc)
+            return None
         except KeyboardInterrupt:  # Kernel > Interrupt: say so in the panel, then stop the caller as usual
             if self.progress_bar is not None:
                 self.progress_bar.close()

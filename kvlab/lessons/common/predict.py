@@ -42,7 +42,7 @@ MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the me
 
 def _folded_figure(figure: Figure) -> dict:
     """The figure's output, marked as drawn inside a fold (tests/figure_text.py leaves it out of what shows)."""
-    figure.kvlab_folded = True
+    setattr(figure, "kvlab_folded", True)
     return figure_output(figure)
 
 
@@ -91,7 +91,7 @@ class Comparison:
         return self.predicted is None
 
     def __str__(self) -> str:
-        if self.hidden:  # no number here: this is what a saved notebook and nbval hold
+        if self.predicted is None:  # hidden; no number here: this is what a saved notebook and nbval hold
             return ("no prediction yet: type your number in the box above and run this cell again "
                     "(the answer stays hidden until then; in a notebook, a click on this line reveals it).")
         ratio = self.measured / self.predicted if self.predicted else math.inf

@@ -32,7 +32,7 @@ def _formula(cache: Any, tokens: int) -> int:
            the cache does not hold prompt + generated − 1 tokens in every layer. Did the generation stop early (a
            stop token), or was the cache reused from another run?""")
 def cache_holds_every_token_but_the_last(result: GenerationResult) -> dict:
-    cache = result.cache
+    cache: Any = result.cache  # a DynamicCache: per-layer keys and values, all filled
     prompt, generated = len(result.prompt_ids), len(result.tokens)
     shapes = {tuple(t.shape) for t in (*cache.keys, *cache.values)}
     want = (1, cache.num_kv_heads, prompt + generated - 1, cache.head_dim)
@@ -61,7 +61,7 @@ def cached_and_uncached_write_the_same_tokens(runs: Mapping[str, GenerationResul
            the bytes differ from the formula. The dynamic cache should hold nothing but one K and one V tensor per
            layer; look at cache.keys and cache.values for extra room or other dtypes.""")
 def dynamic_cache_allocates_the_formula(result: GenerationResult) -> dict:
-    cache = result.cache
+    cache: Any = result.cache  # a DynamicCache: per-layer keys and values, all filled
     formula = _formula(cache, cache.seq_len)
     measured = sum(t.nbytes for t in (*cache.keys, *cache.values))
     return dict(formula=formula, tokens=cache.seq_len, measured=measured,

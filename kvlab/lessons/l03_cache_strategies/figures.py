@@ -20,12 +20,14 @@ Offloading under load, drawn: step times and times between tokens, on the device
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+from matplotlib.typing import LegendLocType
 
 from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE, OffloadUnderLoad, paired_steps, spread_stats
 from kvlab.lessons.common.figure_style import cache_color
@@ -41,13 +43,13 @@ def _axes(ax: Axes | None, size: tuple[float, float] = (6.5, 4.2)) -> Axes:
     return Figure(figsize=size, layout="constrained").subplots()
 
 
-def _finish(ax: Axes, legend: bool, loc: str = "upper left", **labels) -> Figure:
+def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", **labels) -> Figure:
     """How every panel here ends: its title and axis labels, a light grid and (if asked) the legend."""
     ax.set(**labels)
     ax.grid(alpha=0.3)
     if legend:
         ax.legend(fontsize=7, loc=loc)
-    return ax.figure
+    return cast(Figure, ax.figure)  # the axes here are a Figure's, never a SubFigure's
 
 
 def _bits_of(setting: str, default: float = np.nan) -> float:
@@ -179,7 +181,7 @@ def plot_bytes_moved(frame: pd.DataFrame, bytes_per_token: int | None = None, ax
         ax.text(0.5, 0.5, "no offloaded setting in this run", ha="center", va="center", transform=ax.transAxes,
                 fontsize=9, color="#555")
         ax.set(title="Bytes moved per step (offloaded)")
-        return ax.figure
+        return cast(Figure, ax.figure)
     bpt = _bytes_per_token(frame, bytes_per_token)
     x = np.arange(len(off))
     for j, (setting, rows) in enumerate(off.groupby("setting", sort=False)):
@@ -205,7 +207,7 @@ def plot_bytes_moved(frame: pd.DataFrame, bytes_per_token: int | None = None, ax
     ax.grid(alpha=0.3, axis="y")
     if legend:
         ax.legend(fontsize=7, loc="upper left")
-    return ax.figure
+    return cast(Figure, ax.figure)
 
 
 def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -220,7 +222,7 @@ def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool 
         ax.text(0.5, 0.5, "no offloaded setting in this run", ha="center", va="center", transform=ax.transAxes,
                 fontsize=9, color="#555")
         ax.set(title="Offloaded: step time vs bytes moved")
-        return ax.figure
+        return cast(Figure, ax.figure)
     dyn = frame[frame["setting"] == EXACT].set_index("context_tokens")["token_ms_p50"]
     first = off[off["setting"] == off["setting"].iloc[0]].sort_values("context_tokens")
     if len(dyn):

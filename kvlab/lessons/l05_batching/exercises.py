@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 from ..common.exercises import Feedback, exercise, check_number, right, wrong, _is_number
+
+if TYPE_CHECKING:
+    from ...serving.scheduler import Policy
 
 
 EX05_OUTPUTS = (8, 16, 32, 64)  # output tokens of the four requests in exercises 05.1 and 05.2
@@ -40,7 +43,7 @@ def check_idle_slots(answer: Any) -> Feedback:
 
 
 @functools.lru_cache(maxsize=8)
-def admission_steps(policy: str, max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX05_MAX_SEQS,
+def admission_steps(policy: Policy, max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX05_MAX_SEQS,
                     prompt_tokens: int = 16) -> dict:
     """The step at which each request of exercise 05.2 is first scheduled, from a run of the engine's scheduler."""
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
@@ -270,6 +273,7 @@ def check_admission_rule(rule: Any) -> Feedback:
         return wrong(f"pass your function itself, check_admission_rule(my_admission), not "
                      f"{type(rule).__name__} {str(rule)[:40]!r}.")
     run, audit = admission_run(rule)
+    assert audit is not None  # a rule given: it is audited
     if audit.violation is not None:
         v = audit.violation
         alone_fits = v.alone_fits and not _admits_what_does_not_fit(rule, v.kind)
@@ -278,8 +282,10 @@ def check_admission_rule(rule: Any) -> Feedback:
     if starved is not None:
         rid, n = starved
         builtin, _ = admission_run(None)
+        assert run is not None and builtin is not None  # no violation: both runs finished
         req = next(r for r in admission_workload() if r.request_id == rid)
-        mine, theirs = (r.first_token_s - r.scheduled_s for r in (run.record(rid), builtin.record(rid)))
+        mine, theirs = (cast(float, r.first_token_s) - r.scheduled_s  # both served it: it has a first token
+                        for r in (run.record(rid), builtin.record(rid)))
         return wrong(f"your rule lets later requests overtake: request {rid} ({req.prompt_tokens} prompt tokens) was "
                      f"passed over {n} times while it waited, and got its first token after {mine * 1e3:.0f} ms "
                      f"instead of {theirs * 1e3:.0f} ms. Here the short requests stop coming; while they keep "
@@ -293,6 +299,7 @@ def check_admission_rule(rule: Any) -> Feedback:
         return wrong(_picked_otherwise(f"in call {d.call} of the run", d.waiting, d.free_blocks, d.token_budget,
                                        d.free_slots, d.expected, d.got))
     builtin, _ = admission_run(None)
+    assert run is not None and builtin is not None  # no violation: both runs finished
     table = clocks_table([run, builtin]).set_index("run")
     cols = [c for c in table.columns if c not in ("n", "steps")]
     same = bool((table.iloc[0][cols] == table.iloc[1][cols]).all())  # the same picks give the same clocks

@@ -83,7 +83,7 @@ POLICY_COLORS = {"static": "#2ca02c", "continuous": "#1f77b4"}
 
 def _color(run: str, policy: str | None) -> str:
     key = policy or next((p for p in POLICY_COLORS if str(run).startswith(p)), None)
-    return POLICY_COLORS.get(key, "#7f7f7f")
+    return POLICY_COLORS.get(key or "", "#7f7f7f")  # None: no policy known, grey
 
 
 def plot_policy_tradeoff(table: pd.DataFrame) -> Figure:

@@ -195,7 +195,7 @@ def long_traffic_bends_at_lower_rate(curves: Any) -> dict:
     text = "; ".join(f"{PROFILE_WORDS.get(p, p)} {'no knee' if k is None else f'{k:.3g} req/s'} "
                      f"(grid step {steps[p]:.2g})" for p, k in knees.items())
     short, prompts, answers = (knees.get(p) for p in ("short_short", "long_short", "long_gen"))
-    if None in (short, prompts, answers):
+    if short is None or prompts is None or answers is None:
         return dict(knees=text, prompts=float("nan"), answers=float("nan"), holds=None)
     return dict(knees=text, prompts=prompts / short, answers=answers / short,
                 holds=prompts < 0.5 * short and answers < 0.5 * short)

@@ -17,7 +17,8 @@ def _curves(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str, str]]:
     style_key = "source" if "source" in frame and frame["source"].nunique() > 1 else None
     groups = frame.groupby(keys + ([style_key] if style_key else []), sort=False) if keys or style_key else \
         [((), frame)]
-    out, colors = [], {}
+    out: list[tuple[str, pd.DataFrame, str, str]] = []
+    colors: dict[tuple, str] = {}
     for key, curve in groups:
         key = key if isinstance(key, tuple) else (key,)
         color_key = key[:len(keys)]

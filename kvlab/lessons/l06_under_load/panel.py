@@ -8,13 +8,14 @@ from ...clocks import SLO
 from kvlab.experiments.service_curves import DEFAULT_SLO, scheduler_config, service_curve
 from .figures import plot_service_curve
 from ...serving.cost_model import CostModel
+from ...serving.scheduler import Policy, Priority
 from ...workload import PROFILE_NAMES
 from ..common.panel import ExperimentPanel
 
 _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
-POLICIES = {"continuous, decode first": ("continuous", "decode_first"),
-            "continuous, prefill first": ("continuous", "prefill_first"),
-            "static batches": ("static", "decode_first")}
+POLICIES: dict[str, tuple[Policy, Priority]] = {"continuous, decode first": ("continuous", "decode_first"),
+                                                "continuous, prefill first": ("continuous", "prefill_first"),
+                                                "static batches": ("static", "decode_first")}
 QUEUE_LIMITS = {"64 waiting": 64, "16 waiting": 16, "256 waiting": 256, "unbounded": None}
 
 

@@ -1,7 +1,7 @@
 """Exercises of notebook 08 (preemption, prefix caching, chunked prefill): checkers, questions and folded solutions."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..common.exercises import Feedback, check_number, exercise, right, method_source, solution_code, wrong
 from ...cache.paged import BLOCK_SIZE
@@ -53,13 +53,16 @@ def check_recomputed_tokens(answer: Any) -> Feedback:
 
 def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = BLOCK_SIZE) -> int:
     """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
+    from ...clocks import RequestRecord
     from ...serving.block_manager import BlockManager
     from ...serving.sequence import SamplingParams, Sequence as EngineSequence
 
     system = list(range(system_tokens))
     own = prompt_tokens - system_tokens
-    first = EngineSequence(0, system + [1000 + i for i in range(own)], 1, SamplingParams(), None, 0.0)
-    second = EngineSequence(1, system + [2000 + i for i in range(own)], 1, SamplingParams(), None, 0.0)
+    first = EngineSequence(0, system + [1000 + i for i in range(own)], 1, SamplingParams(),
+                           RequestRecord(0, prompt_tokens, 1, scheduled_s=0.0), 0.0)
+    second = EngineSequence(1, system + [2000 + i for i in range(own)], 1, SamplingParams(),
+                            RequestRecord(1, prompt_tokens, 1, scheduled_s=0.0), 0.0)
     bm = BlockManager(2 * -(-prompt_tokens // block_size) + 1, block_size)
     bm.allocate(first)
     first.num_computed_tokens = first.num_tokens  # its prompt was computed: its full blocks become cacheable
@@ -197,9 +200,11 @@ class EngineBlockTable:
         return {s: list(seq.block_table) for s, seq in self.sequences.items()}
 
     def allocate(self, seq_id, token_ids) -> list[int]:
+        from ...clocks import RequestRecord
         from ...serving.sequence import SamplingParams, Sequence as EngineSequence
 
-        seq = EngineSequence(seq_id, list(token_ids), 1, SamplingParams(), None, 0.0)
+        seq = EngineSequence(seq_id, list(token_ids), 1, SamplingParams(),
+                             RequestRecord(seq_id, len(token_ids), 1, scheduled_s=0.0), 0.0)
         if not self.manager.can_allocate(seq):
             raise MemoryError(f"not enough free blocks for sequence {seq_id}")
         self.manager.allocate(seq)
@@ -369,7 +374,9 @@ def _run_scenario(cls: type, name: str, num_blocks: int, bs: int, ops: list) -> 
     for op in ops:
         kind, seq = op[0], op[1]
         try:
-            {"allocate": oracle.allocate, "append": oracle.append, "free": oracle.free}[kind](*op[1:])
+            act: dict[str, Callable[..., Any]] = {"allocate": oracle.allocate, "append": oracle.append,
+                                                  "free": oracle.free}
+            act[kind](*op[1:])
             fits = True
         except MemoryError:
             fits = False

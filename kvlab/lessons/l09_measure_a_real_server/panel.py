@@ -174,7 +174,8 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
     folder = lesson_checkpoint(folder) if folder is not None else vllm_folder()
     log(f"starting {', '.join(engines)} (vLLM: 50-100 s) ...")
     servers = start_together([make_engine(e, folder) for e in engines])
-    rows, usage = [], []
+    rows: list[dict] = []
+    usage: list[dict] = []
     try:
         greedy = same_greedy_tokens(servers)
         with realtime_client() as priority:  # as bench serve: no server's busy core leaves the client waiting
