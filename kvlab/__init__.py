@@ -1,19 +1,19 @@
 """kvlab: a hands-on lab about KV caches, batching, and why a fast AI service can keep people waiting."""
 from __future__ import annotations
 
-from .version import __version__
+from kvlab.version import __version__
 
-from .cache import CACHE_NAMES, CacheMemory, KVCache, kv_cache_bytes, make_cache
-from .clocks import SLO, RequestRecord, requests_frame, summarize
-from .device import pick_device
-from .generate import GenerationConfig, GenerationResult, Timeline, TokenEvent, generate, stream
-from .model.config import PUBLISHED_CONFIGS, ModelConfig, llama_30m, tiny_gpt2, tiny_llama
-from .model.decoder import Decoder, build_model
-from .model.loading import from_pretrained, from_transformers, to_transformers
-from .model.tokenizer import ByteTokenizer
-from .serving import BlockManager, Engine, SamplingParams, SchedulerConfig
-from .traces import replay_trace
-from .workload import Request, make_workload
+from kvlab.cache import CACHE_NAMES, CacheMemory, KVCache, kv_cache_bytes, make_cache
+from kvlab.clocks import SLO, RequestRecord, requests_frame, summarize
+from kvlab.device import pick_device
+from kvlab.generate import GenerationConfig, GenerationResult, Timeline, TokenEvent, generate, stream
+from kvlab.model.config import PUBLISHED_CONFIGS, ModelConfig, llama_30m, tiny_gpt2, tiny_llama
+from kvlab.model.decoder import Decoder, build_model
+from kvlab.model.loading import from_pretrained, from_transformers, to_transformers
+from kvlab.model.tokenizer import ByteTokenizer
+from kvlab.serving import BlockManager, Engine, SamplingParams, SchedulerConfig
+from kvlab.traces import replay_trace
+from kvlab.workload import Request, make_workload
 
 # Lesson layers (ipywidgets, matplotlib) are imported explicitly by notebooks:
 #   from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel; from kvlab.lessons import verdicts

@@ -1,5 +1,5 @@
 """``python -m kvlab``: the command line (see kvlab/cli.py)."""
-from .cli import main
+from kvlab.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -51,8 +51,8 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from .course import NOTEBOOKS, WORKSHOP_DIR, header, lesson, navigation, notebook_path, setup_cell
-from .reading import mark_collapsed
+from kvlab.course import NOTEBOOKS, WORKSHOP_DIR, header, lesson, navigation, notebook_path, setup_cell
+from kvlab.reading import mark_collapsed
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -148,7 +148,7 @@ def share_cells(notebook: str) -> list:
 
 def expand(cells: list, notebook: str) -> list:
     """Replace the directives in ``cells`` by the shared pieces they name (see the module docstring)."""
-    from .lessons.common import exercises
+    from kvlab.lessons.common import exercises
 
     entry = lesson(notebook)
     number = notebook[:2]
@@ -407,7 +407,7 @@ def selected(prefixes: list[str], folder: Path | None = None) -> list[Path]:
 
 def update_course_map() -> None:
     """Rewrite the README's course map, whose run-time column comes from the notebooks just executed."""
-    from .course import with_course_map
+    from kvlab.course import with_course_map
 
     readme = notebook_dir().parent / "README.md"
     if readme.exists():
@@ -445,7 +445,7 @@ def main(args) -> int:
     if executed:
         update_course_map()
     if not args.check and not workshop_only:
-        from . import teachers_key
+        from kvlab import teachers_key
 
         if teachers_key.write(notebook_dir()):
             print(f"notebooks/{teachers_key.KEY_FILE}: the teacher's key rewritten from the saved runs")

@@ -11,7 +11,7 @@ import argparse
 import importlib
 from typing import NamedTuple, Sequence
 
-from .version import __version__
+from kvlab.version import __version__
 
 
 class Command(NamedTuple):

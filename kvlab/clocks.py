@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, cast
+from typing import Iterable, Literal, Mapping, Sequence, cast, get_args
 
 import numpy as np
 import pandas as pd
 
-STATUSES = ("waiting", "running", "completed", "failed")
+Status = Literal["waiting", "running", "completed", "failed"]
+STATUSES: tuple[Status, ...] = get_args(Status)
 CLOCKS = ("ttft", "tpot", "itl", "e2e", "queue")
 DEFAULT_QS = (0.5, 0.9, 0.95, 0.99)
 _NAN = float("nan")
@@ -59,7 +60,7 @@ class RequestRecord:
     first_token_s: float | None = None
     token_s: list[float] = field(default_factory=list)
     finished_s: float | None = None
-    status: str = "waiting"
+    status: Status = "waiting"
     fail_reason: str | None = None
     output_tokens_reported: int | None = None
     extra: dict = field(default_factory=dict)
@@ -117,7 +118,7 @@ class RequestRecord:
             return self.output_tokens_reported
         return len(self.token_s)
 
-    def state_at(self, until_s: float) -> str | None:
+    def state_at(self, until_s: float) -> Status | None:
         """State at time `until_s`: None if not yet sent, else one of STATUSES.
 
         Ended (completed / failed) once `finished_s <= until_s`; running once

@@ -23,9 +23,9 @@ import weakref
 
 import torch
 
-from .cache.static import FixedShapeStaticCache
-from .model.decoder import Decoder
-from .model.matvec import prepare_compile
+from kvlab.cache.static import FixedShapeStaticCache
+from kvlab.model.decoder import Decoder
+from kvlab.model.matvec import prepare_compile
 
 
 class CompiledDecodeStep:

@@ -232,12 +232,12 @@ def checked_device():
     if anything differs or raises, KVLAB_DEVICE is set to "cpu" for this kernel (and the processes it
     starts), so every lesson after the setup cell runs on the CPU. KVLAB_DEVICE_CHECK=0 skips the check.
     """
-    from .device import pick_device
+    from kvlab.device import pick_device
 
     device = pick_device()
     if device.type != "cuda" or os.environ.get("KVLAB_DEVICE_CHECK") == "0":
         return device, None
-    from .serving.device_check import device_check
+    from kvlab.serving.device_check import device_check
 
     check = device_check(device)
     if not check.ok:
@@ -248,8 +248,8 @@ def checked_device():
 
 def setup_report() -> str:
     """A few lines on where this notebook runs: place, versions, device, threads, and what to do without a GPU."""
-    from .env import environment
-    from .model.lessons import lesson_scale
+    from kvlab.env import environment
+    from kvlab.model.lessons import lesson_scale
 
     device, check = checked_device()
     env = environment()

@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 
-from .version import __version__
+from kvlab.version import __version__
 
 _PACKAGES = ("kvlab", "torch", "transformers", "numpy", "pandas")
 

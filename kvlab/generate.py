@@ -8,13 +8,13 @@ from typing import Generator, Iterator, Sequence, cast
 import pandas as pd
 import torch
 
-from .cache import KVCache, NoCache
-from .cache.registry import FIXED_SHAPE, check_cache_options, make_cache, sized_options
-from .cache.static import FixedShapeStaticCache
-from .compiled import CompiledDecodeStep, compiled_step
-from .device import now
-from .model.decoder import Decoder
-from .sampling import check_sampling, sample
+from kvlab.cache import KVCache, NoCache
+from kvlab.cache.registry import FIXED_SHAPE, check_cache_options, make_cache, sized_options
+from kvlab.cache.static import FixedShapeStaticCache
+from kvlab.compiled import CompiledDecodeStep, compiled_step
+from kvlab.device import now
+from kvlab.model.decoder import Decoder
+from kvlab.sampling import check_sampling, sample
 
 
 @dataclass

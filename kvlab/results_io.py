@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from .clocks import SLO, Summary
+from kvlab.clocks import SLO, Summary
 
 
 def jsonable(x: Any) -> Any:
@@ -57,7 +57,7 @@ def save_results(path: str | Path, results: pd.DataFrame | Summary, settings: Ma
     `.csv`: the table, preceded by `# key: <json>` metadata lines; read it
     back with `load_results`.
     """
-    from .env import environment  # lazy: collecting versions may import torch
+    from kvlab.env import environment  # lazy: collecting versions may import torch
 
     path = Path(path)
     frame = results.to_frame() if isinstance(results, Summary) else results

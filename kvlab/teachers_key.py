@@ -21,8 +21,8 @@ from pathlib import Path
 
 import nbformat
 
-from .course import NOTEBOOKS
-from .lessons.common.predict import MEASURED_CLASS
+from kvlab.course import NOTEBOOKS
+from kvlab.lessons.common.predict import MEASURED_CLASS
 
 KEY_FILE = "KEY.md"
 RANGES_FILE = "key_ranges.json"  # the record of answers across runs (scripts/claims_robustness.py --notebooks)

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .data import MOONCAKE_SAMPLE_TRACE as MOONCAKE_SAMPLE_FILE, SAMPLE_TRACE as SAMPLE_TRACE_FILE, data_path, \
+from kvlab.data import MOONCAKE_SAMPLE_TRACE as MOONCAKE_SAMPLE_FILE, SAMPLE_TRACE as SAMPLE_TRACE_FILE, data_path, \
     missing_message
-from .workload import Request, _check_optional_int, _check_positive, _fit
+from kvlab.workload import Request, _check_optional_int, _check_positive, _fit
 
 SAMPLE_TRACE = data_path(SAMPLE_TRACE_FILE)  # kvlab/data/traces/azure_conv_sample.csv, shipped inside the package
 MOONCAKE_SAMPLE_TRACE = data_path(MOONCAKE_SAMPLE_FILE)  # kvlab/data/traces/, shipped inside the package

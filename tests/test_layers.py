@@ -287,6 +287,15 @@ def dotted(path: str) -> str:
     return path.replace("/", ".")
 
 
+def test_one_import_style_absolute():
+    """Every import inside the package names its module in full (``from kvlab.serving.engine import Engine``),
+    so a reader sees where a name comes from without counting dots, and a module moves without rewriting them."""
+    relative = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not relative, f"relative imports (write them absolute, from kvlab...): {relative[:10]}"
+
+
 def test_readme_draws_the_layer_table():
     """Same layers, same order, same modules: every entry of LAYERS that is in the tree (the table may name a
     module before it lands, e.g. kvlab.sampling; the README names it once it does)."""

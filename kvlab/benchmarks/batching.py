@@ -55,19 +55,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..clocks import RequestRecord, summarize
-from ..model.config import PRESETS, preset
-from ..model.decoder import Decoder, build_model
-from ..serving.cost_model import CostModel, CostModelExecutor, load_calibration
-from ..serving.engine import Engine
-from ..serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
-from ..results_io import write_json
-from ..threads import LESSON_THREADS, torch_threads
-from ..workload import Request
+from kvlab.clocks import RequestRecord, summarize
+from kvlab.model.config import PRESETS, preset
+from kvlab.model.decoder import Decoder, build_model
+from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.engine import Engine
+from kvlab.serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
+from kvlab.results_io import write_json
+from kvlab.threads import LESSON_THREADS, torch_threads
+from kvlab.workload import Request
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated
 from kvlab.experiments.rounds import spread as spread_of  # run_benchmark has an argument named spread
-from .kv_allocation import paged_vs_reservation, print_paging
-from ..cache.paged import BLOCK_SIZE
+from kvlab.benchmarks.kv_allocation import paged_vs_reservation, print_paging
+from kvlab.cache.paged import BLOCK_SIZE
 
 SPREADS = ((36, 36), (20, 52), (8, 64))  # output lengths spread evenly over [lo, hi]: one mean (36), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
@@ -210,7 +210,7 @@ def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> t
 def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSettings) -> float:
     """Continuous / static output tokens/s of ``requests`` in virtual time on ``cost_model``: the
     expectation from step costs alone, free of the machine's noise, to read a measured ratio against."""
-    from ..model.config import ModelConfig
+    from kvlab.model.config import ModelConfig
 
     tps = {}
     for policy in ("static", "continuous"):
@@ -226,7 +226,7 @@ def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSett
 def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, transformers: bool = True,
                   cost_model: CostModel | None = None, kv_budget_tokens: int | None = None, log=print) -> dict:
     """Every run of the benchmark; returns the report (what --json writes)."""
-    from ..env import environment
+    from kvlab.env import environment
 
     s.check()
     load_before = load_average()
@@ -332,7 +332,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
 
 
 def model_to_transformers(model: Decoder):
-    from ..model.loading import to_transformers
+    from kvlab.model.loading import to_transformers
 
     return to_transformers(model).eval()
 

@@ -60,17 +60,17 @@ from typing import Any
 
 import torch
 
-from ..cache import CACHE_NAMES
-from ..device import pick_device
+from kvlab.cache import CACHE_NAMES
+from kvlab.device import pick_device
 from kvlab.experiments.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
-from ..model.config import PRESETS, ModelConfig
-from ..model.decoder import build_model
-from ..model.loading import to_transformers
-from ..results_io import write_json
-from ..threads import set_torch_threads
-from .decode_runs import Mode, Run, kvlab_modes, run_kvlab
-from .transformers_runs import compiled_transformers, run_transformers, transformers_modes
+from kvlab.model.config import PRESETS, ModelConfig
+from kvlab.model.decoder import build_model
+from kvlab.model.loading import to_transformers
+from kvlab.results_io import write_json
+from kvlab.threads import set_torch_threads
+from kvlab.benchmarks.decode_runs import Mode, Run, kvlab_modes, run_kvlab
+from kvlab.benchmarks.transformers_runs import compiled_transformers, run_transformers, transformers_modes
 
 POSITIONS = (1, 32, 64, 127)  # tokens whose step time is reported (0 is the prefill)
 
@@ -162,7 +162,7 @@ def ratio_pairs(modes: list[Mode]) -> list[tuple[str, str]]:
 
 
 def environment(device: torch.device, config: ModelConfig) -> dict:
-    from ..env import environment as machine
+    from kvlab.env import environment as machine
 
     env = machine()
     env.update(device_used=str(device), threads=torch.get_num_threads(), model_config=config.to_dict())

@@ -11,10 +11,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..cache import cache_class
-from ..device import now
-from ..generate import generate
-from ..model.decoder import Decoder
+from kvlab.cache import cache_class
+from kvlab.device import now
+from kvlab.generate import generate
+from kvlab.model.decoder import Decoder
 
 KVLAB_OPTIONS = {"quantized": {"bits": 4}}  # options per kvlab cache; the rest run with their defaults
 

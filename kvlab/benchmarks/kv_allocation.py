@@ -14,14 +14,14 @@ from typing import Protocol
 
 import numpy as np
 
-from ..clocks import summarize
-from ..model.config import ModelConfig
-from ..serving.block_manager import bytes_per_block
-from ..serving.cost_model import CostModel, CostModelExecutor
-from ..serving.engine import Engine
-from ..serving.reservation import ReservationEngine
-from ..serving.scheduler import SchedulerConfig
-from ..workload import Request
+from kvlab.clocks import summarize
+from kvlab.model.config import ModelConfig
+from kvlab.serving.block_manager import bytes_per_block
+from kvlab.serving.cost_model import CostModel, CostModelExecutor
+from kvlab.serving.engine import Engine
+from kvlab.serving.reservation import ReservationEngine
+from kvlab.serving.scheduler import SchedulerConfig
+from kvlab.workload import Request
 
 
 class PoolSettings(Protocol):

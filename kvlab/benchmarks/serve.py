@@ -59,7 +59,7 @@ from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, mak
 from kvlab.serving.knee import Knee
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
-from ..threads import LESSON_THREADS
+from kvlab.threads import LESSON_THREADS
 
 KVLAB = "kvlab serve"
 DEFAULT_RATES = (8.0, 16.0, 32.0, 64.0, 128.0)

@@ -32,16 +32,16 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..cache.dynamic import DynamicCache
-from ..device import pick_device
-from ..generate import generate
-from ..model import decoder as decoder_module
-from ..model.decoder import Decoder, build_model
-from ..model.config import PRESETS
-from ..model.matvec import SPLIT_MAX_ROWS
-from ..results_io import write_json
-from ..threads import set_torch_threads
-from .decode import checked_config
+from kvlab.cache.dynamic import DynamicCache
+from kvlab.device import pick_device
+from kvlab.generate import generate
+from kvlab.model import decoder as decoder_module
+from kvlab.model.decoder import Decoder, build_model
+from kvlab.model.config import PRESETS
+from kvlab.model.matvec import SPLIT_MAX_ROWS
+from kvlab.results_io import write_json
+from kvlab.threads import set_torch_threads
+from kvlab.benchmarks.decode import checked_config
 from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 
 PARTS = ("weight products", "cache and attention", "rope")  # what can be left out, in the table's order
@@ -172,7 +172,7 @@ def main(args: argparse.Namespace) -> int:
           "the parts' costs interact, so this is approximate)")
     print(format_load(load_before, load_after))
     if args.json:
-        from ..env import environment
+        from kvlab.env import environment
 
         write_json(args.json, {
             "benchmark": "step_budget", "budget": budget, "rest_ms": rest,

@@ -48,9 +48,9 @@ def summarise(frame) -> list[dict]:
 def main(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from ..env import environment
+    from kvlab.env import environment
     from kvlab.experiments.strategies import default_settings, run_strategies
-    from ..results_io import write_json
+    from kvlab.results_io import write_json
     from kvlab.experiments.recall import load_recall_model
 
     try:

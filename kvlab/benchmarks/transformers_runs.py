@@ -12,9 +12,9 @@ import importlib.util
 import torch
 
 from kvlab.experiments.transformers_steps import timed_generate, transformers_cache_bytes
-from ..model.decoder import Decoder
-from ..model.loading import to_transformers
-from .decode_runs import Mode, Run, kv_tokens_read
+from kvlab.model.decoder import Decoder
+from kvlab.model.loading import to_transformers
+from kvlab.benchmarks.decode_runs import Mode, Run, kv_tokens_read
 
 TRANSFORMERS_CACHES = ("dynamic", "static", "quantized", "offloaded")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import CacheMemory, KVCache
+from kvlab.cache.base import CacheMemory, KVCache
 
 
 class NoCache(KVCache):

@@ -10,8 +10,8 @@ import weakref
 
 import torch
 
-from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
-from .base import CacheMemory, KVCache, kv_cache_bytes
+from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
+from kvlab.cache.base import CacheMemory, KVCache, kv_cache_bytes
 
 
 def _remove_storage(path: str, owned_dir: str | None) -> None:

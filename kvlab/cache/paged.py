@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
+from kvlab.cache.base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
 
 # Decodes are attended together (one padded gather + one masked call) only while the padded gather
 # stays this small; beyond it each decode is attended on its own, over exactly its own blocks. The

@@ -32,10 +32,10 @@ import time
 
 import torch
 
-from .. import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
-from .base import CacheMemory, KVCache, tensor_bytes
-from .offloaded import check_link_and_storage, make_tier, wait_for_link
-from .paged import BLOCK_SIZE, PagedAttentionMetadata, PagedKVCache
+from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
+from kvlab.cache.base import CacheMemory, KVCache, tensor_bytes
+from kvlab.cache.offloaded import check_link_and_storage, make_tier, wait_for_link
+from kvlab.cache.paged import BLOCK_SIZE, PagedAttentionMetadata, PagedKVCache
 
 
 def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .base import CacheMemory, KVCache, tensor_bytes
-from .quantize_ops import check_bits, dequantize, quantize
+from kvlab.cache.base import CacheMemory, KVCache, tensor_bytes
+from kvlab.cache.quantize_ops import check_bits, dequantize, quantize
 
 
 class QuantizedCache(KVCache):

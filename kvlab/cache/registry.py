@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from .base import KVCache
+from kvlab.cache.base import KVCache
 
 # name -> (module, class, options the class accepts beyond the shape)
 STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import CacheMemory, KVCache, kv_cache_bytes
+from kvlab.cache.base import CacheMemory, KVCache, kv_cache_bytes
 
 
 class StaticCache(KVCache):

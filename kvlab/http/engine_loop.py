@@ -55,7 +55,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from kvlab.clocks import RequestRecord
 from kvlab.http.engine_process import EngineProcess
@@ -67,15 +67,23 @@ IDLE_POLL_S = 0.002  # how often a non-empty engine that cannot step yet (a stat
 WATCHDOG_S = 0.5  # how often the event loop checks that the engine thread lives and its step is not stuck
 MAX_FAILED_STEPS = 3  # consecutive failing steps after which the engine stops for good
 STEP_TIMEOUT_S = 60.0  # a step running longer than this means the engine is stuck: it is stopped
-STOPPED = "engine_stopped"  # the reason a request is refused once the engine stopped for good
+# Why the engine refused a request at once: its scheduler's reasons, then the loop's own.
+RejectReason = Literal["queue_full", "prompt_too_long", "engine_stopped", "no_verdict", "invalid_request", "rejected"]
+STOPPED: RejectReason = "engine_stopped"  # the reason a request is refused once the engine stopped for good
 
 
 class EngineRejected(Exception):
-    """The engine refused a request at once; `reason` is its fail reason ("queue_full", "engine_stopped", ...)."""
+    """The engine refused a request at once: `reason` says why, `detail` what the engine said, if anything."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    def __init__(self, reason: RejectReason, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
+def _reject_reason(fail_reason: str | None) -> RejectReason:
+    """A record's fail reason at admission as a RejectReason ("rejected" for one the loop does not know)."""
+    return "queue_full" if fail_reason == "queue_full" else \
+        "prompt_too_long" if fail_reason == "prompt_too_long" else "rejected"
 
 
 @dataclass
@@ -172,7 +180,7 @@ class AsyncEngine:
         return self._worker_alive() and self.error is None
 
     @property
-    def state(self) -> str:
+    def state(self) -> EngineState:
         if self.error is not None or (self._thread is not None and not self._worker_alive()):
             return "stopped"
         return "degraded" if self.failed_steps_in_a_row else "ok"
@@ -224,21 +232,23 @@ class AsyncEngine:
             self.streams[stream.request_id] = stream
             self._verdicts[stream.request_id] = verdict
             self._send(("add", request, sampling))
+        answer: tuple[RejectReason, str] | None
         try:  # the engine answers between two steps; the watchdog answers if it cannot
-            reason = await asyncio.wait_for(asyncio.shield(verdict), self.step_timeout_s + 2 * WATCHDOG_S)
+            answer = await asyncio.wait_for(asyncio.shield(verdict), self.step_timeout_s + 2 * WATCHDOG_S)
         except asyncio.TimeoutError:  # cannot happen while the watchdog runs; a bound all the same
-            reason = "no_verdict"
+            answer = ("no_verdict", "")
         except asyncio.CancelledError:  # the handler is cancelled (shutdown) before the engine answered
             self.abort(stream.request_id)
             self.streams.pop(stream.request_id, None)
             raise
         finally:
             self._verdicts.pop(stream.request_id, None)
-        if reason is not None:
+        if answer is not None:
+            reason, detail = answer
             if reason == "no_verdict":
                 self.abort(stream.request_id)
             self.streams.pop(stream.request_id, None)
-            raise EngineRejected(reason)
+            raise EngineRejected(reason, detail)
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -265,11 +275,11 @@ class AsyncEngine:
         """The handler is done with this stream."""
         self.streams.pop(request_id, None)
 
-    def _verdict(self, request_id: str, reason: str | None) -> None:
-        """Event loop: the engine's verdict on an add (None: queued; else the reason it was refused)."""
+    def _verdict(self, request_id: str, reason: RejectReason | None, detail: str = "") -> None:
+        """Event loop: the engine's verdict on an add (None: queued; else why it was refused, and its words)."""
         verdict = self._verdicts.get(request_id)
         if verdict is not None:
-            _resolve(verdict, reason)
+            _resolve(verdict, None if reason is None else (reason, detail))
 
     def _stopped_with(self, cancelled: int) -> None:
         """Event loop: the engine loop has ended on a stop command, `cancelled` requests aborted."""
@@ -293,7 +303,7 @@ class AsyncEngine:
             return
         self._stopped_on_loop = True
         for verdict in list(self._verdicts.values()):
-            _resolve(verdict, STOPPED)
+            _resolve(verdict, (STOPPED, ""))
         why = f"the engine stopped: {self.error}"
         self._deliver([RequestOutput(s.request_id, None, s.num_output_tokens, True, ENGINE_ERROR, why)
                        for s in list(self.streams.values())])
@@ -381,11 +391,11 @@ class AsyncEngine:
             try:
                 record = engine.add_request(request, sampling, now=engine.now())
             except ValueError as e:  # the server checks first; this is a safety net, not the path
-                self._reply(self._verdict, rid, f"invalid_request: {e}")
+                self._reply(self._verdict, rid, "invalid_request", str(e))
                 return
             if record.status == "failed":
                 self._retire(request.request_id)
-                self._reply(self._verdict, rid, record.fail_reason or "rejected")
+                self._reply(self._verdict, rid, _reject_reason(record.fail_reason), record.fail_reason or "")
             else:
                 self.counters["prompt_tokens"] += request.prompt_tokens
                 self._reply(self._verdict, rid, None)
@@ -516,6 +526,9 @@ class AsyncEngine:
                        "prefix_hit_tokens": stats.prefix_hit_tokens}
         if self._pipe is not None and self._loop is None:  # in the engine's own process: tell the front end
             self._reply(self._synced, self.gauges, dict(self.counters), self.failed_steps_in_a_row, self.last_error)
+
+
+EngineState = Literal["ok", "degraded", "stopped"]  # what /health says
 
 
 class _StepClock:

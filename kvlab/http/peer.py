@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
-from ..cache.paged import BLOCK_SIZE
-from ..serving.scheduler import MAX_BATCH_TOKENS
-from ..threads import LESSON_THREADS
+from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.serving.scheduler import MAX_BATCH_TOKENS
+from kvlab.threads import LESSON_THREADS
 
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports

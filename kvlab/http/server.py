@@ -281,7 +281,7 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
             tally.end("invalid_request")
             return error_response(APIError(400, "prompt + max_tokens exceed this model's context", "prompt_too_long"))
         tally.end("rejected_unavailable")
-        return error_response(_unavailable(state, e.reason))
+        return error_response(_unavailable(state, e.reason if e.reason == STOPPED else str(e)))
     shape = ResponseShape(rid, state.model_name, chat)
     if req.stream:
         return EngineStreamingResponse(_events(state, stream, shape, req, tally), _closer(state, stream, tally),

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .common.claims import CLAIMS, Claim, Verdict, Verdicts, claim, claims_for, verdicts
-from .common.exercises import EXERCISES, exercises_for
+from kvlab.lessons.common.claims import CLAIMS, Claim, Verdict, Verdicts, claim, claims_for, verdicts
+from kvlab.lessons.common.exercises import EXERCISES, exercises_for
 
 # The lesson folders, in course order (lNN_<notebook name>); each registers its claims and exercises.
 LESSONS: tuple[str, ...] = tuple(sorted(m.name for m in pkgutil.iter_modules(__path__)

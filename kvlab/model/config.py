@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, overload
 
-from ..cache.base import kv_cache_bytes
+from kvlab.cache.base import kv_cache_bytes
 
 ARCHITECTURES = ("llama", "gpt2")
 

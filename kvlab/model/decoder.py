@@ -5,10 +5,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..cache.base import KVCache
-from .config import ModelConfig
-from .matvec import matvec
-from .tokenizer import Tokenizer
+from kvlab.cache.base import KVCache
+from kvlab.model.config import ModelConfig
+from kvlab.model.matvec import matvec
+from kvlab.model.tokenizer import Tokenizer
 
 # Weights are stored as [in, out] and applied as x @ W. A single row times a contiguous [in, out]
 # matrix streams memory markedly faster on CPU than F.linear's x @ W.T over an [out, in] matrix,
@@ -209,8 +209,8 @@ class Decoder(nn.Module):
 def build_model(config: ModelConfig, seed: int = 0, device: torch.device | str | None = None,
                 dtype: torch.dtype = torch.float32) -> Decoder:
     """A decoder with seeded random weights and the built-in byte tokenizer (for tests and demos)."""
-    from ..device import pick_device
-    from .tokenizer import ByteTokenizer
+    from kvlab.device import pick_device
+    from kvlab.model.tokenizer import ByteTokenizer
 
     model = Decoder(config).init_weights(seed)
     model.tokenizer = ByteTokenizer()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from ..data import RECALL_TINY, data_path, missing_message
-from ..device import pick_device
-from .config import ModelConfig, tiny_llama
-from .decoder import Decoder, build_model
+from kvlab.data import RECALL_TINY, data_path, missing_message
+from kvlab.device import pick_device
+from kvlab.model.config import ModelConfig, tiny_llama
+from kvlab.model.decoder import Decoder, build_model
 
 RECALL_MODEL_DIR = data_path(RECALL_TINY)  # the recall task's trained checkpoint (lesson 03, lesson 09's engines)
 
@@ -101,7 +101,7 @@ def load_recall_model(path: str | Path | None = None, device: torch.device | str
     It ships inside the package (``kvlab.data``), so it is found from a checkout, an editable install
     and a wheel alike; ``path`` loads another checkpoint folder instead (e.g. one you retrained).
     """
-    from .loading import from_pretrained
+    from kvlab.model.loading import from_pretrained
 
     if path is None:
         where = RECALL_MODEL_DIR

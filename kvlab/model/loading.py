@@ -9,10 +9,10 @@ from typing import Any, Mapping
 
 import torch
 
-from ..device import pick_device
-from .config import ModelConfig
-from .decoder import Decoder
-from .tokenizer import ByteTokenizer, HFTokenizer
+from kvlab.device import pick_device
+from kvlab.model.config import ModelConfig
+from kvlab.model.decoder import Decoder
+from kvlab.model.tokenizer import ByteTokenizer, HFTokenizer
 
 # "gpt2", "openai-community/gpt2", "Qwen/Qwen2.5-0.5B": a hub name (a path that is no directory is an error)
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

@@ -14,7 +14,7 @@ the name they type, allow-listed machine facts, and the lesson's numbers.
 """
 from __future__ import annotations
 
-from .record import ROOM_KEY_ENV, LearnerRun, RoomFileError, validate
+from kvlab.room.record import ROOM_KEY_ENV, LearnerRun, RoomFileError, validate
 
 __all__ = ["ROOM_KEY_ENV", "LearnerRun", "RoomFileError", "share", "validate"]
 
@@ -30,7 +30,7 @@ def share(name: str, notebook: str, predictions=(), verdicts=(), figures=None, r
     """
     from pathlib import Path
 
-    from .record import machine_facts
+    from kvlab.room.record import machine_facts
 
     try:
         run = LearnerRun(name, notebook, machine=machine_facts(runtime=runtime))

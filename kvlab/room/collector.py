@@ -41,8 +41,8 @@ from kvlab.http.guard import (MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer
                               check_content_type, header_timeout_protocol, read_body)
 from kvlab.http.protocol import APIError
 
-from .record import ROOM_KEY_ENV, SENT_AT_HEADER, RoomFileError, validate
-from .store import Store
+from kvlab.room.record import ROOM_KEY_ENV, SENT_AT_HEADER, RoomFileError, validate
+from kvlab.room.store import Store
 
 log = logging.getLogger("kvlab.room")
 STATUS = {"accepted": 201, "superseding": 201, "duplicate": 200}
@@ -148,7 +148,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     store = Store(args.db)
     if args.export:
-        from .store import write_room_file
+        from kvlab.room.store import write_room_file
 
         if args.inbox:
             store.import_folder(args.inbox)

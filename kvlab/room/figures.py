@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.text import Text
 
-from .view import Room
+from kvlab.room.view import Room
 
 CLASS_COLORS = {"cpu": "#1f77b4", "cuda": "#d62728", "mps": "#9467bd"}
 

@@ -15,7 +15,7 @@ import uuid
 
 import numpy as np
 
-from .record import LearnerRun
+from kvlab.room.record import LearnerRun
 
 NAMES = ("Ada", "Alan", "Barbara", "Claude", "Dana", "Edsger", "Frances", "Grace", "Hedy", "Ivan", "Joan", "Ken",
          "Lynn", "Margaret", "Niklaus", "Olga", "Peter", "Quinn", "Radia", "Sophie", "Tim", "Ursula", "Vint",

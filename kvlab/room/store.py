@@ -31,7 +31,7 @@ from pathlib import Path
 from kvlab.results_io import to_json
 from kvlab.version import __version__
 
-from .record import LearnerRun, RoomFileError, validate
+from kvlab.room.record import LearnerRun, RoomFileError, validate
 
 ROOM_FILE_SCHEMA = "kvlab-room"
 MAX_FILE_BYTES = 1 << 20  # a dropped file is held to the collector's body limit too

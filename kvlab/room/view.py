@@ -50,8 +50,8 @@ import pandas as pd
 
 from kvlab.clocks import RequestRecord, quantiles
 
-from .record import LearnerRun, RoomFileError, validate
-from .store import ROOM_FILE_SCHEMA, ClockCheck, Store, clock_check, room_file
+from kvlab.room.record import LearnerRun, RoomFileError, validate
+from kvlab.room.store import ROOM_FILE_SCHEMA, ClockCheck, Store, clock_check, room_file
 from kvlab.serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 
 MAD_FLOOR = 0.01
@@ -88,7 +88,7 @@ def load_room(source: Any, key: str | None = None) -> "Room":
 
         from kvlab.http.client import auth_headers
 
-        from .record import ROOM_KEY_ENV
+        from kvlab.room.record import ROOM_KEY_ENV
 
         r = httpx.get(text.rstrip("/") + "/room/export", timeout=30,
                       headers=auth_headers(key or os.environ.get(ROOM_KEY_ENV)))

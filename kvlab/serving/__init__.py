@@ -4,13 +4,13 @@ from __future__ import annotations
 # Read in that order: sequence.py -> block_manager.py -> scheduler.py -> executor.py -> engine.py.
 # The paged KV pool itself is kvlab.cache.paged.PagedKVCache.
 
-from ..cache.paged import PagedAttentionMetadata, PagedKVCache
-from .block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
-from .engine import ENGINE_ERROR, MODEL_FAILED, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
-from .executor import Executor, ModelExecutor, StepResult
-from .scheduler import (PRIORITIES, POLICIES, AdmissionError, Scheduler, SchedulerConfig, SchedulerOutput, StepShape,
+from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
+from kvlab.serving.block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
+from kvlab.serving.engine import ENGINE_ERROR, MODEL_FAILED, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
+from kvlab.serving.executor import Executor, ModelExecutor, StepResult
+from kvlab.serving.scheduler import (PRIORITIES, POLICIES, AdmissionError, Scheduler, SchedulerConfig, SchedulerOutput, StepShape,
                         WaitingRequest)
-from .sequence import SamplingParams, Sequence, SequenceStatus
+from kvlab.serving.sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = [
     "ENGINE_ERROR", "MODEL_FAILED", "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "Executor", "ModelExecutor", "POLICIES",

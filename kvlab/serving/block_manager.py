@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..model.config import ModelConfig
-from .sequence import Sequence
-from ..cache.paged import BLOCK_SIZE
+from kvlab.model.config import ModelConfig
+from kvlab.serving.sequence import Sequence
+from kvlab.cache.paged import BLOCK_SIZE
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype = torch.float32) -> int:

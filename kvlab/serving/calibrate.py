@@ -28,16 +28,16 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ..clocks import RequestRecord
-from ..model.config import PRESETS, ModelConfig, preset
-from ..model.decoder import Decoder, build_model
-from ..results_io import write_json
-from ..threads import LESSON_THREADS, torch_threads
-from .cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
-from .executor import ModelExecutor
-from .scheduler import SchedulerOutput
-from .sequence import SamplingParams, Sequence
-from ..cache.paged import BLOCK_SIZE
+from kvlab.clocks import RequestRecord
+from kvlab.model.config import PRESETS, ModelConfig, preset
+from kvlab.model.decoder import Decoder, build_model
+from kvlab.results_io import write_json
+from kvlab.threads import LESSON_THREADS, torch_threads
+from kvlab.serving.cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
+from kvlab.serving.executor import ModelExecutor
+from kvlab.serving.scheduler import SchedulerOutput
+from kvlab.serving.sequence import SamplingParams, Sequence
+from kvlab.cache.paged import BLOCK_SIZE
 
 MIN_REPEATS, MAX_REPEATS = 3, 50
 
@@ -178,7 +178,7 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
 
 def fit_cost_model(measured: pd.DataFrame, model: Decoder, settings: dict) -> CostModel:
     """Fit the coefficients to ``measure_step_times``'s frame; keep the residuals and the machine."""
-    from ..env import environment
+    from kvlab.env import environment
 
     X = measured[list(FEATURES)].to_numpy(dtype=float)
     y = measured["measured_s"].to_numpy(dtype=float)
@@ -309,7 +309,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"validation on {len(frame)} shapes not used in the fit (timed in the same passes): median absolute "
               f"error {mape:.1%} ({'within' if mape <= 0.20 else 'OUTSIDE'} the 20% goal)")
         if args.json:
-            from ..env import environment
+            from kvlab.env import environment
 
             write_json(args.json, {"benchmark": "cost_model_validation", "config": model.config.name, "median_ape": mape,
                                    "rows": v["rows"], "coefficients": cm.coefficients, "settings": cm.settings,

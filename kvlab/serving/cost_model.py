@@ -25,11 +25,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..cache.paged import BLOCK_SIZE, DECODE_BATCH_MAX_SLOTS
-from ..data import CALIBRATION, data_path
-from ..results_io import write_json
-from .executor import Executor, StepResult
-from .scheduler import SchedulerOutput
+from kvlab.cache.paged import BLOCK_SIZE, DECODE_BATCH_MAX_SLOTS
+from kvlab.data import CALIBRATION, data_path
+from kvlab.results_io import write_json
+from kvlab.serving.executor import Executor, StepResult
+from kvlab.serving.scheduler import SchedulerOutput
 
 FEATURES = ("step", "prefill_tokens", "attention_calls", "decode_seqs", "decode_kv_slots", "prefill_attention")
 FEATURE_UNITS = {"step": "step", "prefill_tokens": "token", "attention_calls": "call", "decode_seqs": "sequence",

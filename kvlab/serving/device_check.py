@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generate import generate
-from ..model.config import tiny_llama
-from ..model.decoder import build_model
-from ..workload import make_workload
-from .engine import Engine
-from .scheduler import SchedulerConfig
-from ..cache.paged import BLOCK_SIZE
+from kvlab.generate import generate
+from kvlab.model.config import tiny_llama
+from kvlab.model.decoder import build_model
+from kvlab.workload import make_workload
+from kvlab.serving.engine import Engine
+from kvlab.serving.scheduler import SchedulerConfig
+from kvlab.cache.paged import BLOCK_SIZE
 
 # cache mode -> options: every strategy a lesson uses, with the sizes of this check
 CHECK_MODES: dict[str, dict] = {

@@ -11,16 +11,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..clocks import RequestRecord
-from ..model.config import ModelConfig
-from ..model.decoder import Decoder
-from ..sampling import NonFiniteLogits
-from ..workload import Request
-from .block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
-from .executor import Executor, ModelExecutor
-from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from .sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
-from ..cache.paged import BLOCK_SIZE
+from kvlab.clocks import RequestRecord
+from kvlab.model.config import ModelConfig
+from kvlab.model.decoder import Decoder
+from kvlab.sampling import NonFiniteLogits
+from kvlab.workload import Request
+from kvlab.serving.block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
+from kvlab.serving.executor import Executor, ModelExecutor
+from kvlab.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvlab.serving.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from kvlab.cache.paged import BLOCK_SIZE
 
 CLOCKS = ("wall", "virtual")
 

@@ -12,11 +12,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..cache.paged import PagedAttentionMetadata, PagedKVCache
-from ..device import now
-from ..model.decoder import Decoder
-from ..sampling import NonFiniteLogits, nonfinite_rows, sample
-from .scheduler import SchedulerOutput, StepShape
+from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
+from kvlab.device import now
+from kvlab.model.decoder import Decoder
+from kvlab.sampling import NonFiniteLogits, nonfinite_rows, sample
+from kvlab.serving.scheduler import SchedulerOutput, StepShape
 
 
 class StepResult(NamedTuple):

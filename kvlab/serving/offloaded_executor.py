@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..cache.paged_offloaded import OffloadedPagedKVCache
-from ..model.decoder import Decoder
-from .executor import ModelExecutor, StepResult
-from .scheduler import SchedulerOutput
+from kvlab.cache.paged_offloaded import OffloadedPagedKVCache
+from kvlab.model.decoder import Decoder
+from kvlab.serving.executor import ModelExecutor, StepResult
+from kvlab.serving.scheduler import SchedulerOutput
 
 STEP_LOG_COLUMNS = ("step", "bytes_read", "bytes_written", "bytes_moved", "copy_s", "link_wait_s")
 

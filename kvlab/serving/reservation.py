@@ -13,9 +13,9 @@ a reserved region is private.
 """
 from __future__ import annotations
 
-from .block_manager import BlockManager
-from .engine import Engine
-from .sequence import Sequence
+from kvlab.serving.block_manager import BlockManager
+from kvlab.serving.engine import Engine
+from kvlab.serving.sequence import Sequence
 
 RESERVE_MODES = ("max_model_len", "request")
 

@@ -5,8 +5,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Literal, get_args
 
-from .block_manager import BlockManager
-from .sequence import FinishReason, Sequence, SequenceStatus
+from kvlab.serving.block_manager import BlockManager
+from kvlab.serving.sequence import FinishReason, Sequence, SequenceStatus
 
 Policy = Literal["continuous", "static"]  # admit whenever a slot frees, or only when the whole batch has finished
 Priority = Literal["decode_first", "prefill_first"]  # who goes first in a step's token budget

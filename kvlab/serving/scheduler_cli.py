@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 from typing import Sequence
 
-from .scheduler import POLICIES, PRIORITIES, SchedulerConfig
+from kvlab.serving.scheduler import POLICIES, PRIORITIES, SchedulerConfig
 
 # What each field means on a command line (its docstring in SchedulerConfig says more).
 HELP = {

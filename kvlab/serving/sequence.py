@@ -7,8 +7,8 @@ from typing import Literal, get_args
 
 import torch
 
-from ..clocks import RequestRecord
-from ..sampling import check_sampling
+from kvlab.clocks import RequestRecord
+from kvlab.sampling import check_sampling
 
 
 # Why a request ended: it completed ("length": max_new_tokens reached, "stop": a stop token), was rejected

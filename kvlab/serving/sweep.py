@@ -32,15 +32,15 @@ from typing import Callable, Iterable, Sequence, cast
 import numpy as np
 import pandas as pd
 
-from ..clocks import SLO, RequestRecord, summarize
-from ..model.config import ModelConfig, preset
-from ..workload import Request, make_workload
-from .block_manager import bytes_per_block
-from .cost_model import CostModel, CostModelExecutor, load_calibration
-from .engine import Engine
-from .knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
-from .scheduler import Policy, Priority, SchedulerConfig
-from .scheduler_cli import scheduler_config_from_args
+from kvlab.clocks import SLO, RequestRecord, summarize
+from kvlab.model.config import ModelConfig, preset
+from kvlab.workload import Request, make_workload
+from kvlab.serving.block_manager import bytes_per_block
+from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.engine import Engine
+from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
+from kvlab.serving.scheduler import Policy, Priority, SchedulerConfig
+from kvlab.serving.scheduler_cli import scheduler_config_from_args
 
 LevelProgress = Callable[[Iterable], Iterable]
 

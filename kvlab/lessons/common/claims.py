@@ -43,8 +43,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from .fold import folded
-from .session import note_verdicts
+from kvlab.lessons.common.fold import folded
+from kvlab.lessons.common.session import note_verdicts
 
 __all__ = ["CLAIMS", "Claim", "Verdict", "Verdicts", "claim", "claims_for", "frame_of", "median_se", "verdicts"]
 

@@ -35,7 +35,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, cast
 
-from .fold import folded_solution
+from kvlab.lessons.common.fold import folded_solution
 
 __all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "method_source", "solution_code", "check_frame_function", "check_function", "check_number",
            "exercise", "exercises_for", "lazy", "multiple_choice", "right", "rounding_tolerance", "wrong"]

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ...clocks import RequestRecord, requests_frame
+from kvlab.clocks import RequestRecord, requests_frame
 
 SEGMENT_KINDS = ("queued", "prefill", "decode", "paused")
 SEGMENT_COLORS = {"queued": "#d9d9d9", "prefill": "#ff7f0e", "decode": "#1f77b4", "paused": "#f4a6a6"}

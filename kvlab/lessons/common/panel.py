@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as tqdm_notebook
 
 from kvlab.experiments.provenance import cell_of, produced
-from .fold import folded
+from kvlab.lessons.common.fold import folded
 
 RunFn = Callable[..., pd.DataFrame]  # run(progress=..., **params) -> frame
 FigureFn = Callable[[pd.DataFrame, dict], Figure]  # figure(frame, params)

@@ -32,10 +32,10 @@ import ipywidgets as widgets
 
 from matplotlib.figure import Figure
 
-from .fold import folded
-from .panel import PanelResult, figure_output, output_html
+from kvlab.lessons.common.fold import folded
+from kvlab.lessons.common.panel import PanelResult, figure_output, output_html
 from kvlab.experiments.provenance import cell_of, current_cell
-from .session import note_comparison
+from kvlab.lessons.common.session import note_comparison
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
 

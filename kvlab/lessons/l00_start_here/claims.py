@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.experiments.slowdown import prefill_vs_decode
-from ..common.claims import claim, frame_of
+from kvlab.lessons.common.claims import claim, frame_of
 
 NOTEBOOK = "00_start_here.ipynb"
 

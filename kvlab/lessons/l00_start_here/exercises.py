@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.experiments.slowdown import tokens_processed
-from ..common.exercises import Feedback, _is_number, exercise, multiple_choice, right, wrong
+from kvlab.lessons.common.exercises import Feedback, _is_number, exercise, multiple_choice, right, wrong
 
 
 @exercise("00_start_here.ipynb", solution=(32, 1), wrong=(1, 1),

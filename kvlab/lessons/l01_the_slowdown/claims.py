@@ -19,7 +19,7 @@ import pandas as pd
 
 from kvlab.experiments.long_context import context_step_summary
 from kvlab.experiments.slowdown import slowdown_fit, slowdown_summary, step_curves
-from ..common.claims import claim, frame_of
+from kvlab.lessons.common.claims import claim, frame_of
 
 NOTEBOOK = "01_the_slowdown.ipynb"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvlab.experiments.slowdown import tokens_processed
-from ..common.exercises import Feedback, check_function, check_number, exercise, right
+from kvlab.lessons.common.exercises import Feedback, check_function, check_number, exercise, right
 
 
 def _work_ratio(prompt: int, early: int, late: int, cache: str = "none") -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..common.figure_style import cache_color
+from kvlab.lessons.common.figure_style import cache_color
 
 
 def _curves(frame: pd.DataFrame) -> pd.DataFrame:

@@ -7,10 +7,10 @@ import ipywidgets as widgets
 import pandas as pd
 
 from kvlab.experiments.slowdown import run_slowdown, slowdown_summary
-from ...model.decoder import Decoder
-from ...model.lessons import lesson_scale
-from .figures import plot_slowdown
-from ..common.panel import ExperimentPanel
+from kvlab.model.decoder import Decoder
+from kvlab.model.lessons import lesson_scale
+from kvlab.lessons.l01_the_slowdown.figures import plot_slowdown
+from kvlab.lessons.common.panel import ExperimentPanel
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "150px"},
                layout=widgets.Layout(width="480px"))

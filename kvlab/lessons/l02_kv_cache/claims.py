@@ -10,9 +10,9 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from ...cache.base import kv_cache_bytes
-from ...generate import GenerationResult
-from ..common.claims import claim, frame_of
+from kvlab.cache.base import kv_cache_bytes
+from kvlab.generate import GenerationResult
+from kvlab.lessons.common.claims import claim, frame_of
 
 NOTEBOOK = "02_kv_cache.ipynb"
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 
-from ...cache.base import CacheMemory, KVCache, kv_cache_bytes, tensor_bytes
-from ...generate import generate
-from ...model.config import tiny_llama
-from ...model.decoder import Decoder
-from ...model.tokenizer import ByteTokenizer
+from kvlab.cache.base import CacheMemory, KVCache, kv_cache_bytes, tensor_bytes
+from kvlab.generate import generate
+from kvlab.model.config import tiny_llama
+from kvlab.model.decoder import Decoder
+from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.experiments.memory import GIB, max_sequences, resolve_config
-from ..common.exercises import Feedback, exercise, check_number, multiple_choice, right, method_source, solution_code, wrong, _is_number
+from kvlab.lessons.common.exercises import Feedback, exercise, check_number, multiple_choice, right, method_source, solution_code, wrong, _is_number
 
 
 def _kv_bytes(model: str, tokens: int, batch: int = 1, bytes_per_element: float = 2, kv_heads: int | None = None) -> int:

@@ -5,7 +5,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..common.figure_style import cache_color
+from kvlab.lessons.common.figure_style import cache_color
 
 
 def plot_cache_memory(frame: pd.DataFrame) -> Figure:

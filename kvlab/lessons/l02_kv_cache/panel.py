@@ -5,10 +5,10 @@ import ipywidgets as widgets
 import pandas as pd
 
 from kvlab.experiments.memory import CACHE_PRECISIONS, kv_memory_table, measure_cache_memory, resolve_config
-from ...model.config import PUBLISHED_CONFIGS
-from ...model.decoder import Decoder
-from .figures import plot_cache_memory, plot_kv_memory
-from ..common.panel import ExperimentPanel
+from kvlab.model.config import PUBLISHED_CONFIGS
+from kvlab.model.decoder import Decoder
+from kvlab.lessons.l02_kv_cache.figures import plot_cache_memory, plot_kv_memory
+from kvlab.lessons.common.panel import ExperimentPanel
 
 _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
 CONTEXTS = [2**i for i in range(9, 18)]  # 512 .. 131072 tokens

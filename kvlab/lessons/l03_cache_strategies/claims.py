@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..common.claims import SHOWN_ONLY, claim, frame_of
+from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of
 
 NOTEBOOK = "03_cache_strategies.ipynb"
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...cache.base import kv_cache_bytes
-from ..common.exercises import Feedback, check_number, exercise, multiple_choice
+from kvlab.cache.base import kv_cache_bytes
+from kvlab.lessons.common.exercises import Feedback, check_number, exercise, multiple_choice
 
 
 @exercise("03_cache_strategies.ipynb", solution=2 / 32 + 2 / 8, wrong=2 / 32 + 2 / 32,

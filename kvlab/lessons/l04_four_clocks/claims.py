@@ -10,7 +10,7 @@ import pandas as pd
 from kvlab.experiments.four_clocks import mean_vs_tail
 from kvlab.experiments.serving_run import ServingRun
 from kvlab.experiments.tokens_words import BPE, BYTE, REFERENCE
-from ..common.claims import claim, frame_of, median_se
+from kvlab.lessons.common.claims import claim, frame_of, median_se
 
 NOTEBOOK = "04_four_clocks.ipynb"
 

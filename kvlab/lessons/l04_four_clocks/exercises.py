@@ -5,7 +5,7 @@ import functools
 import math
 from typing import Any
 
-from ..common.exercises import Feedback, exercise, check_function, right, wrong, _is_number
+from kvlab.lessons.common.exercises import Feedback, exercise, check_function, right, wrong, _is_number
 
 
 @functools.lru_cache(maxsize=4)
@@ -13,7 +13,7 @@ def _journey_clocks_at(step_s: float) -> tuple[float, float]:
     """(TTFT, E2E) of lesson 04's watched request when every engine step costs ``step_s`` (virtual clock)."""
     from kvlab.experiments.four_clocks import journey_workload
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
-    from ...model.lessons import lesson_config
+    from kvlab.model.lessons import lesson_config
 
     config = lesson_config()
     requests = journey_workload(config.vocab_size)
@@ -24,7 +24,7 @@ def _journey_clocks_at(step_s: float) -> tuple[float, float]:
 
 
 def _journey_scheduler():
-    from ...serving.scheduler import SchedulerConfig
+    from kvlab.serving.scheduler import SchedulerConfig
     return SchedulerConfig(max_seqs=2, max_batch_tokens=256)  # run_journey's defaults
 
 

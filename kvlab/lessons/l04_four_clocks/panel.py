@@ -6,9 +6,9 @@ import pandas as pd
 
 from kvlab.experiments.four_clocks import journey_clocks, run_journey
 from kvlab.experiments.serving_run import runs_frame
-from ...model.decoder import Decoder
+from kvlab.model.decoder import Decoder
 from kvlab.lessons.l04_four_clocks.figures import plot_request_journey
-from ..common.panel import ExperimentPanel
+from kvlab.lessons.common.panel import ExperimentPanel
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 

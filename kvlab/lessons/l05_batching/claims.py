@@ -12,7 +12,7 @@ import pandas as pd
 
 from kvlab.experiments.batching import batching_table
 from kvlab.experiments.serving_run import ServingRun
-from ..common.claims import SHOWN_ONLY, claim, frame_of, median_se
+from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of, median_se
 
 NOTEBOOK = "05_batching.ipynb"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any, Sequence, cast
 
-from ..common.exercises import Feedback, exercise, check_number, right, wrong, _is_number
+from kvlab.lessons.common.exercises import Feedback, exercise, check_number, right, wrong, _is_number
 
 if TYPE_CHECKING:
-    from ...serving.scheduler import Policy
+    from kvlab.serving.scheduler import Policy
 
 
 EX05_OUTPUTS = (8, 16, 32, 64)  # output tokens of the four requests in exercises 05.1 and 05.2
@@ -47,9 +47,9 @@ def admission_steps(policy: Policy, max_new_tokens: Sequence[int] = EX05_OUTPUTS
                     prompt_tokens: int = 16) -> dict:
     """The step at which each request of exercise 05.2 is first scheduled, from a run of the engine's scheduler."""
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
-    from ...model.config import tiny_llama
-    from ...serving.scheduler import SchedulerConfig
-    from ...workload import Request
+    from kvlab.model.config import tiny_llama
+    from kvlab.serving.scheduler import SchedulerConfig
+    from kvlab.workload import Request
 
     requests = [Request(i, prompt_tokens, o, 0.0, "exercise", prompt=[1] * prompt_tokens)
                 for i, o in enumerate(max_new_tokens)]
@@ -143,7 +143,7 @@ def _violation_message(kind: str, message: str, alone_fits: bool) -> str:
 def _admits_what_does_not_fit(rule, kind: str) -> bool:
     """Does ``rule`` admit a lone request needing more blocks (or tokens) than are free? Tells "ignores" from
     "forgets to subtract"."""
-    from ...serving.scheduler import WaitingRequest
+    from kvlab.serving.scheduler import WaitingRequest
 
     blocks, tokens = (5, 10) if kind == "blocks" else (1, 50)
     try:
@@ -196,7 +196,7 @@ def _picked_otherwise(where: str, waiting, free_blocks: int, token_budget: int, 
 
 def _hand_built_case_failure(rule) -> str | None:
     """Run ``rule`` on ADMISSION_CASES; the message for the first case it answers otherwise than the engine's rule."""
-    from ...serving.scheduler import WaitingRequest
+    from kvlab.serving.scheduler import WaitingRequest
     from kvlab.experiments.admission import builtin_admission
 
     for name, shapes, free_blocks, token_budget, free_slots in ADMISSION_CASES:

@@ -6,9 +6,9 @@ import pandas as pd
 
 from kvlab.experiments.batching import LENGTHS, LESSON_REQUESTS, compare_policies
 from kvlab.experiments.serving_run import runs_frame
-from ...model.decoder import Decoder
-from ..common.gantt import plot_gantts
-from ..common.panel import ExperimentPanel
+from kvlab.model.decoder import Decoder
+from kvlab.lessons.common.gantt import plot_gantts
+from kvlab.lessons.common.panel import ExperimentPanel
 
 _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
 

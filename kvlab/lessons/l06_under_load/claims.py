@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab.experiments.service_curves import DEFAULT_SLO, real_vs_simulated
-from ..common.checks import TIE, rises_at_every_level, series
-from ..common.claims import SHOWN_ONLY, claim
+from kvlab.lessons.common.checks import TIE, rises_at_every_level, series
+from kvlab.lessons.common.claims import SHOWN_ONLY, claim
 
 NOTEBOOK = "06_under_load.ipynb"
 PROFILE_WORDS = {"short_short": "short chats", "long_short": "long prompts", "long_gen": "long answers",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..common.exercises import Feedback, check_function, exercise, multiple_choice
-from ...serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
+from kvlab.lessons.common.exercises import Feedback, check_function, exercise, multiple_choice
+from kvlab.serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 
 
 EX06_CURVES = (  # (offered req/s, achieved / offered, p95 TTFT s, TTFT SLO s): synthetic service curves

@@ -4,13 +4,13 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from ...clocks import SLO
+from kvlab.clocks import SLO
 from kvlab.experiments.service_curves import DEFAULT_SLO, scheduler_config, service_curve
-from .figures import plot_service_curve
-from ...serving.cost_model import CostModel
-from ...serving.scheduler import Policy, Priority
-from ...workload import PROFILE_NAMES
-from ..common.panel import ExperimentPanel
+from kvlab.lessons.l06_under_load.figures import plot_service_curve
+from kvlab.serving.cost_model import CostModel
+from kvlab.serving.scheduler import Policy, Priority
+from kvlab.workload import PROFILE_NAMES
+from kvlab.lessons.common.panel import ExperimentPanel
 
 _WIDE = dict(style={"description_width": "150px"}, layout=widgets.Layout(width="480px"))
 POLICIES: dict[str, tuple[Policy, Priority]] = {"continuous, decode first": ("continuous", "decode_first"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..common.claims import claim
+from kvlab.lessons.common.claims import claim
 
 NOTEBOOK = "07_memory_is_capacity.ipynb"
 

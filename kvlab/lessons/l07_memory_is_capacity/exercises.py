@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..common.exercises import Feedback, exercise, check_number, right, wrong, _is_number
+from kvlab.lessons.common.exercises import Feedback, exercise, check_number, right, wrong, _is_number
 
 
 EX07_LENGTHS = (100, 40, 300, 17, 250, 50)  # tokens each sequence reaches, in arrival order

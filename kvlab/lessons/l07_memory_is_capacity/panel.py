@@ -5,10 +5,10 @@ import ipywidgets as widgets
 import pandas as pd
 
 from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
-from ...model.config import ModelConfig
-from .figures import plot_paged_vs_reserved
-from ..common.panel import ExperimentPanel
-from ...cache.paged import BLOCK_SIZE
+from kvlab.model.config import ModelConfig
+from kvlab.lessons.l07_memory_is_capacity.figures import plot_paged_vs_reserved
+from kvlab.lessons.common.panel import ExperimentPanel
+from kvlab.cache.paged import BLOCK_SIZE
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from kvlab.experiments.prefix_and_chunks import chunked_prefill_table, preemption_table, prefix_caching_table
-from ..common.claims import claim
+from kvlab.lessons.common.claims import claim
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 

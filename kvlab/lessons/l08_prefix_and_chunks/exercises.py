@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..common.exercises import Feedback, check_number, exercise, right, method_source, solution_code, wrong
-from ...cache.paged import BLOCK_SIZE
+from kvlab.lessons.common.exercises import Feedback, check_number, exercise, right, method_source, solution_code, wrong
+from kvlab.cache.paged import BLOCK_SIZE
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 EX08_PROMPT, EX08_WRITTEN = 40, 25  # the preempted request of exercise 08.1
@@ -53,9 +53,9 @@ def check_recomputed_tokens(answer: Any) -> Feedback:
 
 def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = BLOCK_SIZE) -> int:
     """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
-    from ...clocks import RequestRecord
-    from ...serving.block_manager import BlockManager
-    from ...serving.sequence import SamplingParams, Sequence as EngineSequence
+    from kvlab.clocks import RequestRecord
+    from kvlab.serving.block_manager import BlockManager
+    from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
 
     system = list(range(system_tokens))
     own = prompt_tokens - system_tokens
@@ -185,7 +185,7 @@ class EngineBlockTable:
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        from ...serving.block_manager import BlockManager
+        from kvlab.serving.block_manager import BlockManager
 
         self.block_size = block_size
         self.manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
@@ -200,8 +200,8 @@ class EngineBlockTable:
         return {s: list(seq.block_table) for s, seq in self.sequences.items()}
 
     def allocate(self, seq_id, token_ids) -> list[int]:
-        from ...clocks import RequestRecord
-        from ...serving.sequence import SamplingParams, Sequence as EngineSequence
+        from kvlab.clocks import RequestRecord
+        from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
 
         seq = EngineSequence(seq_id, list(token_ids), 1, SamplingParams(),
                              RequestRecord(seq_id, len(token_ids), 1, scheduled_s=0.0), 0.0)

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..common.checks import TIE, rises_at_every_level, series
+from kvlab.lessons.common.checks import TIE, rises_at_every_level, series
 from kvlab.serving.sweep import KEEPS_UP_RATIO
-from ..common.claims import SHOWN_ONLY, claim, median_se
+from kvlab.lessons.common.claims import SHOWN_ONLY, claim, median_se
 
 NOTEBOOK = "09_measure_a_real_server.ipynb"
 LOOPBACK_GOAL_MS = 5.0  # kvlab's goal for what HTTP + streaming add to TTFT on loopback (benchmarks.http_overhead)

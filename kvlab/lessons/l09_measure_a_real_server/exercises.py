@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 
-from ..common.exercises import Feedback, check_frame_function, exercise, multiple_choice
+from kvlab.lessons.common.exercises import Feedback, check_frame_function, exercise, multiple_choice
 
 
 def _overhead_ms(frame) -> float:
