@@ -407,10 +407,10 @@ three.show()
 #   its API server and engine core, whose queues busy-wait for a second after each read
 #   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/vllm/distributed/device_communicators/shm_broadcast.py">shm_broadcast.py</a>).
-#   On two cores the load client shares that core, and an ordinary process there can wait hundreds of
-#   milliseconds for it; so the client here runs in Linux's real-time class where the machine allows it
-#   (`kvlab/http/client_priority.py`), ahead of every server alike. The table's *client late p95 ms* says how
-#   long the client's own requests waited to go out: where it is large, the row times the machine as much
+#   On two cores the load client shares that core, and an ordinary process there can wait for it longer
+#   than the clocks it is timing (the README's benchmark section has the figures); so the client here runs in Linux's real-time class where the machine allows it
+#   (`kvlab/http/client_priority.py`), ahead of every server alike. The table's *client late* column says how
+#   long the client's own requests waited to go out (p95): where it is large, the row times the machine as much
 #   as the engine. vLLM is built to run the model on a GPU and keep the CPU for serving
 #   (<a href="https://docs.vllm.ai/en/latest/design/arch_overview/">architecture overview</a>): a tiny model on
 #   two CPU cores is not its ground. The README's benchmark section has `bench serve`'s figures, dated, with

@@ -58,7 +58,7 @@ class EngineProcess:
     async def ready(self, timeout_s: float) -> None:
         """Wait until the child has built its engine; RuntimeError with its traceback if it could not."""
         assert self.ready_future is not None, "start() first"
-        loop, deadline = asyncio.get_running_loop(), None
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not self.ready_future.done():
             if not self.alive():
