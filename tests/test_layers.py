@@ -306,3 +306,39 @@ def test_readme_draws_the_layer_table():
         wanted = [e for e in entries if e in present]
         assert sorted(set(listed) & present) == sorted(wanted) and set(listed) <= set(entries), (
             f"README layer {name!r} lists {listed}; the table has {wanted} in the tree")
+
+
+def _in_type_checking_block(tree: ast.Module) -> set[int]:
+    """Line numbers of the imports inside ``if TYPE_CHECKING:`` blocks."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def test_names_from_a_libraries_typing_module_are_imported_for_the_type_checker_only():
+    """A library's typing module (``matplotlib.typing``, ``numpy.typing``, ``pandas._typing``) gains names from
+    version to version, and mypy checks against requirements.txt's pins, not against the lowest version a learner
+    has (Colab's matplotlib 3.10 has no ``LegendLocType``). Such names serve annotations only, so they are imported
+    under ``if TYPE_CHECKING:`` and a learner's older library never fails at import."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        guarded = _in_type_checking_block(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith(("kvlab", "typing")):
+                if node.module.split(".")[-1] in ("typing", "_typing") and node.lineno not in guarded:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[-1] in ("typing", "_typing") and alias.name != "typing" \
+                            and node.lineno not in guarded:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno} import {alias.name}")
+    assert not found, f"import these under `if TYPE_CHECKING:` (names for annotations only): {found}"
+
+
+def test_the_typing_rule_sees_an_unguarded_import():
+    tree = ast.parse("from typing import TYPE_CHECKING\nfrom matplotlib.typing import A\nif TYPE_CHECKING:\n"
+                     "    from numpy.typing import B\n")
+    assert _in_type_checking_block(tree) == {4}

@@ -20,17 +20,19 @@ Offloading under load, drawn: step times and times between tokens, on the device
 from __future__ import annotations
 
 import re
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
-from matplotlib.typing import LegendLocType
 
 from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE, OffloadUnderLoad, paired_steps, spread_stats
 from kvlab.lessons.common.figure_style import cache_color
+
+if TYPE_CHECKING:  # matplotlib.typing grows by version: LegendLocType is 3.11's, Colab has 3.10
+    from matplotlib.typing import LegendLocType
 
 EXACT = "dynamic"
 _QUANT_SHADE = {8: 0.45, 4: 0.7, 2: 0.95}  # darker purple = fewer bits
