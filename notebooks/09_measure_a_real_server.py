@@ -151,7 +151,7 @@ verdicts(side, "wire_adds_little_on_loopback", after=guess)
 # ## 4. A service curve over the wire
 #
 # Now raise the load. The panel offers each rate for the same time (`duration_s=1.5`: 12 requests at 8
-# per second, 192 at 128), with the same profile and seed. Below capacity the server keeps up; past it
+# per second, 384 at 256), with the same profile and seed. Below capacity the server keeps up; past it
 # the wait grows, and once the queue of 8 is full the server answers 429, so fewer complete than were
 # sent. Press **Run**, or change the rates first.
 
@@ -159,7 +159,7 @@ verdicts(side, "wire_adds_little_on_loopback", after=guess)
 from kvlab.experiments.wire import server_metrics, wait_until_idle
 from kvlab.lessons.l09_measure_a_real_server.panel import wire_panel
 
-panel = wire_panel(srv.url, rates=(8, 32, 128), duration_s=1.5)
+panel = wire_panel(srv.url, rates=(8, 32, 256), duration_s=1.5)
 panel
 
 # %%
@@ -212,7 +212,8 @@ verdicts(curve.frame, "achieved_rate_below_offered_explained", fold=True)
 # %% [markdown]
 # ### Try it
 #
-# - Add 256 and 512 requests per second. Does the achieved rate rise? Watch *client late*.
+# - Add 64 and 128 requests per second: where between 32 and 256 does the wait start to grow? Then add 512:
+#   does the achieved rate rise? Watch *client late*.
 # - Switch the profile to `long_gen`. Where does the curve bend now?
 # - Serve with `start_server(max_waiting=64)`: fewer rejections (429), and the TTFT of those who now wait?
 

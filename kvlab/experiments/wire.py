@@ -42,7 +42,7 @@ from kvlab.experiments.progress import Progress, no_progress
 from kvlab.experiments.provenance import experiment
 
 REJECTED = "http_429"  # fail_reason prefix of a request the server's bounded queue turned away
-DEFAULT_RATES = (8.0, 32.0, 128.0)
+DEFAULT_RATES = (8.0, 32.0, 256.0)
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ def check_rates(rates: Sequence[float]) -> tuple[float, ...]:
     """The rates as floats, refused unless every one is a positive number and they do not repeat."""
     rates = tuple(rates)
     if not rates:
-        raise ValueError("rates is empty; give offered loads in requests per second, e.g. (8, 32, 128)")
+        raise ValueError("rates is empty; give offered loads in requests per second, e.g. (8, 32, 256)")
     bad = [r for r in rates if isinstance(r, bool) or not isinstance(r, (int, float, np.number)) or not r > 0]
     if bad:
         raise ValueError(f"rates {bad} are not positive numbers of requests per second")

@@ -34,7 +34,7 @@ def _side(seed: int = 0) -> pd.DataFrame:
 def _curve(seed: int = 0) -> pd.DataFrame:
     from kvlab.experiments.wire import wire_service_curve
 
-    return wire_service_curve(_server().url, rates=(8, 128), duration_s=1.0, seed=seed)
+    return wire_service_curve(_server().url, rates=(8, 256), duration_s=1.0, seed=seed)
 
 
 @example("seeded_schedule_sends_near_offered")
@@ -46,7 +46,7 @@ def _scheduled_curve() -> pd.DataFrame:
     from kvlab.http.scripted import scripted_app
 
     with ServerThread(scripted_app(ttft_s=0.002, gap_s=0.001)) as server:
-        return wire_service_curve(server.url, rates=(8, 32, 128), duration_s=1.5)
+        return wire_service_curve(server.url, rates=(8, 32, 256), duration_s=1.5)
 
 
 @counterexample("wire_adds_little_on_loopback")

@@ -136,11 +136,11 @@ def check_output_tokens_per_s(answer: Any) -> Feedback:
 check_rejections_and_quantiles = multiple_choice(
     "09_measure_a_real_server.ipynb", "check_rejections_and_quantiles",
     title='fewer answers, better numbers?',
-    stem="""A colleague runs this panel and reports: "TTFT p90 stays under a second even at 128 requests
+    stem="""A colleague runs this panel and reports: "TTFT p90 stays under a second even at 256 requests
 per second." The table shows that a large share of the requests at that rate were rejected
 with 429. What follows?""",
     options={
-        "a": ("The server handles 128 requests per second with a good TTFT; a 429 only asks the client to "
+        "a": ("The server handles 256 requests per second with a good TTFT; a 429 only asks the client to "
               "retry, so those requests can be left out of the report.",
               "the server answered only part of that load; the rest got 429 and no answer at all. A report that "
               "leaves them out describes a server that does not exist."),
