@@ -31,6 +31,7 @@ from kvlab.http.server import create_app, run_server  # noqa: E402
 from kvlab.serving import Engine, SchedulerConfig  # noqa: E402
 from faults import FaultyExecutor, FaultyScheduler  # noqa: E402
 from kvlab.threads import torch_threads  # noqa: E402
+from kvlab.serving.config import EngineSpec
 
 MODEL = "tiny-llama"
 CASES = ("raise_once", "raise_always", "oom", "nan_row", "scheduler", "temperature 1e-38")
@@ -47,8 +48,8 @@ def _burst(url: str, temperatures: list[float]) -> tuple[list[str], float]:
 def _engine(model, case: str) -> Engine:
     fault = case if case in ("raise_once", "raise_always", "oom", "nan_row") else None
     executor = FaultyExecutor(model, fault, at_step=2, row=1) if fault else None
-    engine = Engine(model, executor=executor, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=128,
-                                                                        max_waiting=64))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=128,
+                                                                        max_waiting=64)), executor=executor)
     if case == "scheduler":
         FaultyScheduler.install(engine, at_step=2)
     return engine

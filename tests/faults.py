@@ -29,6 +29,7 @@ import torch
 from kvlab.model.decoder import Decoder
 from kvlab.serving.executor import ModelExecutor, StepResult
 from kvlab.serving.scheduler import Scheduler, SchedulerOutput
+from kvlab.serving.config import EngineSpec
 
 FAULTS = ("raise_once", "raise_always", "oom", "nan_row", "nan_step", "nan_always", "hang")
 NAN_FAULTS = ("nan_row", "nan_step", "nan_always")
@@ -153,5 +154,4 @@ def tiny_engine(fault: str | None = None, at_step: int = 2, max_seqs: int = 4, *
     torch.set_num_threads(1)
     model = kvlab.build_model(kvlab.tiny_llama(), seed=0, device="cpu")
     executor = FaultyExecutor(model, fault, at_step, **fault_options) if fault else None
-    return Engine(model, executor=executor,
-                  scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=128, max_waiting=64))
+    return Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=128, max_waiting=64)), executor=executor)

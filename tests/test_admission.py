@@ -11,12 +11,12 @@ from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
 from kvlab.model.config import tiny_llama
 from kvlab.serving import AdmissionError, SchedulerConfig, WaitingRequest
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 
 def exact_run(rule, requests, **config):
     sched = SchedulerConfig(policy="continuous", chunked_prefill=False, admission=rule, **config)
-    return serve(tiny_llama(), requests, clock="virtual", executor=FixedStepCostExecutor(0.01, 0.0001),
-                 scheduler=sched, threads=None)
+    return serve(tiny_llama(), requests, EngineSpec(scheduler=sched), clock="virtual", executor=FixedStepCostExecutor(0.01, 0.0001), threads=None)
 
 
 def test_the_builtin_rule_as_a_function_schedules_exactly_like_the_engine():

@@ -21,6 +21,7 @@ from kvlab.results_io import to_json
 from kvlab.serving.cost_model import load_calibration
 from kvlab.serving.reservation import ReservationEngine, ReservingBlockManager
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 TINY = BenchSettings(config="tiny", requests=5, prompt_tokens=(8, 40), output_tokens=(2, 10), max_seqs=2,
                      max_batch_tokens=64, max_model_len=128, spreads=((6, 6), (2, 10)), threads=1, repeats=3)
@@ -97,8 +98,7 @@ def test_paging_fits_more_sequences_than_max_length_reservation_and_wastes_less(
 
 def test_a_reservation_takes_every_block_at_admission_and_never_another(model):
     bm = ReservingBlockManager(num_blocks=20, block_size=4, max_model_len=32)
-    engine = ReservationEngine(model, block_size=4, kv_budget_bytes=20 * 4 * model.config.kv_bytes_per_token(),
-                               scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=32))
+    engine = ReservationEngine(model, EngineSpec(block_size=4, kv_budget_bytes=20 * 4 * model.config.kv_bytes_per_token(), scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=32)))
     assert isinstance(engine.block_manager, ReservingBlockManager) and bm.num_free_blocks == 20
     engine.add_request(Request(0, 5, 6, 0.0, "x"))
     engine.step()

@@ -13,6 +13,7 @@ from kvlab.serving.calibrate import (BatchShape, calibrate, design_shapes, measu
 from kvlab.serving.cost_model import (FEATURES, CostModel, CostModelExecutor, calibration_path, features,
                                       fit_coefficients, load_calibration, rows_of)
 from kvlab.workload import make_workload
+from kvlab.serving.config import EngineSpec
 
 calibrate_module = importlib.import_module("kvlab.serving.calibrate")  # the module; kvlab.serving.calibrate is also a function
 
@@ -58,8 +59,7 @@ def test_cost_model_executor_prices_exactly_what_the_scheduler_scheduled():
             seen.append((result.duration_s, cm.predict(out), features(rows_of(out))))
             return result
 
-    engine = Engine(kvlab.llama_30m(), executor=Recording(cm),
-                    scheduler=SchedulerConfig(max_seqs=16, max_batch_tokens=256, max_model_len=1024))
+    engine = Engine(kvlab.llama_30m(), EngineSpec(scheduler=SchedulerConfig(max_seqs=16, max_batch_tokens=256, max_model_len=1024)), executor=Recording(cm))
     records = engine.run(make_workload("mixture", 40, rate=5.0, seed=1, max_context=1024), clock="virtual")
     assert all(r.status == "completed" for r in records)
     assert len(seen) == len(engine.trace_frame())

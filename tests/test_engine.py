@@ -9,6 +9,7 @@ from kvlab.cache.base import causal_attention, kv_cache_bytes
 from kvlab.serving import (Engine, PagedAttentionMetadata, PagedKVCache, SamplingParams, SchedulerConfig,
                            StepShape, TRACE_COLUMNS, bytes_per_block)
 from kvlab.workload import Request, make_workload
+from kvlab.serving.config import EngineSpec
 
 
 def reference_tokens(model, request: Request) -> list[int]:
@@ -64,8 +65,7 @@ def test_paged_cache_memory_counts_tokens_and_in_block_waste():
 # -- exact tokens, batched ---------------------------------------------------------------------------------
 def test_chunked_prefill_mixed_batches_give_the_greedy_tokens_of_generate(each_model):
     requests = make_workload("short_short", 6, arrival="poisson", rate=400.0, vocab_size=320, seed=3)
-    engine = Engine(each_model, block_size=8,
-                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=24, max_model_len=128))
+    engine = Engine(each_model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=24, max_model_len=128)))
     records = engine.run(requests, clock="virtual")
     assert all(r.status == "completed" for r in records)
     trace = engine.trace_frame()
@@ -82,8 +82,7 @@ def test_preemption_by_recompute_gives_the_greedy_tokens_of_generate(each_model)
     requests = [Request(i, 20, 20, 0.0, "x", prompt=torch.randint(0, 320, (20,), generator=g).tolist())
                 for i in range(4)]
     # 16 blocks of 4 = 64 tokens: three 20-token prompts fit (5 blocks each), then their decodes need more.
-    engine = Engine(each_model, block_size=4, kv_budget_bytes=blocks(each_model, 16, 4), enable_prefix_caching=False,
-                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=48))
+    engine = Engine(each_model, EngineSpec(block_size=4, kv_budget_bytes=blocks(each_model, 16, 4), enable_prefix_caching=False, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=48)))
     records = engine.run(requests, clock="virtual")
     assert engine.stats()["preemptions"] > 0, "the budget did not force a preemption"
     assert sum(r.extra["preemptions"] for r in records) == engine.stats()["preemptions"]
@@ -96,8 +95,7 @@ def test_prefix_cache_hits_on_a_shared_system_prompt_give_the_greedy_tokens_of_g
                              shared_prefix_tokens=40)
     for r in requests[1:]:  # the first computes the system prompt; the others arrive later, together
         r.arrival_s = 10.0  # (virtual seconds: the clock jumps over the idle gap)
-    engine = Engine(each_model, block_size=8,
-                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64, max_model_len=160))
+    engine = Engine(each_model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64, max_model_len=160)))
     records = engine.run(requests, clock="virtual")
     assert engine.stats()["prefix_hit_tokens"] == 5 * 40  # 40 tokens = 5 full blocks reused by each later request
     assert [r.extra["cached_tokens"] for r in records] == [0] + [40] * 5
@@ -108,7 +106,7 @@ def test_static_batching_and_prefill_first_give_the_same_tokens_too(each_model):
     requests = make_workload("short_short", 5, arrival="all_at_once", vocab_size=320, seed=6)
     for sched in (SchedulerConfig(policy="static", max_seqs=3, max_batch_tokens=64, max_model_len=128),
                   SchedulerConfig(priority="prefill_first", max_seqs=3, max_batch_tokens=32, max_model_len=128)):
-        engine = Engine(each_model, block_size=16, scheduler=sched)
+        engine = Engine(each_model, EngineSpec(block_size=16, scheduler=sched))
         engine.run(requests, clock="virtual")
         assert_same_tokens_as_generate(each_model, engine, requests)
 
@@ -118,7 +116,7 @@ def test_seeded_sampling_matches_generate_and_repeats(model):
     sampling = SamplingParams(temperature=0.8, seed=11)
     runs = []
     for _ in range(2):
-        engine = Engine(model, block_size=8, sampling=sampling, scheduler=SchedulerConfig(max_model_len=128))
+        engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_model_len=128)), sampling=sampling)
         engine.run(requests, clock="virtual")
         runs.append([engine.sequences[r.request_id].output_token_ids for r in requests])
     assert runs[0] == runs[1]
@@ -130,7 +128,7 @@ def test_seeded_sampling_matches_generate_and_repeats(model):
 # -- bad input ------------------------------------------------------------------------------------------------
 def test_a_prompt_longer_than_the_context_fails_alone_with_its_reason(model):
     requests = [Request(0, 10, 5, 0.0, "ok"), Request(1, 60, 8, 0.0, "too long"), Request(2, 12, 4, 0.0, "ok")]
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=64))
+    engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=32, max_model_len=64)))
     records = engine.run(requests, clock="virtual")
     assert [r.status for r in records] == ["completed", "failed", "completed"]
     assert records[1].fail_reason == "prompt_too_long" and records[1].token_s == []
@@ -140,16 +138,16 @@ def test_a_prompt_longer_than_the_context_fails_alone_with_its_reason(model):
 def test_budgets_and_options_that_cannot_work_are_clear_errors_at_construction(model):
     # the tiny Llama holds 512 B of K/V per token
     with pytest.raises(ValueError, match="holds no block"):
-        Engine(model, block_size=16, kv_budget_bytes=1000)
+        Engine(model, EngineSpec(block_size=16, kv_budget_bytes=1000))
     with pytest.raises(ValueError, match=r"fewer than max_model_len=1024.*kv_budget_bytes to >= 524,288"):
-        Engine(model, block_size=16, kv_budget_bytes=100_000)
+        Engine(model, EngineSpec(block_size=16, kv_budget_bytes=100_000))
     with pytest.raises(ValueError, match=r"max_batch_tokens \(8\) < block_size \(16\)"):
-        Engine(model, block_size=16, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=8, max_model_len=64))
+        Engine(model, EngineSpec(block_size=16, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=8, max_model_len=64)))
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        Engine(model, scheduler=SchedulerConfig(max_model_len=4096))
+        Engine(model, EngineSpec(scheduler=SchedulerConfig(max_model_len=4096)))
     with pytest.raises(ValueError, match="no weights"):
         Engine(kvlab.tiny_llama())
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_model_len=64))
+    engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_model_len=64)))
     with pytest.raises(ValueError, match="unknown clock 'cpu'"):
         engine.run([Request(0, 4, 2, 0.0, "x")], clock="cpu")
     with pytest.raises(ValueError, match="appears more than once"):
@@ -161,7 +159,7 @@ def test_budgets_and_options_that_cannot_work_are_clear_errors_at_construction(m
 # -- the loop: clocks, abort, trace ------------------------------------------------------------------------
 def test_wall_clock_run_stamps_every_request_in_order(model):
     requests = [Request(0, 8, 4, 0.0, "a"), Request(1, 8, 3, 0.03, "b")]  # the second arrives while idle
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_model_len=64))
+    engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_model_len=64)))
     records = engine.run(requests, clock="wall")
     for r in records:
         assert r.status == "completed" and len(r.token_s) == r.max_new_tokens
@@ -172,7 +170,7 @@ def test_wall_clock_run_stamps_every_request_in_order(model):
 
 
 def test_abort_frees_the_blocks_of_a_running_request(model):
-    engine = Engine(model, block_size=4, scheduler=SchedulerConfig(max_model_len=64), enable_prefix_caching=False)
+    engine = Engine(model, EngineSpec(block_size=4, scheduler=SchedulerConfig(max_model_len=64), enable_prefix_caching=False))
     engine.add_request(Request(0, 10, 20, 0.0, "x"))
     engine.add_request(Request(1, 10, 20, 0.0, "x"))
     engine.step()
@@ -188,7 +186,7 @@ def test_abort_frees_the_blocks_of_a_running_request(model):
 
 def test_the_trace_has_one_row_per_step_and_the_pool_drains(model):
     requests = make_workload("short_short", 5, arrival="all_at_once", seed=8)  # no vocab: seeded random prompts
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=128))
+    engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=128)))
     done = []
     records = engine.run(requests, clock="virtual", progress=lambda d, t: done.append((d, t)))
     trace = engine.trace_frame()
@@ -207,7 +205,7 @@ def test_the_trace_has_one_row_per_step_and_the_pool_drains(model):
     shape = StepShape(num_prefill_tokens=30, num_prefill_seqs=1, num_decode_seqs=4, prefill_kv_tokens=30,
                       decode_kv_tokens=100)
     assert (shape.num_tokens, shape.num_seqs, shape.kv_tokens_read) == (34, 5, 130)
-    again = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=128))
+    again = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=128)))
     again.run(requests, clock="virtual")
     assert [again.sequences[r.request_id].token_ids for r in requests] == \
         [engine.sequences[r.request_id].token_ids for r in requests]  # deterministic given the seed

@@ -25,6 +25,7 @@ from kvlab.experiments.serving_run import (FixedStepCostExecutor, records_from_f
                                            tokens_frame)
 from kvlab.serving import SchedulerConfig
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 STEP = 0.010
 
@@ -37,8 +38,7 @@ def fixed(step_s: float = STEP, token_s: float = 0.0) -> FixedStepCostExecutor:
 def test_the_fixed_step_cost_executor_prices_steps_exactly_and_refuses_a_free_step():
     cfg = kvlab.tiny_llama()
     reqs = [Request(0, 20, 5, 0.0, "x", prompt=[1] * 20)]
-    run = serve(cfg, reqs, clock="virtual", executor=fixed(0.01, 0.001),
-                scheduler=SchedulerConfig(max_batch_tokens=64))
+    run = serve(cfg, reqs, EngineSpec(scheduler=SchedulerConfig(max_batch_tokens=64)), clock="virtual", executor=fixed(0.01, 0.001))
     # prefill of 20 tokens: 10 ms + 20 ms; then 4 decode steps of 10 ms + 1 ms
     assert run.records[0].token_s == pytest.approx([0.030, 0.041, 0.052, 0.063, 0.074])
     with pytest.raises(ValueError, match="not both 0"):
@@ -47,7 +47,7 @@ def test_the_fixed_step_cost_executor_prices_steps_exactly_and_refuses_a_free_st
 
 def test_a_run_keeps_every_table_and_its_frame_summarizes_like_its_records(model):
     reqs = [Request(i, 12 + i, 6, 0.001 * i, "x", prompt=[(3 * i + j) % 320 for j in range(12 + i)]) for i in range(4)]
-    run = serve(model, reqs, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=32))
+    run = serve(model, reqs, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=32)))
     assert len(run.requests) == 4 and (run.requests["status"] == "completed").all()
     assert run.steps["step"].nunique() == len(run.trace)
     tokens = run.tokens()
@@ -249,9 +249,7 @@ def test_one_preemption_recomputes_prompt_plus_written_minus_one_as_exercise_08_
     cfg = slowdown_config()
     # two requests of 40 + 40 tokens in 8 blocks of 16: both grow until the newer one must give its blocks back
     requests = [Request(i, 40, 40, 0.0, "grows", prompt=seeded_prompt(cfg.vocab_size, 40, (0, i))) for i in range(2)]
-    run = serve(cfg, requests, clock="virtual", executor=fixed(), block_size=16,
-                kv_budget_bytes=8 * bytes_per_block(cfg, 16), enable_prefix_caching=False,
-                scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_model_len=96))
+    run = serve(cfg, requests, EngineSpec(block_size=16, kv_budget_bytes=8 * bytes_per_block(cfg, 16), enable_prefix_caching=False, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_model_len=96)), clock="virtual", executor=fixed())
     assert run.stats["preemptions"] == 1 and all(r.status == "completed" for r in run.records)
     prefills = run.steps[(run.steps["request_id"] == 1) & (run.steps["phase"] == "prefill")]["num_tokens"].tolist()
     prompt, resumed = prefills  # its first prefill, then the one that readmits it: prompt + what it had written

@@ -24,6 +24,7 @@ from kvlab.http.server import create_app, exit_when_engine_stops, run_server
 from kvlab.serving import ENGINE_ERROR, MODEL_FAILED, Engine, SamplingParams, SchedulerConfig, StepFailed
 from faults import FaultyExecutor, FaultyScheduler, FaultyTokenizer
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 MODEL = "tiny-llama"
 HANG_S = 40.0  # a stuck step sleeps this long: far beyond the watchdog's bound, which must answer first
@@ -33,8 +34,7 @@ BOUND_S = 60.0  # every request of these tests is answered well within this (the
 def make_engine(model, fault: str | None = None, at_step: int = 2, scheduler_fault: bool = False,
                 max_seqs: int = 4, **fault_options) -> Engine:
     executor = FaultyExecutor(model, fault, at_step, **fault_options) if fault else None
-    engine = Engine(model, executor=executor,
-                    scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=128, max_waiting=64))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=128, max_waiting=64)), executor=executor)
     if scheduler_fault:
         FaultyScheduler.install(engine, at_step=at_step)
     return engine
@@ -360,7 +360,7 @@ def test_a_stuck_step_is_caught_by_the_watchdog_within_the_bound(model):
 
 # -- counts ----------------------------------------------------------------------------------------------
 def test_counts_add_up_at_every_instant_under_64_streaming_clients_that_leave_at_random(model):
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=128, max_waiting=64))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=128, max_waiting=64)))
     rng = random.Random(0)
     with serve(engine) as server:
         url = server.url

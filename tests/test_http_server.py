@@ -22,6 +22,7 @@ from kvlab.http.local import ServerThread
 from kvlab.http.protocol import chat_template_text
 from kvlab.http.server import create_app
 from kvlab.serving import Engine, SchedulerConfig
+from kvlab.serving.config import EngineSpec
 
 MODEL = "tiny-llama"
 MAX_WAITING, MAX_SEQS = 4, 2
@@ -29,7 +30,7 @@ MAX_WAITING, MAX_SEQS = 4, 2
 
 @pytest.fixture(scope="module")
 def server(model):
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=MAX_SEQS, max_batch_tokens=128, max_waiting=MAX_WAITING))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=MAX_SEQS, max_batch_tokens=128, max_waiting=MAX_WAITING)))
     app = create_app(engine, MODEL)
     with ServerThread(app, timeout_graceful_shutdown=2) as s:
         s.app = app
@@ -200,7 +201,7 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it(server):
 @pytest.fixture(scope="module")
 def roomy_server(model):
     """Room in the queue for everyone, so every request is accepted and then abandoned."""
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=MAX_SEQS, max_batch_tokens=128, max_waiting=64))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=MAX_SEQS, max_batch_tokens=128, max_waiting=64)))
     app = create_app(engine, MODEL)
     with ServerThread(app) as s:
         s.app = app
@@ -251,7 +252,7 @@ def test_client_and_engine_clocks_join_and_the_client_never_sees_a_token_first(s
 
 # -- shutdown -----------------------------------------------------------------------------------------
 def test_shutdown_cancels_open_streams_and_frees_every_block(model):
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=64))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=64)))
     app = create_app(engine, MODEL)
     server = ServerThread(app, timeout_graceful_shutdown=1).start()
     body = {"model": MODEL, "prompt": "long", "max_tokens": 1000, "stream": True, "ignore_eos": True}

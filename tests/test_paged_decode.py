@@ -9,6 +9,7 @@ import kvlab.cache.paged as paged
 from kvlab.cache.base import causal_attention
 from kvlab.serving import Engine, PagedAttentionMetadata, PagedKVCache, SchedulerConfig
 from kvlab.workload import make_workload
+from kvlab.serving.config import EngineSpec
 
 
 def attend_decodes(threshold: int, monkeypatch) -> tuple[torch.Tensor, torch.Tensor, PagedAttentionMetadata]:
@@ -43,8 +44,8 @@ def test_batched_and_one_by_one_decodes_equal_dense_attention(threshold, batched
 def test_the_engine_gives_the_greedy_tokens_of_generate_either_way(threshold, monkeypatch, model):
     monkeypatch.setattr(paged, "DECODE_BATCH_MAX_SLOTS", threshold)
     requests = make_workload("mixture", 6, arrival="poisson", rate=200.0, vocab_size=320, seed=8, scale=0.25)
-    engine = Engine(model, block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=48,
-                                                                    max_model_len=256))
+    engine = Engine(model, EngineSpec(block_size=8, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=48,
+                                                                    max_model_len=256)))
     records = engine.run(requests, clock="virtual")
     assert all(r.status == "completed" for r in records)
     for r in requests:

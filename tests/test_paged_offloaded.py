@@ -16,6 +16,7 @@ from kvlab.serving import Engine, SchedulerConfig
 from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.offloaded_executor import OffloadedModelExecutor
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 BLOCK = 8
 SHARED = list(range(1, 41))  # a 40-token prefix several prompts share (prefix caching shares its blocks)
@@ -50,8 +51,7 @@ class Recording(OffloadedModelExecutor):
 
 def serve(model, executor, budget_blocks: int | None = None, max_batch_tokens: int = 64):
     budget = None if budget_blocks is None else budget_blocks * bytes_per_block(model.config, BLOCK, torch.float32)
-    engine = Engine(model, block_size=BLOCK, executor=executor, kv_budget_bytes=budget,
-                    scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=max_batch_tokens, max_model_len=128))
+    engine = Engine(model, EngineSpec(block_size=BLOCK, kv_budget_bytes=budget, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=max_batch_tokens, max_model_len=128)), executor=executor)
     engine.run(requests(), clock="virtual")
     return engine, {rid: list(s.output_token_ids) for rid, s in engine.sequences.items()}
 

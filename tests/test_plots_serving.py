@@ -22,6 +22,7 @@ from kvlab.lessons.l04_four_clocks.figures import plot_cold_warm
 from kvlab.lessons.l08_prefix_and_chunks.figures import plot_token_gaps
 from kvlab.serving import SchedulerConfig, bytes_per_block
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 
 def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:
@@ -37,8 +38,7 @@ def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:
 def tight_run(model):
     """A real run with a queue (2 slots), a failed request and preemptions (a budget of 8 blocks of 8 tokens)."""
     sched = SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=64)
-    run = serve(model, _requests(), label="tight", block_size=8, kv_budget_bytes=8 * bytes_per_block(model.config, 8),
-                scheduler=sched, enable_prefix_caching=False)
+    run = serve(model, _requests(), EngineSpec(block_size=8, kv_budget_bytes=8 * bytes_per_block(model.config, 8), scheduler=sched, enable_prefix_caching=False), label="tight")
     assert run.stats["preemptions"] > 0, "the fixture should preempt"
     return run
 
@@ -81,8 +81,7 @@ def test_gantt_segments_run_from_arrival_to_the_last_token_without_overlap(tight
 def test_gantt_segments_on_the_virtual_clock_are_exact():
     cfg = kvlab.tiny_llama()
     reqs = [Request(i, 16, o, 0.0, "x", prompt=[1] * 16) for i, o in enumerate([3, 5, 4])]
-    run = serve(cfg, reqs, clock="virtual", executor=FixedStepCostExecutor(0.01),
-                scheduler=SchedulerConfig(policy="static", max_seqs=2, max_batch_tokens=64))
+    run = serve(cfg, reqs, EngineSpec(scheduler=SchedulerConfig(policy="static", max_seqs=2, max_batch_tokens=64)), clock="virtual", executor=FixedStepCostExecutor(0.01))
     seg = gantt_segments(run.requests, run.steps).set_index(["request_id", "kind"])
     # Request 2 queues while the batch (0, 1) runs to its longest member: 5 steps of 10 ms.
     assert seg.loc[(2, "queued"), ["start_s", "end_s"]].tolist() == pytest.approx([0.0, 0.05])
@@ -92,7 +91,7 @@ def test_gantt_segments_on_the_virtual_clock_are_exact():
 
 def test_gantts_draw_one_panel_per_run_on_a_shared_time_axis(model):
     reqs = _requests(4, too_long=False)
-    runs = [serve(model, reqs, label=p, scheduler=SchedulerConfig(policy=p, max_seqs=2, max_batch_tokens=64))
+    runs = [serve(model, reqs, EngineSpec(scheduler=SchedulerConfig(policy=p, max_seqs=2, max_batch_tokens=64)), label=p)
             for p in ("static", "continuous")]
     frame = runs_frame(runs)
     fig = plot_gantts(frame, frame.attrs["steps"])
@@ -107,8 +106,7 @@ def test_empty_and_all_failed_runs_still_draw():
     fig = plot_gantt([], pd.DataFrame(columns=["step", "request_id", "phase", "num_tokens", "start_s", "end_s"]))
     assert "no requests" in [t.get_text() for t in fig.axes[0].texts]
     cfg = kvlab.tiny_llama()
-    run = serve(cfg, [Request(0, 90, 20, 0.0, "x", prompt=[1] * 90)], clock="virtual",
-                executor=FixedStepCostExecutor(0.01), scheduler=SchedulerConfig(max_model_len=64, max_batch_tokens=64))
+    run = serve(cfg, [Request(0, 90, 20, 0.0, "x", prompt=[1] * 90)], EngineSpec(scheduler=SchedulerConfig(max_model_len=64, max_batch_tokens=64)), clock="virtual", executor=FixedStepCostExecutor(0.01))
     assert run.records[0].status == "failed" and run.trace.empty
     plot_gantt(run.requests, run.steps)
     plot_batch_composition(run.trace)
@@ -197,8 +195,7 @@ def test_policy_and_batch_wait_figures_have_one_mark_per_run():
     reqs = [Request(i, 16, 4 + 3 * i, 0.02 * i, "x", prompt=[1] * 16) for i in range(5)]
     runs = []
     for policy, wait in (("static", 0.0), ("static", 0.05), ("continuous", 0.0)):
-        run = serve(cfg, reqs, label=f"{policy} {wait}", clock="virtual", executor=FixedStepCostExecutor(0.01),
-                    scheduler=SchedulerConfig(policy=policy, max_seqs=3, max_batch_tokens=64, batch_wait_s=wait))
+        run = serve(cfg, reqs, EngineSpec(scheduler=SchedulerConfig(policy=policy, max_seqs=3, max_batch_tokens=64, batch_wait_s=wait)), label=f"{policy} {wait}", clock="virtual", executor=FixedStepCostExecutor(0.01))
         runs.append(run)
     table = runs_table(runs)
     table.insert(1, "policy", ["static", "static", "continuous"])

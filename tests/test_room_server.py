@@ -22,6 +22,7 @@ from kvlab.http.loadgen import http_workload, run_loadtest
 from kvlab.http.local import ServerThread
 from kvlab.http.server import create_app
 from kvlab.serving import Engine, SchedulerConfig
+from kvlab.serving.config import EngineSpec
 
 MODEL, KEY = "tiny-llama", "open-sesame"
 TIMEOUT_S = 0.5  # the read time-outs under test
@@ -30,7 +31,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def keyed_server(model, read_timeout_s: float) -> ServerThread:
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_waiting=8))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_waiting=8)))
     app = create_app(engine, MODEL, api_key=KEY, max_body_bytes=4096, read_timeout_s=read_timeout_s)
     server = ServerThread(app, timeout_graceful_shutdown=1, http=header_timeout_protocol(read_timeout_s))
     server.app = app
@@ -137,7 +138,7 @@ BAD = [
 
 @pytest.mark.parametrize("what, body, code", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_is_a_4xx_json_error(model, what, body, code):
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128)))
     app = create_app(engine, MODEL, max_body_bytes=1 << 20)
     with ServerThread(app, timeout_graceful_shutdown=1) as s:
         path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"

@@ -12,6 +12,7 @@ from kvlab.clocks import summarize
 from kvlab.serving import (BlockManager, Engine, Executor, Scheduler, SchedulerConfig, SchedulerOutput, Sequence,
                            SequenceStatus, StepResult)
 from kvlab.workload import Request
+from kvlab.serving.config import EngineSpec
 
 VOCAB = 50  # as conftest's make_sequence: prompts given as a length use token ids below 50
 
@@ -256,8 +257,7 @@ class TickExecutor(Executor):
        cfg=configs, cutoffs=st.lists(st.floats(0, 1), min_size=1, max_size=5))
 def test_sent_equals_completed_failed_waiting_running_at_any_cutoff(requests, cfg, cutoffs):
     cfg = {**cfg, "chunked_prefill": True}
-    engine = Engine(kvlab.tiny_llama(), block_size=4, kv_budget_bytes=40 * 4 * 512, executor=TickExecutor(),
-                    scheduler=SchedulerConfig(max_batch_tokens=32, max_model_len=64, **cfg))
+    engine = Engine(kvlab.tiny_llama(), EngineSpec(block_size=4, kv_budget_bytes=40 * 4 * 512, scheduler=SchedulerConfig(max_batch_tokens=32, max_model_len=64, **cfg)), executor=TickExecutor())
     workload = [Request(i, p, n, a, "test") for i, (p, n, a) in enumerate(requests)]
     records = engine.run(workload, clock="virtual")
     trace = engine.trace_frame()

@@ -10,7 +10,8 @@ import pytest
 import kvlab
 from kvlab.cli import main as cli_main
 from kvlab.clocks import SLO
-from kvlab.experiments.service_curves import end_of_window_counts, knee_rps, scheduler_config, service_curve, simulator
+from kvlab.experiments.service_curves import end_of_window_counts, knee_rps, lesson_spec, scheduler_config, service_curve
+from kvlab.serving.engine import Engine
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
 from kvlab.workload import make_workload
@@ -54,7 +55,7 @@ def test_the_curve_bends_light_load_is_served_overload_is_not(curve):
 
 
 def test_a_simulated_sweep_is_deterministic(cost_model):
-    engine = simulator(cost_model, scheduler_config(max_seqs=8))
+    engine = Engine(cost_model, lesson_spec(scheduler_config(max_seqs=8)))
     a = load_sweep(engine, [1.0, 4.0], "mixture", 40, seed=3)
     b = load_sweep(engine, [1.0, 4.0], "mixture", 40, seed=3)
     cols = [c for c in a if c != "run_wall_s"]
@@ -77,7 +78,7 @@ def test_knee_on_a_synthetic_curve():
 
 
 def test_bad_rates_and_profiles_are_clear_errors(cost_model):
-    engine = simulator(cost_model)
+    engine = Engine(cost_model, lesson_spec())
     for rates, match in (([], "empty"), ([0.0], "> 0"), ([2.0, 1.0], "rise strictly"), ([float("nan")], "finite")):
         with pytest.raises(ValueError, match=match):
             load_sweep(engine, rates)

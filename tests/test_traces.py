@@ -18,6 +18,7 @@ from kvlab.http.loadgen import PRINTABLE_FIRST, http_workload
 from kvlab.lessons.l08_prefix_and_chunks.figures import plot_prefix_cache
 from kvlab.results_io import load_results
 from kvlab.serving.cost_model import CostModel
+from kvlab.serving.config import EngineSpec
 from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, SAMPLE_TRACE, SAMPLE_TRACES, at_rate, block_token_ids,
                           detect_format, mooncake_frame, read_mooncake_trace, replay_mooncake, replay_trace_file,
                           trace_rate, trace_requests)
@@ -296,7 +297,7 @@ def test_loadtest_replays_a_mooncake_trace_against_kvlab_serve_and_its_prefix_ca
     from kvlab.http.server import create_app
     from kvlab.serving import Engine, SchedulerConfig
 
-    engine = Engine(model, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256)))
     with ServerThread(create_app(engine, "tiny-llama"), timeout_graceful_shutdown=2) as server:
         code = loadtest_main(["--url", server.url, "--trace", str(MOONCAKE_SAMPLE_TRACE), "--length-scale", "16",
                               "--time-scale", "0.05", "--num-requests", "12", "--ignore-eos", "--no-progress",

@@ -58,7 +58,8 @@ import pandas as pd
 from kvlab.clocks import RequestRecord, summarize
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.decoder import Decoder, build_model
-from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.cost_model import CostModel, load_calibration
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
 from kvlab.results_io import write_json
@@ -139,7 +140,7 @@ def run_kvlab(model: Decoder, requests: list[Request], policy: Policy,
               s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
     sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
                             max_model_len=s.max_model_len)
-    engine = Engine(model, block_size=s.block_size, scheduler=sched)
+    engine = Engine(model, EngineSpec(block_size=s.block_size, scheduler=sched))
     t0 = time.perf_counter()
     records = engine.run(requests, clock="wall")
     return records, time.perf_counter() - t0, engine
@@ -210,14 +211,11 @@ def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> t
 def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSettings) -> float:
     """Continuous / static output tokens/s of ``requests`` in virtual time on ``cost_model``: the
     expectation from step costs alone, free of the machine's noise, to read a measured ratio against."""
-    from kvlab.model.config import ModelConfig
-
     tps = {}
     for policy in ("static", "continuous"):
         sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
                                 max_model_len=s.max_model_len)
-        engine = Engine(ModelConfig(**cost_model.config), block_size=s.block_size, scheduler=sched,
-                        executor=CostModelExecutor(cost_model))
+        engine = Engine(cost_model, EngineSpec(block_size=s.block_size, scheduler=sched))
         tps[policy] = summarize(engine.run(requests, clock="virtual")).output_tokens_per_s
     return tps["continuous"] / tps["static"]
 

@@ -17,7 +17,8 @@ import numpy as np
 from kvlab.clocks import summarize
 from kvlab.model.config import ModelConfig
 from kvlab.serving.block_manager import bytes_per_block
-from kvlab.serving.cost_model import CostModel, CostModelExecutor
+from kvlab.serving.config import EngineSpec
+from kvlab.serving.cost_model import CostModel
 from kvlab.serving.engine import Engine
 from kvlab.serving.reservation import ReservationEngine
 from kvlab.serving.scheduler import SchedulerConfig
@@ -55,16 +56,11 @@ def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: Pool
     budget = tokens // s.block_size * bytes_per_block(config, s.block_size)
     sched = SchedulerConfig(max_seqs=len(requests), max_batch_tokens=max(s.max_batch_tokens, len(requests)),
                             max_model_len=s.max_model_len)
+    spec = EngineSpec(block_size=s.block_size, kv_budget_bytes=budget, enable_prefix_caching=False, scheduler=sched)
     rows = {}
-    for name, make in (("paged", lambda: Engine(config, block_size=s.block_size, kv_budget_bytes=budget,
-                                               scheduler=sched, executor=CostModelExecutor(cost_model),
-                                               enable_prefix_caching=False)),
-                       ("reserve_max_model_len", lambda: ReservationEngine(
-                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
-                           executor=CostModelExecutor(cost_model), reserve="max_model_len")),
-                       ("reserve_request", lambda: ReservationEngine(
-                           config, block_size=s.block_size, kv_budget_bytes=budget, scheduler=sched,
-                           executor=CostModelExecutor(cost_model), reserve="request"))):
+    for name, make in (("paged", lambda: Engine(cost_model, spec)),
+                       ("reserve_max_model_len", lambda: ReservationEngine(cost_model, spec, reserve="max_model_len")),
+                       ("reserve_request", lambda: ReservationEngine(cost_model, spec, reserve="request"))):
         engine = make()
         records = engine.run(requests, clock="virtual")
         rows[name] = {**kv_usage(engine), "completed": sum(r.status == "completed" for r in records),

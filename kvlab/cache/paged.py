@@ -83,6 +83,12 @@ class PagedAttentionMetadata:
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
 
 
+def check_block_size(block_size: object) -> None:
+    """ValueError unless ``block_size`` is a positive whole number of tokens (the one place this is checked)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
+
+
 class PagedKVCache(KVCache):
     """K/V of many sequences in fixed-size blocks, found through each sequence's block table.
 

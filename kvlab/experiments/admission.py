@@ -24,6 +24,7 @@ import pandas as pd
 
 from kvlab.model.config import ModelConfig, tiny_llama
 from kvlab.serving.block_manager import bytes_per_block
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import AdmissionError, SchedulerConfig, WaitingRequest
 from kvlab.workload import Request
 from kvlab.experiments.serving_run import FixedStepCostExecutor, ServingRun, runs_table, serve
@@ -190,10 +191,10 @@ def admission_run(rule: Rule | None = None, requests: Sequence[Request] | None =
     config = admission_config()
     budget = NUM_BLOCKS * bytes_per_block(config, BLOCK_SIZE)
     try:
-        run = serve(config, requests, label=label or ("built-in rule" if rule is None else "your rule"),
-                    clock="virtual", executor=FixedStepCostExecutor(STEP_S, TOKEN_S), block_size=BLOCK_SIZE,
-                    kv_budget_bytes=budget, scheduler=admission_scheduler(audit), enable_prefix_caching=False,
-                    threads=None)
+        spec = EngineSpec(block_size=BLOCK_SIZE, kv_budget_bytes=budget, enable_prefix_caching=False,
+                          scheduler=admission_scheduler(audit))
+        run = serve(config, requests, spec, label=label or ("built-in rule" if rule is None else "your rule"),
+                    clock="virtual", executor=FixedStepCostExecutor(STEP_S, TOKEN_S), threads=None)
     except (_Stop, AdmissionError):
         return None, audit
     except RuntimeError as err:  # the engine could not make progress: someone waits for ever

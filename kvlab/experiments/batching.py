@@ -18,6 +18,7 @@ import pandas as pd
 
 from kvlab.model.decoder import Decoder
 from kvlab.serving.executor import Executor
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, Policy, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, arrival_times
@@ -108,8 +109,8 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
     for ls, p in progress(plan, total=len(plan), desc="policies", unit="run"):
         sched = SchedulerConfig(policy=cast(Policy, p), max_seqs=max_seqs,  # checked above
                                 max_batch_tokens=max_batch_tokens)
-        run = serve(model.config if executor is not None else model, workloads[ls], label=f"{p}, {ls} lengths",
-                    clock=clock, executor=executor, scheduler=sched, threads=threads)
+        run = serve(model.config if executor is not None else model, workloads[ls], EngineSpec(scheduler=sched),
+                    label=f"{p}, {ls} lengths", clock=clock, executor=executor, threads=threads)
         run.extra.update(policy=p, lengths=ls)
         runs.append(run)
     return runs
@@ -183,8 +184,8 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
     for policy, w in progress(plan, total=len(plan), desc="batch wait", unit="run"):
         sched = SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, batch_wait_s=w)
         label = f"static, wait {w * 1e3:.0f} ms" if policy == "static" else "continuous (no wait)"
-        run = serve(model.config if executor is not None else model, requests, label=label, clock=clock,
-                    executor=executor, scheduler=sched, threads=threads)
+        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
+                    label=label, clock=clock, executor=executor, threads=threads)
         run.extra.update(policy=policy, batch_wait_s=w)
         runs.append(run)
     return runs

@@ -21,13 +21,13 @@ import pandas as pd
 from kvlab.clocks import quantiles, summarize
 from kvlab.model.decoder import Decoder
 from kvlab.serving.executor import Executor
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, set_torch_threads
 from kvlab.workload import Request, make_workload
 from kvlab.experiments.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
                           seeded_prompt, serve, warm_up)
-from kvlab.cache.paged import BLOCK_SIZE
 
 CLOCK_ROWS = (  # (clock, from, to, how)
     ("queue wait", "arrival", "admission", "admitted_s - scheduled_s"),
@@ -73,8 +73,8 @@ def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 
     if executor is None:
         warm_up(model, threads)
     for _ in progress(range(1), total=1, desc="serving", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, label="journey", clock=clock,
-                    executor=executor, scheduler=sched, threads=threads)
+        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
+                    label="journey", clock=clock, executor=executor, threads=threads)
     run.extra["watched"] = n_ahead  # also the request whose profile is "watched"
     return run
 
@@ -117,7 +117,7 @@ def _child(t0: float, params: dict) -> None:
     model = build_model(lesson_config(), seed=params["seed"])
     t_build = time.perf_counter()
     from kvlab.serving.engine import Engine
-    engine = Engine(model, block_size=BLOCK_SIZE, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256)))
     t_engine = time.perf_counter()
     vocab = model.config.vocab_size
     request = Request(0, params["prompt_tokens"], params["max_new_tokens"], 0.0, "single",
@@ -230,8 +230,8 @@ def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0,
     if executor is None:
         warm_up(model, threads)
     for _ in progress(range(1), total=1, desc=f"serving {n} requests", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, label="mixed load", clock=clock,
-                    executor=executor, scheduler=sched, threads=threads)
+        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
+                    label="mixed load", clock=clock, executor=executor, threads=threads)
     return run
 
 

@@ -22,11 +22,13 @@ import pandas as pd
 
 from kvlab.clocks import quantiles
 from kvlab.model.decoder import Decoder
+from kvlab.serving.config import EngineSpec
+from kvlab.serving.engine import Engine
 from kvlab.serving.offloaded_executor import OffloadedModelExecutor
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, torch_threads
 from kvlab.experiments.batching import policy_workload
-from kvlab.experiments.serving_run import ServingRun, check_positive_int, make_engine, resolve_model, warm_up
+from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, warm_up
 
 ON_DEVICE, OFFLOADED = "on device", "offloaded"
 # The modelled link to the slower tier on a CPU-only machine (GB/s): about a hundredth of what RAM delivers, as a
@@ -65,7 +67,7 @@ class OffloadUnderLoad:
 
 def _serve(model: Decoder, requests, label: str, executor, sched: SchedulerConfig) -> tuple[ServingRun, dict]:
     """One run through a fresh engine: the ServingRun and every request's output token ids."""
-    engine = make_engine(model, executor=executor, scheduler=sched)
+    engine = Engine(model, EngineSpec(scheduler=sched), executor=executor)
     start = time.perf_counter()
     records = engine.run(requests, clock="wall")
     run = ServingRun.from_engine(label, engine, records, time.perf_counter() - start)

@@ -19,6 +19,7 @@ import pandas as pd
 from kvlab.model.decoder import Decoder
 from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.executor import Executor
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, make_workload
@@ -73,9 +74,10 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
     runs = []
     for b in progress(plan, total=len(plan), desc="KV budgets", unit="run"):
         sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, max_model_len=max_model_len)
-        run = serve(model.config if executor is not None else model, requests, label=f"{b} blocks",
-                    clock=clock, executor=executor, block_size=block_size, kv_budget_bytes=b * per_block,
-                    scheduler=sched, enable_prefix_caching=False, threads=threads)
+        spec = EngineSpec(block_size=block_size, kv_budget_bytes=b * per_block, enable_prefix_caching=False,
+                          scheduler=sched)
+        run = serve(model.config if executor is not None else model, requests, spec, label=f"{b} blocks",
+                    clock=clock, executor=executor, threads=threads)
         run.extra.update(kv_blocks=b, recomputed_tokens=recomputed_tokens(run))
         runs.append(run)
     return runs
@@ -116,10 +118,10 @@ def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt
         warm_up(model, threads)
     runs = []
     for on in progress([False, True], total=2, desc="prefix caching", unit="run"):
-        run = serve(model.config if executor is not None else model, requests,
-                    label=f"prefix caching {'on' if on else 'off'}", clock=clock, executor=executor,
-                    block_size=block_size, enable_prefix_caching=on, threads=threads,
-                    scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=MAX_BATCH_TOKENS))
+        spec = EngineSpec(block_size=block_size, enable_prefix_caching=on,
+                          scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=MAX_BATCH_TOKENS))
+        run = serve(model.config if executor is not None else model, requests, spec,
+                    label=f"prefix caching {'on' if on else 'off'}", clock=clock, executor=executor, threads=threads)
         run.extra.update(prefix_caching=on, expected_hit_tokens=expected if on else 0)
         runs.append(run)
     return runs
@@ -180,8 +182,8 @@ def chunked_prefill_runs(model: Decoder | None = None, chunk_tokens: int = 64, n
         warm_up(model, threads)
     runs = []
     for label, sched in progress(plans, total=len(plans), desc="prefill", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, label=label, clock=clock,
-                    executor=executor, scheduler=sched, threads=threads)
+        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
+                    label=label, clock=clock, executor=executor, threads=threads)
         run.extra.update(chunked=sched.chunked_prefill, long_id=n_decoding, long_arrival_s=long_arrival_s)
         runs.append(run)
     return runs

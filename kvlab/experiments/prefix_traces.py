@@ -40,14 +40,15 @@ import pandas as pd
 from kvlab.clocks import SLO, RequestRecord
 from kvlab.model.config import ModelConfig
 from kvlab.serving.block_manager import bytes_per_block
-from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.config import EngineSpec
+from kvlab.serving.cost_model import CostModel, load_calibration
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, mark_knee
 from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncake_frame, read_any_trace, replay_trace,
                       trace_rate, trace_requests)
 from kvlab.workload import Request
-from kvlab.serving.sweep import DEFAULT_SLO, MAX_MODEL_LEN, scheduler_config, simulator
+from kvlab.serving.sweep import DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, scheduler_config
 from kvlab.experiments.progress import Progress, no_progress
 from kvlab.experiments.provenance import experiment
 
@@ -178,16 +179,16 @@ def reachable_hits(requests: Sequence[Request], block_size: int) -> pd.DataFrame
 # -- 3 and 4. the engine -----------------------------------------------------------------------------
 def trace_engine(kv_blocks: int | None = None, prefix_caching: bool = True, cost_model: CostModel | None = None,
                  scheduler: SchedulerConfig | None = None) -> Engine:
-    """The simulator (``kvlab.serving.sweep.simulator``) with ``kv_blocks`` blocks of KV and an unbounded queue.
+    """The simulator (``Engine(cost_model, spec)``) with ``kv_blocks`` blocks of KV and an unbounded queue.
 
     ``kv_blocks`` None: the default pool (max_seqs requests of max_model_len tokens).
     """
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
     config = ModelConfig(**cost_model.config)
     budget = None if kv_blocks is None else int(kv_blocks) * bytes_per_block(config, cost_model.block_size)
-    return Engine(config, block_size=cost_model.block_size, kv_budget_bytes=budget,
-                  scheduler=scheduler or scheduler_config(max_waiting=None), executor=CostModelExecutor(cost_model),
-                  enable_prefix_caching=prefix_caching)
+    spec = EngineSpec(block_size=cost_model.block_size, kv_budget_bytes=budget, enable_prefix_caching=prefix_caching,
+                      scheduler=scheduler or scheduler_config(max_waiting=None))
+    return Engine(cost_model, spec)
 
 
 def engine_hits(records: Sequence[RequestRecord], block_size: int) -> pd.DataFrame:
@@ -336,7 +337,7 @@ def trace_curve(path: str | Path, rates: Sequence[float] | None = None, trace_fo
     caching off, or for an Azure trace). ``engine`` None: the simulator.
     """
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
-    engine = simulator(cost_model, scheduler_config()) if engine is None else engine
+    engine = Engine(cost_model, LESSON_SPEC) if engine is None else engine
     trace_format = detect_format(path) if trace_format is None else trace_format
     base = replay_trace(path, trace_format=trace_format, length_scale=length_scale, max_requests=requests,
                         vocab_size=engine.config.vocab_size, max_context=engine.max_model_len, seed=seed)

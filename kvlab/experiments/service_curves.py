@@ -29,19 +29,30 @@ from kvlab.model.config import PRESETS, ModelConfig, preset
 from kvlab.model.decoder import build_model
 from kvlab.model.lessons import lesson_config
 from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.scheduler_cli import add_scheduler_arguments
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
 from kvlab.workload import PROFILE_NAMES, Request, make_workload
 from kvlab.experiments.progress import Progress, no_progress
-# the set-up lesson 08 shares (its home); DEFAULT_SLO, scheduler_config and simulator stay importable from here
-from kvlab.serving.sweep import (DEFAULT_SLO, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config, simulator,
-                             sweep_settings)
+# the set-up lesson 08 shares (its home); DEFAULT_SLO and scheduler_config stay importable from here
+from kvlab.serving.sweep import (DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config,
+                                 sweep_settings)
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.experiments.provenance import experiment
 from kvlab.serving.knee import KEEPS_UP_RATIO, keeps_up
 
+
+
+def lesson_spec(scheduler: SchedulerConfig | None = None) -> EngineSpec:
+    """The lessons' engine spec, with ``scheduler`` if one is given."""
+    return LESSON_SPEC if scheduler is None else LESSON_SPEC.replace(scheduler=scheduler)
+
+
+def _priced(cost_model: CostModel | None) -> CostModel:
+    """The cost model a simulator runs on: the one given, else the shipped llama-30m calibration."""
+    return load_calibration("llama-30m") if cost_model is None else cost_model
 
 
 def _config(config: str | ModelConfig) -> ModelConfig:
@@ -66,7 +77,7 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
     ``rates=None`` places ``levels`` loads from 0.1 to 1.5 x the capacity the cost model
     estimates for this profile and scheduler (``estimate_capacity_rps``).
     """
-    engine = simulator(cost_model, scheduler)
+    engine = Engine(_priced(cost_model), lesson_spec(scheduler))
     if rates is None:
         sample = make_workload(profile, requests, arrival="all_at_once", seed=seed, max_context=engine.max_model_len)
         cost = cast(CostModelExecutor, engine.executor).cost_model  # a simulator's steps are priced by one
@@ -144,7 +155,7 @@ def ab_load(cost_model: CostModel, policies: dict[str, SchedulerConfig] | None =
     policies = ab_policies() if policies is None else policies
     sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
     rates = auto_rates(estimate_capacity_rps(cost_model, sample, policies["B"].max_seqs), levels, low=0.2, high=1.5)
-    sweep = mark_knee(load_sweep(simulator(cost_model, policies["A"]), rates, profile, workload=lambda r: _workload(
+    sweep = mark_knee(load_sweep(Engine(cost_model, lesson_spec(policies["A"])), rates, profile, workload=lambda r: _workload(
         profile, max(2, int(r * window_s)), seed, MAX_MODEL_LEN, "poisson", r, output_tokens)))
     behind = sweep.loc[~sweep["keeps_up"], "offered_rps"]
     return float(behind.iloc[0]) if len(behind) else float(rates[-1])
@@ -178,7 +189,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
         rate = ab_load(cost_model, policies, profile, output_tokens, window_s, seed)
     n = max(2, int(rate * window_s))
     reqs = _workload(profile, n, seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
-    engines = {name: simulator(cost_model, sched) for name, sched in policies.items()}
+    engines = {name: Engine(cost_model, lesson_spec(sched)) for name, sched in policies.items()}
     runs = {name: engine.run(reqs, clock="virtual") for name, engine in engines.items()}
     # The window closes at window_s, or later if a request was still being handed over: both runs are counted at
     # the same moment, with every request sent.
@@ -269,13 +280,13 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
     if cost_model.config_name != config.name:
         raise ValueError(f"the cost model was calibrated on {cost_model.config_name!r}, not {config.name!r}; "
                          f"calibrate {config.name} first")
-    scheduler = scheduler or scheduler_config()
+    spec = lesson_spec(scheduler).replace(block_size=cost_model.block_size)
     model = build_model(config, seed=seed)
     frames = []
     with torch_threads(threads):
-        real = Engine(model, scheduler=scheduler, block_size=cost_model.block_size)
+        real = Engine(model, spec)
         real.run(_workload(profile, 4, seed + 1, real.max_model_len))  # warm up outside the measurement
-        steps = [("real", real, "wall"), ("simulated", simulator(cost_model, scheduler), "virtual")]
+        steps = [("real", real, "wall"), ("simulated", Engine(cost_model, spec), "virtual")]
         for source, engine, clock in progress(steps, total=2, desc="real, then simulated", unit="run"):
             f = load_sweep(engine, rates, profile, requests, seed=seed, clock=clock)
             f.insert(0, "source", source)
@@ -354,10 +365,8 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(str(e)) from None
     frames, t0, cpu0 = [], time.perf_counter(), time.process_time()
     for profile in profiles:
-        if args.simulate:
-            engine = simulator(cost_model, scheduler)
-        else:
-            engine = Engine(build_model(config, seed=args.seed), scheduler=scheduler, block_size=cost_model.block_size)
+        spec = lesson_spec(scheduler).replace(block_size=cost_model.block_size)
+        engine = Engine(cost_model if args.simulate else build_model(config, seed=args.seed), spec)
         rates = fixed
         if rates is None:
             sample = make_workload(profile, requests, arrival="all_at_once", seed=args.seed,
@@ -408,10 +417,8 @@ def trace_sweep_main(args) -> int:
         clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-    if args.simulate:
-        engine = simulator(cost_model, scheduler)
-    else:
-        engine = Engine(build_model(config, seed=args.seed), scheduler=scheduler, block_size=cost_model.block_size)
+    spec = lesson_spec(scheduler).replace(block_size=cost_model.block_size)
+    engine = Engine(cost_model if args.simulate else build_model(config, seed=args.seed), spec)
     requests = args.requests or (None if args.simulate else 30)
     if clipped:
         print(f"note: {clipped} requests of {args.trace} do not fit max_model_len={engine.max_model_len} at "
@@ -450,4 +457,4 @@ def trace_sweep_main(args) -> int:
 
 __all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
            "ab_policies", "end_of_window_counts", "knee_ratio", "knee_rps", "real_vs_simulated", "scheduler_config",
-           "service_curve", "service_curves", "simulated_vs_real", "simulator"]
+           "service_curve", "service_curves", "simulated_vs_real", "lesson_spec"]

@@ -23,12 +23,12 @@ from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from kvlab.model.config import ModelConfig
 from kvlab.model.decoder import Decoder
 from kvlab.model.lessons import lesson_model  # the serving lessons' model; notebooks 04, 05, 07, 08 import it here
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.executor import Executor, StepResult
 from kvlab.serving.scheduler import SchedulerConfig, SchedulerOutput
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.workload import Request
-from kvlab.cache.paged import BLOCK_SIZE
 
 
 class FixedStepCostExecutor(Executor):
@@ -112,27 +112,14 @@ def tokens_frame(requests: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "request_id", "token", "t_s", "gap_s"])
 
 
-def make_engine(model_or_config: Decoder | ModelConfig, *, executor: Executor | None = None,
-                block_size: int = BLOCK_SIZE, kv_budget_bytes: int | None = None,
-                scheduler: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
-                seed: int = 0) -> Engine:
-    """An Engine with the lessons' defaults (a thin wrapper that keeps the experiments short)."""
-    return Engine(model_or_config, block_size=block_size, kv_budget_bytes=kv_budget_bytes,
-                  scheduler=scheduler or SchedulerConfig(), executor=executor,
-                  enable_prefix_caching=enable_prefix_caching, seed=seed)
-
-
-def serve(model_or_config: Decoder | ModelConfig, requests: Sequence[Request], *, label: str = "run",
-          clock: str = "wall", executor: Executor | None = None, block_size: int = BLOCK_SIZE,
-          kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
-          enable_prefix_caching: bool = True, seed: int = 0, threads: int | None = LESSON_THREADS) -> ServingRun:
-    """Run ``requests`` through a fresh engine and keep every table of the run.
+def serve(model_or_config: Decoder | ModelConfig, requests: Sequence[Request], spec: EngineSpec | None = None, *,
+          label: str = "run", clock: str = "wall", executor: Executor | None = None,
+          threads: int | None = LESSON_THREADS) -> ServingRun:
+    """Run ``requests`` through a fresh ``Engine(model_or_config, spec)`` and keep every table of the run.
 
     ``threads`` CPU threads during the run (1 by default, see ``threads.py``; None keeps torch's).
     """
-    engine = make_engine(model_or_config, executor=executor, block_size=block_size,
-                         kv_budget_bytes=kv_budget_bytes, scheduler=scheduler,
-                         enable_prefix_caching=enable_prefix_caching, seed=seed)
+    engine = Engine(model_or_config, spec, executor=executor)
     with torch_threads(threads):
         start = time.perf_counter()
         records = engine.run(requests, clock=clock)
@@ -149,8 +136,8 @@ def warm_up(model: Decoder, threads: int | None = LESSON_THREADS) -> None:
         return
     vocab = model.config.vocab_size
     requests = [Request(i, 24, 4, 0.0, "warm-up", prompt=[(7 * i + j) % vocab for j in range(24)]) for i in range(3)]
-    serve(model, requests, label="warm-up", threads=threads,
-          scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=32, max_model_len=64))
+    serve(model, requests, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=32, max_model_len=64)),
+          label="warm-up", threads=threads)
     _WARM.add(id(model))
 
 
@@ -233,6 +220,6 @@ def resolve_model(model: Decoder | None) -> Decoder:
     return model
 
 
-__all__ = ["FixedStepCostExecutor", "ServingRun", "lesson_model", "make_engine", "records_from_frame", "runs_frame",
+__all__ = ["FixedStepCostExecutor", "ServingRun", "lesson_model", "records_from_frame", "runs_frame",
            "runs_table",
            "seeded_prompt", "serve", "tokens_frame", "warm_up"]

@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -64,7 +65,7 @@ from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
 from kvlab.serving.sequence import COMPLETED
-from kvlab.serving.scheduler_cli import add_scheduler_arguments, scheduler_config_from_args
+from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments
 from kvlab.workload import Request as WorkloadRequest
 from kvlab.command_args import command_args
 
@@ -482,16 +483,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="cpu or cuda (default: kvlab.pick_device)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="the engine's torch threads (default: every core but one, which the front end keeps, as "
+                        "vLLM's CPU backend does; with --engine-in-thread, torch's own)")
     p.add_argument("--engine-in-thread", action="store_true",
                    help="step the engine in a thread of the server's process, not in a process of its own "
                         "(kvlab.http.engine_process): the front end and the engine then share one interpreter lock")
     s = p.add_argument_group("scheduling (kvlab.serving.SchedulerConfig)")
-    # SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
-    add_scheduler_arguments(s, max_waiting=64, help={"max_waiting": "beyond it 429 + Retry-After"})
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--kv-budget-mb", type=float, default=None, help="KV pool size (default: max-seqs full requests)")
-    s.add_argument("--no-prefix-caching", action="store_true")
+    # SERVE_SPEC: SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
+    add_engine_arguments(s, SERVE_SPEC, help={"max_waiting": "beyond it 429 + Retry-After"})
     p.add_argument("--drain-timeout", type=int, default=10, help="seconds open requests get to finish at shutdown")
     p.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429 and 503")
     r = p.add_argument_group("faults (the engine keeps serving; see kvlab.http.engine_loop)")
@@ -510,22 +510,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info")
 
 
-def build_engine(args: argparse.Namespace) -> tuple[Engine, str]:
-    """The Engine and served model name the options describe (checked before anything starts)."""
+def build_engine(args: argparse.Namespace, spec: EngineSpec) -> tuple[Engine, str]:
+    """The Engine (``spec`` on the model the options name) and the served model name."""
     from kvlab.threads import set_torch_threads  # imports torch: only once a server is really built
 
     set_torch_threads(args.threads or None)
     model, name = load_model(args.model, args.seed, args.device)
-    scheduler = scheduler_config_from_args(args)
-    budget = int(args.kv_budget_mb * 2**20) if args.kv_budget_mb else None
-    engine = Engine(model, block_size=args.block_size, kv_budget_bytes=budget, scheduler=scheduler,
-                    enable_prefix_caching=not args.no_prefix_caching, seed=args.seed)
-    return engine, args.served_model_name or name
+    return Engine(model, spec), args.served_model_name or name
 
 
-def engine_from_args(args: argparse.Namespace) -> Engine:
-    """`build_engine`'s engine alone: what the engine's own process builds (picklable as a partial of `args`)."""
-    return build_engine(args)[0]
+def engine_process_threads() -> int:
+    """Torch threads for an engine in a process of its own: every core this process may run on but one, which the
+    HTTP front end keeps (vLLM's CPU backend reserves one the same way:
+    https://docs.vllm.ai/en/latest/getting_started/installation/cpu/). More intra-op threads than free cores is
+    worse than fewer: beside any other busy process, each parallel operation waits for its slowest thread, and a
+    thread the OS has set aside holds every operation up until it runs again (on 2 cores beside two busy
+    processes, the median request at 8 req/s took seconds on 2 threads, 0.2 s on 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # macOS
+    return max(1, cores - 1)
+
+
+def engine_from_args(args: argparse.Namespace, spec: EngineSpec) -> Engine:
+    """`build_engine`'s engine alone: what the engine's own process builds (picklable as a partial)."""
+    return build_engine(args, spec)[0]
 
 
 def run_server(app: FastAPI, **changes) -> int:
@@ -559,14 +566,17 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     args = command_args(args, "python -m kvlab serve", __doc__, add_arguments)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = ServerSettings.from_args(args)  # checked before the model loads
-    factory = None if args.engine_in_thread else functools.partial(engine_from_args, args)
+    if not args.engine_in_thread and args.threads is None:
+        args = argparse.Namespace(**{**vars(args), "threads": engine_process_threads()})
+    factory = None if args.engine_in_thread else functools.partial(engine_from_args, args, settings.engine)
     if factory is not None:
         from kvlab.device import pick_device
 
         pick_device(args.device)  # a device that is not here is refused now, not by the engine process later
     # With an engine process, the front end's copy never steps: it stays on the CPU, whatever --device says, so a
     # GPU holds one copy of the weights and one KV pool (the engine process's).
-    engine, name = build_engine(args if factory is None else argparse.Namespace(**{**vars(args), "device": "cpu"}))
+    engine, name = build_engine(args if factory is None else argparse.Namespace(**{**vars(args), "device": "cpu"}),
+                                settings.engine)
     app = create_app(engine, name, settings, engine_factory=factory)
     log.info("serving %s on http://%s:%d (OpenAI API under /v1)%s", name, settings.host, settings.port,
              ", API key required" if settings.api_key else "")

@@ -1,21 +1,25 @@
-"""`ServerSettings`: every setting of `python -m kvlab serve` beside the engine, in one object.
+"""`ServerSettings`: every setting of `python -m kvlab serve` in one object, the engine's as one `EngineSpec`.
 
-The command line fills it (`ServerSettings.from_args`), `create_app` hands it to the routes' shared state, and
-the engine loop and `run_server` read their fields from it: a new setting is one field here and one option.
+The command line fills it (`ServerSettings.from_args`, checked before the model loads), `create_app` hands it to
+the routes' shared state, the engine is built from its `engine` spec, and the engine loop and `run_server` read
+their fields from it: a new setting is one field here (or in `EngineSpec`) and one option.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kvlab.serving.config import SERVE_SPEC, EngineSpec, spec_from_args
 from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S
 from kvlab.http.guard import MAX_BODY_BYTES, READ_TIMEOUT_S, api_key_from_env
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """How the server answers, guards and gives up; the engine's own settings are `SchedulerConfig`'s."""
+    """How the server answers, guards and gives up, and the spec its engine is built from."""
+
+    engine: EngineSpec = field(default_factory=lambda: SERVE_SPEC)  # the KV pool, the scheduler, the seed
 
     retry_after_s: int = 1  # Retry-After seconds sent with 429 and 503
     keep_records: int = 10_000  # recent requests' engine-side records kept for /kvlab/requests
@@ -49,7 +53,7 @@ class ServerSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ServerSettings":
         """The settings `python -m kvlab serve`'s options name (the API key from $KVLAB_API_KEY when not given)."""
-        return cls(retry_after_s=args.retry_after, api_key=api_key_from_env(args.api_key),
+        return cls(engine=spec_from_args(args), retry_after_s=args.retry_after, api_key=api_key_from_env(args.api_key),
                    max_body_bytes=args.max_body_bytes, read_timeout_s=args.read_timeout,
                    max_failed_steps=args.max_failed_steps, step_timeout_s=args.step_timeout, host=args.host,
                    port=args.port, log_level=args.log_level, drain_timeout_s=args.drain_timeout)

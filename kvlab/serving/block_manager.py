@@ -8,7 +8,7 @@ import torch
 
 from kvlab.model.config import ModelConfig
 from kvlab.serving.sequence import Sequence
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.cache.paged import BLOCK_SIZE, check_block_size
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype = torch.float32) -> int:
@@ -20,8 +20,7 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype = t
 def num_blocks_for_budget(config: ModelConfig, kv_budget_bytes: int, block_size: int,
                           dtype: torch.dtype = torch.float32) -> int:
     """How many whole blocks fit in ``kv_budget_bytes``; raises if not even one does."""
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
+    check_block_size(block_size)
     per_block = bytes_per_block(config, block_size, dtype)
     if kv_budget_bytes < per_block:
         raise ValueError(
@@ -81,8 +80,7 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
+        check_block_size(block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching

@@ -18,9 +18,9 @@ from kvlab.generate import generate
 from kvlab.model.config import tiny_llama
 from kvlab.model.decoder import build_model
 from kvlab.workload import make_workload
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.cache.paged import BLOCK_SIZE
 
 # cache mode -> options: every strategy a lesson uses, with the sizes of this check
 CHECK_MODES: dict[str, dict] = {
@@ -47,8 +47,7 @@ class DeviceCheck:
 
 
 def _engine_tokens(model, requests) -> dict[int, list[int]]:
-    engine = Engine(model, block_size=BLOCK_SIZE, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64,
-                                                                    max_model_len=128))
+    engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=64, max_model_len=128)))
     engine.run(requests, clock="wall")
     return {r.request_id: engine.sequences[r.request_id].output_token_ids for r in requests}
 

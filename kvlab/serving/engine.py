@@ -17,10 +17,11 @@ from kvlab.model.decoder import Decoder
 from kvlab.sampling import NonFiniteLogits
 from kvlab.workload import Request
 from kvlab.serving.block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
+from kvlab.serving.config import EngineSpec
+from kvlab.serving.cost_model import CostModel, CostModelExecutor
 from kvlab.serving.executor import Executor, ModelExecutor
 from kvlab.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvlab.serving.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
-from kvlab.cache.paged import BLOCK_SIZE
 
 CLOCKS = ("wall", "virtual")
 
@@ -100,13 +101,14 @@ def derive_seed(seed: int, request_id) -> int:
 class Engine:
     """Continuous (or static) batching of many requests over one model and one paged KV pool.
 
-    ``Engine(model)`` runs the real decoder (``ModelExecutor``); ``Engine(config,
-    executor=...)`` runs any other executor, e.g. a cost model, with no weights at all. The KV
-    pool holds ``kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it must
-    hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
-    them, so nothing is ever preempted). ``block_manager_factory(num_blocks, block_size,
-    max_model_len)`` builds the pool's allocator at every reset: by default the paged
-    ``BlockManager``; ``ReservationEngine`` passes one that reserves per request.
+    ``Engine(model, spec)`` runs the real decoder (``ModelExecutor``); ``Engine(cost_model, spec)`` runs the
+    simulator, whose steps a ``CostModel`` prices with no weights at all; ``Engine(config, spec, executor=...)``
+    runs any other executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler
+    and the seed. The KV pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token)
+    blocks; it must hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
+    them, so nothing is ever preempted). ``block_manager_factory(num_blocks, block_size, max_model_len)``
+    builds the pool's allocator at every reset: by default the paged ``BlockManager``; ``ReservationEngine``
+    passes one that reserves per request.
 
     Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the
     run started: arrival (scheduled), hand-over to the engine (sent), first admission, every
@@ -114,36 +116,43 @@ class Engine:
     per step.
     """
 
-    def __init__(self, model_or_config: Decoder | ModelConfig, *, block_size: int = BLOCK_SIZE,
-                 kv_budget_bytes: int | None = None, scheduler: SchedulerConfig | None = None,
-                 executor: Executor | None = None, enable_prefix_caching: bool = True,
-                 sampling: SamplingParams | None = None, seed: int = 0,
-                 kv_dtype: torch.dtype | None = None,
+    def __init__(self, model: Decoder | ModelConfig | CostModel, spec: EngineSpec | None = None, *,
+                 executor: Executor | None = None, sampling: SamplingParams | None = None,
                  block_manager_factory: Callable[[int, int, int], BlockManager] | None = None) -> None:
+        spec = EngineSpec() if spec is None else spec
+        if not isinstance(spec, EngineSpec):
+            raise TypeError(f"Engine(model, spec): spec takes an EngineSpec, got {type(spec).__name__}")
+        self.spec = spec
         self.model: Decoder | None
-        if isinstance(model_or_config, Decoder):
-            self.model, self.config = model_or_config, model_or_config.config
-            kv_dtype = kv_dtype or model_or_config.dtype
-        elif isinstance(model_or_config, ModelConfig):
-            self.model, self.config = None, model_or_config
+        kv_dtype = spec.kv_dtype
+        if isinstance(model, CostModel):
+            if spec.block_size != model.block_size:
+                raise ValueError(f"the cost model was calibrated with blocks of {model.block_size} tokens, the spec "
+                                 f"asks for {spec.block_size}: use spec.replace(block_size={model.block_size}), or "
+                                 f"calibrate again with --block-size {spec.block_size}")
+            executor = executor or CostModelExecutor(model)
+            model = ModelConfig(**model.config)
+        if isinstance(model, Decoder):
+            self.model, self.config = model, model.config
+            kv_dtype = kv_dtype or model.dtype
+        elif isinstance(model, ModelConfig):
+            self.model, self.config = None, model
             kv_dtype = kv_dtype or torch.float32
             if executor is None:
-                raise ValueError("a ModelConfig has no weights to run: pass a Decoder, or an executor= "
-                                 "(e.g. a cost model) that prices each step")
+                raise ValueError("a ModelConfig has no weights to run: pass a Decoder, a CostModel, or an "
+                                 "executor= that prices each step")
         else:
-            raise TypeError(f"Engine takes a kvlab Decoder or a ModelConfig, got {type(model_or_config).__name__}")
-        self.scheduler_config = cfg = scheduler or SchedulerConfig()
-        if not isinstance(cfg, SchedulerConfig):
-            raise TypeError(f"scheduler= takes a SchedulerConfig, got {type(cfg).__name__}")
+            raise TypeError(f"Engine takes a kvlab Decoder, a CostModel or a ModelConfig, got {type(model).__name__}")
+        self.scheduler_config = cfg = spec.scheduler
+        block_size = spec.block_size
         context = self.config.max_position_embeddings
         self.max_model_len = cfg.max_model_len or context
         if self.max_model_len > context:
             raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's context of {context} "
                              f"positions; lower max_model_len to <= {context}")
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
         per_block = bytes_per_block(self.config, block_size, kv_dtype)
         blocks_per_request = -(-self.max_model_len // block_size)
+        kv_budget_bytes = spec.kv_budget_bytes
         if kv_budget_bytes is None:
             kv_budget_bytes = cfg.max_seqs * blocks_per_request * per_block
         num_blocks = num_blocks_for_budget(self.config, kv_budget_bytes, block_size, kv_dtype)
@@ -154,11 +163,11 @@ class Engine:
                 f"kv_budget_bytes to >= {blocks_per_request * per_block:,} or lower max_model_len to "
                 f"<= {num_blocks * block_size}")
         self.block_size, self.num_blocks, self.kv_budget_bytes = block_size, num_blocks, kv_budget_bytes
-        self.kv_dtype, self.enable_prefix_caching = kv_dtype, enable_prefix_caching
+        self.kv_dtype, self.enable_prefix_caching = kv_dtype, spec.enable_prefix_caching
         # (num_blocks, block_size, max_model_len) -> the KV pool's allocator, built anew at every reset
         self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
-        self.seed = seed
+        self.seed = spec.seed
         self.executor = executor or ModelExecutor(cast(Decoder, self.model))  # a ModelConfig came with an executor
         self.clock = "wall"
         self.reset()

@@ -14,6 +14,10 @@ a reserved region is private.
 from __future__ import annotations
 
 from kvlab.serving.block_manager import BlockManager
+from kvlab.model.config import ModelConfig
+from kvlab.model.decoder import Decoder
+from kvlab.serving.config import EngineSpec
+from kvlab.serving.cost_model import CostModel
 from kvlab.serving.engine import Engine
 from kvlab.serving.sequence import Sequence
 
@@ -57,15 +61,16 @@ class ReservingBlockManager(BlockManager):
 class ReservationEngine(Engine):
     """An Engine whose KV pool reserves per request instead of paging (see the module doc).
 
-    Takes Engine's arguments plus ``reserve`` (one of RESERVE_MODES); prefix caching is always off.
+    Takes Engine's arguments (its model and spec) plus ``reserve`` (one of RESERVE_MODES); prefix caching is always off.
     """
 
-    def __init__(self, *args, reserve: str = "max_model_len", **kwargs) -> None:
+    def __init__(self, model: Decoder | ModelConfig | CostModel, spec: EngineSpec | None = None, *,
+                 reserve: str = "max_model_len", **kwargs) -> None:
         if reserve not in RESERVE_MODES:
             raise ValueError(f"unknown reserve mode {reserve!r}; choose one of {', '.join(RESERVE_MODES)}")
         self.reserve = reserve
-        kwargs["enable_prefix_caching"] = False
-        super().__init__(*args, block_manager_factory=self.reserving_block_manager, **kwargs)
+        spec = (spec or EngineSpec()).replace(enable_prefix_caching=False)
+        super().__init__(model, spec, block_manager_factory=self.reserving_block_manager, **kwargs)
 
     def reserving_block_manager(self, num_blocks: int, block_size: int, max_model_len: int) -> ReservingBlockManager:
         """The engine's allocator: each request's whole reservation at admission."""

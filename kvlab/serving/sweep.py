@@ -36,7 +36,8 @@ from kvlab.clocks import SLO, RequestRecord, summarize
 from kvlab.model.config import ModelConfig, preset
 from kvlab.workload import Request, make_workload
 from kvlab.serving.block_manager import bytes_per_block
-from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
+from kvlab.serving.cost_model import CostModel, load_calibration
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
 from kvlab.serving.scheduler import Policy, Priority, SchedulerConfig
@@ -45,8 +46,8 @@ from kvlab.serving.scheduler_cli import scheduler_config_from_args
 LevelProgress = Callable[[Iterable], Iterable]
 
 
-# -- what every sweep runs on (lessons 06 and 08, `python -m kvlab sweep`): the SLO, the pool, the lesson's scheduler,
-# the simulator, the options. Service curves per profile (kvlab.experiments.service_curves) and trace replays
+# -- what every sweep runs on (lessons 06 and 08, `python -m kvlab sweep`): the SLO, the pool, the lesson's scheduler
+# and engine spec (a simulator is `Engine(cost_model, LESSON_SPEC)`), the options. Service curves per profile (kvlab.experiments.service_curves) and trace replays
 # (kvlab.experiments.prefix_traces) both take them from here.
 DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
 MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
@@ -67,13 +68,7 @@ def scheduler_config(policy: Policy = SchedulerConfig.policy, priority: Priority
                            **fields)
 
 
-def simulator(cost_model: CostModel | None = None, scheduler: SchedulerConfig | None = None,
-              block_size: int | None = None, kv_budget_bytes: int | None = None) -> Engine:
-    """An Engine with no weights whose steps are priced by ``cost_model`` (default: the shipped llama-30m one)."""
-    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
-    config = ModelConfig(**cost_model.config)
-    return Engine(config, block_size=block_size or cost_model.block_size, kv_budget_bytes=kv_budget_bytes,
-                  scheduler=scheduler or scheduler_config(), executor=CostModelExecutor(cost_model))
+LESSON_SPEC = EngineSpec(scheduler=scheduler_config())  # the lessons' engine: a bounded queue, a 1,024-token context
 
 
 def parse_rates(text: str) -> list[float]:
@@ -247,4 +242,4 @@ def auto_rates(capacity_rps: float, levels: int = 10, low: float = 0.1, high: fl
 
 __all__ = ["DEFAULT_SLO", "KEEPS_UP_RATIO", "MAX_MODEL_LEN", "MAX_WAITING", "Knee", "auto_rates", "estimate_capacity_rps",
            "find_knee",
-           "level_row", "load_sweep", "mark_knee", "parse_rates", "scheduler_config", "simulator", "sweep_settings"]
+           "level_row", "load_sweep", "mark_knee", "parse_rates", "scheduler_config", "sweep_settings", "LESSON_SPEC"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.serving.config import EngineSpec
 
 pytestmark = [pytest.mark.full, pytest.mark.gpu]
 
@@ -54,7 +55,7 @@ def engine_runs(device: torch.device, quick: bool) -> list[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             before = cuda_mem(device)
-            engine = Engine(model, block_size=16, **opts)
+            engine = Engine(model, EngineSpec(block_size=16, **opts))
             pool = engine.executor.cache.memory().allocated_bytes
             after_build = cuda_mem(device)
             t0 = time.perf_counter()

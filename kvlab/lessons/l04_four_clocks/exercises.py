@@ -13,12 +13,13 @@ def _journey_clocks_at(step_s: float) -> tuple[float, float]:
     """(TTFT, E2E) of lesson 04's watched request when every engine step costs ``step_s`` (virtual clock)."""
     from kvlab.experiments.four_clocks import journey_workload
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
+    from kvlab.serving.config import EngineSpec
     from kvlab.model.lessons import lesson_config
 
     config = lesson_config()
     requests = journey_workload(config.vocab_size)
-    run = serve(config, requests, clock="virtual", executor=FixedStepCostExecutor(step_s), threads=None,
-                scheduler=_journey_scheduler())
+    run = serve(config, requests, EngineSpec(scheduler=_journey_scheduler()), clock="virtual",
+                executor=FixedStepCostExecutor(step_s), threads=None)
     c = run.record(requests[-1].request_id).clocks()
     return c["ttft_s"], c["e2e_s"]
 

@@ -47,14 +47,16 @@ def admission_steps(policy: Policy, max_new_tokens: Sequence[int] = EX05_OUTPUTS
                     prompt_tokens: int = 16) -> dict:
     """The step at which each request of exercise 05.2 is first scheduled, from a run of the engine's scheduler."""
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
+    from kvlab.serving.config import EngineSpec
     from kvlab.model.config import tiny_llama
     from kvlab.serving.scheduler import SchedulerConfig
     from kvlab.workload import Request
 
     requests = [Request(i, prompt_tokens, o, 0.0, "exercise", prompt=[1] * prompt_tokens)
                 for i, o in enumerate(max_new_tokens)]
-    run = serve(tiny_llama(), requests, clock="virtual", executor=FixedStepCostExecutor(0.01), threads=None,
-                scheduler=SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=64))
+    run = serve(tiny_llama(), requests, EngineSpec(scheduler=SchedulerConfig(policy=policy, max_seqs=max_seqs,
+                                                                             max_batch_tokens=64)),
+                clock="virtual", executor=FixedStepCostExecutor(0.01), threads=None)
     return {int(k): int(v) for k, v in run.steps.groupby("request_id")["step"].min().items()}
 
 

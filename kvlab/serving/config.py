@@ -1,0 +1,98 @@
+"""An engine's settings, described once and passed whole (nano-vllm's ``Config``, vLLM's ``EngineArgs``).
+
+``EngineSpec`` is everything an engine is built from besides its model: the KV pool (tokens per block, its size
+in bytes, prefix caching, the dtype of what it stores), the scheduler's rules (``SchedulerConfig``) and the seed
+of its sampling. It is checked where it is made, so a bad value fails before any weight is loaded, and it
+travels whole: ``Engine(model, spec)`` runs the decoder, ``Engine(cost_model, spec)`` the simulator,
+``python -m kvlab serve`` reads one from its options (``add_engine_arguments``, ``spec_from_args``), the
+server's settings hold it and the engine's own process builds from it.
+
+Presets: ``SERVE_SPEC``, what ``python -m kvlab serve`` runs (a queue of 64: beyond it the server answers 429).
+The lessons' spec is kvlab's lesson preset (``kvlab.serving.sweep.LESSON_SPEC``): a bounded queue and a
+1,024-token context, so overload shows up as failures in a small pool.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvlab.cache.paged import BLOCK_SIZE, check_block_size
+from kvlab.serving.scheduler import SchedulerConfig
+from kvlab.serving.scheduler_cli import OPTION_FIELDS, add_scheduler_arguments, scheduler_config_from_args
+
+SCHEDULER_FIELDS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig))
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The KV pool, the scheduler and the seed of one engine (its model comes beside it).
+
+    - ``block_size``: tokens per KV block (vLLM's default on CUDA, 16);
+    - ``kv_budget_bytes``: the pool's size (None: room for ``scheduler.max_seqs`` requests of full length, so
+      nothing is ever preempted);
+    - ``enable_prefix_caching``: reuse the blocks of a prompt prefix computed before;
+    - ``kv_dtype``: what the pool stores (None: the model's dtype);
+    - ``scheduler``: how requests are batched (``SchedulerConfig``);
+    - ``seed``: each request's sampling seed is derived from it and the request's id.
+    """
+
+    block_size: int = BLOCK_SIZE
+    kv_budget_bytes: int | None = None
+    enable_prefix_caching: bool = True
+    kv_dtype: torch.dtype | None = None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_block_size(self.block_size)
+        budget = self.kv_budget_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"kv_budget_bytes must be a whole number of bytes >= 1, or None (room for max_seqs "
+                             f"full-length requests); got {budget!r}")
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise TypeError(f"scheduler= takes a SchedulerConfig, got {type(self.scheduler).__name__}")
+        if self.kv_dtype is not None and not isinstance(self.kv_dtype, torch.dtype):
+            raise TypeError(f"kv_dtype= takes a torch.dtype or None (the model's), got {self.kv_dtype!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    def replace(self, **changes: Any) -> EngineSpec:
+        """A copy with fields changed, the scheduler's by their own names: ``spec.replace(max_seqs=4, seed=1)``."""
+        unknown = set(changes) - SCHEDULER_FIELDS - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"EngineSpec and SchedulerConfig have no field {', '.join(sorted(unknown))}")
+        scheduling = {k: changes.pop(k) for k in list(changes) if k in SCHEDULER_FIELDS}
+        if scheduling:
+            changes["scheduler"] = dataclasses.replace(changes.get("scheduler", self.scheduler), **scheduling)
+        return dataclasses.replace(self, **changes)
+
+
+SERVE_SPEC = EngineSpec(scheduler=SchedulerConfig(max_waiting=64))
+
+
+def add_engine_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup,
+                         defaults: EngineSpec = SERVE_SPEC, help: dict[str, str] | None = None) -> None:
+    """The spec's options on a command line (``--seed`` is the command's own: it seeds the weights too): every
+    scheduler field, then ``--block-size``, ``--kv-budget-mb`` and ``--no-prefix-caching``, defaulting to
+    ``defaults``. ``spec_from_args`` reads them back."""
+    sched = defaults.scheduler
+    changed = {f: getattr(sched, f) for f in OPTION_FIELDS if getattr(sched, f) != getattr(SchedulerConfig, f)}
+    add_scheduler_arguments(group, help=help, **changed)
+    group.add_argument("--block-size", type=int, default=defaults.block_size)
+    group.add_argument("--kv-budget-mb", type=float, default=None, help="KV pool size (default: max-seqs full requests)")
+    group.add_argument("--no-prefix-caching", action="store_true")
+
+
+def spec_from_args(args: argparse.Namespace) -> EngineSpec:
+    """The EngineSpec the parsed options of ``add_engine_arguments`` (and the command's ``--seed``) describe,
+    checked as it is made."""
+    budget = int(args.kv_budget_mb * 2**20) if args.kv_budget_mb else None
+    return EngineSpec(block_size=args.block_size, kv_budget_bytes=budget, enable_prefix_caching=not args.no_prefix_caching,
+                      scheduler=scheduler_config_from_args(args), seed=args.seed)
+
+
+__all__ = ["EngineSpec", "SERVE_SPEC", "add_engine_arguments", "spec_from_args"]
