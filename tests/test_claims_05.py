@@ -136,13 +136,15 @@ def test_the_regime_claim_names_the_weight_read_when_the_products_dominate():
     assert "reading the weights once" in str(v) and "per-operation overhead" not in str(v)
 
 
-def _knob(c_ms: float, static_ms: dict, p95_over_p50: float = 1.5, n: int = 12) -> pd.DataFrame:
-    """A knob table: continuous's TTFT p50 and each static wait's (ms -> ms), every p95 ``p95_over_p50`` its p50."""
+def _knob(c_ms: float, static_ms: dict, p95_over_p50: float = 1.5, n: int = 12, step_ms: float = 2.0) -> pd.DataFrame:
+    """A knob table: continuous's TTFT p50 and each static wait's (ms -> ms), every p95 ``p95_over_p50`` its p50,
+    every run's steps ``step_ms`` long."""
     runs = [("continuous", "continuous", 0.0, c_ms)] + [(f"static, wait {w:g} ms", "static", w / 1e3, ms)
                                                        for w, ms in static_ms.items()]
     return pd.DataFrame({"run": [r[0] for r in runs], "policy": [r[1] for r in runs],
                          "batch_wait_s": [r[2] for r in runs], "ttft_p50_s": [r[3] / 1e3 for r in runs],
-                         "ttft_p95_s": [p95_over_p50 * r[3] / 1e3 for r in runs], "ttft_n": n})
+                         "ttft_p95_s": [p95_over_p50 * r[3] / 1e3 for r in runs], "ttft_n": n,
+                         "steps": 100, "busy_s": 100 * step_ms / 1e3})
 
 
 def test_the_trickle_claim_compares_continuous_with_static_batching_with_and_without_a_wait():
@@ -160,8 +162,10 @@ def test_the_trickle_claim_compares_continuous_with_static_batching_with_and_wit
     # the waiting run's 1 ms lead is inside the runs' spread (p95 3x p50): not "sooner"
     close = _knob(7.0, {0: 6.0, 150: 8.0}, p95_over_p50=3.0)
     assert c.on(close).holds is False
-    assert c.on(_knob(7.0, {0: 6.0, 150: 8.0}, p95_over_p50=1.0)).holds is False  # no spread: 7 > 6 is later
-    assert c.on(_knob(6.0, {0: 6.0, 150: 8.0}, p95_over_p50=1.0)).holds is True
+    assert c.on(_knob(9.0, {0: 6.0, 150: 12.0}, p95_over_p50=1.0)).holds is False  # no spread: 3 ms > a step, later
+    assert c.on(_knob(7.5, {0: 6.0, 150: 12.0}, p95_over_p50=1.0)).holds is True  # 1.5 ms: within one 2 ms step
+    tie = c.on(_knob(7.5, {0: 6.0, 150: 12.0}, p95_over_p50=1.0, step_ms=1.0))
+    assert tie.holds is False and "within 1.0 ms: one engine step" in tie.text, tie.text  # a 1 ms step: 1.5 is later
     assert c.on(_knob(7.0, {0: 6.0})).holds is None  # no static run waits: nothing to compare
     assert c.on(_knob(7.0, {150: 70.0})).holds is None  # no static run without a wait
 
