@@ -378,7 +378,10 @@ three.show()
 #   (`kvlab/http/engine_process.py`), and the front end only reads requests, turns tokens into text and
 #   writes them. In one process the two would take turns on Python's interpreter lock, so every step would
 #   wait for the front end's work of the step before; `python -m kvlab serve --engine-in-thread` puts them
-#   back together, and `bench serve --thread-twin` measures both (README).
+#   back together, and `bench serve --thread-twin` measures both (README). The engine's process takes every
+#   core but one for its torch threads and leaves that one to the front end, as vLLM's CPU backend does
+#   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>): with more
+#   threads than free cores, each operation waits for whichever thread the OS has set aside.
 # - **Compiled fixed-shape steps.** vLLM compiles its model with `torch.compile` and, on a GPU, replays CUDA
 #   graphs captured for fixed batch sizes
 #   (<a href="https://docs.vllm.ai/en/latest/design/torch_compile/">torch.compile</a>,

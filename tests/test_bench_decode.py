@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.experiments.rounds import paired_ratio, rotated, spread
+from kvlab.rounds import paired_ratio, rotated, spread
 from kvlab.cli import main
 
 ROUNDS = 3

@@ -2,7 +2,7 @@
 
 nbval runs every cell without storing history, so IPython's execution count stands still (1, 1, 1, ...), while
 the project's runner (nbclient) stores it, and IPython 9 advances it before a cell where IPython 7 did after. A
-prediction's comparison therefore numbers cells with kvlab's own count (``kvlab.experiments.provenance``) and shows
+prediction's comparison therefore numbers cells with kvlab's own count (``kvlab.provenance``) and shows
 them counted back from the comparing cell, so the HTML nbval compares with the saved copy is the same whichever
 runner made either.
 
@@ -48,14 +48,14 @@ def test_the_cell_count_advances_where_ipythons_count_stands_still():
         shell = InteractiveShell.instance()
         for store in (False, True):
             shell.execution_count = 1
-            shell.run_cell("from kvlab.experiments.provenance import current_cell; seen = [current_cell()]",
+            shell.run_cell("from kvlab.provenance import current_cell; seen = [current_cell()]",
                            store_history=store)
             shell.run_cell("seen.append(current_cell())", store_history=store)
             shell.run_cell("seen.append(current_cell())", store_history=store)
             between = shell.user_ns["current_cell"]()  # a widget callback runs outside any cell
             print(store, shell.user_ns["seen"], between, shell.execution_count)
             del shell._kvlab_cells  # a fresh kernel for the second runner
-        shell.run_cell("from kvlab.experiments.provenance import experiment; run = experiment(lambda: [1, 2, 3]); "
+        shell.run_cell("from kvlab.provenance import experiment; run = experiment(lambda: [1, 2, 3]); "
                        "early = run()", store_history=False)
         shell.run_cell("from kvlab.lessons.common.predict import predict; guess = predict('how many?')",
                        store_history=False)
@@ -77,7 +77,7 @@ def _notebook(*sources: str) -> nbformat.NotebookNode:
 
 
 ASK = "from kvlab.lessons.common.predict import predict\nguess = predict('How many?', unit='sequences')\nguess"
-EXPERIMENT = ("from kvlab.experiments.provenance import experiment\n\n@experiment\ndef count():\n    return [1, 2, 3]\n\n"
+EXPERIMENT = ("from kvlab.provenance import experiment\n\n@experiment\ndef count():\n    return [1, 2, 3]\n\n"
               "result = count()")
 COMPARE = "# NBVAL_CHECK_OUTPUT\nguess.against(result, lambda r: float(len(r)))"
 

@@ -181,7 +181,7 @@ def input_needles(value: float) -> list[str]:
 
 def test_every_prediction_is_asked_before_the_experiment_that_answers_it(run):
     """By construction: ``guess.against(result, measure)`` notes the cell that asked and the cell whose experiment
-    produced ``result`` (kvlab.experiments.provenance); the result must come after the question. And nothing
+    produced ``result`` (kvlab.provenance); the result must come after the question. And nothing
     shown before the question states a number the answer is computed from (the ``measure``'s inputs)."""
     cells = run.executed.cells
     found = 0

@@ -135,7 +135,7 @@ def test_a_comparison_carries_where_its_question_and_its_result_came_from():
     computed from; a result produced before its question is flagged on the page itself."""
     from dataclasses import replace
 
-    from kvlab.experiments.provenance import cell_of, experiment, produced
+    from kvlab.provenance import cell_of, experiment, produced
 
     guess = predict("How many times as many steps?", unit="×", value=1.5)
     guess.asked_in = 7  # as a kernel's cell 7 would record it

@@ -22,7 +22,7 @@ tokens stamped as they are produced (kvlab: the engine's wall clock; transformer
 ``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
 warm-up of each implementation runs first and is not counted. Every cell then runs once per
 *round* (``--rounds``, default 5), in an order rotated from round to round
-(``kvlab/experiments/rounds.py``); the run with the median throughput stands for its cell (all are
+(``kvlab/rounds.py``); the run with the median throughput stands for its cell (all are
 kept, with their spread), and every ratio is the median over rounds of the ratio *within* a round,
 reported with its IQR and min-max: a busy spell on a shared machine slows both sides of a round
 alike. The load average is recorded before and after. Threads default to 1 for every
@@ -65,8 +65,8 @@ from kvlab.serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
 from kvlab.results_io import write_json
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.workload import Request
-from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated
-from kvlab.experiments.rounds import spread as spread_of  # run_benchmark has an argument named spread
+from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated
+from kvlab.rounds import spread as spread_of  # run_benchmark has an argument named spread
 from kvlab.benchmarks.kv_allocation import paged_vs_reservation, print_paging
 from kvlab.cache.paged import BLOCK_SIZE
 

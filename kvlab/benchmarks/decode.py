@@ -5,7 +5,7 @@
 
 Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in
 ``--rounds`` interleaved rounds: each round runs every mode once, in an order rotated from round to
-round (``kvlab/experiments/rounds.py``). A comparison is the median over rounds of the ratio *within*
+round (``kvlab/rounds.py``). A comparison is the median over rounds of the ratio *within*
 each round, with its spread (IQR and min-max): on a shared machine a busy spell slows both runs of
 a round alike, while a ratio of two medians taken minutes apart would compare two moments. The load
 average is recorded before and after. This file is the benchmark (its rounds, rows, ratios and report);
@@ -63,7 +63,7 @@ import torch
 from kvlab.cache import CACHE_NAMES
 from kvlab.device import pick_device
 from kvlab.experiments.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
-from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.model.config import PRESETS, ModelConfig
 from kvlab.model.decoder import build_model
 from kvlab.model.loading import to_transformers

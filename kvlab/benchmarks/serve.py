@@ -31,7 +31,7 @@ The client runs in Linux's real-time scheduling class where the machine allows i
 Reported: every clock (TTFT, TPOT, E2E: p50 and p95; counts; output tokens/s) at every load, median over
 rounds; each engine's knee per round; and the paired ratios other engine / kvlab serve (both kvlab
 configurations as the baseline) of TTFT p95, TPOT p50 and the knee, each the median of per-round ratios
-with its IQR and min-max (`kvlab.experiments.rounds`). About 8 minutes on 2 cores with the defaults (vLLM's start
+with its IQR and min-max (`kvlab.rounds`). About 8 minutes on 2 cores with the defaults (vLLM's start
 included), 2 more with `--second-client`.
 
     python -m kvlab bench serve --json results/bench_serve.json
@@ -57,7 +57,7 @@ from kvlab.experiments.three_engines import (ENGINES, available_engines, make_en
 from kvlab.http.peer import LoopbackServer, process_usage
 from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, make_server, start_together
 from kvlab.serving.knee import Knee
-from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
 from kvlab.threads import LESSON_THREADS
 

@@ -5,7 +5,7 @@
 
 An ablation on kvlab's dynamic cache. Every round generates ``--new`` tokens once per version
 below (greedy, the same prompt), in an order rotated from round to round
-(``kvlab/experiments/rounds.py``), and keeps each generation's median decode step:
+(``kvlab/rounds.py``), and keeps each generation's median decode step:
 
 - ``whole``: the decoder as it is;
 - ``no weight products``: every one-row weight product returns what its first call computed,
@@ -42,7 +42,7 @@ from kvlab.model.matvec import SPLIT_MAX_ROWS
 from kvlab.results_io import write_json
 from kvlab.threads import set_torch_threads
 from kvlab.benchmarks.decode import checked_config
-from kvlab.experiments.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
+from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 
 PARTS = ("weight products", "cache and attention", "rope")  # what can be left out, in the table's order
 

@@ -22,10 +22,10 @@ from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, Policy, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, arrival_times
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
-from kvlab.experiments.provenance import experiment
+from kvlab.provenance import experiment
 
 LENGTHS = ("equal", "mixed")
 OUTPUT_SHAPES = ("even", "long_tail")

@@ -22,7 +22,7 @@ import torch
 from kvlab.cache import check_cache_options, make_cache
 from kvlab.model.decoder import Decoder
 from kvlab.experiments.quality import EXACT, compare_to_exact, describe_cache
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
 

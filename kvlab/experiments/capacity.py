@@ -24,7 +24,7 @@ from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
 from kvlab.workload import Request, make_workload
 from kvlab.experiments.serving_run import check_positive_int
 from kvlab.cache.paged import BLOCK_SIZE
-from kvlab.experiments.provenance import experiment
+from kvlab.provenance import experiment
 
 
 # -- counting --------------------------------------------------------------------------------------

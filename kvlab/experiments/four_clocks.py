@@ -25,7 +25,7 @@ from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, set_torch_threads
 from kvlab.workload import Request, make_workload
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
                           seeded_prompt, serve, warm_up)
 

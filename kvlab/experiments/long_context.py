@@ -18,7 +18,7 @@ from kvlab.generate import generate
 from kvlab.model.decoder import Decoder
 from kvlab.model.lessons import lesson_model
 from kvlab.threads import LESSON_THREADS, check_threads, torch_threads
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.experiments.slowdown import prompt_ids
 
 

@@ -20,10 +20,10 @@ from kvlab.cache.base import KVCache
 from kvlab.generate import stream
 from kvlab.model.config import PUBLISHED_CONFIGS, ModelConfig, tiny_llama
 from kvlab.model.decoder import Decoder, build_model
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.experiments.slowdown import prompt_ids
 from kvlab.threads import LESSON_THREADS, torch_threads
-from kvlab.experiments.provenance import experiment
+from kvlab.provenance import experiment
 
 GIB = 2**30
 

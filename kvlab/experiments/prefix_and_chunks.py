@@ -23,7 +23,7 @@ from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, make_workload
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
                           serve, warm_up)
 from kvlab.cache.paged import BLOCK_SIZE

@@ -49,8 +49,8 @@ from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncak
                       trace_rate, trace_requests)
 from kvlab.workload import Request
 from kvlab.serving.sweep import DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, scheduler_config
-from kvlab.experiments.progress import Progress, no_progress
-from kvlab.experiments.provenance import experiment
+from kvlab.progress import Progress, no_progress
+from kvlab.provenance import experiment
 
 SAMPLE_LENGTH_SCALE = 16  # the shipped sample's prompts (median ~3,800 tokens, at most ~12,900) / 16 fit 1024
 

@@ -35,12 +35,12 @@ from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.scheduler_cli import add_scheduler_arguments
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
 from kvlab.workload import PROFILE_NAMES, Request, make_workload
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 # the set-up lesson 08 shares (its home); DEFAULT_SLO and scheduler_config stay importable from here
 from kvlab.serving.sweep import (DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config,
                                  sweep_settings)
 from kvlab.threads import LESSON_THREADS, torch_threads
-from kvlab.experiments.provenance import experiment
+from kvlab.provenance import experiment
 from kvlab.serving.knee import KEEPS_UP_RATIO, keeps_up
 
 

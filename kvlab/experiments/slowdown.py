@@ -19,7 +19,7 @@ from kvlab.generate import GenerationConfig, check_generation, generate
 from kvlab.model.decoder import Decoder
 # lesson 01's names for the lesson model (notebooks 01 and 06 import them from here)
 from kvlab.model.lessons import lesson_config as slowdown_config, lesson_model as slowdown_model, lesson_scale
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
 

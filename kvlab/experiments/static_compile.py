@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from kvlab.experiments.rounds import paired_ratio, rotated
+from kvlab.rounds import paired_ratio, rotated
 from kvlab.cache.static import FixedShapeStaticCache  # lives beside StaticCache; re-exported here
 from kvlab.device import pick_device
 from kvlab.generate import encode_prompt, generate, prefill
@@ -140,7 +140,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
     After the compiling call, eager and compiled decode the prompt once per round, for ``rounds``
-    rounds in alternating order (kvlab/experiments/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
+    rounds in alternating order (kvlab/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
     step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
     slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
     each over all rounds, and the seconds the first compiled call took (tracing + code generation +

@@ -43,7 +43,7 @@ from kvlab.generate import generate
 from kvlab.model.decoder import Decoder
 from kvlab.experiments.quality import EXACT, compare_to_exact, describe_cache
 from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
 DEFAULT_PAIRS: tuple[int, ...] = (4, 8, 16)  # 37, 69 and 133 prompt tokens

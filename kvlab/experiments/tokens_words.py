@@ -28,7 +28,7 @@ import pandas as pd
 
 from kvlab.data import shipped
 from kvlab.model.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
-from kvlab.experiments.provenance import experiment
+from kvlab.provenance import experiment
 
 SAMPLES = "texts/samples.json"
 CORPUS = "texts/english_corpus.txt"

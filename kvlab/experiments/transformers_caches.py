@@ -34,7 +34,7 @@ from kvlab.generate import generate
 from kvlab.experiments.transformers_steps import timed_generate
 from kvlab.model.decoder import Decoder
 from kvlab.threads import LESSON_THREADS, torch_threads
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 
 STRATEGIES = ("dynamic", "static", "quantized", "offloaded")
 LIBRARIES = ("kvlab", "transformers")

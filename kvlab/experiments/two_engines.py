@@ -41,7 +41,7 @@ from kvlab.http.peer import (LoopbackServer, greedy_answer, kvlab_server, transf
                          transformers_server)
 from kvlab.http.shared_checkpoint import check_same_tokens, save_byte_tokenizer, save_shared_checkpoint
 from kvlab.workload import Request
-from kvlab.experiments.progress import Progress, no_progress
+from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS
 from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
 

@@ -38,8 +38,8 @@ from kvlab.http.compare import measure_http_overhead
 from kvlab.http.loadgen import LoadTestResult, base_url, http_workload, run_loadtest
 from kvlab.http.local import LOOPBACK, ServerProcess
 from kvlab.workload import ARRIVALS, PROFILE_NAMES
-from kvlab.experiments.progress import Progress, no_progress
-from kvlab.experiments.provenance import experiment
+from kvlab.progress import Progress, no_progress
+from kvlab.provenance import experiment
 
 REJECTED = "http_429"  # fail_reason prefix of a request the server's bounded queue turned away
 DEFAULT_RATES = (8.0, 32.0, 256.0)

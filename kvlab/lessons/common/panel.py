@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm.notebook import tqdm as tqdm_notebook
 
-from kvlab.experiments.provenance import cell_of, produced
+from kvlab.provenance import cell_of, produced
 from kvlab.lessons.common.fold import folded
 
 RunFn = Callable[..., pd.DataFrame]  # run(progress=..., **params) -> frame

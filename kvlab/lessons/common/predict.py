@@ -7,7 +7,7 @@
 
 ``against(result, measure)`` takes the experiment's result and the function that reads the answer from it
 (a number, or ``(number, {name: input})`` naming the numbers the answer is computed from). It notes the cell
-that asked and the cell that produced the result (:mod:`kvlab.experiments.provenance`), so a notebook whose result came before
+that asked and the cell that produced the result (:mod:`kvlab.provenance`), so a notebook whose result came before
 its question fails its test by construction, and the inputs are what no earlier output may state.
 
 The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 
 from kvlab.lessons.common.fold import folded
 from kvlab.lessons.common.panel import PanelResult, figure_output, output_html
-from kvlab.experiments.provenance import cell_of, current_cell
+from kvlab.provenance import cell_of, current_cell
 from kvlab.lessons.common.session import note_comparison
 
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
