@@ -181,7 +181,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     left over, so it finishes more answers per minute while a new prompt waits longer for its
     first token.
     """
-    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    cost_model = _priced(cost_model)
     policies = ab_policies() if policies is None else policies
     if not window_s > 0:
         raise ValueError(f"window_s={window_s} must be > 0 seconds")
@@ -238,7 +238,7 @@ def ab_at_two_loads(cost_model: CostModel | None = None, low_fraction: float = 0
     """
     if not 0 < low_fraction < 1:
         raise ValueError(f"low_fraction={low_fraction} must be in (0, 1): a share of the load A falls behind at")
-    cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
+    cost_model = _priced(cost_model)
     policies = ab_policies() if policies is None else policies
     high = ab_load(cost_model, policies, profile, output_tokens, window_s, seed)
     frames = []

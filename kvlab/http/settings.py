@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvlab.serving.config import SERVE_SPEC, EngineSpec, spec_from_args
 from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S
@@ -19,7 +19,7 @@ from kvlab.http.guard import MAX_BODY_BYTES, READ_TIMEOUT_S, api_key_from_env
 class ServerSettings:
     """How the server answers, guards and gives up, and the spec its engine is built from."""
 
-    engine: EngineSpec = field(default_factory=lambda: SERVE_SPEC)  # the KV pool, the scheduler, the seed
+    engine: EngineSpec = SERVE_SPEC  # the KV pool, the scheduler, the seed (frozen, so one preset is shared safely)
 
     retry_after_s: int = 1  # Retry-After seconds sent with 429 and 503
     keep_records: int = 10_000  # recent requests' engine-side records kept for /kvlab/requests
