@@ -26,7 +26,7 @@ COMMANDS: dict[tuple[str, ...], Command] = {
     ("serve",): Command("kvlab.http.server", "an OpenAI-compatible streaming server over the kvlab engine"),
     ("loadtest",): Command("kvlab.http.loadtest",
                            "the four clocks of any OpenAI-compatible server, measured at the client"),
-    ("sweep",): Command("kvlab.experiments.service_curves",
+    ("sweep",): Command("kvlab.experiments.sweep_cli",
                         "service curves under load, real or simulated on the calibrated cost model"),
     ("calibrate",): Command("kvlab.serving.calibrate",
                             "fit the cost model to this machine's step times (and validate it)"),

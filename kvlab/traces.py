@@ -25,7 +25,6 @@ block by the same factor, so block i of a scaled prompt is still block i of the 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -351,29 +350,6 @@ def replay_trace_file(path: str | Path, trace_format: str | None = None, time_sc
 
 
 # -- the same requests, faster or slower -------------------------------------------------------------
-def trace_rate(requests: list[Request]) -> float:
-    """The replay's mean rate in requests/s: (n - 1) / (last arrival - first arrival); inf if all at once."""
-    if not requests:
-        raise ValueError("trace_rate needs at least one request")
-    arrivals = [r.arrival_s for r in requests]
-    window = max(arrivals) - min(arrivals)
-    return (len(requests) - 1) / window if window > 0 else math.inf
-
-
-def at_rate(requests: list[Request], rate: float) -> list[Request]:
-    """The same requests with every arrival gap stretched or squeezed so they come at ``rate`` requests/s.
-
-    This is ``time_scale`` = trace_rate / rate: the order, the bursts and the shares stay the trace's.
-    """
-    _check_positive("rate", rate)
-    native = trace_rate(requests)
-    if math.isinf(native):
-        return list(requests)
-    k = native / rate
-    t0 = min(r.arrival_s for r in requests)
-    return [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * k) for r in requests]
-
-
 def read_any_trace(path: str | Path, trace_format: str | None = None) -> pd.DataFrame:
     """Either format as arrival_s, prompt_tokens, output_tokens (and hash_ids for Mooncake)."""
     trace_format = detect_format(path) if trace_format is None else trace_format
@@ -383,6 +359,6 @@ def read_any_trace(path: str | Path, trace_format: str | None = None) -> pd.Data
 
 
 __all__ = ["AZURE_COLUMNS", "MOONCAKE_BLOCK_TOKENS", "MOONCAKE_FIELDS", "MOONCAKE_SAMPLE_TRACE", "SAMPLE_TRACE",
-           "SAMPLE_TRACES", "TRACE_FORMATS", "at_rate", "block_token_ids", "detect_format", "id_digits",
+           "SAMPLE_TRACES", "TRACE_FORMATS", "block_token_ids", "detect_format", "id_digits",
            "mooncake_frame", "read_any_trace", "read_mooncake_trace", "read_trace", "replay_mooncake",
-           "replay_trace", "replay_trace_file", "scaled_block_tokens", "trace_rate", "trace_requests"]
+           "replay_trace", "replay_trace_file", "scaled_block_tokens", "trace_requests"]

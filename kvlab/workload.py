@@ -13,8 +13,10 @@ context; `scale` multiplies them, `max_context` clips them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -221,7 +223,7 @@ def make_workload(
                          f"max_context ({max_context}); lower it below max_context")
 
     # Separate streams, so e.g. adding a vocabulary does not change the arrivals.
-    arrival_rng, length_rng, token_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    arrival_rng, length_rng, token_rng = _streams(seed)
     arrivals = arrival_times(arrival, n, rate, burstiness, arrival_rng)
     if profile == "mixture":
         names = length_rng.choice(list(MIXTURE_WEIGHTS), size=n, p=list(MIXTURE_WEIGHTS.values())).tolist()
@@ -246,6 +248,124 @@ def make_workload(
         requests.append(Request(i, p, o, float(arrivals[i]), names[i], ids,
                                 "system" if shared_prefix_tokens else None))
     return requests
+
+
+def _streams(seed: int) -> tuple[np.random.Generator, ...]:
+    """The arrival, length and token streams of a seed: one changes without moving the others."""
+    return tuple(np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+
+
+def trace_rate(requests: list[Request]) -> float:
+    """A workload's mean rate in requests/s: (n - 1) / (last arrival - first arrival); inf if all at once."""
+    if not requests:
+        raise ValueError("trace_rate needs at least one request")
+    arrivals = [r.arrival_s for r in requests]
+    window = max(arrivals) - min(arrivals)
+    return (len(requests) - 1) / window if window > 0 else math.inf
+
+
+def at_rate(requests: list[Request], rate: float) -> list[Request]:
+    """The same requests with every arrival gap stretched or squeezed so they come at ``rate`` requests/s.
+
+    This is ``time_scale`` = trace_rate / rate: the order, the bursts and the shares stay the trace's.
+    """
+    _check_positive("rate", rate)
+    native = trace_rate(requests)
+    if math.isinf(native):
+        return list(requests)
+    k = native / rate
+    t0 = min(r.arrival_s for r in requests)
+    return [dataclasses.replace(r, arrival_s=t0 + (r.arrival_s - t0) * k) for r in requests]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests built once, timed at any offered rate: what a sweep sends at every level (only arrivals change).
+
+    ``arrival`` "replay" stretches the requests' own gaps (``at_rate``: a trace keeps its order and bursts); one of
+    ARRIVALS draws that process from ``seed``'s arrival stream, as ``make_workload`` would at that rate."""
+
+    requests: tuple[Request, ...]
+    name: str
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arrival != "replay":
+            _check_arrival(self.arrival, 1.0, self.burstiness)
+        _check_n(len(self.requests))
+
+    def at_rate(self, rate: float) -> list[Request]:
+        """The requests arriving at ``rate`` requests/s."""
+        if self.arrival == "replay":
+            return at_rate(list(self.requests), rate)
+        times = arrival_times(self.arrival, len(self.requests), rate, self.burstiness, _streams(self.seed)[0])
+        return [dataclasses.replace(r, arrival_s=float(t)) for r, t in zip(self.requests, times)]
+
+
+def profile_workload(profile: str, n: int, seed: int = 0, max_context: int | None = None, arrival: str = "poisson",
+                     burstiness: float = 1.0) -> Workload:
+    """``n`` requests of ``profile`` (``make_workload``'s lengths for ``seed``), to be timed at each rate."""
+    requests = make_workload(profile, n, "all_at_once", seed=seed, max_context=max_context)
+    return Workload(tuple(requests), profile, arrival, burstiness, seed)
+
+
+# -- equal or mixed lengths with the same means: what batching policies are compared on ------------------
+LENGTHS = ("equal", "mixed")
+OUTPUT_SHAPES = ("even", "long_tail")
+MIN_TAIL_OUTPUT = 4  # the shortest answer of a long-tailed mix
+
+
+def long_tail(mean: int, n: int) -> np.ndarray:
+    """``n`` output lengths shaped like chat answers: many short, a few long (the evenly spaced quantiles of an
+    exponential distribution), scaled to total ``n`` x ``mean`` (up to rounding), at least ``MIN_TAIL_OUTPUT``."""
+    q = (np.arange(n) + 0.5) / n
+    x = -np.log(1 - q)  # (n,) quantiles of the exponential with mean 1, rising
+    return np.maximum(MIN_TAIL_OUTPUT, np.round(x * mean * n / x.sum())).astype(int)
+
+
+def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt_tokens: int = 64,
+                    max_new_tokens: int = 48, spread: float = 0.8,
+                    arrivals: Sequence[float] | np.ndarray | None = None, seed: int = 0,
+                    outputs: str = "even") -> list[Request]:
+    """``n`` requests with equal lengths, or mixed lengths with the same means.
+
+    "mixed": prompt lengths evenly spread over mean x (1 ± ``spread``); output lengths the same way
+    (``outputs="even"``) or long-tailed like chat answers (``"long_tail"``: ``long_tail``); each shuffled
+    (seeded), so both workloads ask for the same number of tokens (up to rounding). ``arrivals``: one arrival
+    time per request (default: all at 0).
+    """
+    if lengths not in LENGTHS:
+        raise ValueError(f"lengths={lengths!r}: choose one of {', '.join(LENGTHS)}")
+    if outputs not in OUTPUT_SHAPES:
+        raise ValueError(f"outputs={outputs!r}: choose one of {', '.join(OUTPUT_SHAPES)}")
+    for name, value in (("n", n), ("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+        _check_optional_int(name, value, 1)
+    if not 0 <= spread < 1:
+        raise ValueError(f"spread must be in [0, 1): lengths range over mean x (1 ± spread); got {spread!r}")
+    arrivals = [0.0] * n if arrivals is None else [float(a) for a in arrivals]
+    if len(arrivals) != n:
+        raise ValueError(f"arrivals has {len(arrivals)} times for n={n} requests; give one per request")
+    rng = np.random.default_rng(seed)
+
+    def spread_lengths(mean: int) -> np.ndarray:
+        if lengths == "equal" or n == 1:
+            return np.full(n, mean)
+        return rng.permutation(np.maximum(1, np.round(np.linspace(mean * (1 - spread), mean * (1 + spread), n))))
+
+    prompts = spread_lengths(prompt_tokens).astype(int)
+    if lengths == "mixed" and outputs == "long_tail" and n > 1:
+        answers = rng.permutation(long_tail(max_new_tokens, n))
+    else:
+        answers = spread_lengths(max_new_tokens).astype(int)
+    return [Request(i, int(p), int(o), arrivals[i], lengths, prompt=seeded_prompt(vocab_size, int(p), (seed, i)))
+            for i, (p, o) in enumerate(zip(prompts, answers))]
+
+
+def seeded_prompt(vocab_size: int, tokens: int, seed) -> list[int]:
+    """``tokens`` random token ids from a seed (an int or a tuple of ints)."""
+    return np.random.default_rng(seed).integers(0, vocab_size, size=tokens).tolist()
 
 
 def workload_frame(requests: list[Request]) -> pd.DataFrame:

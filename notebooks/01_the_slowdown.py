@@ -127,8 +127,8 @@ per_token_costs(result.frame)
 # "Tokens processed" also undercounts one part: attention compares each token of the pass with
 # every token before it, work that grows with the **square** of the length. Once a pass holds enough
 # tokens to keep the machine busy, its cost per token stops falling, and that square term makes long
-# uncached steps grow *faster* than the work ratio. At these short lengths on a small model, the
-# shared cost wins:
+# uncached steps grow *faster* than the work ratio. At these short lengths on a small model the
+# shared cost usually wins; by how much depends on the CPU:
 
 # %%
 display(verdicts(result, "measured_slowdown_below_work"))

@@ -6,7 +6,7 @@ import pytest
 
 from kvlab.experiments.admission import (STARVED_AFTER, AdmissionAudit, admission_run, admission_workload,
                                          builtin_admission, clocks_table)
-from kvlab.experiments.batching import policy_workload
+from kvlab.workload import policy_workload
 from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
 from kvlab.model.config import tiny_llama
 from kvlab.serving import AdmissionError, SchedulerConfig, WaitingRequest

@@ -198,7 +198,7 @@ def test_kept_up_is_the_courses_line_and_the_sentence_states_it():
     sentence. A server with no queue ends its last answer one E2E after the last arrival: 48 requests over 1.71 s
     and 0.2 s answers make an achieved 89% of the rate sent, which the plain 90% line failed though nothing waited;
     leaving the last answer's own time out, it holds. A drain of three answers (a queue left) fails."""
-    from kvlab.serving.sweep import KEEPS_UP_RATIO
+    from kvlab.serving.knee import KEEPS_UP_RATIO
 
     c = CLAIMS["achieved_rate_below_offered_explained"]
     v = c.on(curve())

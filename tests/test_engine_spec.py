@@ -15,7 +15,7 @@ from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments, s
 from kvlab.serving.cost_model import CostModelExecutor, load_calibration
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.serving.sweep import LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING
+from kvlab.experiments.presets import LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING
 
 
 @pytest.mark.parametrize("bad", [0, -4, 2.5, True, "16"])

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import kvlab
 from kvlab.clocks import summarize
-from kvlab.experiments.batching import (batch_wait_runs, batching_table, compare_policies, idle_slots,
-                                        policy_workload)
+from kvlab.experiments.batching import batch_wait_runs, batching_table, compare_policies, idle_slots
+from kvlab.workload import policy_workload
 from kvlab.experiments.capacity import (block_manager_fit, block_size_table, budget_for_tokens, capacity_levers,
                                         fit_in_order, paged_vs_reserved, sequence_lengths)
 from kvlab.experiments.four_clocks import (cold_vs_warm, cold_warm_summary, journey_clocks, mean_vs_tail,
@@ -242,7 +242,7 @@ def test_a_tight_budget_preempts_and_its_recomputed_tokens_are_counted(model):
 
 def test_one_preemption_recomputes_prompt_plus_written_minus_one_as_exercise_08_says():
     from kvlab.lessons.l08_prefix_and_chunks.exercises import check_recomputed_tokens, tokens_recomputed_after_preemption
-    from kvlab.experiments.serving_run import seeded_prompt
+    from kvlab.workload import seeded_prompt
     from kvlab.experiments.slowdown import slowdown_config
     from kvlab.serving.block_manager import bytes_per_block
 

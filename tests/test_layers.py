@@ -342,3 +342,21 @@ def test_the_typing_rule_sees_an_unguarded_import():
     tree = ast.parse("from typing import TYPE_CHECKING\nfrom matplotlib.typing import A\nif TYPE_CHECKING:\n"
                      "    from numpy.typing import B\n")
     assert _in_type_checking_block(tree) == {4}
+
+
+# A lesson or notebook by number, or a lesson folder: "(lesson 07)", "notebook 09's", "l03_cache_strategies".
+NAMES_A_LESSON = re.compile(r"(?i)\b(lessons?|notebooks?) \d|\bl\d\d_")
+
+
+def test_no_experiment_names_a_lesson():
+    """Experiments are recipes any lesson, benchmark or command may use: which lesson uses which is the lessons'
+    business and kvlab.course's, so no module under kvlab/experiments/ names a lesson or a notebook."""
+    found = [f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
+             for path in sorted((PACKAGE / "experiments").glob("*.py"))
+             for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if NAMES_A_LESSON.search(line)]
+    assert not found, "say what it is or does, not which lesson uses it:\n" + "\n".join(found)
+
+
+def test_the_lesson_rule_sees_a_lesson_number():
+    assert NAMES_A_LESSON.search("(lesson 07)") and NAMES_A_LESSON.search("kvlab.lessons.l03_cache_strategies")
+    assert not NAMES_A_LESSON.search("LESSON_REQUESTS") and not NAMES_A_LESSON.search("the lessons' queue")

@@ -14,7 +14,7 @@ from kvlab.experiments.service_curves import end_of_window_counts, knee_rps, les
 from kvlab.serving.engine import Engine
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
-from kvlab.workload import make_workload
+from kvlab.workload import make_workload, profile_workload
 
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)
@@ -56,8 +56,8 @@ def test_the_curve_bends_light_load_is_served_overload_is_not(curve):
 
 def test_a_simulated_sweep_is_deterministic(cost_model):
     engine = Engine(cost_model, lesson_spec(scheduler_config(max_seqs=8)))
-    a = load_sweep(engine, [1.0, 4.0], "mixture", 40, seed=3)
-    b = load_sweep(engine, [1.0, 4.0], "mixture", 40, seed=3)
+    a = load_sweep(engine, profile_workload("mixture", 40, seed=3), [1.0, 4.0])
+    b = load_sweep(engine, profile_workload("mixture", 40, seed=3), [1.0, 4.0])
     cols = [c for c in a if c != "run_wall_s"]
     pd.testing.assert_frame_equal(a[cols], b[cols])
 
@@ -81,9 +81,9 @@ def test_bad_rates_and_profiles_are_clear_errors(cost_model):
     engine = Engine(cost_model, lesson_spec())
     for rates, match in (([], "empty"), ([0.0], "> 0"), ([2.0, 1.0], "rise strictly"), ([float("nan")], "finite")):
         with pytest.raises(ValueError, match=match):
-            load_sweep(engine, rates)
+            load_sweep(engine, profile_workload("short_short", 4), rates)
     with pytest.raises(ValueError, match="unknown profile"):
-        load_sweep(engine, [1.0], profile="chatty")
+        profile_workload("chatty", 4)
     with pytest.raises(ValueError, match="levels"):
         auto_rates(5.0, levels=1)
 

@@ -206,7 +206,8 @@ def plan_90_names_five_notebooks_and_one_cell_of_06():
 def long_tail_lesson_workload():
     """05's mixed answers: 16 requests, long-tailed, the longest in the first half with the lesson's
     shuffle, the last request with shuffle 0 (what the guide says to try)."""
-    from kvlab.experiments.batching import LESSON_REQUESTS, LESSON_SHUFFLE, policy_workload
+    from kvlab.experiments.batching import LESSON_REQUESTS, LESSON_SHUFFLE
+    from kvlab.workload import policy_workload
 
     def order(seed: int) -> list[int]:
         return [r.max_new_tokens for r in policy_workload(320, "mixed", LESSON_REQUESTS, seed=seed,

@@ -16,7 +16,7 @@ from claims_robustness import (KEY_RECORD, NOT_MEASURED, RECORD, ROW, TEACHING, 
                                measured_paragraph, notebook_columns, notebook_sentence, rewrite_teaching)
 from kvlab.lessons import CLAIMS  # noqa: E402
 
-NAME = "uncached_steps_share_a_per_pass_cost"  # a claim of notebook 01
+NAME = "uncached_wait_gap_widens"  # an asserting claim of notebook 01
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from kvlab.lessons.l08_prefix_and_chunks.figures import plot_prefix_cache
 from kvlab.results_io import load_results
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.config import EngineSpec
-from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, SAMPLE_TRACE, SAMPLE_TRACES, at_rate, block_token_ids,
-                          detect_format, mooncake_frame, read_mooncake_trace, replay_mooncake, replay_trace_file,
-                          trace_rate, trace_requests)
+from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, SAMPLE_TRACE, SAMPLE_TRACES, block_token_ids, detect_format,
+                          mooncake_frame, read_mooncake_trace, replay_mooncake, replay_trace_file, trace_requests)
+from kvlab.workload import at_rate, trace_rate
 
 REPO = Path(__file__).resolve().parents[1]
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,

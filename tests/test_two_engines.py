@@ -1,11 +1,13 @@
 """kvlab serve and transformers serve side by side: the knee rule by hand, bad input, and one small real run of both."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from kvlab.experiments.two_engines import (ENGINES, clocks_table, compare_engines, engine_knees, knee, make_server,
+from kvlab.experiments.two_engines import (ENGINES, Protocol, clocks_table, compare_engines, engine_knees, knee, make_server,
                                            within_knee)
 from kvlab.http.peer import transformers_serve_available
 
@@ -68,13 +70,15 @@ def test_a_rate_is_read_at_its_close_with_the_unanswered_counted_at_their_wait()
 
 def test_bad_input_is_refused_before_any_server_starts(tmp_path):
     with pytest.raises(ValueError, match="low_rate"):
-        compare_engines(tmp_path, low_rate=0)
+        Protocol(low_rate=0)
     with pytest.raises(ValueError, match="rates"):
         compare_engines(tmp_path, rates=())
     with pytest.raises(ValueError, match="engines"):
         compare_engines(tmp_path, engines=("vllm",))
-    with pytest.raises(ValueError, match="drain_s"):
-        compare_engines(tmp_path, drain_s=0)
+    for bad, match in ((dict(drain_s=0), "drain_s"), (dict(warmup=-1), "warmup"), (dict(bisect=1.5), "bisect"),
+                       (dict(min_served=1.5), "min_served"), (dict(cold_requests=True), "cold_requests")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(Protocol(), **bad)
     with pytest.raises(ValueError, match="not one of"):
         make_server("vllm", tmp_path)
 

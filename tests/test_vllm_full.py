@@ -15,9 +15,9 @@ import pytest
 
 from kvlab.http import vllm
 from kvlab.http.peer import process_usage
-from kvlab.experiments.three_engines import (GREEDY_PROMPTS, make_engine, same_greedy_tokens,
+from kvlab.experiments.three_engines import (GREEDY_PROMPTS, same_greedy_tokens,
                                                                    server_pid, vllm_folder)
-from kvlab.experiments.two_engines import start_together, sweep
+from kvlab.experiments.two_engines import Protocol, make_server, start_together, sweep
 
 pytestmark = pytest.mark.full
 
@@ -32,7 +32,7 @@ def servers(real_vllm_home):
         print(f"\nvLLM test skipped: {e}")
         pytest.skip(str(e))
     folder = vllm_folder()
-    kvlab, peer = make_engine("kvlab serve", folder), make_engine(vllm.NAME, folder)
+    kvlab, peer = make_server("kvlab serve", folder), make_server(vllm.NAME, folder)
     start_together([kvlab, peer])
     try:
         yield kvlab, peer
@@ -49,7 +49,7 @@ def test_vllm_writes_the_same_greedy_tokens_as_kvlab_serve_on_16_prompts(servers
 
 def test_every_request_of_a_short_sweep_is_accounted_for(servers):
     _, peer = servers
-    rows = sweep(peer, [8.0, 32.0, 96.0], duration_s=1.0, stop_past_knee=False, warmup=4)
+    rows = sweep(peer, [8.0, 32.0, 96.0], Protocol(duration_s=1.0, warmup=4), stop_past_knee=False)
     assert [r["offered_rps"] for r in rows] == [8.0, 32.0, 96.0]
     for r in rows:  # read at each rate's close: every request sent by then is in exactly one place
         assert r["sent"] == r["completed"] + r["failed"] + r["waiting"], r

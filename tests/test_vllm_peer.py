@@ -18,7 +18,7 @@ from kvlab.http import vllm
 from kvlab.http.peer import process_usage
 from kvlab.experiments import three_engines
 from kvlab.lessons.l09_measure_a_real_server import panel as l09_panel
-from kvlab.experiments.two_engines import knee
+from kvlab.experiments.two_engines import Protocol, knee
 
 
 def test_vllm_lives_in_its_own_home_never_inside_kvlabs_environment(tmp_path, monkeypatch):
@@ -151,7 +151,7 @@ def fake_sweep(capacity):
 def test_the_knee_is_bisected_between_the_last_rate_kept_up_and_the_first_not(monkeypatch, capacity, expected, rates):
     monkeypatch.setattr(three_engines, "sweep", fake_sweep(capacity))
     monkeypatch.setattr(three_engines, "wait_until_quiet", lambda server: None)
-    rows = three_engines.knee_search(FakeServer(), (8, 16, 32, 64), bisect=2)
+    rows = three_engines.knee_search(FakeServer(), (8, 16, 32, 64), Protocol(bisect=2))
     assert [r["offered_rps"] for r in rows] == rates
     assert knee(pd.DataFrame(rows), slo_ttft_s=1.0).at_least == expected
 

@@ -12,11 +12,14 @@ from kvlab.workload import (
     MIXTURE_WEIGHTS,
     PROFILES,
     Request,
+    Workload,
     arrival_times,
     constant,
     gamma,
     make_workload,
     poisson,
+    profile_workload,
+    trace_rate,
     workload_frame,
 )
 
@@ -198,3 +201,28 @@ def test_bad_traces_get_a_clear_error(tmp_path):
 def test_a_request_knows_its_prompt_length():
     with pytest.raises(ValueError, match="prompt has 2 ids but prompt_tokens=3"):
         Request(0, 3, 4, 0.0, "short_short", prompt=[1, 2])
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "gamma", "constant"])
+def test_a_workload_built_once_and_timed_at_a_rate_is_the_one_make_workload_draws_at_that_rate(arrival):
+    once = profile_workload("mixture", 30, seed=5, max_context=512, arrival=arrival, burstiness=0.5)
+    for rate in (0.5, 8.0):  # the oracle: make_workload at that rate, request for request
+        assert once.at_rate(rate) == make_workload("mixture", 30, arrival, rate, burstiness=0.5, seed=5, max_context=512)
+    assert [r.arrival_s for r in once.requests] == [0.0] * 30  # built untimed; timing makes new requests
+
+
+def test_a_replayed_workload_keeps_its_own_gaps_stretched_to_the_rate():
+    trace = replay_trace(SAMPLE_TRACE, max_requests=20)
+    fast = Workload(tuple(trace), "trace", arrival="replay").at_rate(10.0)
+    assert trace_rate(fast) == pytest.approx(10.0)
+    gaps, fast_gaps = np.diff([r.arrival_s for r in trace]), np.diff([r.arrival_s for r in fast])
+    assert np.allclose(fast_gaps, gaps * trace_rate(trace) / 10.0)
+
+
+def test_a_bad_workload_is_refused_where_it_is_made():
+    with pytest.raises(ValueError, match="unknown arrival"):
+        Workload((), "x", arrival="sometimes")
+    with pytest.raises(ValueError, match="n=0"):
+        Workload((), "x")
+    with pytest.raises(ValueError, match="rate"):
+        profile_workload("short_short", 3).at_rate(0.0)

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -52,10 +52,10 @@ from kvlab.http.vllm import NAME as VLLM
 from kvlab.http.client_priority import realtime_client
 from kvlab.benchmarks.vllm_client import CLIENT as SECOND_CLIENT
 from kvlab.benchmarks.vllm_client import vllm_client_sweep
-from kvlab.experiments.three_engines import (ENGINES, available_engines, make_engine, measure_engine,
+from kvlab.experiments.three_engines import (ENGINES, available_engines, measure_engine,
                                              same_greedy_tokens, server_pid, vllm_folder)
 from kvlab.http.peer import LoopbackServer, process_usage
-from kvlab.experiments.two_engines import LOW_RATE, knee, lesson_checkpoint, make_server, start_together
+from kvlab.experiments.two_engines import Protocol, knee, lesson_checkpoint, make_server, start_together
 from kvlab.serving.knee import Knee
 from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
@@ -78,30 +78,46 @@ def kvlab_equal_name(threads: int) -> str:
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
 
 
-def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: int = 6, warmup: int = WARMUP,
-        rates: Sequence[float] = DEFAULT_RATES, duration_s: float = DURATION_S, bisect: int = 2,
-        profile: str = "mixture", slo_ttft_s: float = 1.0, threads: int | None = LESSON_THREADS,
-        equal_threads: int | None = None, engines: Sequence[str] = ENGINES, model: str | None = None, seed: int = 0,
-        second_client: bool = False, realtime: bool = True, thread_twin: bool = False,
-        log: Callable[[str], None] = print) -> dict:
+@dataclass(frozen=True)
+class Bench:
+    """One `bench serve` run: what is measured, on which engines, and how (the command's options, read once)."""
+
+    protocol: Protocol = Protocol(warmup=WARMUP, warm_requests=20, duration_s=DURATION_S)
+    rates: tuple[float, ...] = DEFAULT_RATES
+    rounds: int = 3
+    engines: tuple[str, ...] = ENGINES
+    threads: int | None = LESSON_THREADS
+    equal_threads: int | None = None  # kvlab serve again on this many torch threads
+    model: str | None = None  # a checkpoint folder instead of the lesson model
+    second_client: bool = False  # vLLM's own benchmark client against every server too
+    realtime: bool = True  # the client in the real-time scheduling class where the machine allows it
+    thread_twin: bool = False  # kvlab serve again with its engine in a thread of the server's process
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rounds, int) and self.rounds >= 1):
+            raise ValueError(f"rounds={self.rounds!r} must be an integer >= 1")
+        if not self.rates or any(not r > 0 for r in self.rates):
+            raise ValueError(f"rates={self.rates!r} must be positive numbers of requests per second")
+
+
+def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
     """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary.
 
-    `realtime`: the client runs in the real-time scheduling class where the machine allows it
-    (`client_priority.realtime_client`), so no server's busy cores leave it waiting. `thread_twin`: kvlab serve is
-    measured a second time with its engine in a thread of the server's process (the engine-process lever off)."""
-    if not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds={rounds!r} must be an integer >= 1")
-    todo, left_out = available_engines(engines)
+    `bench.realtime`: the client runs in the real-time scheduling class where the machine allows it
+    (`client_priority.realtime_client`), so no server's busy cores leave it waiting. `bench.thread_twin`: kvlab serve
+    is measured a second time with its engine in a thread of the server's process (the engine-process lever off)."""
+    b = bench
+    todo, left_out = available_engines(b.engines)
     for e, why in left_out.items():
         log(f"{e} left out: {why}")
-    folder = lesson_checkpoint(model) if model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
-    servers = [make_engine(e, folder, threads) for e in todo]
-    if KVLAB in todo and equal_threads is not None and equal_threads != threads:
-        twin = make_engine(KVLAB, folder, equal_threads)
-        twin.name = kvlab_equal_name(equal_threads)
+    folder = lesson_checkpoint(b.model) if b.model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
+    servers = [make_server(e, folder, b.threads) for e in todo]
+    if KVLAB in todo and b.equal_threads is not None and b.equal_threads != b.threads:
+        twin = make_server(KVLAB, folder, b.equal_threads)
+        twin.name = kvlab_equal_name(b.equal_threads)
         servers.insert(1, twin)
-    if KVLAB in todo and thread_twin:
-        twin = make_server(KVLAB, folder, threads=threads, engine_in_thread=True)
+    if KVLAB in todo and b.thread_twin:
+        twin = make_server(KVLAB, folder, threads=b.threads, engine_in_thread=True)
         twin.name = KVLAB_THREAD
         servers.insert(1, twin)
     before = load_average()
@@ -116,12 +132,10 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
             raise RuntimeError(f"the engines' greedy answers differ on {len(greedy['differ'])} of "
                                f"{greedy['prompts']} prompts, so they do not compute the same thing: "
                                f"{greedy['differ'][:2]}")
-        log(f"same greedy tokens on all {greedy['prompts']} prompts; {rounds} rounds follow")
-        with realtime_client(realtime) as priority:
+        log(f"same greedy tokens on all {greedy['prompts']} prompts; {b.rounds} rounds follow")
+        with realtime_client(b.realtime) as priority:
             log(f"the client's scheduling class: {priority}")
-            frames, usage, second = measure_rounds(servers, rounds, rates, low_rate, cold, warmup, requests,
-                                                   profile, duration_s, slo_ttft_s, seed, bisect,
-                                                   second_client, priority.why is None, log)
+            frames, usage, second = measure_rounds(servers, b, priority.why is None, log)
         described = {s.name: s.describe() for s in servers}
     finally:
         for server in servers:
@@ -129,29 +143,25 @@ def run(rounds: int = 3, low_rate: float = LOW_RATE, requests: int = 20, cold: i
     frame = pd.concat(frames, ignore_index=True)
     out = {"frame": frame, "servers": described, "greedy": greedy, "left_out": left_out, "started_s": started_s,
            "usage": usage, "second_client": second, "load_before": before, "load_after": load_average(),
-           "equal_threads": equal_threads, "client_priority": str(priority)}
-    return {**out, **summarize(frame, [s.name for s in servers], rounds, slo_ttft_s, max(rates), usage)}
+           "equal_threads": b.equal_threads, "client_priority": str(priority)}
+    return {**out, **summarize(frame, [s.name for s in servers], b.rounds, b.protocol.slo_ttft_s, max(b.rates), usage)}
 
 
-def measure_rounds(servers: Sequence[LoopbackServer], rounds: int, rates: Sequence[float], low_rate: float,
-                   cold: int, warmup: int, requests: int, profile: str, duration_s: float, slo_ttft_s: float,
-                   seed: int, bisect: int, second_client: bool, realtime: bool,
+def measure_rounds(servers: Sequence[LoopbackServer], bench: Bench, realtime: bool,
                    log: Callable[[str], None]) -> tuple[list[pd.DataFrame], list[dict], pd.DataFrame | None]:
     """Every server measured alone in each round, the order rotated; then vLLM's client against each if asked."""
-    frames, usage = [], []
-    for r in range(rounds):
+    frames, usage, p = [], [], bench.protocol
+    for r in range(bench.rounds):
         for server in rotated(servers, r):
-            log(f"  round {r + 1}/{rounds}: {server.name}")
+            log(f"  round {r + 1}/{bench.rounds}: {server.name}")
             others = {s.name: process_usage(server_pid(s)) for s in servers if s is not server}
             t_others = time.perf_counter()
-            rows, used = measure_engine(server, rates, cold=r == 0, low_rate=low_rate, cold_requests=cold,
-                                        warmup=warmup, warm_requests=requests, sweep_profile=profile,
-                                        duration_s=duration_s, slo_ttft_s=slo_ttft_s, seed=seed + r,
-                                        bisect=bisect, log=log)
+            rows, used = measure_engine(server, bench.rates, dataclasses.replace(p, seed=p.seed + r), cold=r == 0, log=log)
             frames.append(pd.DataFrame(rows).assign(round=r))
             usage.append({**used, "round": r, "others_cores_busy": others_busy(servers, server, others,
                                                                                time.perf_counter() - t_others)})
-    second = vllm_client_table(servers, rates, duration_s, profile, seed, log, realtime) if second_client else None
+    second = (vllm_client_table(servers, bench.rates, p.duration_s, p.sweep_profile, p.seed, log, realtime)
+              if bench.second_client else None)
     return frames, usage, second
 
 
@@ -264,21 +274,23 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
 
 # -- the command -------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `python -m kvlab bench serve`."""
-    p.add_argument("--rounds", type=int, default=3, help="paired rounds (engine order rotated)")
-    p.add_argument("--low-rate", type=float, default=LOW_RATE, help="req/s of the low-load level (short_short)")
-    p.add_argument("--requests", type=int, default=20, help="requests of the low-load level")
-    p.add_argument("--cold", type=int, default=6, help="the first requests after each start, reported apart")
-    p.add_argument("--warmup", type=int, default=WARMUP,
+    """The options of `python -m kvlab bench serve`; their defaults are `Bench()`'s."""
+    b, pr = Bench(), Bench().protocol
+    p.add_argument("--rounds", type=int, default=b.rounds, help="paired rounds (engine order rotated)")
+    p.add_argument("--low-rate", type=float, default=pr.low_rate, help="req/s of the low-load level (short_short)")
+    p.add_argument("--requests", type=int, default=pr.warm_requests, help="requests of the low-load level")
+    p.add_argument("--cold", type=int, default=pr.cold_requests,
+                   help="the first requests after each start, reported apart")
+    p.add_argument("--warmup", type=int, default=pr.warmup,
                    help="requests of the sweep's profile sent at once before each sweep, every round, not reported")
-    p.add_argument("--rates", default=",".join(f"{r:g}" for r in DEFAULT_RATES),
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in b.rates),
                    help="the sweep's ladder, req/s, comma-separated")
-    p.add_argument("--duration", type=float, default=DURATION_S, help="seconds of load per sweep rate")
-    p.add_argument("--bisect", type=int, default=2, help="halvings of the gap around each knee")
-    p.add_argument("--profile", default="mixture", help="workload profile of the sweep")
-    p.add_argument("--slo-ttft", type=float, default=1.0, help="the knee's TTFT p95 bound, seconds")
-    p.add_argument("--threads", type=int, default=LESSON_THREADS, help="torch threads of kvlab serve and "
-                                                                       "transformers serve")
+    p.add_argument("--duration", type=float, default=pr.duration_s, help="seconds of load per sweep rate")
+    p.add_argument("--bisect", type=int, default=pr.bisect, help="halvings of the gap around each knee")
+    p.add_argument("--profile", default=pr.sweep_profile, help="workload profile of the sweep")
+    p.add_argument("--slo-ttft", type=float, default=pr.slo_ttft_s, help="the knee's TTFT p95 bound, seconds")
+    p.add_argument("--threads", type=int, default=b.threads, help="torch threads of kvlab serve and "
+                                                                  "transformers serve")
     p.add_argument("--equal-threads", type=int, default=None,
                    help="also measure kvlab serve on this many torch threads (e.g. this machine's cores)")
     p.add_argument("--thread-twin", action="store_true",
@@ -286,7 +298,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=pr.seed)
     p.add_argument("--second-client", action="store_true",
                    help=f"also measure every server with {SECOND_CLIENT} (vLLM's own client, from its venv) at "
                         "the ladder's rates but the top, after the rounds")
@@ -392,10 +404,12 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     engines = [e for e in ENGINES if not (e == VLLM and args.no_vllm)
                and not (e == "transformers serve" and args.no_transformers)]
     t0 = time.perf_counter()
-    out = run(args.rounds, args.low_rate, args.requests, args.cold, args.warmup, rates, args.duration, args.bisect,
-              args.profile, args.slo_ttft, args.threads, args.equal_threads, engines, args.model, args.seed,
-              args.second_client, args.client_priority == "realtime", args.thread_twin,
-              log=lambda m: print(m, flush=True))
+    protocol = Protocol(low_rate=args.low_rate, cold_requests=args.cold, warmup=args.warmup,
+                        warm_requests=args.requests, sweep_profile=args.profile, duration_s=args.duration,
+                        slo_ttft_s=args.slo_ttft, bisect=args.bisect, seed=args.seed)
+    bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
+                  args.second_client, args.client_priority == "realtime", args.thread_twin)
+    out = run(bench, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))
     print(f"bench serve took {wall / 60:.1f} min")

@@ -1,11 +1,11 @@
 """What a notebook, a benchmark or a command runs: one experiment a module, each returning DataFrames (or a small
 result object holding them) that claims, figures and benchmarks read.
 
-By lesson (``kvlab.course.NOTEBOOKS`` names each lesson's): ``slowdown``, ``long_context`` (01); ``memory``,
-``real_model`` (02); ``strategies``, ``cache_accuracy``, ``static_compile``, ``offload_load``,
-``transformers_caches`` (03); ``four_clocks``, ``tokens_words`` (04); ``batching``, ``admission``,
-``batch_scaling`` (05); ``service_curves``, the ``python -m kvlab sweep`` command (06); ``capacity`` (07);
-``prefix_and_chunks``, ``prefix_traces`` (08); ``wire``, ``two_engines``, ``three_engines`` (09).
+By topic (``kvlab.course.NOTEBOOKS`` says which lesson runs which): a decoder's cost and memory (``slowdown``,
+``long_context``, ``memory``, ``real_model``); caches (``strategies``, ``cache_accuracy``, ``static_compile``,
+``offload_load``, ``transformers_caches``); one request's clocks (``four_clocks``, ``tokens_words``); batching
+(``batching``, ``admission``, ``batch_scaling``); load (``service_curves``, ``sweep_cli``, ``capacity``,
+``prefix_and_chunks``, ``prefix_traces``, on ``presets``); the wire (``wire``, ``two_engines``, ``three_engines``).
 
 What they run with: ``serving_run`` (an engine on a fixed step cost), ``recall`` (the recall task with exactly
 checkable answers) and ``quality`` (a cache's precision against exact), ``bandwidth`` (memory-bandwidth probes),

@@ -6,7 +6,7 @@ this machine reaches. ``machine_bandwidth`` measures that once (a sum, a copy, a
 is cheap enough to measure again in every round of a benchmark, since on a shared machine the bandwidth
 moves from minute to minute; ``StepProductsProbe`` times a step's weight products alone, so a step's
 time splits into streaming the weights and everything else. ``bench decode``, ``bench step`` and the
-batch-scaling experiment (lesson 05) all use them.
+batch-scaling experiment all use them.
 """
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Sequence, cast
 
-import numpy as np
 import pandas as pd
 
 from kvlab.model.decoder import Decoder
@@ -21,66 +20,14 @@ from kvlab.serving.executor import Executor
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, Policy, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
-from kvlab.workload import Request, arrival_times
+from kvlab.workload import LENGTHS, arrival_times, policy_workload
 from kvlab.progress import Progress, no_progress
-from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
-                          serve, warm_up)
-from kvlab.provenance import experiment
+from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, runs_table, serve, warm_up
 
-LENGTHS = ("equal", "mixed")
-OUTPUT_SHAPES = ("even", "long_tail")
-# Lesson 05's requests: 16 at once, mixed outputs long-tailed, in the shuffle whose longest answer arrives early
+# The default requests: 16 at once, mixed outputs long-tailed, in the shuffle whose longest answer arrives early
 # (shuffle 0 puts it last, where it runs alone at the end under either rule and the gap shrinks: a lesson of its own).
 LESSON_REQUESTS = 16
 LESSON_SHUFFLE = 3
-MIN_TAIL_OUTPUT = 4  # the shortest answer of a long-tailed mix
-
-
-def long_tail(mean: int, n: int) -> np.ndarray:
-    """``n`` output lengths shaped like chat answers: many short, a few long (the evenly spaced quantiles of an
-    exponential distribution), scaled to total ``n`` x ``mean`` (up to rounding), at least ``MIN_TAIL_OUTPUT``."""
-    q = (np.arange(n) + 0.5) / n
-    x = -np.log(1 - q)  # (n,) quantiles of the exponential with mean 1, rising
-    return np.maximum(MIN_TAIL_OUTPUT, np.round(x * mean * n / x.sum())).astype(int)
-
-
-def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt_tokens: int = 64,
-                    max_new_tokens: int = 48, spread: float = 0.8,
-                    arrivals: Sequence[float] | np.ndarray | None = None, seed: int = 0,
-                    outputs: str = "even") -> list[Request]:
-    """``n`` requests with equal lengths, or mixed lengths with the same means.
-
-    "mixed": prompt lengths evenly spread over mean x (1 ± ``spread``); output lengths the same way
-    (``outputs="even"``) or long-tailed like chat answers (``"long_tail"``: ``long_tail``); each shuffled
-    (seeded), so both workloads ask for the same number of tokens (up to rounding). ``arrivals``: one arrival
-    time per request (default: all at 0).
-    """
-    if lengths not in LENGTHS:
-        raise ValueError(f"lengths={lengths!r}: choose one of {', '.join(LENGTHS)}")
-    if outputs not in OUTPUT_SHAPES:
-        raise ValueError(f"outputs={outputs!r}: choose one of {', '.join(OUTPUT_SHAPES)}")
-    check_positive_int("n", n)
-    check_positive_int("prompt_tokens", prompt_tokens)
-    check_positive_int("max_new_tokens", max_new_tokens)
-    if not 0 <= spread < 1:
-        raise ValueError(f"spread must be in [0, 1): lengths range over mean x (1 ± spread); got {spread!r}")
-    arrivals = [0.0] * n if arrivals is None else [float(a) for a in arrivals]
-    if len(arrivals) != n:
-        raise ValueError(f"arrivals has {len(arrivals)} times for n={n} requests; give one per request")
-    rng = np.random.default_rng(seed)
-
-    def spread_lengths(mean: int) -> np.ndarray:
-        if lengths == "equal" or n == 1:
-            return np.full(n, mean)
-        return rng.permutation(np.maximum(1, np.round(np.linspace(mean * (1 - spread), mean * (1 + spread), n))))
-
-    prompts = spread_lengths(prompt_tokens).astype(int)
-    if lengths == "mixed" and outputs == "long_tail" and n > 1:
-        answers = rng.permutation(long_tail(max_new_tokens, n))
-    else:
-        answers = spread_lengths(max_new_tokens).astype(int)
-    return [Request(i, int(p), int(o), arrivals[i], lengths, prompt=seeded_prompt(vocab_size, int(p), (seed, i)))
-            for i, (p, o) in enumerate(zip(prompts, answers))]
 
 
 def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENGTHS,

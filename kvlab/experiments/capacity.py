@@ -1,4 +1,4 @@
-"""Memory is capacity (lesson 07): how many sequences a KV budget holds, counted exactly, no model runs.
+"""Memory is capacity: how many sequences a KV budget holds, counted exactly, no model runs.
 
 - ``paged_vs_reserved``: the same budget either reserves each request's maximum length up front,
   or hands out fixed-size blocks as tokens arrive (PagedAttention). Sequences that fit and the
@@ -7,7 +7,7 @@
 - ``capacity_levers``: max context and max new tokens bound each sequence, hence concurrency.
 
 What the engine does when the budget runs out (preemption), and prefix caching and chunked
-prefill, are lesson 08's runs: ``kvlab/experiments/prefix_and_chunks.py``.
+prefill, are run in ``kvlab/experiments/prefix_and_chunks.py``.
 """
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
 
 def paged_fit(table: pd.DataFrame) -> tuple[int, dict[str, int]]:
     """The sequences paged blocks fit, with what that count is computed from: the pool's blocks (the measure of
-    notebook 07's prediction, ``guess.against(table, paged_fit)``)."""
+    a prediction, ``guess.against(table, paged_fit)``)."""
     pag = table.set_index("scheme").loc["paged blocks"]
     blocks = int(pag.capacity_tokens) // int(table.attrs["block_size"])
     return int(pag.sequences_fit), {"blocks in the pool": blocks, "token slots in the pool": int(pag.capacity_tokens)}

@@ -24,10 +24,10 @@ from kvlab.serving.executor import Executor
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, set_torch_threads
-from kvlab.workload import Request, make_workload
+from kvlab.workload import Request, make_workload, seeded_prompt
 from kvlab.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
-                          seeded_prompt, serve, warm_up)
+                          serve, warm_up)
 
 CLOCK_ROWS = (  # (clock, from, to, how)
     ("queue wait", "arrival", "admission", "admitted_s - scheduled_s"),

@@ -174,7 +174,7 @@ def published_kv_table(tokens: int = 4096, bytes_per_element: float = 2) -> pd.D
     """The memory formula for every published shape (``PUBLISHED_CONFIGS``): one row per model with its layers,
     key/value heads and head dimension, the KiB one token's K and V take, and the GiB ``tokens`` tokens take.
 
-    Notebook 02 asks for one of these numbers before it runs this (an ``@experiment``: the table remembers the
+    One of these numbers may be asked for before this runs (an ``@experiment``: the table remembers the
     cell that made it, so the comparison can prove the question came first)."""
     rows = []
     for name, c in PUBLISHED_CONFIGS.items():

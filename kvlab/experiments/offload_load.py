@@ -27,7 +27,7 @@ from kvlab.serving.engine import Engine
 from kvlab.serving.offloaded_executor import OffloadedModelExecutor
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, torch_threads
-from kvlab.experiments.batching import policy_workload
+from kvlab.workload import policy_workload
 from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, warm_up
 
 ON_DEVICE, OFFLOADED = "on device", "offloaded"

@@ -1,4 +1,4 @@
-"""Preemption, prefixes and chunks (lesson 08): the real engine when its KV budget runs out or can be reused.
+"""Preemption, prefixes and chunks: the real engine when its KV budget runs out or can be reused.
 
 Each function runs the real decoder (wall clock) or a cost model (virtual clock) on the same requests:
 - ``preemption_runs``: a budget too small for every running sequence to grow; preemption by
@@ -6,8 +6,7 @@ Each function runs the real decoder (wall clock) or a cost model (virtual clock)
 - ``prefix_caching_runs``: a shared system prompt computed once and reused (hit rate, TTFT).
 - ``chunked_prefill_runs``: a long prompt arriving among running decodes, whole or in chunks.
 
-How many sequences a budget holds, counted without running anything, is lesson 07's
-``kvlab/experiments/capacity.py``.
+How many sequences a budget holds, counted without running anything: ``kvlab/experiments/capacity.py``.
 """
 from __future__ import annotations
 
@@ -22,9 +21,9 @@ from kvlab.serving.executor import Executor
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
-from kvlab.workload import Request, make_workload
+from kvlab.workload import Request, make_workload, seeded_prompt
 from kvlab.progress import Progress, no_progress
-from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table, seeded_prompt,
+from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table,
                           serve, warm_up)
 from kvlab.cache.paged import BLOCK_SIZE
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from functools import lru_cache
-import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -44,11 +43,11 @@ from kvlab.serving.config import EngineSpec
 from kvlab.serving.cost_model import CostModel, load_calibration
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, mark_knee
-from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, at_rate, detect_format, mooncake_frame, read_any_trace, replay_trace,
-                      trace_rate, trace_requests)
-from kvlab.workload import Request
-from kvlab.serving.sweep import DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, scheduler_config
+from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
+from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, detect_format, mooncake_frame, read_any_trace, replay_trace,
+                          trace_requests)
+from kvlab.workload import Request, Workload, at_rate, trace_rate
+from kvlab.experiments.presets import DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, scheduler_config
 from kvlab.progress import Progress, no_progress
 from kvlab.provenance import experiment
 
@@ -278,7 +277,7 @@ def caching_on_off(frame: pd.DataFrame | None = None, rate: float | None = None,
                    slo: SLO | None = None) -> pd.DataFrame:
     """The same requests at the same offered load, prefix caching on and off: two ``replay_row`` rows.
 
-    ``rate`` (requests/s) replays the trace faster or slower (``kvlab.traces.at_rate``); None: at
+    ``rate`` (requests/s) replays the trace faster or slower (``kvlab.workload.at_rate``); None: at
     its own pace. Read ttft_p50_s / ttft_p95_s / ttft_p99_s with ttft_n, prefill_tokens_computed
     against prompt_tokens, achieved_rps and achieved_output_tokens_per_s against sent_rps, and
     busy_s (seconds the engine computed): the work caching saved.
@@ -298,7 +297,7 @@ def caching_on_off(frame: pd.DataFrame | None = None, rate: float | None = None,
     return out[first + [c for c in out if c not in first]]
 
 
-# -- the shipped sample, as lesson 08 replays it -------------------------------------------------------
+# -- the shipped sample, replayed -----------------------------------------------------------------------
 def sample_frame() -> pd.DataFrame:
     """The shipped Mooncake sample as replayed: lengths / 16, cut to the simulator's 1024-token context."""
     return mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=SAMPLE_LENGTH_SCALE, max_context=MAX_MODEL_LEN)
@@ -349,23 +348,13 @@ def trace_curve(path: str | Path, rates: Sequence[float] | None = None, trace_fo
             left = [dataclasses.replace(r, prompt_tokens=r.prompt_tokens - int(hits[r.request_id]), prompt=None)
                     for r in base]
         rates = auto_rates(estimate_capacity_rps(cost_model, left, engine.scheduler_config.max_seqs), levels)
-    rows = []
-    for level, rate in enumerate(progress(list(rates), total=len(rates), desc=Path(path).name, unit="level")):
-        reqs = at_rate(base, rate)
-        t0 = time.perf_counter()
-        records = engine.run(reqs, clock=clock)
-        wall = time.perf_counter() - t0
-        rows.append({"level": level, "profile": f"trace:{Path(path).name}", "trace_format": trace_format,
-                     "length_scale": length_scale, "time_scale": native / rate, "clock": clock,
-                     **replay_row(engine, records, reqs, rate, slo), "run_wall_s": wall})
-    frame = pd.DataFrame(rows)
-    reasons = [c for c in frame if c.startswith("failed_")]
-    frame[reasons] = frame[reasons].fillna(0).astype(int)
-    s = engine.scheduler_config
-    frame.insert(2, "policy", s.policy if s.policy == "static" else f"{s.policy}/{s.priority}")
-    frame.insert(3, "executor", engine.executor.name)
-    frame.attrs.update(settings=engine.settings(), slo=None if slo is None else slo.targets(), seed=seed,
-                       requests=len(base), trace=str(path), trace_rps=native)
+    workload = Workload(tuple(base), f"trace:{Path(path).name}", arrival="replay", seed=seed)
+    frame = load_sweep(engine, workload, rates, slo=slo, clock=clock, row=replay_row,
+                       progress=lambda it: progress(it, total=len(rates), desc=Path(path).name, unit="level"))
+    frame.insert(5, "trace_format", trace_format)
+    frame.insert(6, "length_scale", length_scale)
+    frame.insert(7, "time_scale", native / frame["offered_rps"])
+    frame.attrs.update(trace=str(path), trace_rps=native)
     return mark_knee(frame)
 
 

@@ -4,8 +4,8 @@ The lessons run on small random-weight models that ship with kvlab, so they work
 offline included. Where the Hugging Face hub is reachable (Colab, most laptops),
 ``try_real_model()`` loads one small trained checkpoint with its own tokenizer, and
 ``real_model_demo()`` repeats three measurements on it: readable text, the slowdown without a
-cache (time per token, "none" vs "dynamic", as in lesson 01), and the cache's measured bytes
-next to the formula (lesson 02) at the model's real shape. Offline, ``try_real_model()`` says so
+cache (time per token, "none" vs "dynamic"), and the cache's measured bytes
+next to the formula at the model's real shape. Offline, ``try_real_model()`` says so
 in one line and returns None; nothing waits longer than ``timeout_s`` for the network.
 
     >>> model, note = try_real_model()
@@ -136,8 +136,8 @@ def real_model_demo(model: Decoder, prompt: str = DEFAULT_PROMPT, new_tokens: in
 
     - ``text``: ``new_tokens`` greedy tokens after ``prompt`` (stopping at the end-of-text token);
     - ``speed``: ``run_slowdown`` with caches "none" and "dynamic" on a prompt of
-      ``slowdown_prompt_tokens`` tokens and ``slowdown_tokens`` new ones, summarised as in lesson 01
-      (``slowdown_summary``) plus the median decode step (``decode_ms_p50``) and its ratio to dynamic's;
+      ``slowdown_prompt_tokens`` tokens and ``slowdown_tokens`` new ones, summarised by
+      ``slowdown_summary`` plus the median decode step (``decode_ms_p50``) and its ratio to dynamic's;
     - ``memory``: ``measure_cache_memory`` for dynamic and static after prompt + ``new_tokens``:
       the cache's own byte count beside 2 x layers x kv_heads x head_dim x tokens x bytes;
     - ``scale``: ``kv_memory_table`` for this model's shape at 2,048 tokens and its full context,

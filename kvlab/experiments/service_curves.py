@@ -1,62 +1,35 @@
 """Under load: service curves per workload profile, the A/B trade-off with two real policies, simulator vs reality.
 
-``python -m kvlab sweep [--simulate] [--profile P ...] [--rates R,R,...] [--requests N] [--json PATH]``
-
-With ``--simulate`` every level runs in virtual time on the cost model calibrated for the
-config (kvlab/data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds.
-Without it the real decoder (a small config, ``tiny`` by default) serves every level in real
-time, so keep ``--requests`` small. Rates default to ten levels from 0.1 to 1.5 times the
-capacity the cost model estimates for the profile. The knee is marked as defined in
-``kvlab.serving.sweep``.
-
-``--trace PATH`` replays a trace (Azure CSV or Mooncake JSON lines, ``--trace-format`` or detected)
-instead of a profile, faster level by level: ``kvlab.experiments.prefix_traces.trace_curve``.
+``service_curves`` simulates one curve per profile on the calibrated cost model, knee marked (``kvlab.serving.knee``);
+``ab_example`` puts two real scheduling policies on the same requests; ``simulated_vs_real`` sets the simulator
+beside the real decoder. ``python -m kvlab sweep`` runs the same from a command line (``kvlab.experiments.sweep_cli``).
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import time
-from pathlib import Path
 from typing import Any, Sequence, cast
 
 import numpy as np
 import pandas as pd
 
 from kvlab.clocks import SLO, summarize, ttft_censored
-from kvlab.model.config import PRESETS, ModelConfig, preset
+from kvlab.model.config import ModelConfig, preset
 from kvlab.model.decoder import build_model
 from kvlab.model.lessons import lesson_config
 from kvlab.serving.cost_model import CostModel, CostModelExecutor, load_calibration
-from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.serving.scheduler_cli import add_scheduler_arguments
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, level_row, load_sweep, mark_knee
-from kvlab.workload import PROFILE_NAMES, Request, make_workload
+from kvlab.workload import PROFILE_NAMES, Request, make_workload, profile_workload
 from kvlab.progress import Progress, no_progress
-# the set-up lesson 08 shares (its home); DEFAULT_SLO and scheduler_config stay importable from here
-from kvlab.serving.sweep import (DEFAULT_SLO, LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING, parse_rates, scheduler_config,
-                                 sweep_settings)
+from kvlab.experiments.presets import DEFAULT_SLO, MAX_MODEL_LEN, lesson_spec, scheduler_config
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.provenance import experiment
 from kvlab.serving.knee import KEEPS_UP_RATIO, keeps_up
 
 
-
-def lesson_spec(scheduler: SchedulerConfig | None = None) -> EngineSpec:
-    """The lessons' engine spec, with ``scheduler`` if one is given."""
-    return LESSON_SPEC if scheduler is None else LESSON_SPEC.replace(scheduler=scheduler)
-
-
 def _priced(cost_model: CostModel | None) -> CostModel:
     """The cost model a simulator runs on: the one given, else the shipped llama-30m calibration."""
     return load_calibration("llama-30m") if cost_model is None else cost_model
-
-
-def _config(config: str | ModelConfig) -> ModelConfig:
-    return config if isinstance(config, ModelConfig) else preset(config)
 
 
 def _workload(profile: str, requests: int, seed: int, max_context: int, arrival: str = "all_at_once",
@@ -78,12 +51,12 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
     estimates for this profile and scheduler (``estimate_capacity_rps``).
     """
     engine = Engine(_priced(cost_model), lesson_spec(scheduler))
+    workload = profile_workload(profile, requests, seed, engine.max_model_len)
     if rates is None:
-        sample = make_workload(profile, requests, arrival="all_at_once", seed=seed, max_context=engine.max_model_len)
         cost = cast(CostModelExecutor, engine.executor).cost_model  # a simulator's steps are priced by one
-        capacity = estimate_capacity_rps(cost, sample, engine.scheduler_config.max_seqs)
+        capacity = estimate_capacity_rps(cost, workload.requests, engine.scheduler_config.max_seqs)
         rates = auto_rates(capacity, levels)
-    frame = load_sweep(engine, rates, profile, requests, seed=seed, slo=slo, clock="virtual",
+    frame = load_sweep(engine, workload, rates, slo=slo, clock="virtual",
                        progress=lambda it: progress(it, total=len(rates), desc=profile, unit="level"))
     return mark_knee(frame, min_throughput_ratio)
 
@@ -126,7 +99,7 @@ def knee_rps(curves: pd.DataFrame, profile: str) -> float:
 def knee_ratio(curves: pd.DataFrame, profile: str = "long_short",
                reference: str = "short_short") -> tuple[float, dict[str, float]]:
     """``profile``'s knee as a fraction of ``reference``'s (both in requests/s), with the two knees it is computed
-    from: the measure of notebook 06's prediction (``guess.against(curves, knee_ratio)``)."""
+    from: the measure a prediction of the knee is compared with (``guess.against(curves, knee_ratio)``)."""
     mine, theirs = knee_rps(curves, profile), knee_rps(curves, reference)
     return mine / theirs, {f"{profile} knee (req/s)": mine, f"{reference} knee (req/s)": theirs}
 
@@ -155,10 +128,12 @@ def ab_load(cost_model: CostModel, policies: dict[str, SchedulerConfig] | None =
     policies = ab_policies() if policies is None else policies
     sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
     rates = auto_rates(estimate_capacity_rps(cost_model, sample, policies["B"].max_seqs), levels, low=0.2, high=1.5)
-    sweep = mark_knee(load_sweep(Engine(cost_model, lesson_spec(policies["A"])), rates, profile, workload=lambda r: _workload(
-        profile, max(2, int(r * window_s)), seed, MAX_MODEL_LEN, "poisson", r, output_tokens)))
-    behind = sweep.loc[~sweep["keeps_up"], "offered_rps"]
-    return float(behind.iloc[0]) if len(behind) else float(rates[-1])
+    engine = Engine(cost_model, lesson_spec(policies["A"]))
+    for rate in rates:  # a fixed window: more requests at a higher load, so each level's are drawn for it
+        reqs = _workload(profile, max(2, int(rate * window_s)), seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
+        if not keeps_up(level_row(engine, engine.run(reqs, clock="virtual"), reqs, rate)["throughput_ratio"]):
+            return float(rate)
+    return float(rates[-1])
 
 
 def ab_example(cost_model: CostModel | None = None, rate: float | None = None, window_s: float = 60.0,
@@ -233,7 +208,7 @@ def ab_at_two_loads(cost_model: CostModel | None = None, low_fraction: float = 0
     """``ab_example`` at two loads: ``low_fraction`` x and 1 x ``ab_load`` (where A alone falls behind).
 
     One row per (load, policy); the column ``load`` says "below capacity" or "overloaded". Below
-    capacity both rules usually keep up (``keeps_up``); the claims of notebook 06 check it. The
+    capacity both rules usually keep up (``keeps_up``), which a claim can check. The
     overloaded level is the A/B example itself: there one rule trades first tokens for throughput.
     """
     if not 0 < low_fraction < 1:
@@ -275,7 +250,7 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
     any). Rows carry ``source`` "real" or "simulated". Real levels run in real time: keep
     ``requests`` / rate small.
     """
-    config = lesson_config() if config is None else _config(config)
+    config = lesson_config() if config is None else config if isinstance(config, ModelConfig) else preset(config)
     cost_model = load_calibration(config.name) if cost_model is None else cost_model
     if cost_model.config_name != config.name:
         raise ValueError(f"the cost model was calibrated on {cost_model.config_name!r}, not {config.name!r}; "
@@ -286,9 +261,10 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
     with torch_threads(threads):
         real = Engine(model, spec)
         real.run(_workload(profile, 4, seed + 1, real.max_model_len))  # warm up outside the measurement
+        workload = profile_workload(profile, requests, seed, real.max_model_len)
         steps = [("real", real, "wall"), ("simulated", Engine(cost_model, spec), "virtual")]
         for source, engine, clock in progress(steps, total=2, desc="real, then simulated", unit="run"):
-            f = load_sweep(engine, rates, profile, requests, seed=seed, clock=clock)
+            f = load_sweep(engine, workload, rates, clock=clock)
             f.insert(0, "source", source)
             frames.append(f)
     return pd.concat(frames, ignore_index=True)
@@ -322,139 +298,6 @@ def real_vs_simulated(frame: pd.DataFrame, clocks: Sequence[str] = GAP_CLOCKS) -
 
 
 # -- the command line --------------------------------------------------------------------------------
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--simulate", action="store_true",
-                        help="virtual time on the calibrated cost model (default: the real model, in real time)")
-    parser.add_argument("--profile", nargs="+", default=None, choices=PROFILE_NAMES,
-                        help="workload profile(s) (default: all four with --simulate, short_short without)")
-    parser.add_argument("--rates", help="offered loads in requests/s, comma-separated and rising "
-                                        "(default: 10 levels from 0.1 to 1.5 x the estimated capacity)")
-    parser.add_argument("--levels", type=int, default=10, help="levels when --rates is not given (default 10)")
-    parser.add_argument("--requests", type=int, help="requests per level (default 500 simulated, 30 real; "
-                                                     "with --trace: all of it simulated, its first 30 real)")
-    parser.add_argument("--config", choices=sorted(PRESETS),
-                        help="model config (default llama-30m simulated, tiny real)")
-    parser.add_argument("--calibration", type=Path, metavar="PATH",
-                        help="cost model JSON (default: the one shipped in kvlab/data/calibration/)")
-    # scheduler_config's bounded queue; the token budget and max_model_len are set in sweep_settings
-    add_scheduler_arguments(parser, ("policy", "priority", "max_seqs", "max_waiting"), max_waiting=MAX_WAITING)
-    parser.add_argument("--slo-ttft", type=float, default=DEFAULT_SLO.ttft_s, help="TTFT target, s")
-    parser.add_argument("--slo-tpot", type=float, default=DEFAULT_SLO.tpot_s, help="TPOT target, s")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads for the real model (default 1)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the table, settings and machine as JSON")
-    trace = parser.add_argument_group("trace replay (instead of --profile)")
-    trace.add_argument("--trace", type=Path, metavar="PATH",
-                       help="replay this trace at rising rates (kvlab.traces.SAMPLE_TRACES has one per format)")
-    trace.add_argument("--trace-format", choices=("azure", "mooncake"), help="default: detected from the file")
-    trace.add_argument("--length-scale", type=float, default=1.0,
-                       help="divide the trace's lengths by this (Mooncake: 1, 2, 4, 8, 16, ...; default 1)")
-
-
-def main(args: argparse.Namespace) -> int:
-    from kvlab.results_io import save_results
-
-    if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
-        return trace_sweep_main(args)
-    config, cost_model, scheduler, slo = sweep_settings(args)
-    profiles = args.profile or (list(PROFILE_NAMES) if args.simulate else ["short_short"])
-    requests = args.requests or (500 if args.simulate else 30)
-    try:
-        fixed = parse_rates(args.rates) if args.rates else None
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    frames, t0, cpu0 = [], time.perf_counter(), time.process_time()
-    for profile in profiles:
-        spec = lesson_spec(scheduler).replace(block_size=cost_model.block_size)
-        engine = Engine(cost_model if args.simulate else build_model(config, seed=args.seed), spec)
-        rates = fixed
-        if rates is None:
-            sample = make_workload(profile, requests, arrival="all_at_once", seed=args.seed,
-                                   max_context=engine.max_model_len)
-            rates = auto_rates(estimate_capacity_rps(cost_model, sample, args.max_seqs), args.levels)
-        print(f"{profile}: {len(rates)} levels x {requests} requests, "
-              f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
-        with torch_threads(args.threads):
-            f = load_sweep(engine, rates, profile, requests, seed=args.seed, slo=slo,
-                           clock="virtual" if args.simulate else "wall")
-        frames.append(mark_knee(f))
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    frame = pd.concat(frames, ignore_index=True)
-    cols = ["profile", "offered_rps", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
-            "tpot_p50_s", "e2e_p95_s", "failure_rate", "peak_kv_blocks", "goodput_rps", "keeps_up", "is_knee"]
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    knees = {k: v for f in frames for k, v in f.attrs["knees"].items()}
-    print("knee (the highest load before the first that does not keep up): "
-          + "; ".join(f"{curve}: {words}" for curve, words in knees.items()))
-    levels = len(frame)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"{levels} levels x {requests} requests in {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU "
-          f"({'virtual time, cost model' if args.simulate else 'real time, ' + config.name}; "
-          f"machine load average {load:.1f})")
-    if args.json:
-        settings = {"simulate": args.simulate, "config": config.name, "profiles": profiles, "requests": requests,
-                    "rates": args.rates or "auto", "engine": frames[0].attrs.get("settings"), "slo": slo.targets(),
-                    "knee_rule": frames[0].attrs.get("knee_rule") or {"min_throughput_ratio": KEEPS_UP_RATIO},
-                    "knees": knees,
-                    "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds, "load_average_1m": load,
-                    "cost_model_environment": cost_model.environment}
-        save_results(args.json, frame, settings)
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
-
-
-def trace_sweep_main(args) -> int:
-    """``python -m kvlab sweep --trace PATH``: the options of ``sweep``, a trace (lesson 08's replay) for the workload."""
-    from kvlab.results_io import save_results
-    from kvlab.traces import detect_format
-    from kvlab.experiments.prefix_traces import clipped_requests, trace_curve
-
-    config, cost_model, scheduler, slo = sweep_settings(args)
-    try:
-        rates = parse_rates(args.rates) if args.rates else None
-        trace_format = args.trace_format or detect_format(args.trace)
-        clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    spec = lesson_spec(scheduler).replace(block_size=cost_model.block_size)
-    engine = Engine(cost_model if args.simulate else build_model(config, seed=args.seed), spec)
-    requests = args.requests or (None if args.simulate else 30)
-    if clipped:
-        print(f"note: {clipped} requests of {args.trace} do not fit max_model_len={engine.max_model_len} at "
-              f"--length-scale {args.length_scale:g}; their prompts are cut (raise --length-scale to keep them whole)",
-              file=sys.stderr)
-    print(f"{args.trace} ({trace_format}, lengths / {args.length_scale:g}): "
-          f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    try:
-        with torch_threads(args.threads):
-            frame = trace_curve(args.trace, rates, trace_format, args.length_scale, requests, engine, cost_model,
-                                args.levels, args.seed, slo, "virtual" if args.simulate else "wall")
-    except ValueError as e:
-        raise SystemExit(str(e)) from None
-    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-    cols = ["offered_rps", "time_scale", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
-            "tpot_p50_s", "failure_rate", "token_hit_ratio", "prefill_tokens_computed", "keeps_up", "is_knee"]
-    with pd.option_context("display.width", 200, "display.max_columns", 30):
-        print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
-    print("knee (the highest load before the first that does not keep up): "
-          + "; ".join(f"{curve}: {words}" for curve, words in frame.attrs.get("knees", {}).items()))
-    print(f"{len(frame)} levels x {frame.attrs['requests']} requests of {Path(args.trace).name} "
-          f"in {seconds:.1f} s wall, "
-          f"{cpu_seconds:.1f} s CPU ({'virtual time, cost model' if args.simulate else 'real time, ' + config.name})")
-    if args.json:
-        settings = {"simulate": args.simulate, "config": config.name, "trace": str(args.trace),
-                    "trace_format": trace_format, "length_scale": args.length_scale,
-                    "trace_rps": frame.attrs["trace_rps"], "requests": frame.attrs["requests"],
-                    "rates": args.rates or "auto", "engine": frame.attrs.get("settings"), "slo": slo.targets(),
-                    "knee_rule": frame.attrs.get("knee_rule"), "sweep_wall_s": seconds, "sweep_cpu_s": cpu_seconds,
-                    "cost_model_environment": cost_model.environment}
-        save_results(args.json, frame, settings)
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
-
-
 __all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
            "ab_policies", "end_of_window_counts", "knee_ratio", "knee_rps", "real_vs_simulated", "scheduler_config",
            "service_curve", "service_curves", "simulated_vs_real", "lesson_spec"]

@@ -22,7 +22,7 @@ import pandas as pd
 from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from kvlab.model.config import ModelConfig
 from kvlab.model.decoder import Decoder
-from kvlab.model.lessons import lesson_model  # the serving lessons' model; notebooks 04, 05, 07, 08 import it here
+from kvlab.model.lessons import lesson_model  # the serving experiments' model
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.executor import Executor, StepResult
@@ -141,11 +141,6 @@ def warm_up(model: Decoder, threads: int | None = LESSON_THREADS) -> None:
     _WARM.add(id(model))
 
 
-def seeded_prompt(vocab_size: int, tokens: int, seed) -> list[int]:
-    """``tokens`` random token ids from a seed (an int or a tuple of ints)."""
-    return np.random.default_rng(seed).integers(0, vocab_size, size=tokens).tolist()
-
-
 # -- tables over several runs -----------------------------------------------------------------------
 def runs_table(runs: Iterable[ServingRun]) -> pd.DataFrame:
     """One row per run: counts, throughput, the clocks' quantiles (with n), steps, batch size, KV use.
@@ -222,4 +217,4 @@ def resolve_model(model: Decoder | None) -> Decoder:
 
 __all__ = ["FixedStepCostExecutor", "ServingRun", "lesson_model", "records_from_frame", "runs_frame",
            "runs_table",
-           "seeded_prompt", "serve", "tokens_frame", "warm_up"]
+           "serve", "tokens_frame", "warm_up"]

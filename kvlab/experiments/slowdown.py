@@ -17,7 +17,7 @@ import torch
 from kvlab.cache import CACHE_NAMES
 from kvlab.generate import GenerationConfig, check_generation, generate
 from kvlab.model.decoder import Decoder
-# lesson 01's names for the lesson model (notebooks 01 and 06 import them from here)
+# this experiment's names for the lesson model
 from kvlab.model.lessons import lesson_config as slowdown_config, lesson_model as slowdown_model, lesson_scale
 from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
@@ -221,9 +221,8 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
 
     The prefill (token 0) pushes the whole prompt through the model in one pass; a cached decode
     step pushes one token. ``decode_ms`` is the median of the decode steps, each the fastest of
-    the repeats (``step_curves``); ``ratio`` = prefill_ms / decode_ms, what notebook 00 asks the
-    learner to predict. Read from the "dynamic" cache's steps when the run has them, else from
-    the first cache's.
+    the repeats (``step_curves``); ``ratio`` = prefill_ms / decode_ms. Read from the "dynamic"
+    cache's steps when the run has them, else from the first cache's.
     """
     cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
     curve = step_curves(frame[frame["cache"] == cache]).set_index("token")
@@ -239,7 +238,7 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
 
 
 def prefill_over_decode(result: Any) -> tuple[float, dict]:
-    """Notebook 00's answer from a run (a panel's result or its frame): the prefill's time over a decode step's
+    """The prefill-over-decode ratio from a run (a panel's result or its frame): the prefill's time over a decode step's
     (``prefill_vs_decode``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
     order proves them, and no number is listed for the search (``Comparison.inputs``)."""
     r = prefill_vs_decode(getattr(result, "frame", result))
@@ -247,7 +246,7 @@ def prefill_over_decode(result: Any) -> tuple[float, dict]:
 
 
 def late_over_early(result: Any) -> tuple[float, dict]:
-    """Notebook 01's answer from a run: without a cache, the late step's time over the early step's
+    """The slowdown from a run: without a cache, the late step's time over the early step's
     (``slowdown_summary``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
     order proves them, and no number is listed for the search (``Comparison.inputs``)."""
     r = slowdown_summary(getattr(result, "frame", result)).set_index("cache").loc["none"]

@@ -17,7 +17,7 @@ a few context lengths and returns one tidy DataFrame, one row per (setting, cont
 - quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the
   answer tokens, top-1 and greedy agreement.
 
-``run_strategy_comparison()`` is lesson 03's experiment (its panel's Run, ``kvlab.lessons.l03_cache_strategies.panel``):
+``run_strategy_comparison()`` is what a panel's Run calls:
 the settings ``strategy_settings`` makes of the panel's choices through ``run_strategies``, and the
 recall accuracy of the inexact ones at the longest context (``kvlab.experiments.cache_accuracy``).
 
@@ -264,7 +264,7 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
     ``link_gbps``, offloaded runs twice: over the tier's own speed and over a link of that many GB/s
     (``OffloadedCache(link_gbps=...)``), the same bytes moved at two speeds. On a CUDA ``device``
     offloaded also runs with ``prefetch=False``: prefetched copies overlap compute on a side stream and
-    go untimed, synchronous ones are timed (the tier's own speed, which a claim of notebook 03 reads).
+    go untimed, synchronous ones are timed (the tier's own speed).
     """
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -351,8 +351,7 @@ def with_bytes_per_token(frame: pd.DataFrame, model: Decoder) -> pd.DataFrame:
 def quantized_memory_ratio(frame: pd.DataFrame, bits: int = 4) -> float:
     """Bytes of the ``bits``-bit quantized cache over the dynamic cache's, at the longest context of the run.
 
-    ``frame`` is ``run_strategies``' (its ``memory_ratio`` column); what notebook 03 asks the
-    learner to predict before the run.
+    ``frame`` is ``run_strategies``' (its ``memory_ratio`` column).
     """
     q = frame[(frame["strategy"] == "quantized") & (frame["bits"] == bits)]
     if not len(q):
@@ -363,7 +362,7 @@ def quantized_memory_ratio(frame: pd.DataFrame, bits: int = 4) -> float:
 
 
 def four_bit_memory_ratio(result: Any) -> tuple[float, dict[str, float]]:
-    """What notebook 03 asks before its run: the 4-bit cache's bytes over the dynamic cache's at the longest context.
+    """The 4-bit cache's bytes over the dynamic cache's at the longest context.
 
     ``result`` is the panel's result (or its frame). Returns ``(ratio, inputs)``, the two byte counts the ratio is
     computed from, for ``guess.against(result, four_bit_memory_ratio)``: no output before the question may show them.

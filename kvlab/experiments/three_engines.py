@@ -1,6 +1,6 @@
 """Three real engines, one client: kvlab serve, transformers serve and vLLM on one checkpoint, knees bisected.
 
-Lesson 09's two-engine comparison (`two_engines`) with vLLM beside it, when vLLM is set up
+The two-engine comparison (`two_engines`) with vLLM beside it, when vLLM is set up
 (`python -m kvlab peer vllm --setup-only`, `kvlab.http.vllm`): the same folder, the same seeded
 workload, the same load client, each engine measured alone while the others idle. What it adds:
 
@@ -10,7 +10,7 @@ workload, the same load client, each engine measured alone while the others idle
   rate served and the first not served halved `bisect` times, so a knee is not read off a doubling ladder;
 - `usage`: the processes, OS threads and CPU seconds of each server's process tree over its measurement
   (`kvlab.http.peer.process_usage`), so "kvlab on one thread, vLLM on three processes" is a measured row;
-Notebook 09 calls them through `three_engines` (its lesson's panel): one table and one figure of the three
+A panel shows them as one table and one figure of the three
 engines, or, without vLLM, one line saying how to set it up. `python -m kvlab bench serve` repeats the same in
 paired rounds.
 """
@@ -24,24 +24,10 @@ from typing import Callable, Sequence
 import httpx
 
 from kvlab.experiments.recall import make_examples
-from kvlab.experiments.two_engines import (
-    DRAIN_S,
-    LOW_RATE,
-    SWEEP_DURATION_S,
-    clock_row,
-    cold_and_warm,
-    engine_workload,
-    lesson_checkpoint,
-    make_server,
-    measure,
-    sweep,
-    within_knee,
-)
+from kvlab.experiments.two_engines import Protocol, cold_and_warm, lesson_checkpoint, sweep, warm_row, within_knee
 from kvlab.http.peer import LoopbackServer, greedy_answer, process_usage, transformers_serve_available
 from kvlab.http.vllm import NAME as VLLM
-from kvlab.http.vllm import vllm_home, vllm_server, vllm_status
-from kvlab.serving.sweep import KEEPS_UP_RATIO
-from kvlab.threads import LESSON_THREADS
+from kvlab.http.vllm import vllm_home, vllm_status
 
 ENGINES = ("kvlab serve", "transformers serve", VLLM)
 GREEDY_PROMPTS = [e.prompt for n in (3, 12) for e in make_examples(8, n, seed=9)]  # 16 recall queries, short and long
@@ -53,13 +39,6 @@ _GAUGE = re.compile(r"^[\w:]*num_requests_(waiting|running)(?:\{[^}]*\})?\s+([0-
 def vllm_folder() -> Path:
     """The lesson checkpoint where vLLM's compile cache finds it again (a stable path under vLLM's home)."""
     return lesson_checkpoint(vllm_home() / "models" / "recall-tiny")
-
-
-def make_engine(engine: str, folder: str | Path, threads: int | None = LESSON_THREADS) -> LoopbackServer:
-    """`make_server` for kvlab serve and transformers serve, `vllm_server` for vLLM (its threads are its own)."""
-    if engine == VLLM:
-        return vllm_server(folder)
-    return make_server(engine, folder, threads=threads)
 
 
 def available_engines(engines: Sequence[str] = ENGINES) -> tuple[list[str], dict]:
@@ -108,22 +87,19 @@ def wait_until_quiet(server: LoopbackServer, timeout_s: float = 20.0, pause_s: f
 
 
 # -- one engine's measurement --------------------------------------------------------------------------
-def knee_search(server: LoopbackServer, ladder: Sequence[float], duration_s: float = SWEEP_DURATION_S,
-                profile: str = "mixture", slo_ttft_s: float = 1.0, min_served: float = KEEPS_UP_RATIO, seed: int = 0,
-                timeout_s: float = 30.0, drain_s: float = DRAIN_S, bisect: int = 2, warmup: int = 0,
+def knee_search(server: LoopbackServer, ladder: Sequence[float], protocol: Protocol,
                 log: Callable[[str], None] = lambda _m: None) -> list[dict]:
     """Sweep rows up the `ladder` to the first rate not served (`within_knee`), then `bisect` more rates, each the
     middle of the last rate served and the first not served. Every row is a `sweep` row (`step`: "ladder" or
     "bisect k"), so `two_engines.knee` over them reads the bisected knee. The lowest rung failing leaves
     nothing to bisect; every rung served leaves the knee at the top (a lower bound)."""
-    if isinstance(bisect, bool) or not isinstance(bisect, int) or bisect < 0:
-        raise ValueError(f"bisect={bisect!r} must be a whole number of halvings >= 0")
+    def kept_up(row: dict) -> bool:
+        return within_knee(row, protocol.slo_ttft_s, protocol.min_served)
 
     def at(rate: float, step: str, first: bool = False) -> dict:
-        [row] = sweep(server, [rate], duration_s, profile, slo_ttft_s, min_served, seed, timeout_s,
-                      stop_past_knee=False, warmup=warmup if first else 0, drain_s=drain_s)
+        [row] = sweep(server, [rate], protocol, warm_up=first, stop_past_knee=False)
         row["step"] = step
-        ok = within_knee(row, slo_ttft_s, min_served)
+        ok = kept_up(row)
         log(f"    {server.name:<24} {rate:6.1f} req/s ({step}): {row['completed']}/{row['sent']} completed, "
             f"TTFT p95 {row['ttft_p95_sent_s'] * 1e3:,.0f} ms -> {'kept up' if ok else 'fell behind'}")
         if not ok:
@@ -133,18 +109,18 @@ def knee_search(server: LoopbackServer, ladder: Sequence[float], duration_s: flo
     rows, kept, failed = [], None, None
     for i, rate in enumerate(sorted(float(r) for r in ladder)):
         rows.append(at(rate, "ladder", first=i == 0))
-        if within_knee(rows[-1], slo_ttft_s, min_served):
+        if kept_up(rows[-1]):
             kept = rate
         else:
             failed = rate
             break
     if kept is not None and failed is not None:
-        for k in range(bisect):
+        for k in range(protocol.bisect):
             mid = round((kept + failed) / 2, 1)
             if mid in (kept, failed):
                 break
             rows.append(at(mid, f"bisect {k + 1}"))
-            if within_knee(rows[-1], slo_ttft_s, min_served):
+            if kept_up(rows[-1]):
                 kept = mid
             else:
                 failed = mid
@@ -170,28 +146,20 @@ def usage_between(server: LoopbackServer, before: dict | None, wall_s: float) ->
             "wall_s": round(wall_s, 2), "cores_busy": round(cpu / wall_s, 2) if wall_s > 0 else None}
 
 
-def measure_engine(server: LoopbackServer, ladder: Sequence[float], *, cold: bool, low_rate: float = LOW_RATE,
-                   cold_requests: int = 6, warmup: int = 4, warm_requests: int = 12, low_profile: str = "short_short",
-                   sweep_profile: str = "mixture", duration_s: float = SWEEP_DURATION_S, slo_ttft_s: float = 1.0,
-                   min_served: float = KEEPS_UP_RATIO, seed: int = 0, timeout_s: float = 30.0, drain_s: float = DRAIN_S,
-                   bisect: int = 2, log: Callable[[str], None] = lambda _m: None) -> tuple[list[dict], dict]:
-    """One engine, alone: (cold and) warm at `low_rate`, then `knee_search`; its rows and its `usage_between`.
+def measure_engine(server: LoopbackServer, ladder: Sequence[float], protocol: Protocol, *, cold: bool,
+                   log: Callable[[str], None] = lambda _m: None) -> tuple[list[dict], dict]:
+    """One engine, alone: (cold and) warm at the low rate, then `knee_search`; its rows and its `usage_between`.
 
     `cold`: the first requests since the server started are reported as `cold` (a server measured again in a
     later round has only its `warm` row). `warmup` requests of the sweep's profile go out at once before every
     sweep, in every round: each engine meets the sweep's shapes (its long prompts, a full batch) and opens its
     connections before anything is timed."""
     t0, before = time.perf_counter(), process_usage(server_pid(server))
-    if cold:
-        rows = cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed, timeout_s)
-    else:
-        warm = measure(server, engine_workload(low_profile, warm_requests, low_rate, seed + 2), timeout_s)
-        rows = [clock_row(server.name, "warm", low_rate, warm, warm_requests)]
-    rows += knee_search(server, ladder, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s, drain_s,
-                        bisect, warmup=warmup, log=log)
+    rows = cold_and_warm(server, protocol) if cold else [warm_row(server, protocol)]
+    rows += knee_search(server, ladder, protocol, log=log)
     return rows, usage_between(server, before, time.perf_counter() - t0)
 
 
 __all__ = ["ENGINES", "GREEDY_PROMPTS", "NOTEBOOK_RATES", "available_engines", "knee_search",
-           "make_engine", "measure_engine", "same_greedy_tokens", "usage_between",
+           "measure_engine", "same_greedy_tokens", "usage_between",
            "vllm_folder", "wait_until_quiet"]

@@ -298,7 +298,7 @@ def vs_english(counts: pd.DataFrame, text: str, tokenizer: str = BPE) -> float:
 
 
 def chinese_vs_english(counts: pd.DataFrame) -> tuple[float, dict[str, int]]:
-    """The answer to notebook 04's prediction: the BPE's tokens for the Chinese paragraph over the English one's,
+    """The measure of a prediction: the BPE's tokens for the Chinese paragraph over the English one's,
     with the two counts it is computed from (what no output before the question may show)."""
     bpe = counts[counts["tokenizer"] == BPE].set_index("text")["tokens"]
     return vs_english(counts, "Chinese"), {"BPE tokens, English paragraph": int(bpe[REFERENCE]),

@@ -1,6 +1,6 @@
 """kvlab's caches beside transformers' own, on the same weights: time per token, cache bytes, greedy tokens.
 
-``run_transformers_caches()`` converts notebook 03's recall model to transformers
+``run_transformers_caches()`` converts the recall model to transformers
 (``kvlab.model.loading.to_transformers``: the same weights) and generates greedily after the same
 recall prompts with each pair of counterparts:
 

@@ -6,8 +6,8 @@ and a LogitsProcessor stamps the moment each step's logits arrive (after the dev
 then reads the bytes of the cache it was handed (after the stamp, so reading them falls in the next
 step, as ``cache.memory()`` does in kvlab's loop). ``transformers_cache_bytes`` counts those bytes as
 allocated: the storage behind every tensor a cache layer holds, quantized tensors opened down to
-their packed codes, scales and shifts. ``kvlab.benchmarks`` (bench decode) and the lessons (``kvlab.lessons``)
-(notebook 03's comparison) both time transformers with it.
+their packed codes, scales and shifts. ``kvlab.benchmarks`` (bench decode) and ``transformers_caches``
+both time transformers with it.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Two real engines, one client: kvlab serve and transformers serve on one checkpoint, cold and warm, up to the knee.
 
-The second part of lesson 09 (and what `python -m kvlab bench serve` repeats in rounds). Both
+`python -m kvlab bench serve` repeats it in rounds. Both
 servers load the same folder (`lesson_checkpoint`: the lesson model with a byte tokenizer, so
 the two cut a text prompt into the same tokens), measured one at a time on loopback, and get the
 same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text prompts,
@@ -39,6 +39,8 @@ from kvlab.clocks import tpot_censored, ttft_censored
 from kvlab.http.loadgen import LoadTestResult, http_workload, run_loadtest
 from kvlab.http.peer import (LoopbackServer, greedy_answer, kvlab_server, transformers_serve_available,
                          transformers_server)
+from kvlab.http.vllm import NAME as VLLM
+from kvlab.http.vllm import vllm_server
 from kvlab.http.shared_checkpoint import check_same_tokens, save_byte_tokenizer, save_shared_checkpoint
 from kvlab.workload import Request
 from kvlab.progress import Progress, no_progress
@@ -56,6 +58,38 @@ DRAIN_S = 2.0  # a sweep rate is read this long after its last arrival; whatever
 SWEEP_RATES = (8.0, 24.0, 48.0)
 SWEEP_DURATION_S = 1.0
 CLOSE_SLACK_S = 0.05  # the client cuts off what is unfinished just after the close, so the close sees it open
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How an engine is measured over the wire (the module doc), described once and passed whole: the panels, the
+    claims and `bench serve` each make one, and every phase reads its part. Checked where it is made (and by
+    `dataclasses.replace`)."""
+
+    low_rate: float = LOW_RATE  # req/s of the cold and warm phases
+    cold_requests: int = 6  # the first requests after the server started
+    warmup: int = 4  # unreported requests before the warm phase, and of the sweep's profile before every sweep
+    warm_requests: int = 12
+    low_profile: str = "short_short"
+    sweep_profile: str = "mixture"
+    duration_s: float = 2.0  # of load per sweep rate (at least `min_requests` requests)
+    slo_ttft_s: float = 1.0  # a rate keeps up when TTFT p95 over every request sent is within this
+    min_served: float = KEEPS_UP_RATIO  # and at least this share of its requests completed
+    bisect: int = 2  # halvings of the gap between the last rate kept up and the first not (`knee_search`)
+    seed: int = 0
+    timeout_s: float = 30.0
+    drain_s: float = DRAIN_S
+
+    def __post_init__(self) -> None:
+        for name in ("low_rate", "duration_s", "slo_ttft_s", "timeout_s", "drain_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"{name}={v!r} must be a positive number (req/s or seconds)")
+        for name, least in (("cold_requests", 1), ("warmup", 0), ("warm_requests", 1), ("bisect", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"{name}={v!r} must be a whole number >= {least}")
+        keeps_up(1.0, min_served=self.min_served)  # refuses a share outside (0, 1]
 
 
 # -- the checkpoint and the servers ---------------------------------------------------------------
@@ -80,12 +114,14 @@ def lesson_checkpoint(folder: str | Path | None = None) -> Path:
 
 
 def make_server(engine: str, folder: str | Path, threads: int | None = LESSON_THREADS, **settings) -> LoopbackServer:
-    """`kvlab_server` or `transformers_server` by name, not started."""
+    """`kvlab_server`, `transformers_server` or `vllm_server` (its threads are its own) by name, not started."""
     if engine == "kvlab serve":
         return kvlab_server(folder, threads=threads, **settings)
     if engine == "transformers serve":
         return transformers_server(folder, threads=threads, **settings)
-    raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
+    if engine == VLLM:
+        return vllm_server(folder, **settings)
+    raise ValueError(f"engine {engine!r} is not one of {(*ENGINES, VLLM)}")
 
 
 def start_together(servers: Sequence[LoopbackServer]) -> list[LoopbackServer]:
@@ -124,11 +160,6 @@ def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: floa
     return run_loadtest(server.url, requests, server.model, prompt_format="text", extra_body=server.extra_body,
                         timeout_s=timeout_s, deadline_s=deadline, progress=False,
                         settings={"engine": server.name, "close_s": close_s})
-
-
-def _check_drain(drain_s: float) -> None:
-    if isinstance(drain_s, bool) or not (isinstance(drain_s, (int, float)) and drain_s > 0):
-        raise ValueError(f"drain_s={drain_s!r} must be a positive number of seconds after a rate's last arrival")
 
 
 def burst(requests: Sequence[Request]) -> list[Request]:
@@ -187,46 +218,45 @@ def knee(rows: pd.DataFrame, slo_ttft_s: float, min_served: float = KEEPS_UP_RAT
                      [within_knee(row, slo_ttft_s, min_served) for _, row in rows.iterrows()])
 
 
-def cold_and_warm(server: LoopbackServer, rate: float, cold_requests: int = 6, warmup: int = 4,
-                  warm_requests: int = 12, profile: str = "short_short", seed: int = 0,
-                  timeout_s: float = 30.0) -> list[dict]:
-    """Cold (the first requests after start), then `warmup` unreported requests, then warm, at `rate`."""
-    for name, n in (("cold_requests", cold_requests), ("warmup", warmup), ("warm_requests", warm_requests)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if name == "warmup" else 1):
-            raise ValueError(f"{name}={n!r} must be a whole number of requests (>= 1; warmup >= 0)")
-    cold = measure(server, engine_workload(profile, cold_requests, rate, seed), timeout_s)
-    if warmup:
-        measure(server, burst(engine_workload(profile, warmup, rate, seed + 1)), timeout_s)
-    warm = measure(server, engine_workload(profile, warm_requests, rate, seed + 2), timeout_s)
-    return [clock_row(server.name, "cold", rate, cold, cold_requests),
-            clock_row(server.name, "warm", rate, warm, warm_requests)]
+def cold_and_warm(server: LoopbackServer, protocol: Protocol) -> list[dict]:
+    """Cold (the first requests after start), then `warmup` unreported requests, then warm, at the low rate."""
+    p, rate = protocol, protocol.low_rate
+    cold = measure(server, engine_workload(p.low_profile, p.cold_requests, rate, p.seed), p.timeout_s)
+    if p.warmup:
+        measure(server, burst(engine_workload(p.low_profile, p.warmup, rate, p.seed + 1)), p.timeout_s)
+    return [clock_row(server.name, "cold", rate, cold, p.cold_requests), warm_row(server, protocol)]
 
 
-def sweep(server: LoopbackServer, rates: Sequence[float], duration_s: float = 2.0, profile: str = "mixture",
-          slo_ttft_s: float = 1.0, min_served: float = KEEPS_UP_RATIO, seed: int = 0, timeout_s: float = 30.0,
-          min_requests: int = 8, stop_past_knee: bool = True, warmup: int = 0, drain_s: float = DRAIN_S) -> list[dict]:
+def warm_row(server: LoopbackServer, protocol: Protocol) -> dict:
+    """The warm phase: `warm_requests` at the low rate, measured."""
+    p = protocol
+    warm = measure(server, engine_workload(p.low_profile, p.warm_requests, p.low_rate, p.seed + 2), p.timeout_s)
+    return clock_row(server.name, "warm", p.low_rate, warm, p.warm_requests)
+
+
+def sweep(server: LoopbackServer, rates: Sequence[float], protocol: Protocol, *, warm_up: bool = True,
+          stop_past_knee: bool = True, min_requests: int = 8) -> list[dict]:
     """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first,
     each read at its close, `drain_s` after its last scheduled arrival (`clock_row`).
 
-    `warmup` unreported requests of `profile` go first, all at once: the low-load warm-up
-    sends short prompts only, and an engine's first long prompt pays once for shapes it has not
+    `warm_up`: the protocol's `warmup` unreported requests of the sweep's profile go first, all at once: the
+    low-load phases send short prompts only, and an engine's first long prompt pays once for shapes it has not
     computed yet (a 512-token chunk), which would land in the first level's p95. With
     `stop_past_knee` the sweep ends at the first rate not served (`within_knee`): rates beyond it
     would only queue longer.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} must be a whole number of requests >= 0")
-    _check_drain(drain_s)
-    if warmup:
-        measure(server, burst(engine_workload(profile, warmup, min(float(r) for r in rates), seed + 1)), timeout_s)
+    p = protocol
+    if warm_up and p.warmup:
+        lowest = min(float(r) for r in rates)
+        measure(server, burst(engine_workload(p.sweep_profile, p.warmup, lowest, p.seed + 1)), p.timeout_s)
     rows = []
     for rate in sorted(float(r) for r in rates):
-        n = max(min_requests, int(round(rate * duration_s)))
-        requests = engine_workload(profile, n, rate, seed)
-        close = max(r.arrival_s for r in requests) + drain_s
-        row = clock_row(server.name, "sweep", rate, measure(server, requests, timeout_s, close_s=close), n)
+        n = max(min_requests, int(round(rate * p.duration_s)))
+        requests = engine_workload(p.sweep_profile, n, rate, p.seed)
+        close = max(r.arrival_s for r in requests) + p.drain_s
+        row = clock_row(server.name, "sweep", rate, measure(server, requests, p.timeout_s, close_s=close), n)
         rows.append(row)
-        if stop_past_knee and not within_knee(row, slo_ttft_s, min_served):
+        if stop_past_knee and not within_knee(row, p.slo_ttft_s, p.min_served):
             break
     return rows
 
@@ -256,22 +286,16 @@ def engine_knees(frame: pd.DataFrame, slo_ttft_s: float, min_served: float = KEE
     return {e: knee(g, slo_ttft_s, min_served) for e, g in frame[frame.phase == "sweep"].groupby("engine", sort=False)}
 
 
-def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE, rates: Sequence[float] = (4.0, 16.0),
-                    cold_requests: int = 6, warmup: int = 4, warm_requests: int = 12, duration_s: float = 2.0,
-                    low_profile: str = "short_short", sweep_profile: str = "mixture", slo_ttft_s: float = 1.0,
-                    min_served: float = KEEPS_UP_RATIO, threads: int | None = LESSON_THREADS, seed: int = 0, timeout_s: float = 30.0,
-                    engines: Sequence[str] = ENGINES, progress: Progress = no_progress,
-                    drain_s: float = DRAIN_S) -> EnginesRun:
+def compare_engines(folder: str | Path | None = None, rates: Sequence[float] = (4.0, 16.0),
+                    protocol: Protocol = Protocol(), threads: int | None = LESSON_THREADS,
+                    engines: Sequence[str] = ENGINES, progress: Progress = no_progress) -> EnginesRun:
     """Start the engines together on the same folder; measure each in turn (cold, warm, a sweep), then stop it.
 
     When transformers serve cannot run here, it is left out and `EnginesRun.unavailable` says
     why in one line; kvlab serve is measured alone.
     """
-    if not (isinstance(low_rate, (int, float)) and low_rate > 0):
-        raise ValueError(f"low_rate={low_rate!r} must be a positive number of requests per second")
     if not rates or any(not (isinstance(r, (int, float)) and r > 0) for r in rates):
         raise ValueError(f"rates={list(rates)!r} must be positive numbers of requests per second")
-    _check_drain(drain_s)
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
         raise ValueError(f"engines {unknown} are not among {ENGINES}")
@@ -283,10 +307,7 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE
     try:
         for server in progress(started, total=len(started), desc="engines", unit="engine"):
             try:
-                rows += cold_and_warm(server, low_rate, cold_requests, warmup, warm_requests, low_profile, seed,
-                                      timeout_s)
-                rows += sweep(server, rates, duration_s, sweep_profile, slo_ttft_s, min_served, seed, timeout_s,
-                              warmup=warmup, drain_s=drain_s)
+                rows += cold_and_warm(server, protocol) + sweep(server, rates, protocol)
                 greedy[server.name] = greedy_answer(server, GREEDY_PROMPT, 12)
                 servers[server.name] = server.describe()
             finally:
@@ -294,11 +315,8 @@ def compare_engines(folder: str | Path | None = None, low_rate: float = LOW_RATE
     finally:
         for server in started:
             server.stop()
-    settings = {"folder": str(folder), "low_rate": low_rate, "rates": [float(r) for r in rates],
-                "cold_requests": cold_requests, "warmup": warmup, "warm_requests": warm_requests,
-                "duration_s": duration_s, "drain_s": drain_s, "low_profile": low_profile,
-                "sweep_profile": sweep_profile,
-                "slo_ttft_s": slo_ttft_s, "min_served": min_served, "threads": threads, "seed": seed}
+    settings = {"folder": str(folder), "rates": [float(r) for r in rates], **dataclasses.asdict(protocol),
+                "threads": threads}
     frame = pd.DataFrame(rows)
     frame.attrs.update(servers=servers, greedy=greedy, settings=settings, unavailable=None if ok else why)
     return EnginesRun(frame, servers, greedy, settings, None if ok else why)
@@ -322,7 +340,7 @@ def clocks_table(run: EnginesRun | pd.DataFrame) -> pd.DataFrame:
     })
 
 
-__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "SWEEP_DURATION_S", "SWEEP_RATES", "EnginesRun", "GREEDY_PROMPT", "burst", "clock_row",
-           "clocks_table", "cold_and_warm", "compare_engines", "engine_knees", "engine_workload", "knee",
-           "lesson_checkpoint", "make_server", "measure", "same_greedy_answer", "start_together", "sweep",
-           "within_knee"]
+__all__ = ["CONTEXT", "DRAIN_S", "ENGINES", "LOW_RATE", "SWEEP_DURATION_S", "SWEEP_RATES", "EnginesRun", "GREEDY_PROMPT",
+           "Protocol", "burst", "clock_row", "clocks_table", "cold_and_warm", "compare_engines", "engine_knees",
+           "engine_workload", "knee", "lesson_checkpoint", "make_server", "measure", "same_greedy_answer",
+           "start_together", "sweep", "warm_row", "within_knee"]

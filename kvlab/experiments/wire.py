@@ -1,6 +1,6 @@
 """Measuring a real server over the wire: start kvlab's server on loopback, load it from the client, count everything.
 
-The lesson of notebook 09. Everything here goes through a real socket:
+Everything here goes through a real socket:
 
 - `start_server` runs `python -m kvlab serve` in a subprocess of *this*
   interpreter on 127.0.0.1 and a free port; it is stopped when the
@@ -188,7 +188,7 @@ def client_vs_engine(url: str, num_requests: int = 24, rate: float = 8.0, max_ne
 
 
 def median_overhead_ms(frame: pd.DataFrame) -> float:
-    """The median over requests of client TTFT (from sending) minus engine TTFT, in ms (notebook 09's prediction)."""
+    """The median over requests of client TTFT (from sending) minus engine TTFT, in ms (a prediction's measure)."""
     return float(frame["ttft_overhead_s"].median() * 1e3)
 
 

@@ -23,7 +23,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -327,10 +326,5 @@ def check_writable(path: Path, flag: str) -> None:
                          f"is not); pass {flag} PATH to save the calibration elsewhere")
 
 
-def shapes_frame(shapes: Iterable[BatchShape], block_size: int = BLOCK_SIZE) -> pd.DataFrame:
-    """The features of each shape, for reading a design at a glance."""
-    return pd.DataFrame([{"shape": s.label, **dict(zip(FEATURES, features(s.rows(), block_size)))} for s in shapes])
-
-
-__all__ = ["BatchShape", "calibrate", "design_shapes", "fit_cost_model", "measure_step_times", "shapes_frame",
-           "validate_cost_model", "validation_shapes"]
+__all__ = ["BatchShape", "calibrate", "design_shapes", "fit_cost_model", "measure_step_times", "validate_cost_model",
+           "validation_shapes"]

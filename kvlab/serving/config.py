@@ -8,7 +8,7 @@ travels whole: ``Engine(model, spec)`` runs the decoder, ``Engine(cost_model, sp
 server's settings hold it and the engine's own process builds from it.
 
 Presets: ``SERVE_SPEC``, what ``python -m kvlab serve`` runs (a queue of 64: beyond it the server answers 429).
-The lessons' spec is kvlab's lesson preset (``kvlab.serving.sweep.LESSON_SPEC``): a bounded queue and a
+The lessons' spec is kvlab's lesson preset (``kvlab.experiments.presets.LESSON_SPEC``): a bounded queue and a
 1,024-token context, so overload shows up as failures in a small pool.
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Load sweeps: the same requests at rising offered load, one row of the four clocks per level, and the knee.
 
 A service curve answers "at what load do answers stay correct, within what delay, with what
-failure rate and which resources?" ``load_sweep`` runs one engine over a seeded workload at
-each offered rate (the request lengths are the same at every level; only the arrivals are
-compressed) and returns one tidy row per level:
+failure rate and which resources?" ``load_sweep`` runs one engine over a workload built once
+(``kvlab.workload.Workload``) at each offered rate (the requests are the same at every level; only
+their arrivals are compressed) and returns one tidy row per level:
 
 - offered vs achieved: ``offered_rps`` (the nominal rate), ``sent_rps`` (requests sent / the
   window they were sent in), ``achieved_rps`` (completed / first arrival to last finish),
@@ -24,7 +24,6 @@ compressed) and returns one tidy row per level:
 """
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from typing import Callable, Iterable, Sequence, cast
@@ -33,42 +32,14 @@ import numpy as np
 import pandas as pd
 
 from kvlab.clocks import SLO, RequestRecord, summarize
-from kvlab.model.config import ModelConfig, preset
-from kvlab.workload import Request, make_workload
+from kvlab.workload import Request, Workload
 from kvlab.serving.block_manager import bytes_per_block
-from kvlab.serving.cost_model import CostModel, load_calibration
-from kvlab.serving.config import EngineSpec
+from kvlab.serving.cost_model import CostModel
 from kvlab.serving.engine import Engine
 from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
-from kvlab.serving.scheduler import Policy, Priority, SchedulerConfig
-from kvlab.serving.scheduler_cli import scheduler_config_from_args
 
 LevelProgress = Callable[[Iterable], Iterable]
-
-
-# -- what every sweep runs on (lessons 06 and 08, `python -m kvlab sweep`): the SLO, the pool, the lesson's scheduler
-# and engine spec (a simulator is `Engine(cost_model, LESSON_SPEC)`), the options. Service curves per profile (kvlab.experiments.service_curves) and trace replays
-# (kvlab.experiments.prefix_traces) both take them from here.
-DEFAULT_SLO = SLO(ttft_s=2.0, tpot_s=0.3)  # for llama-30m on 2 CPU cores: ~0.5 s for a long prompt alone, ~0.1 s/token
-MAX_MODEL_LEN = 1024  # every profile fits (longest: 512-token prompt + 32 out); a smaller pool than the 2048 context
-MAX_WAITING = 64  # the lessons' bounded queue: overload shows up as failures (SchedulerConfig's queue is unbounded)
-
-
-def scheduler_config(policy: Policy = SchedulerConfig.policy, priority: Priority = SchedulerConfig.priority, *,
-                     max_waiting: int | None = MAX_WAITING, max_model_len: int | None = MAX_MODEL_LEN,
-                     **fields) -> SchedulerConfig:
-    """The lesson's scheduler: SchedulerConfig with two defaults that deliberately differ.
-
-    ``max_waiting=MAX_WAITING`` (64; SchedulerConfig: unbounded): a bounded queue, so overload shows
-    up as failures. ``max_model_len=MAX_MODEL_LEN`` (1024; SchedulerConfig: the model's context): every
-    profile fits, in a smaller pool. Everything else (``max_seqs=``, ``max_batch_tokens=``, ...) is
-    SchedulerConfig's, defaults included.
-    """
-    return SchedulerConfig(policy=policy, priority=priority, max_waiting=max_waiting, max_model_len=max_model_len,
-                           **fields)
-
-
-LESSON_SPEC = EngineSpec(scheduler=scheduler_config())  # the lessons' engine: a bounded queue, a 1,024-token context
+LevelRow = Callable[[Engine, list[RequestRecord], list[Request], float, SLO | None], dict]
 
 
 def parse_rates(text: str) -> list[float]:
@@ -77,16 +48,6 @@ def parse_rates(text: str) -> list[float]:
     except ValueError:
         raise ValueError(f"--rates {text!r}: give numbers separated by commas, e.g. 0.5,1,2,4") from None
     return rates
-
-
-def sweep_settings(args: argparse.Namespace) -> tuple[ModelConfig, CostModel, SchedulerConfig, SLO]:
-    """The model, its step prices, the scheduler and the SLO a sweep's options name (profiles or a trace)."""
-    config = preset(args.config or ("llama-30m" if args.simulate else "tiny"))
-    cost_model = CostModel.load(args.calibration) if args.calibration else load_calibration(config.name)
-    # SchedulerConfig's token budget, raised to max_seqs if that is larger (every running sequence must decode)
-    scheduler = scheduler_config_from_args(args, max_batch_tokens=max(SchedulerConfig.max_batch_tokens, args.max_seqs),
-                                           max_model_len=MAX_MODEL_LEN)
-    return config, cost_model, scheduler, SLO(ttft_s=args.slo_ttft, tpot_s=args.slo_tpot)
 
 
 def _check_rates(rates: Sequence[float]) -> list[float]:
@@ -141,41 +102,32 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
     return row
 
 
-def load_sweep(engine: Engine, rates: Sequence[float], profile: str = "mixture", requests: int = 500,
-               arrival: str = "poisson", burstiness: float = 1.0, seed: int = 0, slo: SLO | None = None,
-               clock: str = "virtual", progress: LevelProgress | None = None,
-               workload: Callable[[float], list[Request]] | None = None) -> pd.DataFrame:
-    """Run ``engine`` at each offered rate (requests/s) and return one row per level (see the module doc).
+def load_sweep(engine: Engine, workload: Workload, rates: Sequence[float], *, slo: SLO | None = None,
+               clock: str = "virtual", row: LevelRow = level_row, progress: LevelProgress | None = None) -> pd.DataFrame:
+    """Run ``engine`` over ``workload`` at each offered rate (requests/s): one ``row`` per level (see the module doc).
 
-    The workload at each level is ``make_workload(profile, requests, arrival, rate, burstiness,
-    seed, max_context=engine.max_model_len)`` (or ``workload(rate)``): the same lengths at every
-    level. ``clock="virtual"`` with a cost-model executor simulates; ``"wall"`` with the model
-    executor measures for real (in real time: a level of 40 requests at 2/s lasts 20 s).
+    The workload is built once; each level sends the same requests timed at its rate (``Workload.at_rate``), so
+    levels differ only in when requests arrive. ``clock="virtual"`` with a cost-model executor simulates; ``"wall"``
+    with the model executor measures for real (in real time: a level of 40 requests at 2/s lasts 20 s).
     """
     rates = _check_rates(rates)
-    if workload is None:
-        make_workload(profile, 1, arrival="all_at_once")  # validates the profile before any work
-
-        def workload(rate: float) -> list[Request]:
-            return make_workload(profile, requests, arrival=arrival, rate=rate, burstiness=burstiness, seed=seed,
-                                 max_context=engine.max_model_len)
     levels = progress(rates) if progress else rates
     rows = []
     for level, rate in enumerate(levels):
-        reqs = workload(rate)
+        reqs = workload.at_rate(rate)
         t0 = time.perf_counter()
         records = engine.run(reqs, clock=clock)
         wall = time.perf_counter() - t0
-        rows.append({"level": level, "profile": profile, "arrival": arrival, "clock": clock,
-                     **level_row(engine, records, reqs, rate, slo), "run_wall_s": wall})
+        rows.append({"level": level, "profile": workload.name, "arrival": workload.arrival, "clock": clock,
+                     **row(engine, records, reqs, rate, slo), "run_wall_s": wall})
     frame = pd.DataFrame(rows)
     reasons = [c for c in frame if c.startswith("failed_")]
     frame[reasons] = frame[reasons].fillna(0).astype(int)  # a reason absent at a level counted 0 there
     s = engine.scheduler_config
     frame.insert(2, "policy", s.policy if s.policy == "static" else f"{s.policy}/{s.priority}")
     frame.insert(3, "executor", engine.executor.name)
-    frame.attrs.update(settings=engine.settings(), slo=None if slo is None else slo.targets(), seed=seed,
-                       requests=requests, burstiness=burstiness)
+    frame.attrs.update(settings=engine.settings(), slo=None if slo is None else slo.targets(), seed=workload.seed,
+                       requests=len(workload.requests), burstiness=workload.burstiness)
     return frame
 
 
@@ -240,6 +192,5 @@ def auto_rates(capacity_rps: float, levels: int = 10, low: float = 0.1, high: fl
     return [float(f"{r:.4g}") for r in np.linspace(low, high, levels) * capacity_rps]
 
 
-__all__ = ["DEFAULT_SLO", "KEEPS_UP_RATIO", "MAX_MODEL_LEN", "MAX_WAITING", "Knee", "auto_rates", "estimate_capacity_rps",
-           "find_knee",
-           "level_row", "load_sweep", "mark_knee", "parse_rates", "scheduler_config", "sweep_settings", "LESSON_SPEC"]
+__all__ = ["KEEPS_UP_RATIO", "Knee", "auto_rates", "estimate_capacity_rps", "find_knee", "level_row", "load_sweep",
+           "mark_knee", "parse_rates"]

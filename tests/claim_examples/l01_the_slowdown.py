@@ -73,19 +73,9 @@ def _constant_difference_per_step(_example: Any) -> pd.DataFrame:
                           "dynamic": lambda token, n: 1.0 + 0.05 * ((token * 3) % 4 - 1.5)})
 
 
-@counterexample("measured_slowdown_below_work")
-def _time_follows_work(_example: Any) -> pd.DataFrame:  # each uncached step costs its tokens times a rate (and a bit)
-    return steps_by_hand({"none": lambda token, n: 0.05 * n ** 1.05, "dynamic": lambda token, n: 1.0})
-
-
 @counterexample("many_tokens_per_pass_cost_less_each")
 def _no_fixed_part(_example: Any) -> pd.DataFrame:  # an uncached pass costs per token exactly a cached step
     return steps_by_hand({"none": lambda token, n: 1.0 * n, "dynamic": lambda token, n: 1.0})
-
-
-@counterexample("uncached_steps_share_a_per_pass_cost")
-def _line_through_zero(_example: Any) -> pd.DataFrame:  # uncached steps proportional to their context
-    return steps_by_hand({"none": lambda token, n: 0.05 * (32 + token), "dynamic": lambda token, n: 1.0})
 
 
 @example("cached_steps_grow_at_long_context")

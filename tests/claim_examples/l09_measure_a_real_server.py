@@ -87,10 +87,9 @@ def engines_run():
     """Both servers on the lesson model with the notebook's settings (kvlab alone where transformers serve cannot
     run): made only where this session's run of notebook 09 did not show these claims, and by
     scripts/claims_robustness.py."""
-    from kvlab.experiments.two_engines import SWEEP_DURATION_S, SWEEP_RATES, compare_engines
+    from kvlab.experiments.two_engines import SWEEP_DURATION_S, SWEEP_RATES, Protocol, compare_engines
 
-    return compare_engines(rates=SWEEP_RATES, cold_requests=6, warmup=4, warm_requests=12,
-                           duration_s=SWEEP_DURATION_S)
+    return compare_engines(rates=SWEEP_RATES, protocol=Protocol(duration_s=SWEEP_DURATION_S))
 
 
 @example("two_engines_account_for_every_request", "two_engines_same_weights", "cold_start_costs_the_first_requests",

@@ -4,7 +4,8 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 
-from kvlab.experiments.batching import LENGTHS, LESSON_REQUESTS, compare_policies
+from kvlab.experiments.batching import LESSON_REQUESTS, compare_policies
+from kvlab.workload import LENGTHS
 from kvlab.experiments.serving_run import runs_frame
 from kvlab.model.decoder import Decoder
 from kvlab.lessons.common.gantt import plot_gantts

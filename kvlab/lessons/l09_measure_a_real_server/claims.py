@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kvlab.lessons.common.checks import series
-from kvlab.serving.sweep import KEEPS_UP_RATIO
+from kvlab.serving.knee import KEEPS_UP_RATIO
 from kvlab.lessons.common.claims import SHOWN_ONLY, claim, median_se
 
 NOTEBOOK = "09_measure_a_real_server.ipynb"

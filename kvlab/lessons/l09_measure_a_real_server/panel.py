@@ -1,11 +1,8 @@
-"""Notebook 09's panels: a service curve at the client, and a second engine on the same weights.
-
-The panel of lesson 09: a service curve measured at the client of a running server, behind a Run button.
-
-The panel of lesson 09's second engine: kvlab serve and transformers serve, same weights and workload, behind a Run button.
-"""
+"""Notebook 09's panels, each behind a Run button: a service curve measured at the client of a running server, and
+kvlab serve beside transformers serve (and vLLM, where it is set up) on the same weights and workload."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,7 +14,6 @@ from kvlab.experiments.three_engines import (
     NOTEBOOK_RATES,
     VLLM,
     available_engines,
-    make_engine,
     measure_engine,
     same_greedy_tokens,
     vllm_folder,
@@ -27,9 +23,11 @@ from kvlab.experiments.two_engines import (
     SWEEP_DURATION_S,
     SWEEP_RATES,
     EnginesRun,
+    Protocol,
     clocks_table,
     compare_engines,
     lesson_checkpoint,
+    make_server,
     start_together,
 )
 from kvlab.experiments.wire import DEFAULT_RATES, check_rates, wire_service_curve
@@ -37,7 +35,6 @@ from kvlab.http.client_priority import realtime_client
 from kvlab.http.peer import transformers_serve_available
 from kvlab.lessons.common.panel import ExperimentPanel
 from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines, plot_wire_service_curve
-from kvlab.serving.sweep import KEEPS_UP_RATIO
 from kvlab.workload import PROFILE_NAMES
 
 RATE_CHOICES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
@@ -125,8 +122,8 @@ def two_engines_panel(folder=None, rates: Sequence[float] = SWEEP_RATES, low_rat
     }
 
     def run(progress, rates: tuple, duration_s: float, slo_ttft_s: float) -> pd.DataFrame:
-        return compare_engines(folder, low_rate=low_rate, rates=sorted(rates), duration_s=duration_s,
-                               slo_ttft_s=slo_ttft_s, progress=progress).frame
+        protocol = Protocol(low_rate=low_rate, duration_s=duration_s, slo_ttft_s=slo_ttft_s)
+        return compare_engines(folder, sorted(rates), protocol, progress=progress).frame
 
     def summary(frame: pd.DataFrame, _params) -> pd.DataFrame:
         return clocks_table(frame).round(2)
@@ -168,28 +165,27 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
     Otherwise `ThreeEngines.message` says in one line how to set it up, and nothing is started."""
     from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines
 
+    protocol = Protocol(low_rate=low_rate, duration_s=duration_s, slo_ttft_s=slo_ttft_s, bisect=bisect, seed=seed)
     engines, left_out = available_engines()
     if VLLM in left_out:
         return ThreeEngines(left_out[VLLM])
     folder = lesson_checkpoint(folder) if folder is not None else vllm_folder()
     log(f"starting {', '.join(engines)} (vLLM: 50-100 s) ...")
-    servers = start_together([make_engine(e, folder) for e in engines])
+    servers = start_together([make_server(e, folder) for e in engines])
     rows: list[dict] = []
     usage: list[dict] = []
     try:
         greedy = same_greedy_tokens(servers)
         with realtime_client() as priority:  # as bench serve: no server's busy core leaves the client waiting
             for server in servers:
-                r, u = measure_engine(server, rates, cold=True, low_rate=low_rate, duration_s=duration_s,
-                                      slo_ttft_s=slo_ttft_s, seed=seed, bisect=bisect, log=log)
+                r, u = measure_engine(server, rates, protocol, cold=True, log=log)
                 rows, usage = rows + r, usage + [u]
         described = {s.name: s.describe() for s in servers}
     finally:
         for server in servers:
             server.stop()
     frame = pd.DataFrame(rows)
-    settings = {"folder": str(folder), "low_rate": low_rate, "rates": list(rates), "duration_s": duration_s,
-                "slo_ttft_s": slo_ttft_s, "min_served": KEEPS_UP_RATIO, "bisect": bisect, "seed": seed,
+    settings = {"folder": str(folder), "rates": list(rates), **dataclasses.asdict(protocol),
                 "client_priority": str(priority)}
     frame.attrs.update(servers=described, greedy=greedy, settings=settings, unavailable=left_out or None, usage=usage)
     run = EnginesRun(frame, described, greedy["answers"], settings, "; ".join(left_out.values()) or None)
