@@ -135,41 +135,13 @@ def colab_twin(tmp_path_factory):
 
 # --- one lesson's tests in one command: pytest -m l06 ---------------------------------------------------------
 # A test belongs to lesson NN when it is parametrized with one of NN's things (its notebook file, a claim or an
-# exercise of its notebook), or, failing that, when its module names the lesson's folder (kvlab.lessons.lNN_...,
-# tests/claim_examples/lNN_...), one of the experiments the lesson runs (kvlab.experiments.X, X in its Lesson's
-# `experiments` in kvlab/course.py) or is test_claims_NN.py. So `pytest -m l06` runs 06's unit tests, its
-# experiments' tests, its claims and their examples, and its notebook's one execution (not the full tier); a module
+# exercise of its notebook), or, failing that, when its file lists NN in its module-level LESSONS (test_claims_06.py:
+# ("06",); the tests of an experiment: the lessons that run it). So `pytest -m l06` runs 06's unit tests, its
+# experiments' tests, its claims and their examples, and its notebook's one execution (not the full tier); a file
 # about several lessons is split by its parameters.
 import re as _re
-from pathlib import Path as _Path
 
-_LESSON_NAME = _re.compile(r"(?:kvlab\.lessons\.|kvlab/lessons/|claim_examples[./])l(\d\d)_|test_claims_(\d\d)\b")
 _NOTEBOOK = _re.compile(r"^(\d\d)_\w+\.ipynb$")
-_EXPERIMENT = _re.compile(r"kvlab[./]experiments[./](\w+)|from kvlab\.experiments import ([\w, ]+)")
-_MODULE_LESSONS: dict[_Path, frozenset[str]] = {}
-
-
-def _experiment_lessons() -> dict[str, set[str]]:
-    """experiment module -> the lessons that run it (kvlab.course.NOTEBOOKS)."""
-    from kvlab.course import NOTEBOOKS
-
-    found: dict[str, set[str]] = {}
-    for entry in NOTEBOOKS:
-        for name in entry.experiments:
-            found.setdefault(name, set()).add(entry.file[:2])
-    return found
-
-
-def _lessons_named_by(path: _Path) -> frozenset[str]:
-    if path not in _MODULE_LESSONS:
-        text = path.name + "\n" + (path.read_text(encoding="utf-8") if path.suffix == ".py" else "")
-        lessons = {a or b for a, b in _LESSON_NAME.findall(text)}
-        runs = _experiment_lessons()
-        for module, listed in _EXPERIMENT.findall(text):
-            for name in [module] if module else [n.strip() for n in listed.split(",")]:
-                lessons |= runs.get(name, set())
-        _MODULE_LESSONS[path] = frozenset(lessons)
-    return _MODULE_LESSONS[path]
 
 
 def _lesson_of(value) -> str | None:
@@ -189,12 +161,18 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    from kvlab.course import NOTEBOOKS
+
+    known = {entry.file[:2] for entry in NOTEBOOKS}
     for item in items:
         if item.get_closest_marker("full"):  # `pytest -m l09` is the quick check; the full tier stays `-m full`
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         lessons = {lesson for lesson in map(_lesson_of, params.values()) if lesson}
         if not lessons:
-            lessons = set(_lessons_named_by(_Path(str(item.path))))
+            lessons = set(getattr(getattr(item, "module", None), "LESSONS", ()))
+            if lessons - known:
+                raise pytest.UsageError(f"{item.path.name}: LESSONS names {sorted(lessons - known)}, not lessons of "
+                                        f"kvlab.course.NOTEBOOKS ({', '.join(sorted(known))})")
         for lesson in sorted(lessons):
             item.add_marker(getattr(pytest.mark, f"l{lesson}"))

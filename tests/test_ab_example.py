@@ -14,6 +14,8 @@ import kvlab
 from kvlab.experiments.service_curves import ab_example, ab_holds, ab_load, ab_policies
 from kvlab.serving.cost_model import CostModel, load_calibration
 
+LESSONS = ("06",)  # the lessons these tests belong to: `pytest -m lNN`
+
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)
 

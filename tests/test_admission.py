@@ -13,6 +13,8 @@ from kvlab.serving import AdmissionError, SchedulerConfig, WaitingRequest
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
 
+LESSONS = ("05",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def exact_run(rule, requests, **config):
     sched = SchedulerConfig(policy="continuous", chunked_prefill=False, admission=rule, **config)

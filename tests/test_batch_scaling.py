@@ -9,6 +9,8 @@ from kvlab.lessons import CLAIMS
 from kvlab.experiments.batch_scaling import batch_scaling, crossover_batch
 from kvlab.lessons.l05_batching.figures import plot_batch_scaling
 
+LESSONS = ("05",)  # the lessons these tests belong to: `pytest -m lNN`
+
 CLAIM_NAMES = ("decode_step_stays_flat_for_small_batches", "per_sequence_decode_time_falls_with_batch",
                "batch_one_decode_reads_below_the_bandwidth", "batched_prompts_all_get_first_tokens_sooner",
                "first_prompt_waits_for_the_batch")

@@ -15,6 +15,8 @@ import kvlab
 from kvlab.rounds import paired_ratio, rotated, spread
 from kvlab.cli import main
 
+LESSONS = ("05",)  # the lessons these tests belong to: `pytest -m lNN`
+
 ROUNDS = 3
 
 

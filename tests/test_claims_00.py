@@ -5,6 +5,8 @@ import pandas as pd
 
 from kvlab.lessons import CLAIMS, claims_for
 
+LESSONS = ("00",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def run(prefill_ms: float, decode_ms: float = 2.0, prompt: int = 32, n: int = 20) -> pd.DataFrame:
     rows = [dict(cache="dynamic", repeat=0, token=i, position=prompt + i, tokens_processed=prompt if i == 0 else 1,

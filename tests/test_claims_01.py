@@ -9,6 +9,8 @@ from kvlab.experiments.slowdown import tokens_processed
 
 from claim_examples import counterexample_of
 
+LESSONS = ("01",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NAMES = ["uncached_tokens_slow_down", "cached_steps_stay_flat", "uncached_wait_gap_widens",
          "measured_slowdown_below_work", "many_tokens_per_pass_cost_less_each", "uncached_steps_share_a_per_pass_cost"]
 LONG_CONTEXT = ["cached_steps_grow_at_long_context"]  # on run_context_steps, not run_slowdown

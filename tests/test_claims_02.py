@@ -7,6 +7,8 @@ from kvlab.lessons import CLAIMS
 
 from claim_examples import example_of
 
+LESSONS = ("02",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "02_kv_cache.ipynb"
 
 

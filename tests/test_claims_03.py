@@ -13,6 +13,8 @@ from kvlab.lessons import claims_for, verdicts
 
 from claim_examples import example_of
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "03_cache_strategies.ipynb"
 CLAIMS = claims_for(NOTEBOOK)
 DETERMINISTIC = [c for c in CLAIMS if c.clock == "deterministic"]

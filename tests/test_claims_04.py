@@ -7,6 +7,8 @@ import pytest
 
 from kvlab.lessons import CLAIMS, verdicts
 
+LESSONS = ("04",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "04_four_clocks.ipynb"
 
 

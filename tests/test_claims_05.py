@@ -12,6 +12,8 @@ from kvlab.experiments.slowdown import slowdown_model
 from claim_examples import example_of
 from claim_examples.l05_batching import KNOB_PRICES
 
+LESSONS = ("01", "05")  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "05_batching.ipynb"
 
 

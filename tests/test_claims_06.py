@@ -10,6 +10,8 @@ from kvlab.experiments.service_curves import real_vs_simulated
 from claim_examples import example_of
 from claim_examples.l06_under_load import check_by_hand
 
+LESSONS = ("06",)  # the lessons these tests belong to: `pytest -m lNN`
+
 DETERMINISTIC = [c for c in claims_for("06_under_load.ipynb") if c.clock == "deterministic"]
 
 

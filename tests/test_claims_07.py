@@ -10,6 +10,8 @@ from kvlab.workload import Request
 
 from claim_examples import example_of
 
+LESSONS = ("01", "07")  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "07_memory_is_capacity.ipynb"
 
 

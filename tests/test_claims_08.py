@@ -15,6 +15,8 @@ from kvlab.traces import mooncake_frame
 
 from claim_examples import example_of
 
+LESSONS = ("08",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 
 

@@ -7,6 +7,8 @@ from kvlab.lessons import CLAIMS, claims_for
 
 from claim_examples import counterexample_of, example_of
 
+LESSONS = ("09",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def curve(**columns) -> pd.DataFrame:
     """A service-curve table of two rates with the columns the claims read (defaults: a server that kept up)."""

@@ -23,6 +23,8 @@ from kvlab.lessons.l05_batching.exercises import (ADMISSION_CASES, _hand_built_c
 from kvlab.experiments.admission import MAX_SEQS, admission_run, builtin_admission
 from kvlab.serving.scheduler import WaitingRequest
 
+LESSONS = ("02", "05")  # the lessons these tests belong to: `pytest -m lNN`
+
 
 # --- notebook 02: write the cache ---------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from kvlab.lessons.l07_memory_is_capacity.exercises import (PAGED_SLIPS, _paged_
 from kvlab.lessons.l08_prefix_and_chunks.exercises import (BLOCK_TABLE_SCENARIOS, EngineBlockTable, FreesSharedBlocks,
                                                     SolutionBlockTable)
 
+LESSONS = ("07", "08")  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def skeleton(name: str) -> dict:
     """The answer cell of exercise ``name`` as the notebook shows it, run without its last line (the check)."""

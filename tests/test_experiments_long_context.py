@@ -8,6 +8,8 @@ import torch
 from kvlab.cache.base import kv_cache_bytes
 from kvlab.experiments.long_context import context_step_summary, default_contexts, run_context_steps
 
+LESSONS = ("01",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture(scope="module")
 def frame(model):

@@ -9,6 +9,8 @@ import kvlab
 import kvlab.cache
 from kvlab.experiments.memory import GIB, kv_memory_table, max_sequences, measure_cache_memory
 
+LESSONS = ("02",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def by_hand(cfg: kvlab.ModelConfig, tokens: int, batch: int = 1, elem: float = 4) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes, written out independently."""

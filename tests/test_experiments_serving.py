@@ -27,6 +27,8 @@ from kvlab.serving import SchedulerConfig
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
 
+LESSONS = ("01", "04", "05", "07", "08")  # the lessons these tests belong to: `pytest -m lNN`
+
 STEP = 0.010
 
 

@@ -11,6 +11,8 @@ from kvlab.experiments.slowdown import (run_slowdown, slowdown_config, slowdown_
 from kvlab.threads import torch_threads
 from kvlab.experiments.slowdown import per_token_costs, prefill_vs_decode
 
+LESSONS = ("01",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture(scope="module")
 def frame(model):

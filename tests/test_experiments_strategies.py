@@ -7,6 +7,8 @@ from kvlab.cache import kv_cache_bytes
 from kvlab.experiments.strategies import (four_bit_memory_ratio, ideal_memory_ratio,
                                                            quantized_memory_ratio, run_strategies)
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 SETTINGS = [{"cache": "dynamic"}, {"cache": "static"}, {"cache": "quantized", "bits": 4, "residual": 0},
             {"cache": "quantized", "bits": 2, "residual": 8, "group_size": 8}, {"cache": "offloaded"}]
 

@@ -21,6 +21,8 @@ from kvlab.experiments.recall import load_recall_model, make_examples
 
 from claim_examples import counterexample_of
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NEW = 12
 QUANTO = transformers.utils.is_optimum_quanto_available()
 

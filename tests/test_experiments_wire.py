@@ -24,6 +24,8 @@ from kvlab.http.scripted import scripted_app
 from kvlab.lessons.l09_measure_a_real_server.figures import plot_client_vs_engine, plot_wire_service_curve
 from kvlab.lessons.l09_measure_a_real_server.panel import service_table, wire_panel
 
+LESSONS = ("09",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture(scope="module")
 def scripted():

@@ -11,6 +11,8 @@ import pytest
 
 from kvlab.serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 
+LESSONS = ("06", "09")  # the lessons these tests belong to: `pytest -m lNN`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -13,6 +13,8 @@ from kvlab.device import pick_device
 from kvlab.model.lessons import LESSON_SCALES, lesson_scale
 from kvlab.experiments.slowdown import slowdown_config
 
+LESSONS = ("01",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture
 def cuda_like(monkeypatch):

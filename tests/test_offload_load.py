@@ -9,6 +9,8 @@ from kvlab.experiments.offload_load import (OFFLOADED, ON_DEVICE, bytes_by_hand,
                                             distribution_table, offload_under_load, paired_steps)
 from kvlab.lessons.l03_cache_strategies.figures import plot_offload_under_load
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture(scope="module")
 def loaded(model):

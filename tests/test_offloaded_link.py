@@ -15,6 +15,8 @@ from kvlab.cache import make_cache
 from kvlab.cache.offloaded import OffloadedCache
 from kvlab.experiments.strategies import run_strategies
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 RATE_GBPS = 0.05  # slow enough that a tiny model's few dozen KiB per step take milliseconds
 PROMPT = list(range(1, 201))  # 200 tokens
 NEW = 10

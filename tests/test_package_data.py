@@ -19,6 +19,8 @@ from kvlab.experiments import recall
 from kvlab.model import lessons as lesson_models
 from kvlab import traces as workload  # the Azure sample and its reader live in kvlab.traces
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -24,6 +24,8 @@ from kvlab.serving import SchedulerConfig, bytes_per_block
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
 
+LESSONS = ("04", "05", "07", "08")  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:
     g = np.random.default_rng(0)

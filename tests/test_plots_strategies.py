@@ -21,6 +21,8 @@ from kvlab.experiments.recall import load_recall_model, make_examples
 from kvlab.experiments.strategies import run_strategy_comparison, strategy_settings
 from kvlab.lessons.l03_cache_strategies.panel import learner_table, strategies_panel
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 PAIRS = (2, 4)
 
 

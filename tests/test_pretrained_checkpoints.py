@@ -18,6 +18,8 @@ import kvlab
 from kvlab.model.tiny_checkpoint import FAMILIES, save_tiny_checkpoint
 from kvlab.model.tokenizer import HFTokenizer
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 ATOL = 1e-4  # max abs logit difference allowed in fp32
 TEXTS = ["The cache keeps keys and values.", "a server batches 12 requests, whose prompts share a prefix!",
          "ünïcode, emoji 🙂 and tabs\tstill round-trip"]

@@ -12,6 +12,8 @@ from kvlab.cache import DynamicCache, NoCache
 from kvlab.experiments.quality import (compare_distributions, compare_to_exact, perplexity, quality_frame, recall_accuracy,
                            teacher_forced_logits)
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 PROMPT = "The cache keeps keys and values"
 
 

@@ -17,6 +17,8 @@ from kvlab.experiments.real_model import hub_reachable, real_model_demo, try_rea
 from kvlab.model.tiny_checkpoint import save_tiny_checkpoint
 from kvlab.model.tokenizer import HFTokenizer
 
+LESSONS = ("02",)  # the lessons these tests belong to: `pytest -m lNN`
+
 NOT_CACHED = "kvlab-tests/not-a-model"  # a hub name no cache holds
 
 

@@ -11,6 +11,8 @@ import kvlab
 from kvlab.experiments.recall import (ANSWER_TOKENS, PAIR_TOKENS, QUERY_TOKENS, RECALL_MODEL_DIR, load_recall_model,
                                 make_examples, score, training_batch)
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def facts(prompt: str) -> dict[str, str]:
     """Parse the pairs back out of a prompt, independently of the generator."""

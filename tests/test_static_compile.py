@@ -7,6 +7,8 @@ import torch
 import kvlab
 from kvlab.experiments.static_compile import FixedShapeStaticCache, _decode_greedy, try_compiled_decode
 
+LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @torch.inference_mode()
 def test_fixed_shape_decode_gives_the_dynamic_caches_tokens(model):

@@ -16,6 +16,8 @@ from kvlab.serving.cost_model import CostModel
 from kvlab.serving.sweep import auto_rates, estimate_capacity_rps, find_knee, load_sweep, mark_knee
 from kvlab.workload import make_workload, profile_workload
 
+LESSONS = ("06",)  # the lessons these tests belong to: `pytest -m lNN`
+
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)
 

@@ -29,6 +29,8 @@ from typing import Callable, NamedTuple
 import nbformat
 import pytest
 
+LESSONS = ("01", "02", "03", "04", "05", "08", "09")  # the lessons these tests belong to: `pytest -m lNN`
+
 ROOT = Path(__file__).resolve().parent.parent
 NB_DIR = ROOT / "notebooks"
 TEACHING = NB_DIR / "TEACHING.md"

@@ -17,6 +17,8 @@ from kvlab.experiments.tokens_words import (BPE, BYTE, REFERENCE, by_text, count
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.lessons.l04_four_clocks.figures import plot_tokens_per_word
 
+LESSONS = ("02", "04")  # the lessons these tests belong to: `pytest -m lNN`
+
 
 @pytest.fixture(scope="module")
 def toks():

@@ -23,6 +23,8 @@ from kvlab.traces import (MOONCAKE_SAMPLE_TRACE, SAMPLE_TRACE, SAMPLE_TRACES, bl
                           mooncake_frame, read_mooncake_trace, replay_mooncake, replay_trace_file, trace_requests)
 from kvlab.workload import at_rate, trace_rate
 
+LESSONS = ("06", "08")  # the lessons these tests belong to: `pytest -m lNN`
+
 REPO = Path(__file__).resolve().parents[1]
 ROUND = dict(step=0.02, prefill_tokens=1e-3, attention_calls=1e-4, decode_seqs=1e-3, decode_kv_slots=1e-5,
              prefill_attention=1e-6)

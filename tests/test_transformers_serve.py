@@ -18,6 +18,7 @@ from kvlab.http.peer import kvlab_server, transformers_serve_available, transfor
 from kvlab.http.shared_checkpoint import SAMPLE, byte_tokenizer, check_same_tokens, save_shared_checkpoint
 from kvlab.model.tokenizer import ByteTokenizer
 
+LESSONS = ("09",)  # the lessons these tests belong to: `pytest -m lNN` (the second engine of 09)
 OK, WHY = transformers_serve_available()
 needs_serve = pytest.mark.skipif(not OK, reason=WHY)
 # The tests that start the real server belong to the full tier (pytest -m full); notebook 09 starts it by default.

@@ -11,6 +11,8 @@ from kvlab.experiments.two_engines import (ENGINES, Protocol, clocks_table, comp
                                            within_knee)
 from kvlab.http.peer import transformers_serve_available
 
+LESSONS = ("03", "09")  # the lessons these tests belong to: `pytest -m lNN`
+
 OK, WHY = transformers_serve_available()
 
 

@@ -20,6 +20,8 @@ from kvlab.experiments import three_engines
 from kvlab.lessons.l09_measure_a_real_server import panel as l09_panel
 from kvlab.experiments.two_engines import Protocol, knee
 
+LESSONS = ("09",)  # the lessons these tests belong to: `pytest -m lNN`
+
 
 def test_vllm_lives_in_its_own_home_never_inside_kvlabs_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_VLLM_HOME", str(tmp_path / "v"))

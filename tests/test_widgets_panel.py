@@ -9,6 +9,8 @@ from kvlab.lessons.common.panel import ExperimentPanel
 from kvlab.lessons.l02_kv_cache.panel import cache_memory_panel, kv_calculator_panel
 from kvlab.lessons.l01_the_slowdown.panel import slowdown_panel
 
+LESSONS = ("01", "02")  # the lessons these tests belong to: `pytest -m lNN`
+
 
 class Recorder:
     """A run function that counts its calls, reports progress over n steps, and can be told to fail."""
