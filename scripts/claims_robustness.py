@@ -187,8 +187,15 @@ def _loads(report: dict, quiet: bool) -> tuple[float, float]:
 def _machine(report: dict) -> str:
     env = report["environment"]
     device = "CUDA " + env["cuda_device"] if env.get("cuda_device") else "CPU PyTorch"
-    return (f"a machine with {report['cpu_count']} CPU cores and {device} ({env['torch_threads']} torch threads, "
+    cpu = f", {env['cpu']}" if env.get("cpu") else ""
+    return (f"a machine with {report['cpu_count']} CPU cores{cpu} and {device} ({env['torch_threads']} torch threads, "
             f"kvlab {env['versions']['kvlab']}, torch {env['versions']['torch']})")
+
+
+def _elsewhere(report: dict, again: dict) -> str:
+    """" on <CPU>" when a measurement again ran on another CPU than the record's first (the record mixes machines)."""
+    cpu = again.get("cpu")
+    return f" on {cpu}" if cpu and cpu != report.get("environment", {}).get("cpu") else ""
 
 
 def measured_paragraph(report: dict, key: dict | None = None,
@@ -206,7 +213,8 @@ def measured_paragraph(report: dict, key: dict | None = None,
             f"{qa:.2f} after the quiet runs, {lb:.2f} and {la:.2f} around the loaded ones (other programs on the "
             f"machine count too: \"quiet\" is only as quiet as the machine was)."
             + "".join(f" {', '.join(f'`{c}`' for c in r['claims'])} measured again after a change of rule with "
-                      f"`{r['command']}`, from {r['started']} to {r['finished']}." for r in report.get("remeasured", []))
+                      f"`{r['command']}`, from {r['started']} to {r['finished']}{_elsewhere(report, r)}."
+                      for r in report.get("remeasured", []))
             + f"\n{notebook_sentence(key)}")
 
 
@@ -228,7 +236,8 @@ def notebook_sentence(key: dict | None) -> str:
                "quiet one, so every notebook that often is hours; the loaded rates are the examples')"
                if quiet_only else "")
             + "".join(f"; {', '.join(n[:2] for n in r['notebooks'])} measured again after a change with "
-                      f"`{r['command']}`, from {r['started']} to {r['finished']}" for r in key.get("remeasured", []))
+                      f"`{r['command']}`, from {r['started']} to {r['finished']}{_elsewhere(key, r)}"
+                      for r in key.get("remeasured", []))
             + (f"; {NOT_MEASURED} where it did not measure the notebook or the claim." if kept else
                f". That record predates the script's recording of each line's claim, so they say {NOT_MEASURED} until "
                f"it is measured again."))
@@ -427,7 +436,8 @@ def merged_rates(record: dict, again: dict, claims: list[str], command: str) -> 
     out = dict(record)
     out["hold_rates"] = [r for r in record["hold_rates"] if r["claim"] not in claims] + again["hold_rates"]
     out["remeasured"] = record.get("remeasured", []) + [
-        {"claims": list(claims), "command": command, "started": again["started"], "finished": again["finished"]}]
+        {"claims": list(claims), "command": command, "started": again["started"], "finished": again["finished"],
+         "cpu": again.get("environment", {}).get("cpu")}]
     return out
 
 
@@ -457,7 +467,8 @@ def merged(record: dict, again: dict) -> dict:
     out["executions"] = [e for e in record["executions"] if e["notebook"] not in names] + again["executions"]
     out["predictions"] = [p for p in record["predictions"] if p["notebook"] not in names] + again["predictions"]
     out["remeasured"] = record.get("remeasured", []) + [
-        {k: again[k] for k in ("notebooks", "command", "started", "finished", "conditions")}]
+        {**{k: again[k] for k in ("notebooks", "command", "started", "finished", "conditions")},
+         "cpu": again.get("environment", {}).get("cpu")}]
     return out
 
 

@@ -123,3 +123,14 @@ def test_an_observation_shows_no_example_rate_even_one_recorded_while_it_asserte
     text = (f"<!-- kvlab:hold-rates -->\n<!-- /kvlab:hold-rates -->\n"
             f"| `{name}` | 06 | 3/3 | 3/3 | 5/5 | 4/5 | why | *say* |\n")
     assert f"| `{name}` | 06 | shown (•) | shown (•) |" in rewrite_teaching(text, record, made)
+
+
+def test_a_measurement_again_on_another_cpu_says_which(record, key):
+    again = {"command": "c", "started": "a", "finished": "b"}
+    moved = dict(key, remeasured=[{**again, "notebooks": ["01_the_slowdown.ipynb"], "cpu": "Other CPU"}])
+    assert "from a to b on Other CPU;" in notebook_sentence(moved)
+    stayed = dict(key, remeasured=[{**again, "notebooks": ["01_the_slowdown.ipynb"],
+                                    "cpu": key["environment"].get("cpu")}])
+    assert "from a to b;" in notebook_sentence(stayed)  # the record's own CPU: nothing to add
+    examples = dict(record, remeasured=[{**again, "claims": [NAME], "cpu": "Other CPU"}])
+    assert "from a to b on Other CPU." in measured_paragraph(examples, key)
