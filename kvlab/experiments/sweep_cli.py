@@ -85,13 +85,13 @@ def main(args: argparse.Namespace) -> int:
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         rates = parse_rates(args.rates) if args.rates else None
-        with torch_threads(args.threads):
-            if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
-                frame, knees, cols, what, settings = _trace_curve(args, config, cost_model, spec, slo, rates, clock)
-            else:
-                frame, knees, cols, what, settings = _profile_curves(args, config, cost_model, spec, slo, rates, clock)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    with torch_threads(args.threads):
+        if getattr(args, "trace", None) is not None:  # a trace instead of profiles: the levels speed its replay up
+            frame, knees, cols, what, settings = _trace_curve(args, config, cost_model, spec, slo, rates, clock)
+        else:
+            frame, knees, cols, what, settings = _profile_curves(args, config, cost_model, spec, slo, rates, clock)
     seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(frame[cols].to_string(index=False, float_format=lambda x: f"{x:.3g}"))
@@ -134,8 +134,11 @@ def _profile_curves(args, config, cost_model, spec, slo, rates, clock) -> tuple[
 def _trace_curve(args, config, cost_model, spec, slo, rates, clock) -> tuple[pd.DataFrame, dict, list, str, dict]:
     from kvlab.traces import detect_format
 
-    trace_format = args.trace_format or detect_format(args.trace)
-    clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
+    try:  # the trace's own faults (an unknown format, a bad file or scale) are its user's to mend: one line each
+        trace_format = args.trace_format or detect_format(args.trace)
+        clipped = clipped_requests(args.trace, trace_format, args.length_scale, MAX_MODEL_LEN)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     engine = Engine(cost_model if args.simulate else build_model(config, seed=args.seed), spec)
     if clipped:
         print(f"note: {clipped} requests of {args.trace} do not fit max_model_len={engine.max_model_len} at "
@@ -143,9 +146,12 @@ def _trace_curve(args, config, cost_model, spec, slo, rates, clock) -> tuple[pd.
               file=sys.stderr)
     print(f"{args.trace} ({trace_format}, lengths / {args.length_scale:g}): "
           f"{'simulated' if args.simulate else 'real ' + config.name}", file=sys.stderr, flush=True)
-    frame = trace_curve(args.trace, rates, trace_format, args.length_scale,
-                        args.requests or (None if args.simulate else 30), engine, cost_model, args.levels, args.seed,
-                        slo, clock)
+    try:
+        frame = trace_curve(args.trace, rates, trace_format, args.length_scale,
+                            args.requests or (None if args.simulate else 30), engine, cost_model, args.levels,
+                            args.seed, slo, clock)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     cols = ["offered_rps", "time_scale", "achieved_rps", "throughput_ratio", "ttft_p50_s", "ttft_p95_s", "ttft_n",
             "tpot_p50_s", "failure_rate", "token_hit_ratio", "prefill_tokens_computed", "keeps_up", "is_knee"]
     settings = {"trace": str(args.trace), "trace_format": trace_format, "length_scale": args.length_scale,
