@@ -382,6 +382,12 @@ three.show()
 #   core but one for its torch threads and leaves that one to the front end, as vLLM's CPU backend does
 #   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>): with more
 #   threads than free cores, each operation waits for whichever thread the OS has set aside.
+# - **An allocator that keeps memory.** Every step allocates the same large temporaries again; glibc's
+#   malloc gives such blocks back to the kernel on free, so the next step faults them in page by page.
+#   vLLM preloads TCMalloc
+#   (<a href="https://docs.vllm.ai/en/latest/getting_started/installation/cpu/">CPU guide</a>); kvlab
+#   serve sets glibc's own thresholds so the heap keeps them (`kvlab/allocator.py`, `serve --allocator`;
+#   `bench serve --allocator-twin` measures it off and on: README).
 # - **Compiled fixed-shape steps.** vLLM compiles its model with `torch.compile` and, on a GPU, replays CUDA
 #   graphs captured for fixed batch sizes
 #   (<a href="https://docs.vllm.ai/en/latest/design/torch_compile/">torch.compile</a>,

@@ -56,7 +56,7 @@ def test_cost_model_executor_prices_exactly_what_the_scheduler_scheduled():
     class Recording(CostModelExecutor):
         def execute(self, out):
             result = super().execute(out)
-            seen.append((result.duration_s, cm.predict(out), features(rows_of(out))))
+            seen.append((result.duration_s, cm.predict(out), features(rows_of(out), cm.block_size)))
             return result
 
     engine = Engine(kvlab.llama_30m(), EngineSpec(scheduler=SchedulerConfig(max_seqs=16, max_batch_tokens=256, max_model_len=1024)), executor=Recording(cm))

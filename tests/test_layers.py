@@ -18,7 +18,7 @@ PACKAGE = ROOT / "kvlab"
 # A name is a module or a package (a package covers everything under it). The README's table in
 # "How the package is laid out" lists the same layers in the same order (test_readme_draws_the_layer_table).
 LAYERS: dict[str, list[str]] = {
-    "base": ["kvlab.version", "kvlab.command_args", "kvlab.device", "kvlab.threads", "kvlab.env", "kvlab.clocks", "kvlab.results_io",
+    "base": ["kvlab.version", "kvlab.command_args", "kvlab.device", "kvlab.threads", "kvlab.allocator", "kvlab.env", "kvlab.clocks", "kvlab.results_io",
              "kvlab.rounds", "kvlab.progress", "kvlab.provenance", "kvlab.data", "kvlab.workload", "kvlab.traces"],
     "model": ["kvlab.cache", "kvlab.model", "kvlab.sampling", "kvlab.compiled", "kvlab.generate"],
     "serving": ["kvlab.serving", "kvlab.http", "kvlab.room"],

@@ -123,7 +123,7 @@ def test_block_runs_are_consecutive_distinct_ids():
                                            (dict(num_blocks=0), "num_blocks")])
 def test_bad_options_are_refused_before_anything_is_allocated(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        OffloadedPagedKVCache(2, 2, 8, **kwargs)
+        OffloadedPagedKVCache(2, 2, 8, **{"num_blocks": 4, "block_size": 4, **kwargs})
 
 
 def test_the_copy_clock_starts_only_after_the_device_is_synchronised(monkeypatch):

@@ -59,7 +59,7 @@ from kvlab.clocks import RequestRecord, summarize
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.decoder import Decoder, build_model
 from kvlab.serving.cost_model import CostModel, load_calibration
-from kvlab.serving.config import EngineSpec
+from kvlab.serving.config import SERVE_SPEC, EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, Policy, SchedulerConfig
 from kvlab.results_io import write_json
@@ -68,7 +68,6 @@ from kvlab.workload import Request
 from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated
 from kvlab.rounds import spread as spread_of  # run_benchmark has an argument named spread
 from kvlab.benchmarks.kv_allocation import paged_vs_reservation, print_paging
-from kvlab.cache.paged import BLOCK_SIZE
 
 SPREADS = ((36, 36), (20, 52), (8, 64))  # output lengths spread evenly over [lo, hi]: one mean (36), wider spread
 ENTRY_KEYS = ("impl", "policy", "outputs", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
@@ -89,7 +88,7 @@ class BenchSettings:
     output_tokens: tuple[int, int] = (8, 64)
     max_seqs: int = 8
     max_batch_tokens: int = MAX_BATCH_TOKENS
-    block_size: int = BLOCK_SIZE
+    block_size: int = SERVE_SPEC.block_size
     max_model_len: int = 1024
     seed: int = 0
     repeats: int = 5  # interleaved rounds: every cell runs once per round, in a rotated order

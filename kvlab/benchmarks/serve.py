@@ -18,7 +18,8 @@ meanwhile is recorded beside it):
 
 The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine in a process of its own on
 one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
-process, the lever off), transformers serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
+process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator), transformers
+serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
 preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
 one, the same split as kvlab's; recorded from its log). `--equal-threads N` adds kvlab serve on N torch threads.
@@ -76,6 +77,7 @@ def kvlab_equal_name(threads: int) -> str:
 
 
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
+KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Bench:
     second_client: bool = False  # vLLM's own benchmark client against every server too
     realtime: bool = True  # the client in the real-time scheduling class where the machine allows it
     thread_twin: bool = False  # kvlab serve again with its engine in a thread of the server's process
+    allocator_twin: bool = False  # kvlab serve again with the system's allocator settings (kvlab.allocator)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -105,7 +108,8 @@ def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
 
     `bench.realtime`: the client runs in the real-time scheduling class where the machine allows it
     (`client_priority.realtime_client`), so no server's busy cores leave it waiting. `bench.thread_twin`: kvlab serve
-    is measured a second time with its engine in a thread of the server's process (the engine-process lever off)."""
+    is measured a second time with its engine in a thread of the server's process (the engine-process lever off);
+    `bench.allocator_twin`: with malloc as the system sets it (the allocator lever off)."""
     b = bench
     todo, left_out = available_engines(b.engines)
     for e, why in left_out.items():
@@ -119,6 +123,10 @@ def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
     if KVLAB in todo and b.thread_twin:
         twin = make_server(KVLAB, folder, threads=b.threads, engine_in_thread=True)
         twin.name = KVLAB_THREAD
+        servers.insert(1, twin)
+    if KVLAB in todo and b.allocator_twin:
+        twin = make_server(KVLAB, folder, threads=b.threads, allocator="system")
+        twin.name = KVLAB_SYSTEM_MALLOC
         servers.insert(1, twin)
     before = load_average()
     log(f"starting {', '.join(s.name for s in servers)} on {folder} (vLLM takes 50-100 s) ...")
@@ -295,6 +303,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure kvlab serve on this many torch threads (e.g. this machine's cores)")
     p.add_argument("--thread-twin", action="store_true",
                    help="also measure kvlab serve with its engine in a thread of the server's process (the lever off)")
+    p.add_argument("--allocator-twin", action="store_true",
+                   help="also measure kvlab serve with malloc as the system sets it (serve --allocator system: the "
+                        "lever off)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
@@ -408,7 +419,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         warm_requests=args.requests, sweep_profile=args.profile, duration_s=args.duration,
                         slo_ttft_s=args.slo_ttft, bisect=args.bisect, seed=args.seed)
     bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
-                  args.second_client, args.client_priority == "realtime", args.thread_twin)
+                  args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin)
     out = run(bench, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))

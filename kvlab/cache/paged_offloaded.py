@@ -35,7 +35,7 @@ import torch
 from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from kvlab.cache.base import CacheMemory, KVCache, tensor_bytes
 from kvlab.cache.offloaded import check_link_and_storage, make_tier, wait_for_link
-from kvlab.cache.paged import BLOCK_SIZE, PagedAttentionMetadata, PagedKVCache
+from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
 
 
 def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
@@ -74,8 +74,8 @@ class OffloadedPagedKVCache(PagedKVCache):
     tier: torch.Tensor | None  # (layers, 2, num_blocks, bs, nkv, hs); None once closed
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 num_blocks: int = 256, block_size: int = BLOCK_SIZE, link_gbps: float | None = None,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
+                 num_blocks: int, block_size: int, link_gbps: float | None = None,
                  storage_dir: str | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")

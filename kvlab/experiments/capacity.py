@@ -23,7 +23,7 @@ from kvlab.serving.block_manager import BlockManager, bytes_per_block
 from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
 from kvlab.workload import Request, make_workload
 from kvlab.experiments.serving_run import check_positive_int
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.provenance import experiment
 
 
@@ -83,7 +83,7 @@ def block_manager_fit(lengths: Sequence[int] | np.ndarray, num_blocks: int, bloc
 
 
 @experiment
-def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = BLOCK_SIZE,
+def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = LESSON_SPEC.block_size,
                       max_model_len: int | None = None, max_new_tokens: int | None = None,
                       dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Sequences of the workload that fit in one budget, reserving their maximum length vs paging blocks.
@@ -162,7 +162,7 @@ def block_size_table(config: ModelConfig, requests: Sequence[Request], kv_budget
 
 def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
                     max_model_lens: Sequence[int] = (256, 512, 1024),
-                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256), block_size: int = BLOCK_SIZE,
+                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256), block_size: int = LESSON_SPEC.block_size,
                     dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Sequences of the workload that fit, per (max context C, max new tokens M), reserved and paged.
 

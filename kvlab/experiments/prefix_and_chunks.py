@@ -25,7 +25,7 @@ from kvlab.workload import Request, make_workload, seeded_prompt
 from kvlab.progress import Progress, no_progress
 from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table,
                           serve, warm_up)
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.experiments.presets import LESSON_SPEC
 
 
 # -- running out of blocks: preemption --------------------------------------------------------------
@@ -52,7 +52,7 @@ def recomputed_tokens(run: ServingRun) -> int:
 
 
 def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None] = (None, 40), n: int = 12,
-                    max_seqs: int = 12, block_size: int = BLOCK_SIZE, max_model_len: int = 256, clock: str = "wall",
+                    max_seqs: int = 12, block_size: int = LESSON_SPEC.block_size, max_model_len: int = 256, clock: str = "wall",
                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                     progress: Progress = no_progress) -> list[ServingRun]:
     """The same growing requests under each KV budget (in blocks; None: room for max_seqs at max_model_len).
@@ -97,7 +97,7 @@ def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 
 # -- prefix caching ----------------------------------------------------------------------------------
 def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 512,
-                        rate: float = 8.0, block_size: int = BLOCK_SIZE, clock: str = "wall",
+                        rate: float = 8.0, block_size: int = LESSON_SPEC.block_size, clock: str = "wall",
                         executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                         progress: Progress = no_progress) -> list[ServingRun]:
     """Chat requests sharing a system prompt, arriving every 1/``rate`` s, with prefix caching off and on.

@@ -34,13 +34,14 @@ from typing import Any
 import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.allocator import ALLOCATORS
+from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS
 from kvlab.threads import LESSON_THREADS
 
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
-NUM_BLOCKS = 512  # kvlab serve's default pool (16 sequences of 512 tokens at BLOCK_SIZE 16)
+NUM_BLOCKS = 512  # kvlab serve's default pool (16 sequences of 512 tokens of 16 tokens, SERVE_SPEC's block size)
 IGNORE_EOS: dict[str, dict[str, Any]] = {"kvlab serve": {"ignore_eos": True},
                                          "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
@@ -161,16 +162,19 @@ def _folder(folder: str | Path) -> Path:
     return folder.resolve()
 
 
-def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
+def kvlab_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size, num_blocks: int = NUM_BLOCKS,
                  max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
                  device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True,
-                 engine_in_thread: bool = False) -> LoopbackServer:
+                 engine_in_thread: bool = False, allocator: str = "kept") -> LoopbackServer:
     """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens
-    (its engine in a process of its own, or with `engine_in_thread` in a thread of the server's)."""
+    (its engine in a process of its own, or with `engine_in_thread` in a thread of the server's; `allocator`:
+    `serve --allocator`, kvlab.allocator)."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
 
     _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator={allocator!r} must be one of {ALLOCATORS} (serve --allocator)")
     folder = _folder(folder)
     config = json.loads((folder / "config.json").read_text())
     layers, kv_heads = config["num_hidden_layers"], config.get("num_key_value_heads") or config["num_attention_heads"]
@@ -179,7 +183,7 @@ def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks
     args = ["kvlab", "serve", "--model", str(folder), "--served-model-name", str(folder), "--device", device,
             "--block-size", str(block_size), "--kv-budget-mb", repr(budget_mb), "--max-batch-tokens",
             str(max_batch_tokens), "--max-seqs", str(max_seqs), "--max-waiting", str(max_waiting),
-            "--log-level", "warning"]
+            "--allocator", allocator, "--log-level", "warning"]
     if threads is not None:
         args += ["--threads", str(threads)]
     if not prefix_caching:
@@ -189,12 +193,13 @@ def kvlab_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks
     settings = {"block_size": block_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
                 "max_seqs": max_seqs, "max_waiting": max_waiting, "device": device, "prefix_caching": prefix_caching,
                 "chunked_prefill": True, "scheduling": "continuous, decode first",
-                "engine": "in a thread of the server" if engine_in_thread else "in its own process"}
+                "engine": "in a thread of the server" if engine_in_thread else "in its own process",
+                "allocator": allocator}
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
                           __version__, threads)
 
 
-def transformers_server(folder: str | Path, *, block_size: int = BLOCK_SIZE, num_blocks: int = NUM_BLOCKS,
+def transformers_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size, num_blocks: int = NUM_BLOCKS,
                         max_batch_tokens: int = MAX_BATCH_TOKENS, device: str = "cpu",
                         threads: int | None = LESSON_THREADS) -> LoopbackServer:
     """`transformers serve --continuous-batching folder` with the same KV blocks and tokens per step.

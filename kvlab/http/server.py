@@ -67,6 +67,7 @@ from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
 from kvlab.serving.sequence import COMPLETED
 from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments
 from kvlab.workload import Request as WorkloadRequest
+from kvlab.allocator import ALLOCATORS, set_allocator
 from kvlab.command_args import command_args
 
 log = logging.getLogger("kvlab.serve")
@@ -489,6 +490,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-in-thread", action="store_true",
                    help="step the engine in a thread of the server's process, not in a process of its own "
                         "(kvlab.http.engine_process): the front end and the engine then share one interpreter lock")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="kept",
+                   help="kept: glibc keeps freed memory for the next step instead of page-faulting it in again "
+                        "(kvlab.allocator; vLLM's CPU guide preloads TCMalloc for the same reason); system: malloc "
+                        "as it is")
     s = p.add_argument_group("scheduling (kvlab.serving.SchedulerConfig)")
     # SERVE_SPEC: SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
     add_engine_arguments(s, SERVE_SPEC, help={"max_waiting": "beyond it 429 + Retry-After"})
@@ -515,6 +520,7 @@ def build_engine(args: argparse.Namespace, spec: EngineSpec) -> tuple[Engine, st
     from kvlab.threads import set_torch_threads  # imports torch: only once a server is really built
 
     set_torch_threads(args.threads or None)
+    log.info("allocator %s", set_allocator(args.allocator))
     model, name = load_model(args.model, args.seed, args.device)
     return Engine(model, spec), args.served_model_name or name
 

@@ -8,7 +8,7 @@ import torch
 
 from kvlab.model.config import ModelConfig
 from kvlab.serving.sequence import Sequence
-from kvlab.cache.paged import BLOCK_SIZE, check_block_size
+from kvlab.cache.paged import check_block_size
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype = torch.float32) -> int:
@@ -77,7 +77,7 @@ class BlockManager:
     freed first.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         check_block_size(block_size)
@@ -94,7 +94,7 @@ class BlockManager:
         self.prefix_hit_tokens = 0
 
     @classmethod
-    def from_budget(cls, config: ModelConfig, kv_budget_bytes: int, block_size: int = BLOCK_SIZE,
+    def from_budget(cls, config: ModelConfig, kv_budget_bytes: int, block_size: int,
                     dtype: torch.dtype = torch.float32, enable_prefix_caching: bool = True) -> "BlockManager":
         """As many blocks as ``kv_budget_bytes`` holds for ``config``'s K/V at ``dtype``."""
         n = num_blocks_for_budget(config, kv_budget_bytes, block_size, dtype)

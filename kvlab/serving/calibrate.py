@@ -33,10 +33,10 @@ from kvlab.model.decoder import Decoder, build_model
 from kvlab.results_io import write_json
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.serving.cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
+from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.executor import ModelExecutor
 from kvlab.serving.scheduler import SchedulerOutput
 from kvlab.serving.sequence import SamplingParams, Sequence
-from kvlab.cache.paged import BLOCK_SIZE
 
 MIN_REPEATS, MAX_REPEATS = 3, 50
 
@@ -131,7 +131,8 @@ def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int]
     return out
 
 
-def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | None = None, block_size: int = BLOCK_SIZE,
+def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | None = None,
+                       block_size: int = SERVE_SPEC.block_size,
                        threads: int | None = LESSON_THREADS, seed: int = 0, budget_s: float = 20.0, progress=None) -> pd.DataFrame:
     """Time ``ModelExecutor.execute`` on every shape: one row per shape with its features and median time.
 
@@ -207,7 +208,7 @@ def _model_for(config: ModelConfig | Decoder | str, seed: int = 0) -> Decoder:
 
 
 def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | None = None, threads: int | None = LESSON_THREADS,
-              block_size: int = BLOCK_SIZE, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
+              block_size: int = SERVE_SPEC.block_size, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
               validate: bool = False, progress=None) -> CostModel:
     """Measure ``model``'s executor on ``design_shapes`` and fit a CostModel (not saved: call ``.save``).
 
@@ -256,7 +257,7 @@ def validate_cost_model(cost_model: CostModel, model: Decoder | None = None, sha
     threads = cost_model.settings.get("threads") if threads is None else threads
     max_context = min(model.config.max_position_embeddings, 1024)
     shapes = validation_shapes(max_context) if shapes is None else shapes
-    frame = measure_step_times(model, shapes, repeats, cost_model.settings.get("block_size", 16), threads,
+    frame = measure_step_times(model, shapes, repeats, cost_model.block_size, threads,
                                seed=1, budget_s=budget_s, progress=progress)
     frame["predicted_s"] = [cost_model.predict_rows(s.rows()) for s in shapes]
     frame["error"] = (frame["predicted_s"] - frame["measured_s"]) / frame["measured_s"]

@@ -25,9 +25,10 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from kvlab.cache.paged import BLOCK_SIZE, DECODE_BATCH_MAX_SLOTS
+from kvlab.cache.paged import DECODE_BATCH_MAX_SLOTS
 from kvlab.data import CALIBRATION, data_path
 from kvlab.results_io import write_json
+from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.executor import Executor, StepResult
 from kvlab.serving.scheduler import SchedulerOutput
 
@@ -56,7 +57,7 @@ def decode_attention(num_decodes: int, longest: int, sum_blocks: int, block_size
     return num_decodes, sum_blocks * block_size
 
 
-def features(rows: Iterable[Row], block_size: int = BLOCK_SIZE) -> np.ndarray:
+def features(rows: Iterable[Row], block_size: int) -> np.ndarray:
     """The feature vector (in FEATURES order) of a step made of ``rows``."""
     pt = ps = ds = longest = blocks = pairs = 0
     for n, ctx, is_decode in rows:
@@ -114,7 +115,7 @@ class CostModel:
         if bad:
             raise ValueError(f"cost model coefficients must be numbers >= 0 seconds per unit, got {bad}")
         self._coef = np.array([float(self.coefficients[f]) for f in FEATURES])
-        self.block_size = int(self.settings.get("block_size", 16))
+        self.block_size = int(self.settings.get("block_size", SERVE_SPEC.block_size))
 
     @property
     def config_name(self) -> str:

@@ -5,10 +5,10 @@ import ipywidgets as widgets
 import pandas as pd
 
 from kvlab.experiments.capacity import budget_for_tokens, capacity_workload, paged_vs_reserved
+from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.model.config import ModelConfig
 from kvlab.lessons.l07_memory_is_capacity.figures import plot_paged_vs_reserved
 from kvlab.lessons.common.panel import ExperimentPanel
-from kvlab.cache.paged import BLOCK_SIZE
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
 
@@ -24,7 +24,7 @@ def fit_for_learners(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def capacity_panel(config: ModelConfig, budget_tokens: int = 8192, max_model_len: int = 1024,
-                   block_size: int = BLOCK_SIZE, n: int = 64) -> ExperimentPanel:
+                   block_size: int = LESSON_SPEC.block_size, n: int = 64) -> ExperimentPanel:
     """Sliders for the KV budget, the context limit, the block size and the requests; Run counts who fits."""
     controls = {
         "budget_tokens": widgets.IntSlider(value=budget_tokens, min=1024, max=32768, step=1024,

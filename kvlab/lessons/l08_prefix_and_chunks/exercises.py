@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kvlab.lessons.common.exercises import Feedback, check_number, exercise, right, method_source, solution_code, wrong
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.experiments.presets import LESSON_SPEC
 
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 EX08_PROMPT, EX08_WRITTEN = 40, 25  # the preempted request of exercise 08.1
@@ -51,7 +51,7 @@ def check_recomputed_tokens(answer: Any) -> Feedback:
                 "had been computed before. Preemption by recompute trades memory for this work.")
 
 
-def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = BLOCK_SIZE) -> int:
+def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = LESSON_SPEC.block_size) -> int:
     """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
     from kvlab.clocks import RequestRecord
     from kvlab.serving.block_manager import BlockManager

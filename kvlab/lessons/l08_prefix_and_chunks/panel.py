@@ -1,15 +1,11 @@
-"""Notebook 08's panels: a KV budget that runs out, and a replayed trace's shared prefixes.
-
-The trace panel of lesson 08: a trace's shared prefixes replayed, hits against KV memory, caching on vs off.
-
-The panel of lesson 08: a KV budget too small for every sequence to grow — blocks over time and preemptions.
-"""
+"""Notebook 08's panels: a KV budget too small for every sequence to grow (blocks over time and preemptions), and
+a trace's shared prefixes replayed (hits against KV memory, caching on vs off)."""
 from __future__ import annotations
 
 import ipywidgets as widgets
 import pandas as pd
 
-from kvlab.cache.paged import BLOCK_SIZE
+from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.experiments.prefix_and_chunks import preemption_runs, preemption_table
 from kvlab.experiments.prefix_traces import caching_on_off, sample_curve, sample_frame
 from kvlab.experiments.serving_run import runs_frame
@@ -88,21 +84,21 @@ def kv_budget_panel(model: Decoder | None = None, kv_blocks: int = 40, n: int = 
                     max_seqs: int = 12) -> ExperimentPanel:
     """A KV budget slider (blocks of 16 tokens); Run serves requests that grow, and shows the pool over time."""
     controls = {
-        "kv_blocks": widgets.IntSlider(value=kv_blocks, min=MAX_MODEL_LEN // BLOCK_SIZE, max=192, step=8,
+        "kv_blocks": widgets.IntSlider(value=kv_blocks, min=MAX_MODEL_LEN // LESSON_SPEC.block_size, max=192, step=8,
                                        description="KV budget (blocks of 16)", **_BUDGET_SLIDER),
         "n": widgets.IntSlider(value=n, min=2, max=24, description="requests", **_BUDGET_SLIDER),
         "max_seqs": widgets.IntSlider(value=max_seqs, min=1, max=24, description="batch slots (max_seqs)", **_BUDGET_SLIDER),
     }
 
     def run(progress, kv_blocks: int, n: int, max_seqs: int) -> pd.DataFrame:
-        runs = preemption_runs(model, kv_blocks=(kv_blocks,), n=n, max_seqs=max_seqs, block_size=BLOCK_SIZE,
+        runs = preemption_runs(model, kv_blocks=(kv_blocks,), n=n, max_seqs=max_seqs, block_size=LESSON_SPEC.block_size,
                                max_model_len=MAX_MODEL_LEN, progress=progress)
         frame = runs_frame(runs)
         frame.attrs["preemption"] = preemption_table(runs)
         return frame
 
     return ExperimentPanel(controls, run,
-                           figure=lambda f, _p: plot_kv_blocks(f.attrs["trace"], block_size=BLOCK_SIZE),
+                           figure=lambda f, _p: plot_kv_blocks(f.attrs["trace"], block_size=LESSON_SPEC.block_size),
                            summary=lambda f, _p: budget_for_learners(f.attrs["preemption"]),
                            title="A KV budget that runs out: blocks in use and preemptions")
 
