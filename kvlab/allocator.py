@@ -25,13 +25,19 @@ M_TRIM_THRESHOLD: Final = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD: Final = -3
 MMAP_THRESHOLD_BYTES: Final = 32 * 2**20  # glibc's largest on 64-bit: allocations up to it come from the heap
 TRIM_THRESHOLD_BYTES: Final = 256 * 2**20  # free memory at the heap's top kept up to this, not given back
+DEFAULT_ALLOCATOR: Final[Allocator] = "kept"  # what `python -m kvlab serve` runs with
+
+
+def check_allocator(allocator: object) -> None:
+    """ValueError unless ``allocator`` is one of ALLOCATORS (checked before a server starts, and where it is set)."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {ALLOCATORS} (serve --allocator), got {allocator!r}")
 
 
 def set_allocator(allocator: str) -> str:
     """For the whole process: "kept" sets glibc's thresholds (above), "system" leaves malloc as it is; says what
     holds now, for the server's settings ("system: ..." where the C library is not glibc, e.g. macOS)."""
-    if allocator not in ALLOCATORS:
-        raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
+    check_allocator(allocator)
     preload = os.environ.get("LD_PRELOAD", "")
     if "tcmalloc" in preload or "jemalloc" in preload:
         return f"system: preloaded {os.path.basename(preload.split(':')[0])}"
@@ -45,4 +51,4 @@ def set_allocator(allocator: str) -> str:
             f"trim threshold {TRIM_THRESHOLD_BYTES >> 20} MiB")
 
 
-__all__ = ["ALLOCATORS", "Allocator", "set_allocator"]
+__all__ = ["ALLOCATORS", "DEFAULT_ALLOCATOR", "Allocator", "check_allocator", "set_allocator"]

@@ -83,7 +83,8 @@ def block_manager_fit(lengths: Sequence[int] | np.ndarray, num_blocks: int, bloc
 
 
 @experiment
-def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int, block_size: int = LESSON_SPEC.block_size,
+def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
+                      block_size: int = LESSON_SPEC.block_size,
                       max_model_len: int | None = None, max_new_tokens: int | None = None,
                       dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Sequences of the workload that fit in one budget, reserving their maximum length vs paging blocks.

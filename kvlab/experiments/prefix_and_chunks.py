@@ -52,7 +52,8 @@ def recomputed_tokens(run: ServingRun) -> int:
 
 
 def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None] = (None, 40), n: int = 12,
-                    max_seqs: int = 12, block_size: int = LESSON_SPEC.block_size, max_model_len: int = 256, clock: str = "wall",
+                    max_seqs: int = 12, block_size: int = LESSON_SPEC.block_size, max_model_len: int = 256,
+                    clock: str = "wall",
                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                     progress: Progress = no_progress) -> list[ServingRun]:
     """The same growing requests under each KV budget (in blocks; None: room for max_seqs at max_model_len).

@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
-from kvlab.allocator import ALLOCATORS
+from kvlab.allocator import DEFAULT_ALLOCATOR, Allocator, check_allocator
 from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS
 from kvlab.threads import LESSON_THREADS
@@ -165,7 +165,7 @@ def _folder(folder: str | Path) -> Path:
 def kvlab_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size, num_blocks: int = NUM_BLOCKS,
                  max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
                  device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True,
-                 engine_in_thread: bool = False, allocator: str = "kept") -> LoopbackServer:
+                 engine_in_thread: bool = False, allocator: Allocator = DEFAULT_ALLOCATOR) -> LoopbackServer:
     """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens
     (its engine in a process of its own, or with `engine_in_thread` in a thread of the server's; `allocator`:
     `serve --allocator`, kvlab.allocator)."""
@@ -173,8 +173,7 @@ def kvlab_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size,
     from kvlab.version import __version__
 
     _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
-    if allocator not in ALLOCATORS:
-        raise ValueError(f"allocator={allocator!r} must be one of {ALLOCATORS} (serve --allocator)")
+    check_allocator(allocator)
     folder = _folder(folder)
     config = json.loads((folder / "config.json").read_text())
     layers, kv_heads = config["num_hidden_layers"], config.get("num_key_value_heads") or config["num_attention_heads"]

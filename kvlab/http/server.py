@@ -67,7 +67,7 @@ from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
 from kvlab.serving.sequence import COMPLETED
 from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments
 from kvlab.workload import Request as WorkloadRequest
-from kvlab.allocator import ALLOCATORS, set_allocator
+from kvlab.allocator import ALLOCATORS, DEFAULT_ALLOCATOR, set_allocator
 from kvlab.command_args import command_args
 
 log = logging.getLogger("kvlab.serve")
@@ -490,7 +490,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-in-thread", action="store_true",
                    help="step the engine in a thread of the server's process, not in a process of its own "
                         "(kvlab.http.engine_process): the front end and the engine then share one interpreter lock")
-    p.add_argument("--allocator", choices=ALLOCATORS, default="kept",
+    p.add_argument("--allocator", choices=ALLOCATORS, default=DEFAULT_ALLOCATOR,
                    help="kept: glibc keeps freed memory for the next step instead of page-faulting it in again "
                         "(kvlab.allocator; vLLM's CPU guide preloads TCMalloc for the same reason); system: malloc "
                         "as it is")

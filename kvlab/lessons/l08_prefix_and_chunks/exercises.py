@@ -51,7 +51,8 @@ def check_recomputed_tokens(answer: Any) -> Feedback:
                 "had been computed before. Preemption by recompute trades memory for this work.")
 
 
-def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300, block_size: int = LESSON_SPEC.block_size) -> int:
+def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300,
+                      block_size: int = LESSON_SPEC.block_size) -> int:
     """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
     from kvlab.clocks import RequestRecord
     from kvlab.serving.block_manager import BlockManager
