@@ -20,13 +20,6 @@ from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of
 NOTEBOOK = "03_cache_strategies.ipynb"
 
 
-def _accuracy(result: Any) -> pd.DataFrame:
-    acc = frame_of(result).attrs.get("accuracy")
-    if acc is None or not len(acc):
-        raise ValueError("this run has no recall accuracy (frame.attrs['accuracy'])")
-    return acc
-
-
 def _kib(n: float) -> str:
     return f"{n / 1024:,.1f} KiB"
 
@@ -126,7 +119,10 @@ def quantized_time_goes_into_the_cache(result: Any) -> dict:
 def _summary(result: Any) -> pd.DataFrame:
     from kvlab.experiments.cache_accuracy import accuracy_summary
 
-    return accuracy_summary(_accuracy(result))
+    acc = frame_of(result).attrs.get("accuracy")
+    if acc is None or not len(acc):
+        raise ValueError("this run has no recall accuracy (frame.attrs['accuracy'])")
+    return accuracy_summary(acc)
 
 
 def _quantized_family(summary: pd.DataFrame) -> pd.DataFrame:
@@ -167,12 +163,6 @@ def eight_bit_cache_keeps_the_answers(result: Any) -> dict:
 FALL_SE = 2.0
 
 
-def _fall_margin(first: int, last: int, n: int) -> float:
-    """FALL_SE standard errors of a difference between two counts out of ``n`` questions, in answers."""
-    p = min(max((first + last) / (2 * n), 0.0), 1.0)
-    return FALL_SE * n * float(np.sqrt(p * (1 - p) * 2 / n))
-
-
 @claim(NOTEBOOK, clock="deterministic",
        says="""
            right answers never rose as bits fell, and fell by {drop} answers from the most bits to the fewest, more
@@ -183,8 +173,7 @@ def _fall_margin(first: int, last: int, n: int) -> float:
            answered about as many (a difference of a few questions is within what drawing the questions can do).
            Raise the number of recall questions.""")
 def answers_fall_as_bits_fall(result: Any) -> dict:
-    """Old rule: never rising and a strict fall from end to end (60/60/59 held: one answer in sixty). New: never
-    rising, and the end-to-end fall beyond FALL_SE standard errors of the difference between the two counts."""
+    """Never rising, and the end-to-end fall beyond FALL_SE standard errors (a fall of one answer in sixty is noise)."""
     s = _summary(result)
     fam = _quantized_family(s)
     if len(fam) < 2:
@@ -192,10 +181,10 @@ def answers_fall_as_bits_fall(result: Any) -> dict:
     correct = fam["correct"].astype(int).tolist()
     n = int(fam["examples"].iloc[0])
     series = _listing([f"{int(b)} bits {c}/{int(m)}" for b, c, m in zip(fam["bits"], correct, fam["examples"])])
-    exact = _exact_row(s)
-    margin = _fall_margin(correct[0], correct[-1], n)
-    return dict(series=series, exact=int(exact["correct"]), n=n, drop=correct[0] - correct[-1], margin=margin,
-                holds=non_increasing(correct) and correct[0] - correct[-1] > margin)
+    p = min(max((correct[0] + correct[-1]) / (2 * n), 0.0), 1.0)
+    margin = FALL_SE * n * float(np.sqrt(p * (1 - p) * 2 / n))  # in answers
+    return dict(series=series, exact=int(_exact_row(s)["correct"]), n=n, drop=correct[0] - correct[-1], margin=margin,
+                holds=all(a >= b for a, b in zip(correct, correct[1:])) and correct[0] - correct[-1] > margin)
 
 
 @claim(NOTEBOOK, clock="deterministic",
@@ -214,15 +203,6 @@ def lowest_bits_lose_most_answers(result: Any) -> dict:
     exact = _exact_row(s)
     return dict(bits=int(low["bits"]), correct=int(low["correct"]), n=int(low["examples"]),
                 exact=int(exact["correct"]), holds=2 * int(low["correct"]) < int(low["examples"]))
-
-
-def non_increasing(values: list) -> bool:
-    """Each value at most the one before (ties allowed: a sentence that says "fell" also needs an end-to-end fall)."""
-    return all(a >= b for a, b in zip(values, values[1:]))
-
-
-def _top1_counts(fam: pd.DataFrame) -> list[int]:
-    return [int(round(t * p)) for t, p in zip(fam["top1_agreement"], fam["compared_positions"])]
 
 
 def _ties(values: list, correct: list, bits: list) -> list[str]:
@@ -247,14 +227,13 @@ def _discordant(values: list, correct: list) -> bool:
            where the mean KL did not. On a few prompts they are coarse: raise quality_prompts in
            run_strategy_comparison.""")
 def token_metrics_order_settings_like_accuracy(result: Any) -> dict:
-    """Old rule: top-1 and right answers never rising and KL rising at every step: a tie in top-1 (12/12 and 12/12)
-    where the answers fell (60 and 57) passed as "the same order". New: the KL and the right answers strictly in
-    the same order (each rising / falling at every step), and top-1 never in the other order; where top-1 ties but
-    the answers do not, the sentence says so instead of "the same order"."""
+    """The KL and the right answers strictly in the same order, and top-1 never in the other order; where top-1 ties
+    but the answers do not, the sentence says so instead of "the same order"."""
     fam = _quantized_family(_summary(result)).dropna(subset=["top1_agreement"])
     if len(fam) < 2:
         raise ValueError("fewer than two quantized settings were compared token by token")
-    top1, kl = _top1_counts(fam), fam["kl_mean"].tolist()
+    top1 = [int(round(t * p)) for t, p in zip(fam["top1_agreement"], fam["compared_positions"])]
+    kl = fam["kl_mean"].tolist()
     positions = int(fam["compared_positions"].iloc[0])
     bits = fam["bits"].tolist()
     agree = _listing([f"{t}/{positions} ({int(b)} bits)" for t, b in zip(top1, bits)])
@@ -372,7 +351,7 @@ def slow_link_cost_grows_with_bytes(result: Any) -> dict:
 
 # A copy within this machine's memory set against a link rate the panel chooses (1 GB/s by default) could fail only if
 # the tier's pages went to disk: a check that cannot fail on a working machine is no finding, so the line is shown (•)
-# with its numbers and that reason (it was asserted, "copies > 2 × the link's rate", before issue 35).
+# with its numbers and that reason.
 @claim(NOTEBOOK, clock="wall", asserts=False,
        says="""
            at the tier's own speed the copies ran at {fast:.1f} GB/s ({ms:.3f} ms of a {step:.2f} ms step at {ctx}
@@ -563,11 +542,12 @@ def _modelled_link(result: Any) -> dict:
                         "by construction here; on a GPU the copies cross the real link and it is checked"}
 
 
-def _spread(result: Any, run: str, measure: str) -> dict:
-    from kvlab.experiments.offload_load import distribution_table
+def _spread(result: Any, measure: str) -> tuple[dict, dict]:
+    """The spread of ``measure`` (``distribution_table``'s row) offloaded and on the device."""
+    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE, distribution_table
 
     t = distribution_table(result).set_index(["run", "measure"])
-    return t.loc[(run, measure)].to_dict()
+    return t.loc[(OFFLOADED, measure)].to_dict(), t.loc[(ON_DEVICE, measure)].to_dict()
 
 
 @claim(NOTEBOOK, clock="deterministic",
@@ -618,9 +598,7 @@ def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
            something slowed the on-device run's steps (another program on the machine): look at the step times in
            the figure and run the cell again.""")
 def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
-    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE
-
-    off, dev = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
+    off, dev = _spread(result, "time between tokens")
     return dict(off=off["p95"] * 1e3, dev=dev["p95"] * 1e3, n=int(dev["n"]), off50=off["p50"] * 1e3,
                 dev50=dev["p50"] * 1e3, holds=off["p95"] > 1.1 * dev["p95"], **_modelled_link(result))
 
@@ -635,10 +613,7 @@ def offloaded_tail_between_tokens_is_longer(result: Any) -> dict:
            vary with the batch (see the count above), so their link time should spread the steps; a machine busy
            with other programs can spread the on-device steps as much. Run again.""")
 def offloading_widens_the_spread(result: Any) -> dict:
-    from kvlab.experiments.offload_load import OFFLOADED, ON_DEVICE
-
-    so, sd = _spread(result, OFFLOADED, "step time"), _spread(result, ON_DEVICE, "step time")
-    to, td = _spread(result, OFFLOADED, "time between tokens"), _spread(result, ON_DEVICE, "time between tokens")
+    (so, sd), (to, td) = _spread(result, "step time"), _spread(result, "time between tokens")
     return dict(off=so["iqr"] * 1e3, dev=sd["iqr"] * 1e3, n=int(sd["n"]), toff=to["iqr"] * 1e3,
                 tdev=td["iqr"] * 1e3, nt=int(td["n"]),
                 holds=so["iqr"] > 1.1 * sd["iqr"] and to["iqr"] > 1.1 * td["iqr"], **_modelled_link(result))

@@ -1,21 +1,9 @@
 """Notebook 03's figures: the strategies side by side, kvlab beside transformers, offloading under load.
 
-Figures of the cache strategies side by side: memory held, latency paid, bytes moved and accuracy kept.
-
 ``frame`` is ``run_strategies``' table (one row per setting and context); ``accuracy`` is
 ``accuracy_by_distance``'s (or ``recall_accuracy`` frames concatenated): one row per setting and
 distance bucket. Each function draws on ``ax`` when given (and returns its Figure) or makes its
 own Figure; ``plot_strategies`` puts them all on one page.
-
-Figure of kvlab's caches beside transformers': time per token and cache bytes, per strategy.
-
-``frame`` is ``run_transformers_caches``' (one row per strategy and library, the per-token rows in
-``frame.attrs["steps"]``). Left: the median time per decode token of each library, a whisker to the
-95th percentile; right: the cache bytes after every step of the first question, measured (kvlab solid,
-transformers dashed) and the formula (black dots). A transformers cache that did not run is named on
-the left.
-
-Offloading under load, drawn: step times and times between tokens, on the device vs offloaded, as distributions.
 """
 from __future__ import annotations
 
@@ -45,13 +33,20 @@ def _axes(ax: Axes | None, size: tuple[float, float] = (6.5, 4.2)) -> Axes:
     return Figure(figsize=size, layout="constrained").subplots()
 
 
-def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", **labels) -> Figure:
+def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", grid: str = "both", **labels) -> Figure:
     """How every panel here ends: its title and axis labels, a light grid and (if asked) the legend."""
     ax.set(**labels)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, axis=grid)
     if legend:
         ax.legend(fontsize=7, loc=loc)
     return cast(Figure, ax.figure)  # the axes here are a Figure's, never a SubFigure's
+
+
+def _nothing(ax: Axes, text: str, title: str = "") -> Figure:
+    """A panel with nothing to draw: ``text`` in its middle, under ``title``."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="#555")
+    ax.set(title=title)
+    return cast(Figure, ax.figure)
 
 
 def _bits_of(setting: str, default: float = np.nan) -> float:
@@ -160,8 +155,7 @@ def plot_cache_time(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = 
         ax.plot(exact["context_tokens"], exact["token_ms_p50"], color="#999", lw=6, alpha=0.35,
                 label="a whole dynamic step (p50)", zorder=0)
     if not len(measured):
-        ax.text(0.5, 0.5, "not measured in this run\n(no cache_ms_per_step column values)", ha="center",
-                va="center", transform=ax.transAxes, fontsize=9, color="#555")
+        _nothing(ax, "not measured in this run\n(no cache_ms_per_step column values)")
     ax.set_ylim(bottom=0)
     return _finish(ax, legend, title="Time inside the cache per step", xlabel="prompt tokens",
                    ylabel="ms per step in update()")
@@ -180,10 +174,7 @@ def plot_bytes_moved(frame: pd.DataFrame, bytes_per_token: int | None = None, ax
     ax = _axes(ax)
     off = frame[frame["strategy"] == "offloaded"].sort_values("context_tokens")
     if not len(off):
-        ax.text(0.5, 0.5, "no offloaded setting in this run", ha="center", va="center", transform=ax.transAxes,
-                fontsize=9, color="#555")
-        ax.set(title="Bytes moved per step (offloaded)")
-        return cast(Figure, ax.figure)
+        return _nothing(ax, "no offloaded setting in this run", "Bytes moved per step (offloaded)")
     bpt = _bytes_per_token(frame, bytes_per_token)
     x = np.arange(len(off))
     for j, (setting, rows) in enumerate(off.groupby("setting", sort=False)):
@@ -203,13 +194,9 @@ def plot_bytes_moved(frame: pd.DataFrame, bytes_per_token: int | None = None, ax
         ax.scatter(x[:len(ctx)], expected, marker="_", s=900, color="black", zorder=3,
                    label="expected: (stored + 1 new) tokens × bytes per token")
     ax.set_xticks(x[:len(ctx)], [f"{c}" for c in ctx["context_tokens"]])
-    ax.set(title="Offloaded: bytes moved per step (label: ms added vs dynamic)", xlabel="prompt tokens",
-           ylabel="KiB per decode step")
     ax.margins(y=0.15)
-    ax.grid(alpha=0.3, axis="y")
-    if legend:
-        ax.legend(fontsize=7, loc="upper left")
-    return cast(Figure, ax.figure)
+    return _finish(ax, legend, grid="y", title="Offloaded: bytes moved per step (label: ms added vs dynamic)",
+                   xlabel="prompt tokens", ylabel="KiB per decode step")
 
 
 def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool = True) -> Figure:
@@ -221,10 +208,7 @@ def plot_offload_cost(frame: pd.DataFrame, ax: Axes | None = None, legend: bool 
     ax = _axes(ax)
     off = frame[frame["strategy"] == "offloaded"]
     if not len(off):
-        ax.text(0.5, 0.5, "no offloaded setting in this run", ha="center", va="center", transform=ax.transAxes,
-                fontsize=9, color="#555")
-        ax.set(title="Offloaded: step time vs bytes moved")
-        return cast(Figure, ax.figure)
+        return _nothing(ax, "no offloaded setting in this run", "Offloaded: step time vs bytes moved")
     dyn = frame[frame["setting"] == EXACT].set_index("context_tokens")["token_ms_p50"]
     first = off[off["setting"] == off["setting"].iloc[0]].sort_values("context_tokens")
     if len(dyn):
@@ -367,18 +351,15 @@ def plot_transformers_caches(frame: pd.DataFrame) -> Figure:
         rows = frame[frame["library"] == lib].set_index("strategy").reindex(strategies)
         p50, p95 = rows["token_ms_p50"].to_numpy(float), rows["token_ms_p95"].to_numpy(float)
         pos = x + (j - 0.5) * width
-        colors = [cache_color(s) for s in strategies]
-        ax_t.bar(pos, p50, width, color=colors, alpha=0.9 if lib == "kvlab" else 0.45,
+        ax_t.bar(pos, p50, width, color=[cache_color(s) for s in strategies], alpha=0.9 if lib == "kvlab" else 0.45,
                  hatch=None if lib == "kvlab" else "//", edgecolor="black", linewidth=0.5, label=lib)
         ax_t.errorbar(pos, p50, yerr=[np.zeros_like(p50), np.nan_to_num(p95 - p50)], fmt="none", ecolor="black",
                       capsize=3, linewidth=0.8)
-        for p, v, st in zip(pos, p50, rows["status"]):
-            if not np.isfinite(v):
-                ax_t.text(p, 0, " did not run here", rotation=90, va="bottom", ha="center", fontsize=7)
+        for p in pos[~np.isfinite(p50)]:
+            ax_t.text(p, 0, " did not run here", rotation=90, va="bottom", ha="center", fontsize=7)
     ax_t.set_xticks(x, strategies)
-    ax_t.set(ylabel="ms per decode token (median, whisker p95)", title="time per token: kvlab solid, transformers hatched")
-    ax_t.grid(alpha=0.3, axis="y")
-    ax_t.legend(fontsize=7)
+    _finish(ax_t, True, "best", grid="y", ylabel="ms per decode token (median, whisker p95)",
+            title="time per token: kvlab solid, transformers hatched")
 
     steps = frame.attrs.get("steps")
     if steps is not None and len(steps):
@@ -399,11 +380,16 @@ RUN_COLORS = {ON_DEVICE: cache_color("dynamic"), OFFLOADED: cache_color("offload
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 20, not 2 x 10^1, on a log axis
 
 
-def _log_ms(ax: Axes) -> None:
+def _log_ms(ax: Axes, **labels) -> None:
+    """A panel of milliseconds on a log axis labelled in plain numbers, with its labels, grid and legend."""
+    ax.set(**labels)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(PLAIN)
     ax.yaxis.set_minor_formatter(PLAIN)
     ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.title.set_fontsize(10)
 
 
 def _sorted(ax: Axes, values_s, label: str, color: str) -> None:
@@ -433,11 +419,7 @@ def plot_offload_under_load(result: OffloadUnderLoad) -> Figure:
         _sorted(ax_step, result.steps.loc[result.steps["run"] == run, "duration_s"], run, color)
         _sorted(ax_tbt, result.gaps.loc[result.gaps["run"] == run, "gap_s"], run, color)
     for ax, what in ((ax_step, "Step time"), (ax_tbt, "Time between tokens")):
-        ax.set(title=f"{what}, fastest to slowest", xlabel="share of values at most this long (%)", ylabel="ms")
-        _log_ms(ax)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.title.set_fontsize(10)
+        _log_ms(ax, title=f"{what}, fastest to slowest", xlabel="share of values at most this long (%)", ylabel="ms")
 
     p = paired_steps(result)
     mib = p["bytes_moved"] / 2**20
@@ -449,12 +431,8 @@ def plot_offload_under_load(result: OffloadUnderLoad) -> Figure:
         floor = (np.median(p["on_device_s"]) + p["bytes_moved"].to_numpy() / (rate * 1e9)) * 1e3
         ax_bytes.plot(mib.to_numpy()[order], floor[order], color="black", ls="--", lw=1,
                       label=f"on-device median + bytes / {rate:g} GB/s")
-    ax_bytes.set(title=f"The same {len(p)} steps in both runs", xlabel="MiB the offloaded pool moved in the step",
-                 ylabel="ms per step")
-    _log_ms(ax_bytes)
-    ax_bytes.grid(alpha=0.3, which="both")
-    ax_bytes.legend(fontsize=7, loc="upper left")
-    ax_bytes.title.set_fontsize(10)
+    _log_ms(ax_bytes, title=f"The same {len(p)} steps in both runs", xlabel="MiB the offloaded pool moved in the step",
+            ylabel="ms per step")
     return fig
 
 
