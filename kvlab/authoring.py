@@ -175,14 +175,9 @@ def expand(cells: list, notebook: str) -> list:
 
 def from_source(path: Path) -> nbformat.NotebookNode:
     """The notebook a source describes, without outputs."""
-    src = _read_source(path)
-    cells = []
-    for cell in expand(src.cells, path.with_suffix(".ipynb").name):
-        meta = {k: v for k, v in cell.get("metadata", {}).items() if k not in ("lines_to_next_cell",)}
-        if cell.cell_type == "code":
-            cells.append(new_code_cell(cell.source, metadata=meta))
-        else:
-            cells.append(new_markdown_cell(cell.source, metadata=meta))
+    cells = [(new_code_cell if cell.cell_type == "code" else new_markdown_cell)(
+                 cell.source, metadata={k: v for k, v in cell.get("metadata", {}).items() if k != "lines_to_next_cell"})
+             for cell in expand(_read_source(path).cells, path.with_suffix(".ipynb").name)]
     mark_collapsed(cells)  # Going deeper sections open folded
     return new_notebook(cells=cells, metadata={"kernelspec": KERNELSPEC, "language_info": {"name": "python"}})
 
@@ -197,16 +192,12 @@ def code_sources(nb: nbformat.NotebookNode) -> list[str]:
 
 def differences(committed: nbformat.NotebookNode, built: nbformat.NotebookNode) -> list[str]:
     """Human-readable lines saying where the committed notebook's cells differ from its source's."""
-    a = [f"{t}: {s}" for t, s in map(_key, committed.cells)]
-    b = [f"{t}: {s}" for t, s in map(_key, built.cells)]
+    a, b = ([f"{t}: {s}" for t, s in map(_key, nb.cells)] for nb in (committed, built))
     if a == b:
         return []
-    lines = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if tag != "equal":
-            lines.append(f"notebook cells {i1}-{i2 - 1} vs source cells {j1}-{j2 - 1}: {tag} "
-                         f"({(a[i1] if i1 < i2 else b[j1])[:70]!r}…)")
-    return lines
+    opcodes = difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes()
+    return [f"notebook cells {i1}-{i2 - 1} vs source cells {j1}-{j2 - 1}: {tag} "
+            f"({(a[i1] if i1 < i2 else b[j1])[:70]!r}…)" for tag, i1, i2, j1, j2 in opcodes if tag != "equal"]
 
 
 def _carry_over(old: nbformat.NotebookNode, new: nbformat.NotebookNode, keep_outputs: bool) -> None:
@@ -283,13 +274,12 @@ def build(notebook: Path, *, force_execute: bool = False, check: bool = False) -
     in_line = old is not None and not differences(old, new)
     if in_line and not stale and not force_execute:
         return BuildResult(notebook.name, "unchanged")
+    if check and in_line:
+        return BuildResult(notebook.name, "stale", _stale_note(stale))
     if check:
-        if in_line:
-            return BuildResult(notebook.name, "stale", _stale_note(stale))
         return BuildResult(notebook.name, "out of date",
                            "\n".join(differences(old, new)) if old is not None else "no .ipynb yet")
-    text_only = (old is not None and code_sources(old) == code_sources(new) and not stale
-                 and not force_execute)
+    text_only = old is not None and code_sources(old) == code_sources(new) and not stale and not force_execute
     if old is not None:
         _carry_over(old, new, keep_outputs=text_only)
     detail = ""
@@ -397,12 +387,11 @@ def build_workshop(notebook: Path, *, check: bool = False) -> BuildResult:
 
 def selected(prefixes: list[str], folder: Path | None = None) -> list[Path]:
     """The course's notebooks whose names start with one of ``prefixes`` (all when empty)."""
-    folder = folder or notebook_dir()
     names = [n.file for n in NOTEBOOKS]
     chosen = [n for n in names if not prefixes or any(n.startswith(p) for p in prefixes)]
     if prefixes and not chosen:
         raise SystemExit(f"no notebook starts with {prefixes}; the course has {', '.join(n[:2] for n in names)}")
-    return [folder / n for n in chosen]
+    return [(folder or notebook_dir()) / n for n in chosen]
 
 
 def update_course_map() -> None:
@@ -410,12 +399,10 @@ def update_course_map() -> None:
     from kvlab.course import with_course_map
 
     readme = notebook_dir().parent / "README.md"
-    if readme.exists():
-        text = readme.read_text(encoding="utf-8")
-        updated = with_course_map(text)
-        if updated != text:
-            readme.write_text(updated, encoding="utf-8")
-            print("README.md: course map updated with the new run times")
+    text = readme.read_text(encoding="utf-8") if readme.exists() else None
+    if text is not None and (updated := with_course_map(text)) != text:
+        readme.write_text(updated, encoding="utf-8")
+        print("README.md: course map updated with the new run times")
 
 
 def add_arguments(parser) -> None:

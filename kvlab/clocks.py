@@ -74,14 +74,8 @@ class RequestRecord:
     @classmethod
     def from_request(cls, request, sent_s: float | None = None) -> "RequestRecord":
         """A fresh record for a `kvlab.workload.Request` (its profile goes to `extra`)."""
-        return cls(
-            request_id=request.request_id,
-            prompt_tokens=request.prompt_tokens,
-            max_new_tokens=request.max_new_tokens,
-            scheduled_s=request.arrival_s,
-            sent_s=sent_s,
-            extra={"profile": request.profile},
-        )
+        return cls(request.request_id, request.prompt_tokens, request.max_new_tokens, request.arrival_s, sent_s,
+                   extra={"profile": request.profile})
 
     # -- events, in the order an engine sees them --------------------------
     def admit(self, t: float) -> None:
@@ -114,9 +108,7 @@ class RequestRecord:
     @property
     def output_tokens(self) -> int:
         """`output_tokens_reported` if the server gave it, else len(token_s)."""
-        if self.output_tokens_reported is not None:
-            return self.output_tokens_reported
-        return len(self.token_s)
+        return len(self.token_s) if self.output_tokens_reported is None else self.output_tokens_reported
 
     def state_at(self, until_s: float) -> Status | None:
         """State at time `until_s`: None if not yet sent, else one of STATUSES.
@@ -146,20 +138,15 @@ class RequestRecord:
 
     def clocks(self) -> dict:
         """This request's clocks (NaN where not defined), as in the module table."""
-        nan = _NAN
         def since_scheduled(t):
-            return nan if t is None else t - self.scheduled_s
+            return _NAN if t is None else t - self.scheduled_s
+
         ttft = since_scheduled(self.first_token_s)
-        e2e = since_scheduled(self.finished_s) if self.status == "completed" else nan
+        e2e = since_scheduled(self.finished_s) if self.status == "completed" else _NAN
         n = self.output_tokens
-        tpot = (e2e - ttft) / (n - 1) if n >= 2 and not math.isnan(e2e) else nan
-        return {
-            "send_delay_s": cast(float, self.sent_s) - self.scheduled_s,  # __post_init__ filled a None
-            "queue_s": since_scheduled(self.admitted_s),
-            "ttft_s": ttft,
-            "tpot_s": tpot,
-            "e2e_s": e2e,
-        }
+        tpot = (e2e - ttft) / (n - 1) if n >= 2 and not math.isnan(e2e) else _NAN
+        return {"send_delay_s": cast(float, self.sent_s) - self.scheduled_s,  # __post_init__ filled a None
+                "queue_s": since_scheduled(self.admitted_s), "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
 
     def itl_s(self) -> list[float]:
         """Gaps between consecutive token stamps (vLLM's ITL, before pooling)."""
@@ -187,18 +174,13 @@ class SLO:
                 raise ValueError(f"SLO {k}={v} must be a positive number of seconds")
 
     def targets(self) -> dict[str, float]:
-        given = (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s))
-        return {k: v for k, v in given if v is not None}
+        return {k: v for k, v in (("ttft_s", self.ttft_s), ("tpot_s", self.tpot_s), ("e2e_s", self.e2e_s))
+                if v is not None}
 
     def met(self, clocks: Mapping[str, float]) -> bool:
         """Whether a completed request's clocks meet every target."""
-        for k, target in self.targets().items():
-            value = clocks[k]
-            if k == "tpot_s" and math.isnan(value):
-                continue
-            if not value <= target:
-                return False
-        return True
+        return all(clocks[k] <= target or (k == "tpot_s" and math.isnan(clocks[k]))
+                   for k, target in self.targets().items())
 
 
 def quantiles(values: Iterable[float], qs: Sequence[float] = DEFAULT_QS) -> dict[str, float]:
@@ -209,14 +191,16 @@ def quantiles(values: Iterable[float], qs: Sequence[float] = DEFAULT_QS) -> dict
     NaN. Quantiles use numpy's default (linear interpolation).
     """
     for q in qs:
-        if not 0 <= q <= 1:
-            raise ValueError(f"quantile {q} is outside [0, 1]; write p95 as 0.95")
+        _check_quantile(q)
     x = np.asarray(list(values), dtype=float)
     x = x[~np.isnan(x)]
-    out: dict[str, float] = {"n": int(x.size), "mean": float(x.mean()) if x.size else _NAN}
-    for q in qs:
-        out[f"p{q * 100:g}"] = float(np.quantile(x, q)) if x.size else _NAN
-    return out
+    return {"n": int(x.size), "mean": float(x.mean()) if x.size else _NAN,
+            **{f"p{q * 100:g}": float(np.quantile(x, q)) if x.size else _NAN for q in qs}}
+
+
+def _check_quantile(q: float, example: str = "write p95 as 0.95") -> None:
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile {q} is outside [0, 1]; {example}")
 
 
 def ttft_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0.95) -> dict:
@@ -226,12 +210,12 @@ def ttft_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0
     far, ``until_s - scheduled_s``, which its TTFT can only exceed (right-censored). Dropping those, as a quantile
     over completed requests does, keeps the lucky survivors and hides the longest waits. The quantile of these
     values is a lower bound of the true one (``at_least``) when any wait is censored (a true wait can only be
-    longer, which can only raise the quantile), and exact when none is. Failed requests (refused, errors) have no first token to wait for: counted apart.
+    longer, which can only raise the quantile), and exact when none is. Failed requests (refused, errors) have no
+    first token to wait for: counted apart.
 
     Returns ``{"value", "n", "censored", "failed", "at_least"}``.
     """
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile {q} is outside [0, 1]; write p95 as 0.95")
+    _check_quantile(q)
     waits, open_waits, failed = [], [], 0
     for r in records:
         state = r.state_at(until_s)
@@ -262,8 +246,7 @@ def tpot_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0
 
     Returns ``{"value", "n", "censored", "at_least"}``.
     """
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile {q} is outside [0, 1]; write p50 as 0.5")
+    _check_quantile(q, "write p50 as 0.5")
     done, open_gaps = [], []
     for r in records:
         state = r.state_at(until_s)
@@ -281,30 +264,14 @@ def tpot_censored(records: Iterable[RequestRecord], until_s: float, q: float = 0
 
 
 def requests_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
-    """One row per request: ids, lengths, status, raw stamps and every clock.
-
-    Keys of `record.extra` (e.g. `profile`) become columns too.
-    """
+    """One row per request: ids, lengths, status, raw stamps and every clock; keys of `record.extra` (`profile`) too."""
     rows = []
     for r in records:
         r.check()
-        row = {
-            "request_id": r.request_id,
-            "status": r.status,
-            "fail_reason": r.fail_reason,
-            "prompt_tokens": r.prompt_tokens,
-            "max_new_tokens": r.max_new_tokens,
-            "output_tokens": r.output_tokens,
-            "scheduled_s": r.scheduled_s,
-            "sent_s": r.sent_s,
-            "admitted_s": r.admitted_s,
-            "first_token_s": r.first_token_s,
-            "finished_s": r.finished_s,
-            **r.clocks(),
-        }
-        for k, v in r.extra.items():
-            row.setdefault(k, v)
-        rows.append(row)
+        row = {k: getattr(r, k) for k in ("request_id", "status", "fail_reason", "prompt_tokens", "max_new_tokens",
+                                          "output_tokens", "scheduled_s", "sent_s", "admitted_s", "first_token_s",
+                                          "finished_s")} | r.clocks()
+        rows.append(row | {k: v for k, v in r.extra.items() if k not in row})
     return pd.DataFrame(rows)
 
 
@@ -364,13 +331,8 @@ def _last_event(r: RequestRecord) -> float:
     return max(t for t in stamps if t is not None)
 
 
-def summarize(
-    records: Sequence[RequestRecord],
-    window_s: float | None = None,
-    slo: SLO | None = None,
-    until_s: float | None = None,
-    qs: Sequence[float] = DEFAULT_QS,
-) -> Summary:
+def summarize(records: Sequence[RequestRecord], window_s: float | None = None, slo: SLO | None = None,
+              until_s: float | None = None, qs: Sequence[float] = DEFAULT_QS) -> Summary:
     """Counts, latency quantiles, throughput and goodput at a cut-off.
 
     The cut-off is `until_s` (absolute), or `window_s` after the first
@@ -400,10 +362,8 @@ def summarize(
         until_s = max(_last_event(r) for r in records)
     duration = until_s - start
 
-    counts = dict.fromkeys(STATUSES, 0)
-    by_reason: dict[str, int] = {}
+    counts, by_reason, streamed = dict.fromkeys(STATUSES, 0), dict[str, int](), 0
     done: list[RequestRecord] = []
-    streamed = 0
     for r in records:
         state = r.state_at(until_s)
         if state is None:
@@ -411,8 +371,7 @@ def summarize(
         counts[state] += 1
         streamed += sum(1 for t in r.token_s if t <= until_s)
         if state == "failed":
-            reason = r.fail_reason or "unknown"
-            by_reason[reason] = by_reason.get(reason, 0) + 1
+            by_reason[r.fail_reason or "unknown"] = by_reason.get(r.fail_reason or "unknown", 0) + 1
         elif state == "completed":
             done.append(r)
 
@@ -425,21 +384,9 @@ def summarize(
         return count / duration if duration > 0 else _NAN
 
     output_tokens = sum(r.output_tokens for r in done)
-    summary = Summary(
-        until_s=until_s,
-        duration_s=duration,
-        sent=sum(counts.values()),
-        completed=counts["completed"],
-        failed=counts["failed"],
-        waiting=counts["waiting"],
-        running=counts["running"],
-        failed_by_reason=by_reason,
-        latency=latency,
-        output_tokens=output_tokens,
-        output_tokens_per_s=rate(output_tokens),
-        requests_per_s=rate(len(done)),
-        streamed_tokens_per_s=rate(streamed),
-    )
+    summary = Summary(until_s, duration, sum(counts.values()), counts["completed"], counts["failed"], counts["waiting"],
+                      counts["running"], by_reason, latency, output_tokens, rate(output_tokens), rate(len(done)),
+                      rate(streamed))
     if slo is not None:
         met = sum(slo.met(x) for x in per_request)
         ended = summary.completed + summary.failed

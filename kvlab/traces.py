@@ -4,9 +4,8 @@ Two public formats (a downloaded trace goes in data/traces/; data/README.md says
 
 - **Azure** LLM inference trace 2023 (github.com/Azure/AzurePublicDataset, from the Splitwise
   paper; a "code" and a "conversation" file, one hour each): CSV with TIMESTAMP, ContextTokens,
-  GeneratedTokens. Lengths and
-  arrivals only; ``kvlab.workload.read_trace`` / ``replay_trace`` read it, and prompts get random
-  token ids, so no two prompts share a prefix.
+  GeneratedTokens. Lengths and arrivals only; ``read_trace`` / ``replay_trace`` read it, and prompts
+  get random token ids, so no two prompts share a prefix.
 - **Mooncake** (github.com/kvcache-ai/Mooncake, FAST'25): JSON lines ``{"timestamp": ms,
   "input_length": n, "output_length": m, "hash_ids": [...]}``. ``hash_ids[i]`` names the i-th
   block of 512 prompt tokens (the last block may be partial, so there are ceil(input_length / 512)
@@ -114,13 +113,9 @@ def read_trace(path: str | Path) -> pd.DataFrame:
             raise ValueError(f"trace {path.name}: column {c} must hold token counts >= 0")
     if seconds.isna().any():
         raise ValueError(f"trace {path.name}: TIMESTAMP has empty values")
-    out = pd.DataFrame({
-        "arrival_s": seconds - seconds.min(),
-        "prompt_tokens": df["ContextTokens"].astype(int),
-        "output_tokens": df["GeneratedTokens"].astype(int),
-    })
+    out = pd.DataFrame({"arrival_s": seconds - seconds.min(), "prompt_tokens": df["ContextTokens"].astype(int),
+                        "output_tokens": df["GeneratedTokens"].astype(int)})
     return out.sort_values("arrival_s", kind="stable").reset_index(drop=True)
-
 
 
 # -- reading a Mooncake trace ---------------------------------------------------------------------
@@ -140,10 +135,7 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
     if not _is_int(block_tokens) or block_tokens < 1:
         raise ValueError(f"block_tokens={block_tokens!r}: need the trace's tokens per hash id, an integer >= 1 "
                          f"(the published Mooncake traces use {MOONCAKE_BLOCK_TOKENS})")
-    stamps: list[float] = []
-    prompts: list[int] = []
-    outputs: list[int] = []
-    ids: list[tuple[int, ...]] = []
+    rows: list[tuple] = []  # (timestamp in ms, prompt tokens, output tokens, hash ids)
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
@@ -164,8 +156,8 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
             t, n_in, n_out, h = (row[k] for k in MOONCAKE_FIELDS)
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
                 raise ValueError(f"{where}: timestamp {t!r} must be a number of milliseconds >= 0")
-            if stamps and t < stamps[-1]:
-                raise ValueError(f"{where}: timestamp {t} ms is earlier than the line before ({stamps[-1]} ms); "
+            if rows and t < rows[-1][0]:
+                raise ValueError(f"{where}: timestamp {t} ms is earlier than the line before ({rows[-1][0]} ms); "
                                  "requests must be listed in arrival order: sort the lines by timestamp")
             if not _is_int(n_in) or n_in < 1:
                 raise ValueError(f"{where}: input_length {n_in!r} must be an integer >= 1 (prompt tokens)")
@@ -179,16 +171,13 @@ def read_mooncake_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOK
                 raise ValueError(f"{where}: input_length {n_in} needs ceil({n_in}/{block_tokens}) = {expected} "
                                  f"hash_ids, found {len(h)}; fix the line, or pass block_tokens= if this trace's "
                                  f"blocks are not {block_tokens} tokens")
-            stamps.append(t)
-            prompts.append(n_in)
-            outputs.append(n_out)
-            ids.append(tuple(h))
-    if not stamps:
+            rows.append((t, n_in, n_out, tuple(h)))
+    if not rows:
         raise ValueError(f"trace {path.name} has no requests; a Mooncake trace has one JSON object per line, "
                          f"like {_EXAMPLE}")
-    ms = np.asarray(stamps, dtype=float)
-    return pd.DataFrame({"arrival_s": (ms - ms[0]) / 1000.0, "prompt_tokens": prompts, "output_tokens": outputs,
-                         "hash_ids": ids})
+    ms = np.asarray([r[0] for r in rows], dtype=float)
+    return pd.DataFrame({"arrival_s": (ms - ms[0]) / 1000.0, "prompt_tokens": [r[1] for r in rows],
+                         "output_tokens": [r[2] for r in rows], "hash_ids": [r[3] for r in rows]})
 
 
 def scaled_block_tokens(length_scale: float, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:
@@ -280,12 +269,9 @@ def trace_requests(frame: pd.DataFrame, vocab_size: int = 256, seed: int = 0,
         raise ValueError(f"a block of {b} tokens cannot spell {max_id + 1} different ids in base {vocab_size} "
                          f"(that needs {digits} tokens), so different blocks could look the same; lower "
                          "length_scale or raise vocab_size")
-    requests = []
-    for r in frame.itertuples(index=False):
-        ids = block_token_ids(r.hash_ids, b, vocab_size, digits, seed).reshape(-1)[:r.prompt_tokens]
-        requests.append(Request(int(r.request_id), int(r.prompt_tokens), int(r.output_tokens), float(r.arrival_s),
-                                profile, ids.tolist()))
-    return requests
+    return [Request(int(r.request_id), int(r.prompt_tokens), int(r.output_tokens), float(r.arrival_s), profile,
+                    block_token_ids(r.hash_ids, b, vocab_size, digits, seed).reshape(-1)[:r.prompt_tokens].tolist())
+            for r in frame.itertuples(index=False)]
 
 
 # -- replay: a trace file -> requests ------------------------------------------------------------------
@@ -306,10 +292,7 @@ def replay_trace(path: str | Path = SAMPLE_TRACE, time_scale: float = 1.0, lengt
     traces get ids that share what the trace's hash_ids share (``vocab_size`` is required;
     ``block_tokens`` is the trace's block size, which ``length_scale`` must divide).
     """
-    trace_format = detect_format(path) if trace_format is None else trace_format
-    if trace_format not in TRACE_FORMATS:
-        raise ValueError(f"unknown trace format {trace_format!r}; choose one of {', '.join(TRACE_FORMATS)}")
-    if trace_format == "mooncake":
+    if _trace_format(path, trace_format) == "mooncake":
         if vocab_size is None:
             raise ValueError("a Mooncake replay needs vocab_size= (the model's vocabulary) to spell its shared blocks")
         frame = mooncake_frame(path, time_scale, length_scale, max_requests, max_context, block_tokens)
@@ -333,7 +316,6 @@ def replay_trace(path: str | Path = SAMPLE_TRACE, time_scale: float = 1.0, lengt
     return requests
 
 
-# The two former entry points, kept for tests/test_traces.py: each is one call to replay_trace.
 def replay_mooncake(path: str | Path = MOONCAKE_SAMPLE_TRACE, time_scale: float = 1.0, length_scale: float = 1.0,
                     max_requests: int | None = None, vocab_size: int = 256, max_context: int | None = None,
                     seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
@@ -352,10 +334,15 @@ def replay_trace_file(path: str | Path, trace_format: str | None = None, time_sc
 # -- the same requests, faster or slower -------------------------------------------------------------
 def read_any_trace(path: str | Path, trace_format: str | None = None) -> pd.DataFrame:
     """Either format as arrival_s, prompt_tokens, output_tokens (and hash_ids for Mooncake)."""
+    return read_trace(path) if _trace_format(path, trace_format) == "azure" else read_mooncake_trace(path)
+
+
+def _trace_format(path: str | Path, trace_format: str | None) -> str:
+    """``trace_format``, or the file's (``detect_format``); ValueError for a format kvlab does not read."""
     trace_format = detect_format(path) if trace_format is None else trace_format
     if trace_format not in TRACE_FORMATS:
         raise ValueError(f"unknown trace format {trace_format!r}; choose one of {', '.join(TRACE_FORMATS)}")
-    return read_trace(path) if trace_format == "azure" else read_mooncake_trace(path)
+    return trace_format
 
 
 __all__ = ["AZURE_COLUMNS", "MOONCAKE_BLOCK_TOKENS", "MOONCAKE_FIELDS", "MOONCAKE_SAMPLE_TRACE", "SAMPLE_TRACE",

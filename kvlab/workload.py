@@ -57,14 +57,10 @@ class Profile:
     description: str
 
 
-PROFILES = {
-    p.name: p
-    for p in (
-        Profile("short_short", (16, 64), (8, 32), "chat turn: short question, short answer"),
-        Profile("long_short", (256, 512), (8, 32), "summarise / RAG: long document in, short answer out"),
-        Profile("long_gen", (16, 64), (128, 256), "writing / code: short instruction, long generation"),
-    )
-}
+PROFILES = {p.name: p for p in (
+    Profile("short_short", (16, 64), (8, 32), "chat turn: short question, short answer"),
+    Profile("long_short", (256, 512), (8, 32), "summarise / RAG: long document in, short answer out"),
+    Profile("long_gen", (16, 64), (128, 256), "writing / code: short instruction, long generation"))}
 # "mixture": each request draws its profile with these weights. Most traffic is
 # chat; long contexts are common (RAG); long generations are rarer but hold
 # batch slots longest.
@@ -183,18 +179,9 @@ def _fit(prompt: int, out: int, max_context: int | None, min_prompt: int = 1) ->
     return min(prompt, max_context - out), out
 
 
-def make_workload(
-    profile: str,
-    n: int,
-    arrival: str = "poisson",
-    rate: float | None = None,
-    burstiness: float = 1.0,
-    seed: int = 0,
-    vocab_size: int | None = None,
-    max_context: int | None = None,
-    scale: float = 1.0,
-    shared_prefix_tokens: int = 0,
-) -> list[Request]:
+def make_workload(profile: str, n: int, arrival: str = "poisson", rate: float | None = None, burstiness: float = 1.0,
+                  seed: int = 0, vocab_size: int | None = None, max_context: int | None = None, scale: float = 1.0,
+                  shared_prefix_tokens: int = 0) -> list[Request]:
     """`n` seeded requests of `profile` arriving by `arrival` at `rate` requests/s.
 
     - `profile`: one of PROFILE_NAMES. Lengths are uniform in the profile's
@@ -225,10 +212,8 @@ def make_workload(
     # Separate streams, so e.g. adding a vocabulary does not change the arrivals.
     arrival_rng, length_rng, token_rng = _streams(seed)
     arrivals = arrival_times(arrival, n, rate, burstiness, arrival_rng)
-    if profile == "mixture":
-        names = length_rng.choice(list(MIXTURE_WEIGHTS), size=n, p=list(MIXTURE_WEIGHTS.values())).tolist()
-    else:
-        names = [profile] * n
+    names = (length_rng.choice(list(MIXTURE_WEIGHTS), size=n, p=list(MIXTURE_WEIGHTS.values())).tolist()
+             if profile == "mixture" else [profile] * n)
 
     def ranges(attr: str) -> tuple[np.ndarray, np.ndarray]:
         lo = np.array([getattr(PROFILES[p], attr)[0] for p in names]) * scale
@@ -242,9 +227,8 @@ def make_workload(
     requests = []
     for i in range(n):
         p, o = _fit(int(prompt_lens[i]), int(output_lens[i]), max_context, max(1, shared_prefix_tokens))
-        ids = None
-        if vocab_size is not None:
-            ids = prefix + token_rng.integers(0, vocab_size, size=p - shared_prefix_tokens).tolist()
+        ids = (prefix + token_rng.integers(0, vocab_size, size=p - shared_prefix_tokens).tolist()
+               if vocab_size is not None else None)
         requests.append(Request(i, p, o, float(arrivals[i]), names[i], ids,
                                 "system" if shared_prefix_tokens else None))
     return requests
@@ -355,10 +339,8 @@ def policy_workload(vocab_size: int, lengths: str = "mixed", n: int = 12, prompt
         return rng.permutation(np.maximum(1, np.round(np.linspace(mean * (1 - spread), mean * (1 + spread), n))))
 
     prompts = spread_lengths(prompt_tokens).astype(int)
-    if lengths == "mixed" and outputs == "long_tail" and n > 1:
-        answers = rng.permutation(long_tail(max_new_tokens, n))
-    else:
-        answers = spread_lengths(max_new_tokens).astype(int)
+    answers = (rng.permutation(long_tail(max_new_tokens, n)) if lengths == "mixed" and outputs == "long_tail" and n > 1
+               else spread_lengths(max_new_tokens).astype(int))
     return [Request(i, int(p), int(o), arrivals[i], lengths, prompt=seeded_prompt(vocab_size, int(p), (seed, i)))
             for i, (p, o) in enumerate(zip(prompts, answers))]
 
@@ -370,8 +352,6 @@ def seeded_prompt(vocab_size: int, tokens: int, seed) -> list[int]:
 
 def workload_frame(requests: list[Request]) -> pd.DataFrame:
     """One row per request (token ids left out), for tables and plots."""
-    return pd.DataFrame([
-        {"request_id": r.request_id, "profile": r.profile, "arrival_s": r.arrival_s,
-         "prompt_tokens": r.prompt_tokens, "max_new_tokens": r.max_new_tokens, "prefix_id": r.prefix_id}
-        for r in requests
-    ])
+    return pd.DataFrame([{"request_id": r.request_id, "profile": r.profile, "arrival_s": r.arrival_s,
+                          "prompt_tokens": r.prompt_tokens, "max_new_tokens": r.max_new_tokens,
+                          "prefix_id": r.prefix_id} for r in requests])
