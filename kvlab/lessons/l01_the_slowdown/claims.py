@@ -1,13 +1,6 @@
 """Claims of notebook 01 (the slowdown), checked on the learner's run of ``run_slowdown``.
 
-Every claim here rests on wall-clock time, so each states a qualitative fact with a margin:
-uncached steps grow and cached ones stay nearly flat; the gap between the two arrivals widens faster than a
-constant difference per step would widen it;
-the measured slowdown stays below the work ratio, because a pass over many tokens costs far less
-per token than a pass over one; and a line through the uncached steps splits each into a part
-every pass pays whatever it holds (clearly above zero: a sizeable share of a cached step) and a part per token.
-At a long context (``run_context_steps``) the cached steps are no longer flat: each reads every
-stored K/V, and that read grows with the context.
+Every claim here rests on wall-clock time, so each states a qualitative fact with a margin.
 """
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ NOTEBOOK = "01_the_slowdown.ipynb"
 
 
 def _row(result: Any, cache: str) -> pd.Series:
-    summary = slowdown_summary(frame_of(result)).set_index("cache")
-    return summary.loc[cache]
+    return slowdown_summary(frame_of(result)).set_index("cache").loc[cache]
 
 
 # One boundary between "flat" and "grows": a late/early step ratio is one or the other, never both (uncached steps
@@ -141,9 +133,8 @@ def _median_step_se(steps: np.ndarray, at: float, window: int) -> float:
            keep the machine busy (a long prompt, a larger model), or when other programs slowed the late steps;
            press Run again.""")
 def measured_slowdown_below_work(result: Any) -> dict:
-    """Old rule: measured ratio < work ratio, with no margin (a ratio a hair below the work ratio passed). New: the
-    ratio times (1 + BELOW_WORK_SE relative standard errors) stays below the work ratio, the standard error of each
-    windowed median step from the uncached steps' own step-to-step scatter (fastest of the repeats)."""
+    """The ratio times (1 + BELOW_WORK_SE relative standard errors) stays below the work ratio, the standard error of
+    each windowed median step from the uncached steps' own step-to-step scatter (fastest of the repeats)."""
     r = _row(result, "none")
     curve = step_curves(frame_of(result))
     steps = curve[(curve["cache"] == "none") & (curve["token"] >= 1)].sort_values("token")["step_ms"].to_numpy()
@@ -194,10 +185,8 @@ def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
     cached = float(_row(result, "dynamic").early_step_ms)
     fixed, low, high = (float(fit.loc["none", k]) for k in ("fixed_ms", "fixed_low_ms", "fixed_high_ms"))
     slope = float(fit.loc["none", "us_per_context_token"]) / 1e3
-    if fixed <= 0:
-        worth = "no"
-    else:  # steps that do not grow at all: the whole step is paid per pass
-        worth = f"{fixed / slope:.0f}" if slope > 0 else "any number of"
+    # steps that do not grow at all (slope <= 0): the whole step is paid per pass
+    worth = "no" if fixed <= 0 else f"{fixed / slope:.0f}" if slope > 0 else "any number of"
     return dict(fixed=fixed, low=low, high=high, cached=cached, times=fixed / cached, slope=slope, worth=worth,
                 holds=low > 0)
 

@@ -1,9 +1,4 @@
-"""Notebook 03's panels: the strategies side by side, and kvlab's caches beside transformers'.
-
-The panel of lesson 03: cache strategies side by side (memory, latency, bytes, accuracy) behind a Run button.
-
-The panel of notebook 03's comparison with transformers: kvlab's caches beside transformers' own, behind a Run button.
-"""
+"""Notebook 03's panels: the strategies side by side, and kvlab's caches beside transformers'."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,23 +1,4 @@
-"""Notebook 04's figures: one request's journey, a clock's distribution, tokens per word, cold vs warm start.
-
-One request's journey: arrival, admission, first token, every token, finish — with the four clocks on it.
-
-Top: the request's timeline (queued, prefill, decode, paused, as in the Gantt chart), its token
-arrivals as ticks, and brackets for the clocks: queue wait (arrival -> admission), TTFT
-(arrival -> first token), the decode span that TPOT averages, and E2E (arrival -> last token).
-Bottom: the gap before each token after the first (what a reader sees as the text's pace), with
-its mean, TPOT = (E2E - TTFT) / (n - 1), and the largest gap.
-
-The distribution of one clock across requests: why a mean hides the wait.
-
-Left: a histogram of the clock (say TTFT) with the mean, the median and the tail quantiles drawn
-on it. Right: every request sorted from fastest to slowest, so the share of requests above any
-line can be read off. The sample size n is always printed next to the quantiles.
-
-Tokens are not words: tokens per word and per character by language, and the tokens/s of the same words/s.
-
-Cold vs warm start: what a request waits for when the service has to start first, and once it is warm.
-"""
+"""Notebook 04's figures: one request's journey, a clock's distribution, tokens per word, cold vs warm start."""
 from __future__ import annotations
 
 import math
@@ -66,8 +47,11 @@ def _ms(seconds: float) -> str:
 
 def plot_request_journey(request: RequestRecord | pd.Series | dict, steps: pd.DataFrame | None = None,
                          title: str | None = None) -> Figure:
-    """The four clocks drawn on one request's timeline (see the module docstring).
+    """The four clocks drawn on one request's timeline.
 
+    Top: the timeline (queued, prefill, decode, paused, as in the Gantt chart), token arrivals as ticks, and
+    brackets for queue wait, TTFT, the decode span that TPOT averages, and E2E. Bottom: the gap before each token
+    after the first, with its mean, TPOT = (E2E - TTFT) / (n - 1), and the largest gap.
     ``request``: a RequestRecord or a row of ``ServingRun.requests``; ``steps``: the run's
     ``step_requests_frame`` (optional: without it the queued / prefill / decode bars are left out).
     A failed request shows its arrival and its failure with the reason.
@@ -120,11 +104,10 @@ def plot_request_journey(request: RequestRecord | pd.Series | dict, steps: pd.Da
 
     gaps = np.diff(tokens) * 1e3
     if len(gaps):
-        idx = np.arange(1, len(tokens))
-        colors = [SEGMENT_COLORS["decode"]] * len(gaps)
         worst = int(np.argmax(gaps))
+        colors = [SEGMENT_COLORS["decode"]] * len(gaps)
         colors[worst] = "#d62728"
-        ax_gap.bar(idx, gaps, color=colors, width=0.85, gid="journey-gaps")
+        ax_gap.bar(np.arange(1, len(tokens)), gaps, color=colors, width=0.85, gid="journey-gaps")
         if e2e is not None and ttft is not None:
             tpot_ms = (e2e - ttft) / (len(tokens) - 1) * 1e3
             ax_gap.axhline(tpot_ms, color="black", ls="--", lw=1, label=f"mean gap = TPOT = {tpot_ms:,.2f} ms")
@@ -165,8 +148,7 @@ def plot_clock_distribution(requests: pd.DataFrame, clock: str = "ttft_s", slo_s
     name = CLOCK_LABELS.get(clock, clock)
     if not len(values):
         for ax in (ax_hist, ax_sorted):
-            ax.text(0.5, 0.5, "no completed requests", transform=ax.transAxes, ha="center", va="center",
-                    color="#555")
+            ax.text(0.5, 0.5, "no completed requests", transform=ax.transAxes, ha="center", va="center", color="#555")
         return fig
     ax_hist.hist(values, bins=min(30, max(5, len(values) // 2)), color="#9ecae1", edgecolor="white")
     ordered = np.sort(values)
@@ -187,8 +169,7 @@ def plot_clock_distribution(requests: pd.DataFrame, clock: str = "ttft_s", slo_s
         ax_sorted.axhline(slo_s * 1e3, color="black", lw=2)
     ax_hist.set(xlabel=f"{name} (ms)", ylabel="requests", title=title or f"{name}: {q['n']} completed requests")
     ax_hist.legend(fontsize=8)
-    ax_sorted.set(xlabel="requests, fastest to slowest (%)", ylabel=f"{name} (ms)",
-                  title="Every request, sorted")
+    ax_sorted.set(xlabel="requests, fastest to slowest (%)", ylabel=f"{name} (ms)", title="Every request, sorted")
     for ax in (ax_hist, ax_sorted):
         ax.title.set_fontsize(10)
         ax.grid(alpha=0.3)

@@ -1,14 +1,8 @@
 """Notebook 05's figures: each step's batch, what a policy delivers, why batching works.
 
-What each step's batch held: prompt tokens vs decoding sequences, step by step.
-
-A step computes some prompt tokens (prefill, maybe a chunk) and one token for each decoding
-sequence. Stacking the two per step shows a policy at work: a static batch thins out as its
-members finish, continuous batching keeps the batch full, chunked prefill caps the prompt part.
-
-What a batching policy delivers: throughput against the wait for the first token, and the batch-wait knob.
-
-Why batching works, drawn: decode step time against batch size over the machine's two floors, and batched prefill.
+A step computes some prompt tokens (prefill, maybe a chunk) and one token for each decoding sequence; stacking
+the two per step shows a policy at work: a static batch thins out as its members finish, continuous batching
+keeps the batch full, chunked prefill caps the prompt part.
 """
 from __future__ import annotations
 

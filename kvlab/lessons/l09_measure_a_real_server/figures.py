@@ -1,9 +1,4 @@
-"""Notebook 09's figures: client clocks beside engine clocks, the service curve at the client, two engines.
-
-Figures of measurements over the wire: client clocks next to engine clocks, and the service curve at the client.
-
-The service curves of two engines on one figure: achieved vs offered load, and TTFT p95 / TPOT p50 by load.
-"""
+"""Notebook 09's figures: client clocks beside engine clocks, the service curve at the client, two engines."""
 from __future__ import annotations
 
 import numpy as np
