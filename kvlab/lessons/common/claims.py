@@ -19,22 +19,16 @@ Writing a claim (notebook authors): in the lesson's ``kvlab/lessons/lNN_<noteboo
         return {"late": 194, "early": 20, "measured": m, "work": w, "holds": m > 1.2}
 
 The function reads the experiment's result and returns the numbers the sentence quotes plus
-``holds``, the check. A sentence longer than a line is written as a paragraph (a triple-quoted
-string over several lines); ``claim`` folds its whitespace into single spaces, so the source reads as
-the page will. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time, counts, byte
-formulas, hand-computed schedules: the same on every machine, so nbval checks the verdict) or
-``"wall"`` (measured time: a qualitative fact with a margin, whose hold rate over
-repeated and contended runs is recorded by ``scripts/claims_robustness.py``). ``otherwise`` tells
-the learner what to look at when the claim does not hold on their run.
+``holds``, the check. ``says`` and ``otherwise`` may be triple-quoted paragraphs: ``claim`` folds their
+whitespace into single spaces. ``clock`` says what the claim rests on: ``"deterministic"`` (virtual time,
+counts, byte formulas: the same on every machine, so nbval checks the verdict) or ``"wall"`` (measured time: a
+qualitative fact with a margin, whose hold rate is recorded by ``scripts/claims_robustness.py``). ``otherwise``
+tells the learner what to look at when the claim does not hold on their run.
 
-Then write its example and, for a wall-clock claim that asserts, its counterexample in
-``tests/claim_examples/lNN_<notebook>.py`` (test fixtures, not shipped with the package): the example
-makes a small result to check the claim on; the counterexample returns, from (a deep copy of) that
-result, a result on which the sentence is false, built by hand or by editing the copy's numbers (a
-curve that rises then falls, a gain inside the run's own noise). Each is registered by claim name,
-``@example("later_tokens_cost_more")`` and ``@counterexample(...)`` (``tests/claim_examples/__init__.py``);
-``tests/test_claims.py`` checks that every claim has an example and marks its counterexample ✗, so a
-check looser than its sentence is caught.
+Then register its example and, for a wall-clock claim that asserts, its counterexample (a copy of that result
+edited so that the sentence is false) in ``tests/claim_examples/lNN_<notebook>.py`` with ``@example(name)`` and
+``@counterexample(name)``; ``tests/test_claims.py`` checks that the counterexample is marked ✗, so a check looser
+than its sentence is caught.
 """
 from __future__ import annotations
 
@@ -84,10 +78,9 @@ class Verdicts(list):
     """Several verdicts, shown one per line (a notebook cell's last expression).
 
     ``fold``: lines off the main path, shown folded under "every check on your run" (the plain text stays whole,
-    for nbval and a terminal). ``after``: a prediction (anything with ``.value``, e.g.
-    ``kvlab.lessons.common.predict``'s box) whose answer these lines give away. While its ``value`` is None the lines are folded into a
-    ``<details>`` the learner clicks to open, and the plain text (a terminal, nbval) says how to
-    show them and holds none of their numbers; with a prediction they are shown as always.
+    for nbval and a terminal). ``after``: a prediction box (anything with ``.value``) whose answer these lines give
+    away: while its ``value`` is None the lines are folded into a ``<details>`` the learner clicks to open, and the
+    plain text says how to show them and holds none of their numbers.
     """
 
     def __init__(self, verdicts: Iterable[Verdict] = (), after: Any = None, fold: bool = False) -> None:
@@ -162,8 +155,7 @@ def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, asserts: bo
 
     ``asserts=False`` makes it an observation: a run-dependent measurement shown with its n
     (``• on your run: …``), never marked ✓ or ✗, because on some machines and loads it goes either way.
-    Its measure still returns ``holds`` (True when the run could be read). Every claim needs an example, and
-    every wall-clock claim that asserts a counterexample, in tests/claim_examples/ (see the module docstring).
+    Its measure still returns ``holds`` (True when the run could be read).
     """
     if clock not in ("deterministic", "wall"):
         raise ValueError(f"clock must be 'deterministic' or 'wall', got {clock!r}")

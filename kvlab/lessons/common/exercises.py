@@ -6,23 +6,20 @@ In a notebook a learner writes an answer and calls the checker as the last line 
     answer = None          # replace None with your answer
     check_kv_bytes(answer)
 
-The checker returns a ``Feedback`` (shown as one line, ✅ or ❌, in the notebook; ``bool(feedback)``
-says whether the answer is right). It never raises: no answer yet, an answer of the wrong type, or
-a function answer that crashes all come back as a message.
+The checker returns a ``Feedback`` (one line, ✅ or ❌; ``bool(feedback)`` says whether the answer is right). It
+never raises: no answer yet, an answer of the wrong type, or a function answer that crashes all come back as a
+message.
 
-Adding an exercise (notebook authors): write ``check_<what>(answer) -> Feedback`` in the notebook's
-lesson's ``exercises.py`` (``kvlab/lessons/lNN_<notebook>/exercises.py``) and register it with
-``@exercise(notebook, solution=..., wrong=..., title=..., question=..., code=..., explanation=...)``.
-The notebook's source then holds one line, ``<!-- kvlab:exercise check_<what> -->``, which
-``python -m kvlab notebooks`` expands into the question, the answer cell and the folded solution
-(:func:`cells`). The solution and the wrong answer are what tests/test_course.py feeds every
-checker: the solution must be confirmed, the wrong answer rejected with a message. Build the
-expected answer from kvlab's own functions or a hand computation (an oracle), never from a pasted
-number. The helpers ``check_number``, ``check_choice`` and ``check_function`` cover most exercises
-and give the messages a consistent voice: say what was expected, name the likely mistake, and never
-just print the answer. A checker accepts what its own solution says: a ratio the explanation gives as
-"about 1.63" is right at 1.6 too (``check_number(..., digits=2)``), and a multiple-choice key is not
-the hedged option by habit (tests/test_exercises_answers.py checks both over the course).
+Adding an exercise (notebook authors): write ``check_<what>(answer) -> Feedback`` in the lesson's
+``kvlab/lessons/lNN_<notebook>/exercises.py`` and register it with ``@exercise(notebook, solution=..., wrong=...,
+title=..., question=..., code=..., explanation=...)``. The notebook's source then holds one line,
+``<!-- kvlab:exercise check_<what> -->``, which ``python -m kvlab notebooks`` expands into the question, the answer
+cell and the folded solution (:func:`cells`). tests/test_course.py feeds every checker its solution (confirmed)
+and its wrong answer (rejected with a message). Build the expected answer from kvlab's own functions or a hand
+computation, never from a pasted number. ``check_number``, ``check_choice`` and ``check_function`` give the
+messages one voice: say what was expected, name the likely mistake, never just print the answer. A checker
+accepts what its own solution says ("about 1.63" is right at 1.6: ``check_number(..., digits=2)``), and a
+multiple-choice key is not the hedged option by habit (tests/test_exercises_answers.py).
 """
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ from kvlab.lessons.common.fold import folded_solution
 
 __all__ = ["EXERCISES", "Answer", "Exercise", "Feedback", "cells", "check_choice", "method_source", "solution_code", "check_frame_function", "check_function", "check_number",
            "exercise", "exercises_for", "lazy", "multiple_choice", "right", "rounding_tolerance", "wrong"]
-
 
 
 @dataclass(frozen=True)

@@ -32,19 +32,18 @@ FigureFn = Callable[[pd.DataFrame, dict], Figure]  # figure(frame, params)
 SummaryFn = Callable[[pd.DataFrame, dict], "pd.DataFrame | str"]  # summary(frame, params)
 
 
-def figure_png(fig: Figure, dpi: int = 96) -> bytes:
-    """The figure rendered as PNG bytes (works for figures made without pyplot)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
+def _display(data: dict) -> dict:
+    """A Jupyter display_data output of ``data`` (mime type -> content)."""
+    return {"output_type": "display_data", "metadata": {}, "data": data}
 
 
 def figure_output(fig: Figure) -> dict:
     """A Jupyter display_data output holding the figure as a PNG (what GitHub shows in a notebook)."""
-    png = base64.b64encode(figure_png(fig)).decode("ascii")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")  # works for figures made without pyplot
     w, h = fig.get_size_inches()
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": png, "text/plain": f"<Figure size {w * 96:.0f}x{h * 96:.0f}>"}}
+    return _display({"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+                     "text/plain": f"<Figure size {w * 96:.0f}x{h * 96:.0f}>"})
 
 
 def output_html(output: dict) -> str:
@@ -58,20 +57,17 @@ def output_html(output: dict) -> str:
 def table_output(table: pd.DataFrame | str) -> dict:
     """A display_data output for a summary: an HTML table for a DataFrame, plain text for a string."""
     if isinstance(table, str):
-        return {"output_type": "display_data", "metadata": {},
-                "data": {"text/plain": table, "text/html": f"<p>{html.escape(table)}</p>"}}
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"text/html": table.to_html(index=False, float_format=lambda x: f"{x:,.2f}"),
-                     "text/plain": table.to_string(index=False)}}
+        return _display({"text/plain": table, "text/html": f"<p>{html.escape(table)}</p>"})
+    return _display({"text/html": table.to_html(index=False, float_format=lambda x: f"{x:,.2f}"),
+                     "text/plain": table.to_string(index=False)})
 
 
 def message_output(text: str, kind: str = "error") -> dict:
     """One line for the output area; kind "error" is red, "note" grey. Not Jupyter's error type on purpose."""
     color = {"error": "#b00020", "note": "#555"}[kind]
     mark = "⚠ " if kind == "error" else ""
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"text/plain": f"{mark}{text}",
-                     "text/html": f'<div class="kvlab-{kind}" style="color:{color}">{mark}{html.escape(text)}</div>'}}
+    return _display({"text/plain": f"{mark}{text}",
+                     "text/html": f'<div class="kvlab-{kind}" style="color:{color}">{mark}{html.escape(text)}</div>'})
 
 
 def error_message(exc: BaseException) -> str:
@@ -156,8 +152,7 @@ class ExperimentPanel:
             raise ValueError("an ExperimentPanel needs at least one control (a dict name -> widget)")
         self.controls = dict(controls)
         self._run_fn, self._figure_fn, self._summary_fn = run, figure, summary
-        self.auto_run = auto_run
-        self.max_cached = max_cached
+        self.auto_run, self.max_cached = auto_run, max_cached
         self.cache: OrderedDict[tuple, PanelResult] = OrderedDict()
         self.result: PanelResult | None = None  # the result on display
         self.error: str | None = None  # the one-line message of the last failed run
@@ -298,7 +293,6 @@ class ExperimentPanel:
         self.result = None
         self.output.outputs = (message_output(self.error, "error"),)
         self._set_status("failed: see the message below")
-        return None
 
     def traceback(self) -> str:
         """The full traceback of the last failed run (for debugging; the panel shows one line)."""
@@ -325,8 +319,7 @@ class ExperimentPanel:
             body = result.folded_html()
             page = folded("🎯 this result holds the answer to your prediction: type your number in the box above "
                           "and press Run again, or click here to show it", body)
-            self.output.outputs = ({"output_type": "display_data", "metadata": {},
-                                    "data": {"text/html": page, "text/plain": "(folded until you predict)"}},)
+            self.output.outputs = (_display({"text/html": page, "text/plain": "(folded until you predict)"}),)
         else:
             self.output.outputs = tuple(result.outputs())
         if result.from_cache:

@@ -5,20 +5,11 @@
     result = panel.run()       # an experiment (``@experiment``): the result notes the cell that produced it
     guess.against(result, late_over_early)  # "you predicted 3×; your run measured 2.5× (0.83 times your prediction)"
 
-``against(result, measure)`` takes the experiment's result and the function that reads the answer from it
-(a number, or ``(number, {name: input})`` naming the numbers the answer is computed from). It notes the cell
-that asked and the cell that produced the result (:mod:`kvlab.provenance`), so a notebook whose result came before
-its question fails its test by construction, and the inputs are what no earlier output may state.
-
-The prediction can also be set in code (``predict(..., value=3)``), which is how the tests and a
-teacher's projected notebook fill it. An empty box never raises, and it never shows the answer
-either: until the learner types a number (and runs the cell again), the measurement is folded
-into a ``<details>`` element whose summary asks for the prediction, so Run All, a saved notebook
-and a viewer show no answer before the learner guessed. Clicking the summary reveals it, with no
-kernel and no widget (plain HTML: JupyterLab, classic Notebook, Colab, nbviewer, GitHub). The
-plain-text form (what a terminal prints, what nbval compares) holds no number at all then.
-``Comparison.measured`` is the number, for code. A table or a printout that states the answer is
-folded the same way with ``guess.fold(table)``.
+``against`` notes the cell that asked and the cell that produced the result (:mod:`kvlab.provenance`), so a
+notebook whose result came before its question fails its test by construction. The prediction can also be set in
+code (``predict(..., value=3)``: the tests, a teacher's projected notebook). Until the learner types a number, the
+measurement is folded into a ``<details>`` element (plain HTML: it opens with no kernel and no widget), and the
+plain-text form (a terminal, nbval) holds no number at all. ``guess.fold(table)`` folds a table that states it.
 """
 from __future__ import annotations
 

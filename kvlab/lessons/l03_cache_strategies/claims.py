@@ -578,7 +578,7 @@ def offloaded_pool_moves_the_counted_bytes(result: Any) -> dict:
 
     off = result.run(OFFLOADED)
     bs, per_token = int(off.settings["block_size"]), int(result.settings["bytes_per_token"])
-    hand = bytes_by_hand(off, bs, per_token)
+    hand = bytes_by_hand(off, per_token)
     moved = result.steps[result.steps["run"] == OFFLOADED].set_index("step")["bytes_moved"]
     same = moved.reindex(hand["step"]).astype("int64").tolist() == hand["bytes_moved"].astype("int64").tolist()
     rate, b = result.settings.get("link_gbps"), hand["bytes_moved"]

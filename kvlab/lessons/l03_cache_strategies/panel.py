@@ -88,7 +88,6 @@ def strategies_panel(model: Decoder | None = None, strategies: Sequence[str] = S
                            summary=lambda frame, _p: learner_table(frame), title=title)
 
 
-
 def transformers_caches_panel(model: Decoder | None = None, strategies: Sequence[str] = COMPARED_STRATEGIES, pairs: int = 16,
                               questions: int = 4, new_tokens: int = 24, bits: int = 4, residual: int = 16,
                               group_size: int = 32, title: str = "kvlab's caches beside transformers'") -> ExperimentPanel:
@@ -116,11 +115,8 @@ def transformers_caches_panel(model: Decoder | None = None, strategies: Sequence
         return run_transformers_caches(model, strategies, pairs=pairs, questions=questions, new_tokens=new_tokens,
                                        bits=bits, group_size=group_size, residual=residual, progress=progress)
 
-    def summary(frame: pd.DataFrame, _params) -> pd.DataFrame:
-        return pair_table(frame)
-
     return ExperimentPanel(controls, run, figure=lambda frame, _p: plot_transformers_caches(frame),
-                           summary=summary, title=title)
+                           summary=lambda frame, _p: pair_table(frame), title=title)
 
 
 __all__ = ["learner_table", "strategies_panel", "transformers_caches_panel"]

@@ -121,9 +121,7 @@ def _rounds_words(ratios: pd.Series) -> str:
            show by how much. More rounds shrink it: policy_rounds(model, rounds=5); the exact runs below show the
            policies without any noise.""")
 def mixed_lengths_continuous_serves_more_per_second(result: Any) -> dict:
-    """Old rule: one mixed pair's ratio > 1 + max(one equal pair's difference, 5%). New rule (paired rounds,
-    ``policy_rounds``): continuous ahead in every round, and the median of the rounds' ratios > 1 + max(the largest
-    equal-pair difference of any round, 5%). With a single round it is the old rule."""
+    """Continuous ahead in every round (``policy_rounds``), and the median of the rounds' ratios > 1 + the margin."""
     m = _pairs(result, "mixed")
     ratios = m["output_tokens_per_s_c"] / m["output_tokens_per_s_s"]
     times = float(ratios.median())

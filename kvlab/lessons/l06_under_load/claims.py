@@ -60,9 +60,8 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
            cell again: it calibrates and checks together, so both see the same moment of the machine.""")
 def simulator_throughput_close_to_real(check: Any) -> dict:
     """Decided at the highest load alone. Below capacity a level's throughput is its arrivals: the real run and the
-    simulated one replay the same arrival times, so their ratio is about 1 whatever the cost model says (it once
-    held "within a quarter at every load", two of three loads by construction). The notebook sets the highest load
-    past the capacity the cost model estimates, where the engine's speed decides what is served."""
+    simulated one replay the same arrival times, so their ratio is about 1 whatever the cost model says. The notebook
+    sets the highest load past the capacity the cost model estimates, where the engine's speed decides what is served."""
     g = _gap(check)
     t = g[g["clock"] == "achieved_rps"].sort_values("offered_rps")
     if len(t) < 2:
@@ -132,10 +131,8 @@ RISING_CLOCKS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the medians: a p95 
 def real_and_simulated_rise_with_load(check: Any) -> dict:
     """Every median clock rises level by level up to ``checks.TIE``: no level below the one before by more than that
     share (two light loads give the same median up to jitter), and the last above the first by more than the same
-    share (the old rule asked 5% there, less than the fall it called a tie, and its sentence said "rise at every
-    level"; it now says what is checked). The tails (p95) are compared in ``simulator_medians_within_factor_two``,
-    not here: a p95 of a few dozen requests rests on the slowest one or two, and on a shared machine it goes up
-    and down between levels."""
+    share. The tails (p95) are compared in ``simulator_medians_within_factor_two``, not here: a p95 of a few dozen
+    requests rests on the slowest one or two, and on a shared machine it goes up and down between levels."""
     values, falls = {}, []
     for source in ("real", "simulated"):
         rows = check[check["source"] == source].sort_values("offered_rps")
@@ -152,11 +149,8 @@ def real_and_simulated_rise_with_load(check: Any) -> dict:
 
 # -- the service curves (virtual time on the shipped calibration) ------------------------------------------
 def _knees(curves: pd.DataFrame) -> dict[str, float | None]:
-    out = {}
-    for profile, c in curves.groupby("profile", sort=False):
-        k = c.loc[c["is_knee"], "offered_rps"]
-        out[profile] = float(k.iloc[0]) if len(k) else None
-    return out
+    return {p: float(c.loc[c["is_knee"], "offered_rps"].iloc[0]) if c["is_knee"].any() else None
+            for p, c in curves.groupby("profile", sort=False)}
 
 
 def _grid_steps(curves: pd.DataFrame) -> dict[str, float]:
@@ -175,8 +169,8 @@ def _grid_steps(curves: pd.DataFrame) -> dict[str, float]:
            (an observation: never marked ✗) the sweep's speed depends on this machine; its times are the cost
            model's, not this run's.""")
 def simulator_much_faster_than_real_time(curves: Any) -> dict:
-    """Shown, not asserted: the check it had (virtual > 10 × wall) could not fail on any machine a notebook runs on,
-    since a simulated step costs microseconds of arithmetic against the milliseconds it stands for."""
+    """Shown, not asserted: virtual > 10 × wall could not fail on any machine a notebook runs on, since a simulated
+    step costs microseconds of arithmetic against the milliseconds it stands for."""
     wall, virtual = float(curves["run_wall_s"].sum()), float(curves["makespan_s"].sum())
     return dict(levels=len(curves), requests=int(curves["requests"].sum()), wall=wall, virtual=virtual,
                 speed=virtual / wall, holds=True)

@@ -134,7 +134,6 @@ def two_engines_panel(folder=None, rates: Sequence[float] = SWEEP_RATES, low_rat
                            title=title if ok else f"{title} (transformers serve unavailable: {why})")
 
 
-
 # -- what notebook 09 calls ------------------------------------------------------------------------------
 @dataclass
 class ThreeEngines:
@@ -163,8 +162,6 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
     greedy answers agree, measure each in turn with the same client (cold, warm, the sweep to its knee), stop
     all three, and return one table (`clocks_table` plus where each ran) and one figure (`plot_two_engines`).
     Otherwise `ThreeEngines.message` says in one line how to set it up, and nothing is started."""
-    from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines
-
     protocol = Protocol(low_rate=low_rate, duration_s=duration_s, slo_ttft_s=slo_ttft_s, bisect=bisect, seed=seed)
     engines, left_out = available_engines()
     if VLLM in left_out:
