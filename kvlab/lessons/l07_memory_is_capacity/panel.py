@@ -38,9 +38,8 @@ def capacity_panel(config: ModelConfig, budget_tokens: int = 8192, max_model_len
 
     def run(progress, budget_tokens: int, max_model_len: int, block_size: int, n: int) -> pd.DataFrame:
         requests = capacity_workload(config, n=n, max_context=max_model_len)
-        spec = LESSON_SPEC.replace(kv_budget_bytes=budget_for_tokens(config, budget_tokens), block_size=block_size,
-                                   max_model_len=max_model_len)
-        return paged_vs_reserved(config, requests, spec)
+        return paged_vs_reserved(config, requests, budget_for_tokens(config, budget_tokens), block_size=block_size,
+                                 max_model_len=max_model_len)
 
     return ExperimentPanel(controls, run, figure=lambda t, _p: plot_paged_vs_reserved(t),
                            summary=lambda t, _p: fit_for_learners(t),
