@@ -58,6 +58,7 @@ import pandas as pd
 from kvlab.clocks import RequestRecord, summarize
 from kvlab.model.config import PRESETS, preset
 from kvlab.model.decoder import Decoder, build_model
+from kvlab.model.loading import to_transformers
 from kvlab.serving.cost_model import CostModel, load_calibration
 from kvlab.serving.config import SERVE_SPEC, EngineSpec
 from kvlab.serving.engine import Engine
@@ -111,9 +112,8 @@ class BenchSettings:
 def make_requests(s: BenchSettings, output_tokens: tuple[int, int] | None = None, vocab: int = 4096) -> list[Request]:
     """The benchmark's requests: seeded prompts (token ids) and output lengths, all arriving at t = 0.
 
-    Prompt lengths are uniform in ``s.prompt_tokens``; output lengths are spread evenly over
-    ``output_tokens`` (default ``s.output_tokens``) in a seeded order, so every spread of the
-    same centre has exactly the same mean. Prompts are the same whatever the output lengths.
+    Output lengths are spread evenly over ``output_tokens`` (default ``s.output_tokens``) in a seeded order, so
+    every spread of the same centre has exactly the same mean; prompts are the same whatever the output lengths.
     """
     rng = np.random.default_rng(s.seed)
     lens = rng.integers(s.prompt_tokens[0], s.prompt_tokens[1] + 1, size=s.requests)
@@ -135,11 +135,15 @@ def entry(impl: str, policy: str, outputs: str, records: list[RequestRecord], wa
 
 
 # -- the runs --------------------------------------------------------------------------------------------
-def run_kvlab(model: Decoder, requests: list[Request], policy: Policy,
-              s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
+def _engine(executor: Decoder | CostModel, policy: Policy, s: BenchSettings) -> Engine:
     sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
                             max_model_len=s.max_model_len)
-    engine = Engine(model, EngineSpec(block_size=s.block_size, scheduler=sched))
+    return Engine(executor, EngineSpec(block_size=s.block_size, scheduler=sched))
+
+
+def run_kvlab(model: Decoder, requests: list[Request], policy: Policy,
+              s: BenchSettings) -> tuple[list[RequestRecord], float, Engine]:
+    engine = _engine(model, policy, s)
     t0 = time.perf_counter()
     records = engine.run(requests, clock="wall")
     return records, time.perf_counter() - t0, engine
@@ -181,8 +185,8 @@ def run_transformers_generate_batch(hf, requests: list[Request], max_new_tokens:
     out = hf.generate_batch([r.prompt for r in requests], generation_config=gen,
                             continuous_batching_config=_cb_config(s, fixed), record_timestamps=True)
     wall = time.perf_counter() - t0
-    ids = list(out)  # generate_batch returns its results in input order
-    return _records_from_transformers(out, ids if len(ids) == len(fixed) else [None] * len(fixed), fixed, t0), wall
+    ids = list(out) if len(out) == len(fixed) else [None] * len(fixed)  # generate_batch keeps the input order
+    return _records_from_transformers(out, ids, fixed, t0), wall
 
 
 def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> tuple[list[RequestRecord], float]:
@@ -210,12 +214,8 @@ def run_transformers_manager(hf, requests: list[Request], s: BenchSettings) -> t
 def simulated_ratio(requests: list[Request], cost_model: CostModel, s: BenchSettings) -> float:
     """Continuous / static output tokens/s of ``requests`` in virtual time on ``cost_model``: the
     expectation from step costs alone, free of the machine's noise, to read a measured ratio against."""
-    tps = {}
-    for policy in ("static", "continuous"):
-        sched = SchedulerConfig(policy=policy, max_seqs=s.max_seqs, max_batch_tokens=s.max_batch_tokens,
-                                max_model_len=s.max_model_len)
-        engine = Engine(cost_model, EngineSpec(block_size=s.block_size, scheduler=sched))
-        tps[policy] = summarize(engine.run(requests, clock="virtual")).output_tokens_per_s
+    policies: tuple[Policy, ...] = ("static", "continuous")
+    tps = {p: summarize(_engine(cost_model, p, s).run(requests, clock="virtual")).output_tokens_per_s for p in policies}
     return tps["continuous"] / tps["static"]
 
 
@@ -242,7 +242,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
             import transformers as tr
 
             tr.logging.set_verbosity_error()
-            hf = model_to_transformers(model)
+            hf = to_transformers(model).eval()
         warm = make_requests(replace(s, requests=2, prompt_tokens=(16, 32), output_tokens=(4, 4)), vocab=vocab)
         run_kvlab(model, warm, "continuous", s)  # warm-ups: not counted
         if hf is not None:
@@ -326,12 +326,6 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
             "env": env, "results": results, "summary": summary, "spread": spreads, "paged_vs_reservation": paging,
             "rounds": rounds, "load_average": {"before": load_before, "after": load_average()},
             "created_unix_s": time.time()}
-
-
-def model_to_transformers(model: Decoder):
-    from kvlab.model.loading import to_transformers
-
-    return to_transformers(model).eval()
 
 
 def print_report(report: dict) -> None:

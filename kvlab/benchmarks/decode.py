@@ -62,6 +62,7 @@ import torch
 
 from kvlab.cache import CACHE_NAMES
 from kvlab.device import pick_device
+from kvlab.env import environment
 from kvlab.experiments.bandwidth import MatvecProbe, StepProductsProbe, machine_bandwidth, weight_bytes_per_step
 from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.model.config import PRESETS, ModelConfig
@@ -148,25 +149,11 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
 def ratio_pairs(modes: list[Mode]) -> list[tuple[str, str]]:
     """(A, B) labels compared round by round: every kvlab row against transformers' dynamic cache, and like
     for like (same cache, same compilation) where transformers has the row."""
-    labels = {m.label for m in modes}
-    pairs = []
-    for m in modes:
-        if m.impl != "kvlab":
-            continue
-        if "transformers/dynamic" in labels:
-            pairs.append((m.label, "transformers/dynamic"))
+    labels, pairs = {m.label for m in modes}, []
+    for m in (m for m in modes if m.impl == "kvlab"):
         twin = Mode("transformers", m.cache, compiled=m.compiled).label
-        if twin in labels and twin != "transformers/dynamic":
-            pairs.append((m.label, twin))
+        pairs += [(m.label, b) for b in dict.fromkeys(["transformers/dynamic", twin]) if b in labels]
     return pairs
-
-
-def environment(device: torch.device, config: ModelConfig) -> dict:
-    from kvlab.env import environment as machine
-
-    env = machine()
-    env.update(device_used=str(device), threads=torch.get_num_threads(), model_config=config.to_dict())
-    return env
 
 
 def print_table(results: list[dict], positions: list[int], rounds: int) -> None:
@@ -362,7 +349,8 @@ def main(args: argparse.Namespace) -> int:
                                                "and transformers' model.forward alike",
                            "inductor_cache": inductor_cache,
                            "load_average_1m": [load_before["1m"], load_after["1m"]]},
-              "env": environment(device, config), "machine_bandwidth": bandwidth, "summary": summary,
+              "env": environment() | {"device_used": str(device), "threads": torch.get_num_threads(),
+                                      "model_config": config.to_dict()}, "machine_bandwidth": bandwidth, "summary": summary,
               "rounds": rounds_log, "results": results, "created_unix_s": time.time()}
     if args.json:
         write_json(args.json, report)

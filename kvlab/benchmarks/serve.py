@@ -72,10 +72,6 @@ CLOCKS = ("ttft_p50_s", "ttft_p95_sent_s", "tpot_p50_s", "tpot_p95_s", "e2e_p50_
 RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
 
 
-def kvlab_equal_name(threads: int) -> str:
-    return f"{KVLAB}, {threads} threads"
-
-
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
 KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
 
@@ -104,30 +100,21 @@ class Bench:
 
 
 def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
-    """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary.
-
-    `bench.realtime`: the client runs in the real-time scheduling class where the machine allows it
-    (`client_priority.realtime_client`), so no server's busy cores leave it waiting. `bench.thread_twin`: kvlab serve
-    is measured a second time with its engine in a thread of the server's process (the engine-process lever off);
-    `bench.allocator_twin`: with malloc as the system sets it (the allocator lever off)."""
+    """Start every engine, check their greedy tokens, measure them in rotated rounds; the rows and the summary."""
     b = bench
     todo, left_out = available_engines(b.engines)
     for e, why in left_out.items():
         log(f"{e} left out: {why}")
     folder = lesson_checkpoint(b.model) if b.model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
     servers = [make_server(e, folder, b.threads) for e in todo]
-    if KVLAB in todo and b.equal_threads is not None and b.equal_threads != b.threads:
-        twin = make_server(KVLAB, folder, b.equal_threads)
-        twin.name = kvlab_equal_name(b.equal_threads)
-        servers.insert(1, twin)
-    if KVLAB in todo and b.thread_twin:
-        twin = make_server(KVLAB, folder, threads=b.threads, engine_in_thread=True)
-        twin.name = KVLAB_THREAD
-        servers.insert(1, twin)
-    if KVLAB in todo and b.allocator_twin:
-        twin = make_server(KVLAB, folder, threads=b.threads, allocator="system")
-        twin.name = KVLAB_SYSTEM_MALLOC
-        servers.insert(1, twin)
+    twins: list[tuple[str, dict, bool]] = [
+        (f"{KVLAB}, {b.equal_threads} threads", {"threads": b.equal_threads}, b.equal_threads not in (None, b.threads)),
+        (KVLAB_THREAD, {"threads": b.threads, "engine_in_thread": True}, b.thread_twin),
+        (KVLAB_SYSTEM_MALLOC, {"threads": b.threads, "allocator": "system"}, b.allocator_twin)]
+    for name, settings, wanted in twins:  # kvlab serve again with one lever changed, each right after kvlab serve
+        if KVLAB in todo and wanted:
+            servers.insert(1, make_server(KVLAB, folder, **settings))
+            servers[1].name = name
     before = load_average()
     log(f"starting {', '.join(s.name for s in servers)} on {folder} (vLLM takes 50-100 s) ...")
     t0 = time.perf_counter()
@@ -266,16 +253,14 @@ def summarize(frame: pd.DataFrame, engines: Sequence[str], rounds: int, slo_ttft
                                 "capped": any(k.case == "kept_up" for k in knees[other] + knees[base]),
                                 "client_late_rates": late, "rates": len(deciding)})
     used = pd.DataFrame(list(usage))
-    usage_by_engine = {}
-    if not used.empty:
-        for e, g in used.groupby("engine", sort=False):
-            usage_by_engine[e] = {"processes": int(g.processes.max()) if g.processes.notna().any() else None,
-                                  "threads": int(g.threads.max()) if g.threads.notna().any() else None,
-                                  "torch_threads": (None if "torch_threads" not in g or pd.isna(g.torch_threads.iloc[0])
-                                                    else int(g.torch_threads.iloc[0])),
-                                  "cores_busy": spread(list(g.cores_busy.dropna())),
-                                  "others_cores_busy_max": max((c or 0.0 for d in g.get("others_cores_busy", ())
-                                                                for c in (d or {}).values()), default=0.0)}
+    usage_by_engine = {e: {"processes": int(g.processes.max()) if g.processes.notna().any() else None,
+                           "threads": int(g.threads.max()) if g.threads.notna().any() else None,
+                           "torch_threads": (None if "torch_threads" not in g or pd.isna(g.torch_threads.iloc[0])
+                                             else int(g.torch_threads.iloc[0])),
+                           "cores_busy": spread(list(g.cores_busy.dropna())),
+                           "others_cores_busy_max": max((c or 0.0 for d in g.get("others_cores_busy", ())
+                                                         for c in (d or {}).values()), default=0.0)}
+                       for e, g in (used.groupby("engine", sort=False) if not used.empty else ())}
     return {"clocks": clock_table(frame, engines), "knees": knees, "ratios": pd.DataFrame(ratios),
             "knee_ratios": knee_ratios, "usage_by_engine": usage_by_engine}
 

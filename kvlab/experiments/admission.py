@@ -22,8 +22,7 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from kvlab.model.config import ModelConfig, tiny_llama
-from kvlab.serving.block_manager import bytes_per_block
+from kvlab.model.config import tiny_llama
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import AdmissionError, SchedulerConfig, WaitingRequest
 from kvlab.workload import Request
@@ -54,24 +53,13 @@ def builtin_admission(waiting: list[WaitingRequest], free_blocks: int, token_bud
 def admission_workload() -> list[Request]:
     """Two mid-size prompts and a long one at t = 0, then a short request every step.
 
-    The two 40-token prompts do not fit one step's 64-token budget together; the 60-token prompt
-    needs 4 of the 8 blocks, more than are free while the first two run; the short ones (1 block
-    each) always fit somewhere, so a rule that lets them pass keeps the long one waiting.
+    The two 40-token prompts do not fit one step's 64-token budget together; the 60-token prompt needs 4 of the
+    8 blocks, more than are free while the first two run; the short ones (1 block each) always fit somewhere.
     """
     shapes = [(40, 16, 0.0), (40, 8, 0.0), (60, 4, 0.0)]
     shapes += [(10, 6, round(0.005 + 0.010 * i, 6)) for i in range(14)]
     return [Request(i, p, o, t, "admission", prompt=[(7 * i + j) % 300 + 1 for j in range(p)])
             for i, (p, o, t) in enumerate(shapes)]
-
-
-def admission_config() -> ModelConfig:
-    return tiny_llama()
-
-
-def admission_scheduler(rule: Rule | None) -> SchedulerConfig:
-    """The exercise's scheduler settings, with ``rule`` (None: the built-in rule)."""
-    return SchedulerConfig(policy="continuous", max_seqs=MAX_SEQS, max_batch_tokens=MAX_BATCH_TOKENS,
-                           chunked_prefill=False, max_model_len=MAX_MODEL_LEN, admission=rule)
 
 
 @dataclass(frozen=True)
@@ -188,11 +176,12 @@ def admission_run(rule: Rule | None = None, requests: Sequence[Request] | None =
     """
     requests = admission_workload() if requests is None else list(requests)
     audit = None if rule is None else AdmissionAudit(rule)
-    config = admission_config()
-    budget = NUM_BLOCKS * bytes_per_block(config, BLOCK_SIZE)
+    config = tiny_llama()
     try:
-        spec = EngineSpec(block_size=BLOCK_SIZE, kv_budget_bytes=budget, enable_prefix_caching=False,
-                          scheduler=admission_scheduler(audit))
+        sched = SchedulerConfig(policy="continuous", max_seqs=MAX_SEQS, max_batch_tokens=MAX_BATCH_TOKENS,
+                                chunked_prefill=False, max_model_len=MAX_MODEL_LEN, admission=audit)
+        spec = EngineSpec(block_size=BLOCK_SIZE, enable_prefix_caching=False,
+                          scheduler=sched).with_blocks(config, NUM_BLOCKS)
         run = serve(config, requests, spec, label=label or ("built-in rule" if rule is None else "your rule"),
                     clock="virtual", executor=FixedStepCostExecutor(STEP_S, TOKEN_S), threads=None)
     except (_Stop, AdmissionError):

@@ -65,8 +65,7 @@ class BatchScaling:
 def matmul_gflops(device: torch.device, size: int | None = None, repeats: int = 3) -> float:
     """This machine's speed on one large fp32 matrix product, (size, size) @ (size, size), best of ``repeats``."""
     size = size or (4096 if device.type == "cuda" else 512)
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     a @ b  # warm-up
     times = []
     for _ in range(repeats):
@@ -93,11 +92,9 @@ def _check(model: Decoder, sizes: Sequence[int], prompt_tokens: int, steps: int,
         raise ValueError("batch_sizes is empty; give at least one batch size, e.g. (1, 8, 64)")
     for b in sizes:
         check_positive_int("each batch size", b)
-    check_positive_int("prompt_tokens", prompt_tokens)
-    check_positive_int("steps", steps)
-    check_positive_int("repeats", repeats)
-    need = prompt_tokens + steps * repeats + 1
-    if need > model.config.max_position_embeddings:
+    for name, v in (("prompt_tokens", prompt_tokens), ("steps", steps), ("repeats", repeats)):
+        check_positive_int(name, v)
+    if prompt_tokens + steps * repeats + 1 > model.config.max_position_embeddings:
         raise ValueError(f"prompt_tokens ({prompt_tokens}) + steps x repeats ({steps * repeats}) exceeds the model's "
                          f"{model.config.max_position_embeddings} positions; lower them")
     return sizes
@@ -149,9 +146,8 @@ def prefill_batching(model: Decoder, prompts: int = 8, prompt_tokens: int = 32, 
     One by one, prompt i has its first token when prefills 1..i are done; batched, every prompt has it when
     the one batched prefill is done. Medians over ``repeats`` of: until all have it, the mean, the first's.
     """
-    check_positive_int("prompts", prompts)
-    check_positive_int("prompt_tokens", prompt_tokens)
-    check_positive_int("repeats", repeats)
+    for name, v in (("prompts", prompts), ("prompt_tokens", prompt_tokens), ("repeats", repeats)):
+        check_positive_int(name, v)
     cfg, device = model.config, model.device
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (prompts, prompt_tokens), generator=gen).to(device)  # (N, P)
@@ -188,8 +184,7 @@ def batch_scaling(model: Decoder | None = None, batch_sizes: Sequence[int] = BAT
                   threads: int | None = LESSON_THREADS, seed: int = 0, bandwidth_mb: int | None = None) -> BatchScaling:
     """This machine's limits, the decode step against the batch size, and batched against one-by-one prefill.
 
-    ``threads`` CPU threads throughout (1 by default, as the serving lessons; the limits are measured with the
-    same number). A few seconds on 2 CPU cores with the defaults.
+    ``threads`` CPU threads throughout, the limits' measurements included. A few seconds on 2 CPU cores.
     """
     model = resolve_model(model)
     sizes = _check(model, batch_sizes, prompt_tokens, steps, repeats, threads)
@@ -218,8 +213,7 @@ def crossover_batch(result: BatchScaling) -> float:
     """
     d = result.decode.iloc[0]
     weights_s = d["weight_bytes"] / (result.machine["bandwidth_GBps"] * 1e9)
-    per_seq_compute_s = d["compute_floor_s"] / d["batch"]
-    return float(weights_s / per_seq_compute_s)
+    return float(weights_s / (d["compute_floor_s"] / d["batch"]))
 
 
 __all__ = ["BATCH_SIZES", "BatchScaling", "batch_scaling", "crossover_batch", "decode_scaling",

@@ -26,8 +26,12 @@ from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
 
-def _options(setting: dict) -> dict:
-    return {k: v for k, v in setting.items() if k != "cache"}
+def cache_options(setting: dict, max_len: int | None = None) -> dict:
+    """A setting's options for ``make_cache``; ``max_len`` sizes the caches that reserve every slot up front."""
+    opts = {k: v for k, v in setting.items() if k != "cache"}
+    if max_len is not None and setting["cache"] in ("static", "offloaded"):
+        opts.setdefault("max_len", max_len)
+    return opts
 
 
 def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] = (
@@ -38,11 +42,9 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     """One row per (setting, distance bucket): recall accuracy there, beside the exact cache's.
 
     The exact cache comes first (setting "dynamic"); ``settings`` add to it (a dynamic setting among
-    them is not scored twice). Questions: ``make_examples(examples, pairs, seed)``, the same for
-    every setting. Columns: setting, strategy, bits, group_size, residual, pairs, context_tokens,
-    distance_bucket (an Interval of tokens), distance_mid, examples, correct, accuracy,
-    exact_accuracy, kl_mean, top1_agreement (NaN with ``quality_prompts=0``), quality_prompts and
-    compared_positions (the prompts and answer positions KL and top-1 agreement are taken over).
+    them is not scored twice). Every setting gets the same questions, ``make_examples(examples, pairs, seed)``.
+    kl_mean and top1_agreement are NaN with ``quality_prompts=0``; compared_positions counts the answer
+    positions they are taken over.
     """
     from kvlab.experiments.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 
@@ -50,7 +52,7 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     for s in settings:  # every check before any work
         if "cache" not in s:
             raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
-        check_cache_options(s["cache"], _options(s))
+        check_cache_options(s["cache"], cache_options(s))
     if not isinstance(examples, int) or examples < buckets or buckets < 1:
         raise ValueError(f"need buckets >= 1 and at least one example per bucket: examples={examples!r}, "
                          f"buckets={buckets!r}; ask for more examples or fewer buckets")
@@ -59,7 +61,7 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     model = model if model is not None else load_recall_model()
     for s in settings:  # bad bits / group size / residual raise here, with the cache's own message
         if s["cache"] == "quantized":
-            make_cache("quantized", model.config, batch=1, dtype=model.dtype, device=model.device, **_options(s))
+            make_cache("quantized", model.config, batch=1, dtype=model.dtype, device=model.device, **cache_options(s))
     questions = make_examples(examples, pairs, seed=seed)  # raises for a bad number of pairs
     context = len(questions[0].prompt_ids)
     if context + ANSWER_TOKENS > model.config.max_position_embeddings:
@@ -73,12 +75,9 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     frames = []
     with torch_threads(threads), torch.inference_mode():
         for s in progress(runs, total=len(runs), desc="accuracy"):
-            opts = _options(s)
-            if s["cache"] in ("static", "offloaded"):
-                opts.setdefault("max_len", context + ANSWER_TOKENS)
+            opts = cache_options(s, context + ANSWER_TOKENS)
             by = score(model, questions, s["cache"], buckets, **opts).by_distance
-            kl = top1 = math.nan
-            positions = 0
+            kl, top1, positions = math.nan, math.nan, 0
             if quality_prompts and s["cache"] != EXACT:
                 report = compare_to_exact(model, [q.prompt_ids for q in questions[:quality_prompts]], s["cache"],
                                           max_new_tokens=ANSWER_TOKENS, stop_tokens=stop, **opts)
@@ -88,7 +87,7 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
                 positions = quality_prompts * ANSWER_TOKENS
             quantized = s["cache"] == "quantized"
             frames.append(by.assign(
-                setting=describe_cache(s["cache"], _options(s)), strategy=s["cache"],
+                setting=describe_cache(s["cache"], cache_options(s)), strategy=s["cache"],
                 bits=s.get("bits", 4) if quantized else element_bits,
                 group_size=s.get("group_size", math.gcd(head_dim, 32)) if quantized else None,
                 residual=s.get("residual", 64) if quantized else None,

@@ -82,8 +82,7 @@ def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 
 def journey_clocks(run: ServingRun | pd.DataFrame, request_id=None) -> pd.DataFrame:
     """The clocks of one request (default: the watched one) as a table: clock, start, end, how, seconds.
 
-    ``run``: a ServingRun or its requests frame. The last row is the service's throughput over
-    the whole run: a clock of the system, not of the request.
+    The last row is the service's throughput over the whole run: a clock of the system, not of the request.
     """
     frame = run.requests if isinstance(run, ServingRun) else run
     records = records_from_frame(frame)
@@ -93,9 +92,7 @@ def journey_clocks(run: ServingRun | pd.DataFrame, request_id=None) -> pd.DataFr
     matches = [r for r in records if r.request_id == request_id]
     if not matches:
         raise ValueError(f"request {request_id!r} is not in this run; its ids are {list(frame['request_id'])[:20]}")
-    r = matches[0]
-    c = r.clocks()
-    gaps = r.itl_s()
+    c, gaps = matches[0].clocks(), matches[0].itl_s()
     values = [c["queue_s"], c["ttft_s"], c["tpot_s"], max(gaps) if gaps else np.nan, c["e2e_s"]]
     rows = [dict(clock=name, start=a, end=b, how=how, seconds=v) for (name, a, b, how), v in zip(CLOCK_ROWS, values)]
     s = summarize(records)
@@ -119,13 +116,9 @@ def _child(t0: float, params: dict) -> None:
     from kvlab.serving.engine import Engine
     engine = Engine(model, EngineSpec(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=256)))
     t_engine = time.perf_counter()
-    vocab = model.config.vocab_size
     request = Request(0, params["prompt_tokens"], params["max_new_tokens"], 0.0, "single",
-                      prompt=seeded_prompt(vocab, params["prompt_tokens"], params["seed"]))
-    runs = []
-    for _ in range(params["repeats"]):
-        record = engine.run([request])[0]
-        runs.append(record.clocks())
+                      prompt=seeded_prompt(model.config.vocab_size, params["prompt_tokens"], params["seed"]))
+    runs = [engine.run([request])[0].clocks() for _ in range(params["repeats"])]
     print(json.dumps({"import_s": t_import - t0, "build_model_s": t_build - t_import,
                       "engine_init_s": t_engine - t_build, "serve_s": time.perf_counter() - t_engine,
                       "runs": runs, "threads": torch.get_num_threads()}))
@@ -213,12 +206,11 @@ def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0,
                    progress: Progress = no_progress) -> ServingRun:
     """``n`` requests of the "mixture" profile (lengths x ``scale``) arriving in bursts at ``rate``/s on average.
 
-    Arrivals are Gamma-distributed with ``burstiness`` (1 = Poisson, below 1 burstier). At the
-    default 0.1 most gaps are near zero and a few are long: requests come in clumps, and with two
-    batch slots those of a clump queue behind each other while a request arriving alone finds a free
-    slot. So the TTFT has a tail of queueing on top of prefill, and since a clump's wait scales with
-    the machine's own step time, the tail keeps its shape on a faster or slower machine. The average
-    rate is low enough that a machine several times slower than 2 CPU cores is still not overloaded.
+    Arrivals are Gamma-distributed with ``burstiness`` (1 = Poisson, below 1 burstier): at 0.1 requests come
+    in clumps, and with two batch slots those of a clump queue behind each other, so TTFT has a tail of
+    queueing on top of prefill. A clump's wait scales with the machine's own step time, so the tail keeps its
+    shape on a faster or slower machine; the average rate leaves a machine several times slower than 2 CPU
+    cores not overloaded.
     """
     model = resolve_model(model)
     check_positive_int("n", n, 2)

@@ -16,7 +16,6 @@ import pandas as pd
 import torch
 
 from kvlab.cache import CACHE_NAMES, kv_cache_bytes, make_cache
-from kvlab.cache.base import KVCache
 from kvlab.generate import stream
 from kvlab.model.config import PUBLISHED_CONFIGS, ModelConfig, tiny_llama
 from kvlab.model.decoder import Decoder, build_model
@@ -34,15 +33,6 @@ _MEMORY_COLUMNS = ["cache", "token", "tokens", "allocated_bytes", "used_bytes", 
                    "offloaded_bytes", "formula_bytes", "note"]
 
 
-def _build_cache(name: str, model: Decoder, capacity: int, storage_dir: str) -> KVCache:
-    options: dict = {}
-    if name in ("static", "offloaded"):
-        options["max_len"] = capacity
-    if name == "offloaded":
-        options["storage_dir"] = storage_dir
-    return make_cache(name, model.config, batch=1, dtype=model.dtype, device=model.device, **options)
-
-
 def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, max_new_tokens: int = 48,
                          caches: Sequence[str] | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                          progress: Progress = no_progress) -> pd.DataFrame:
@@ -51,11 +41,8 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
     One row per (cache, step): tokens stored, the cache's allocated / used / reserved / device /
     offloaded bytes, and ``formula_bytes`` for the tokens stored at the model's precision. For
     dynamic, allocated == formula; for static, used == formula and the rest of the capacity
-    (prompt + max_new_tokens) is reserved. A strategy that cannot be built here (its module is
-    missing, or its option needs something this machine lacks) gets one row whose ``note`` says why.
-    ``frame.attrs["options"]`` records each built cache's options (bits, group_size, residual, max_len).
-    ``caches`` defaults to every strategy that stores something (all of CACHE_NAMES but "none").
-    Nothing is timed here; ``threads`` (default 1) only keeps the run quick on a busy machine.
+    (prompt + max_new_tokens) is reserved. A strategy that cannot be built here gets one row whose ``note``
+    says why. ``caches`` defaults to every strategy that stores something (all of CACHE_NAMES but "none").
     """
     model = build_model(tiny_llama(), seed=seed) if model is None else model
     caches = tuple(c for c in CACHE_NAMES if c != "none") if caches is None else tuple(caches)
@@ -77,20 +64,21 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
     options: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kvlab-offload-") as storage_dir, torch_threads(threads):
         for name in progress(caches, total=len(caches), desc="measuring", unit="cache"):
+            opts: dict = {"max_len": total} if name in ("static", "offloaded") else {}
+            if name == "offloaded":
+                opts["storage_dir"] = storage_dir
             try:
-                cache = _build_cache(name, model, total, storage_dir)
+                cache = make_cache(name, cfg, batch=1, dtype=model.dtype, device=model.device, **opts)
             except (ImportError, NotImplementedError, RuntimeError) as exc:
                 rows.append(dict(cache=name, note=f"not measured: {type(exc).__name__}: {exc}"))
                 continue
             options[name] = {k: getattr(cache, k) for k in ("bits", "group_size", "residual", "max_len")
                              if hasattr(cache, k)}
             for event in stream(model, ids, cache=cache, max_new_tokens=max_new_tokens):
-                mem = cache.memory()
-                stored = cache.seq_len
-                rows.append(dict(cache=name, token=event.index, tokens=stored, **mem.to_dict(),
+                mem, stored = cache.memory(), cache.seq_len
+                rows.append(dict(cache=name, token=event.index, tokens=stored, **mem.to_dict(), note="",
                                  formula_bytes=kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                                              stored, 1, elem),
-                                 note=""))
+                                                              stored, 1, elem)))
             close = getattr(cache, "close", None)
             if callable(close):
                 close()
@@ -124,8 +112,7 @@ def max_sequences(config: ModelConfig | str, context: int, gpu_gib: float, bytes
     weights = cfg.num_parameters() * (bytes_per_element if weight_bytes_per_element is None
                                       else weight_bytes_per_element)
     per_seq = kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, context, 1, bytes_per_element)
-    free = gpu_gib * GIB - weights
-    return max(0, math.floor(free / per_seq))
+    return max(0, math.floor((gpu_gib * GIB - weights) / per_seq))
 
 
 def kv_memory_table(config: ModelConfig | str, contexts: Sequence[int], batches: Sequence[int],
@@ -172,10 +159,7 @@ def kv_memory_table(config: ModelConfig | str, contexts: Sequence[int], batches:
 @experiment
 def published_kv_table(tokens: int = 4096, bytes_per_element: float = 2) -> pd.DataFrame:
     """The memory formula for every published shape (``PUBLISHED_CONFIGS``): one row per model with its layers,
-    key/value heads and head dimension, the KiB one token's K and V take, and the GiB ``tokens`` tokens take.
-
-    One of these numbers may be asked for before this runs (an ``@experiment``: the table remembers the
-    cell that made it, so the comparison can prove the question came first)."""
+    key/value heads and head dimension, the KiB one token's K and V take, and the GiB ``tokens`` tokens take."""
     rows = []
     for name, c in PUBLISHED_CONFIGS.items():
         per_token = c.kv_bytes_per_token(bytes_per_element)

@@ -69,8 +69,7 @@ def teacher_forced_logits(model: Decoder, prompt: str | Sequence[int], continuat
         seq = torch.tensor([prompt_ids + cont[:-1]], device=device)  # (1, T + N - 1)
         return model(seq, store)[0, len(prompt_ids) - 1:].float()  # (N, V)
     rows = [prefill(model, torch.tensor([prompt_ids], device=device), store)]  # (1, V)
-    for tok in cont[:-1]:
-        rows.append(decode_one_token(model, torch.tensor([[tok]], device=device), store))  # (1, V)
+    rows += [decode_one_token(model, torch.tensor([[tok]], device=device), store) for tok in cont[:-1]]  # (1, V)
     return torch.cat(rows).float()  # (N, V)
 
 
@@ -105,9 +104,7 @@ class QualityReport:
     per_position: pd.DataFrame | None = field(repr=False, default=None)  # one row per compared position
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("per_position")
-        return d
+        return {k: v for k, v in asdict(self).items() if k != "per_position"}
 
 
 def _greedy(model: Decoder, prompt_ids: list[int], cache, n: int, stop_tokens, options: dict) -> list[int]:
@@ -163,12 +160,8 @@ def compare_to_exact(model: Decoder, prompts: str | Sequence[int] | Sequence[str
 def quality_frame(model: Decoder, prompts, settings: Sequence[dict], max_new_tokens: int = 32,
                   stop_tokens: Sequence[int] | None = None) -> pd.DataFrame:
     """One row per cache setting: ``settings`` like ``[{"cache": "quantized", "bits": 4}, ...]``."""
-    rows = []
-    for s in settings:
-        opts = dict(s)
-        cache = opts.pop("cache")
-        rows.append(compare_to_exact(model, prompts, cache, max_new_tokens, stop_tokens, **opts).to_dict())
-    return pd.DataFrame(rows)
+    return pd.DataFrame([compare_to_exact(model, prompts, s["cache"], max_new_tokens, stop_tokens,
+                                          **{k: v for k, v in s.items() if k != "cache"}).to_dict() for s in settings])
 
 
 def recall_accuracy(model: Decoder, examples, cache: str | KVCache = EXACT, buckets: int = 4,
@@ -205,8 +198,7 @@ def perplexity(model: Decoder, text: str | Sequence[int], cache: str | KVCache =
     """Perplexity of ``text`` through ``cache``: the first ``context_tokens`` are prefilled, every later
     token is predicted and then fed one at a time, so each prediction reads the cache's stored history.
 
-    Works for any kvlab model (a checkpoint from ``from_pretrained`` with its tokenizer, or the byte
-    model on any text). ``max_tokens`` truncates the text (and must fit the model's context).
+    Works for any kvlab model; ``max_tokens`` truncates the text.
     """
     ids = encode_prompt(model, text)
     if max_tokens is not None:

@@ -1,12 +1,11 @@
 """A real model, where the machine is online: the lessons' measurements on SmolLM2-135M instead of random weights.
 
-The lessons run on small random-weight models that ship with kvlab, so they work everywhere,
-offline included. Where the Hugging Face hub is reachable (Colab, most laptops),
-``try_real_model()`` loads one small trained checkpoint with its own tokenizer, and
-``real_model_demo()`` repeats three measurements on it: readable text, the slowdown without a
-cache (time per token, "none" vs "dynamic"), and the cache's measured bytes
-next to the formula at the model's real shape. Offline, ``try_real_model()`` says so
-in one line and returns None; nothing waits longer than ``timeout_s`` for the network.
+The lessons run on small random-weight models that ship with kvlab, so they work everywhere, offline included.
+Where the Hugging Face hub is reachable (Colab, most laptops), ``try_real_model()`` loads one small trained
+checkpoint with its own tokenizer, and ``real_model_demo()`` repeats three measurements on it: readable text, the
+slowdown without a cache (time per token, "none" vs "dynamic"), and the cache's measured bytes next to the formula
+at the model's real shape. Offline, ``try_real_model()`` says so in one line and returns None; nothing waits
+longer than ``timeout_s`` for the network.
 
     >>> model, note = try_real_model()
     >>> print(note)
@@ -73,6 +72,15 @@ def hub_reachable(timeout_s: float = 2.5, endpoint: str | None = None) -> bool:
     return bool(answers and answers[0])
 
 
+def offline_reason(timeout_s: float = 2.5) -> str | None:
+    """Why only the local Hugging Face cache can be tried (an offline variable set, or the hub silent); None: online."""
+    if (variable := offline_variable()) is not None:
+        return f"{variable}={os.environ[variable]} is set"
+    if not hub_reachable(timeout_s):
+        return f"{hub_endpoint()} did not answer within {timeout_s:g} s"
+    return None
+
+
 def describe(model: Decoder) -> str:
     """One line on a loaded model: name, parameters, shape of its KV cache, tokenizer, device."""
     cfg = model.config
@@ -90,20 +98,14 @@ def try_real_model(name: str | Path = DEFAULT_MODEL, timeout_s: float = 2.5,
     within ``timeout_s`` seconds; when it does not, or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set,
     only the local Hugging Face cache is tried (a model downloaded earlier still loads). ``note`` is
     one line saying what happened; when no model is loaded it says so and that the lesson continues on
-    the shipped model. The tokenizer is ``model.tokenizer``; ``kvlab.generate(model, "text")`` takes and returns text.
+    the shipped model.
     """
     from kvlab.model.loading import from_pretrained
 
     if Path(name).is_dir():
         model = from_pretrained(name, device=device)
         return model, f"loaded the checkpoint at {name}. {describe(model)}"
-    variable = offline_variable()
-    if variable is not None:
-        why = f"{variable}={os.environ[variable]} is set"
-    elif not hub_reachable(timeout_s):
-        why = f"{hub_endpoint()} did not answer within {timeout_s:g} s"
-    else:
-        why = None
+    why = offline_reason(timeout_s)
     try:
         model = from_pretrained(name, device=device, local_files_only=why is not None)
     except Exception as exc:  # no network, not cached, a download cut short, an unsupported checkpoint
@@ -168,12 +170,8 @@ def real_model_demo(model: Decoder, prompt: str = DEFAULT_PROMPT, new_tokens: in
     measured = measure_cache_memory(model, prompt_tokens=max(1, len(out.prompt_ids)), max_new_tokens=new_tokens,
                                     caches=("dynamic", "static"))
     last = measured.groupby("cache", sort=False).tail(1)
-    memory = pd.DataFrame({
-        "cache": last["cache"].to_numpy(), "tokens": last["tokens"].astype(int).to_numpy(),
-        "allocated_bytes": last["allocated_bytes"].astype(int).to_numpy(),
-        "used_bytes": last["used_bytes"].astype(int).to_numpy(),
-        "formula_bytes": last["formula_bytes"].astype(int).to_numpy(),
-    })
+    counts = ["tokens", "allocated_bytes", "used_bytes", "formula_bytes"]
+    memory = last[["cache", *counts]].astype(dict.fromkeys(counts, int)).reset_index(drop=True)
     memory["allocated_over_formula"] = memory["allocated_bytes"] / memory["formula_bytes"]
     memory["kib_per_token"] = memory["used_bytes"] / memory["tokens"] / 1024
     memory.attrs.update(measured.attrs)

@@ -63,10 +63,7 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
 
 @experiment
 def service_curves(profiles: Sequence[str] = PROFILE_NAMES, **kwargs) -> pd.DataFrame:
-    """``service_curve`` for each profile (default: the three profiles and the mixture), in one frame.
-
-    An experiment (``@experiment``): in a notebook its frame remembers the cell that produced it, so a prediction
-    compared with ``knee_ratio`` proves it was asked first."""
+    """``service_curve`` for each profile (default: the three profiles and the mixture), in one frame."""
     unknown = [p for p in profiles if p not in PROFILE_NAMES]
     if unknown:
         raise ValueError(f"unknown profile(s) {unknown}; choose from {', '.join(PROFILE_NAMES)}")
@@ -86,10 +83,7 @@ def end_of_window_counts(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def knee_rps(curves: pd.DataFrame, profile: str) -> float:
-    """The offered load (requests/s) at the knee of ``profile``'s curve; NaN when that curve has no knee.
-
-    ``curves`` is a frame of ``service_curve`` / ``service_curves`` (knee marked by ``mark_knee``).
-    """
+    """The offered load (requests/s) at the knee of ``profile``'s curve; NaN when that curve has no knee."""
     if profile not in set(curves["profile"]):
         raise ValueError(f"no curve for profile {profile!r} here; the frame has {sorted(set(curves['profile']))}")
     knee = curves.loc[(curves["profile"] == profile) & curves["is_knee"], "offered_rps"]
@@ -144,11 +138,8 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     Requests of ``profile`` (default: long documents in, short answers out) with equal outputs
     (``output_tokens``) arrive as a Poisson process for ``window_s`` seconds at ``rate``
     requests/s (default ``ab_load``: the lowest load policy A no longer keeps up with). One row
-    per policy (``ab_policies``), counted when the window closes: sent, completed, failed,
-    waiting, running, output tokens/s and requests/s over the window, and the clocks (TTFT,
-    TPOT, E2E) of the requests completed by then, each with its n; then ``throughput_ratio``
-    and ``keeps_up`` of the run drained to the end (>= ``KEEPS_UP_RATIO`` of the requests/s
-    sent were served, as in ``mark_knee``). Deterministic: same arguments, same numbers.
+    per policy (``ab_policies``), counted when the window closes, then ``throughput_ratio`` and
+    ``keeps_up`` of the run drained to the end (as in ``mark_knee``). Deterministic.
 
     Why they differ: A runs a waiting prompt at once, so first tokens come early, but its
     prompt-only steps pause every running answer (a long time per output token) and each pays
@@ -166,8 +157,7 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
     reqs = _workload(profile, n, seed, MAX_MODEL_LEN, "poisson", rate, output_tokens)
     engines = {name: Engine(cost_model, lesson_spec(sched)) for name, sched in policies.items()}
     runs = {name: engine.run(reqs, clock="virtual") for name, engine in engines.items()}
-    # The window closes at window_s, or later if a request was still being handed over: both runs are counted at
-    # the same moment, with every request sent.
+    # The window closes at window_s, or later if a request was still being handed over: both runs counted then.
     until = max([window_s] + [cast(float, r.sent_s) for records in runs.values() for r in records])
     rows = []
     for name, sched in policies.items():
@@ -192,10 +182,9 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
 
 
 def _ttft_over_sent(records, until_s: float) -> dict:
-    """TTFT p95 over every request sent in the window, not only the completed ones the table's ``ttft_p95_s``
-    reads: read at the close, with the ones still without a first token counted at their wait so far (a lower
-    bound, ``kvlab.clocks.ttft_censored``); and each followed on to its first token, which the simulator's virtual
-    clock gives for free (the records run to the end)."""
+    """TTFT p95 over every request sent in the window: at the close, the ones without a first token counted at
+    their wait so far (a lower bound, ``kvlab.clocks.ttft_censored``); and each followed on to its first token,
+    which the simulator's virtual clock gives for free."""
     c = ttft_censored(records, until_s, 0.95)
     followed = [r.first_token_s - r.scheduled_s for r in records if r.first_token_s is not None]
     return {"ttft_p95_close_s": c["value"], "ttft_censored": c["censored"], "ttft_sent_n": len(followed),
@@ -207,9 +196,7 @@ def ab_at_two_loads(cost_model: CostModel | None = None, low_fraction: float = 0
                     policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
     """``ab_example`` at two loads: ``low_fraction`` x and 1 x ``ab_load`` (where A alone falls behind).
 
-    One row per (load, policy); the column ``load`` says "below capacity" or "overloaded". Below
-    capacity both rules usually keep up (``keeps_up``), which a claim can check. The
-    overloaded level is the A/B example itself: there one rule trades first tokens for throughput.
+    One row per (load, policy); the column ``load`` says "below capacity" or "overloaded" (the A/B example itself).
     """
     if not 0 < low_fraction < 1:
         raise ValueError(f"low_fraction={low_fraction} must be in (0, 1): a share of the load A falls behind at")
@@ -246,8 +233,7 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
     ``config`` defaults to the serving lessons' ~3M-parameter Llama (``lesson_config()``): its
     steps take milliseconds, long enough that a busy machine's jitter does not drown them, short
     enough that a real level lasts seconds. ``cost_model`` should be calibrated on this machine
-    for ``config`` (``calibrate(config)``; default: the shipped calibration of that config, if
-    any). Rows carry ``source`` "real" or "simulated". Real levels run in real time: keep
+    for ``config`` (default: the shipped calibration of that config). Real levels run in real time: keep
     ``requests`` / rate small.
     """
     config = lesson_config() if config is None else config if isinstance(config, ModelConfig) else preset(config)
@@ -297,7 +283,6 @@ def real_vs_simulated(frame: pd.DataFrame, clocks: Sequence[str] = GAP_CLOCKS) -
     return pd.DataFrame(rows)
 
 
-# -- the command line --------------------------------------------------------------------------------
 __all__ = ["DEFAULT_SLO", "GAP_CLOCKS", "KEEPS_UP_RATIO", "ab_at_two_loads", "ab_example", "ab_holds", "ab_load",
            "ab_policies", "end_of_window_counts", "knee_ratio", "knee_rps", "real_vs_simulated", "scheduler_config",
            "service_curve", "service_curves", "simulated_vs_real", "lesson_spec"]

@@ -34,11 +34,8 @@ from kvlab.workload import Request
 class FixedStepCostExecutor(Executor):
     """An executor with fixed prices: each step costs ``step_s`` + ``token_s`` x tokens computed.
 
-    No model runs: every sampled token is ``token_id``. The engine's scheduler, block manager and
-    clocks are the real ones, so on the virtual clock every timestamp is exact arithmetic:
-    a request's TTFT can be worked out by hand from the steps it waited for. Use it for checked
-    notebook cells and hand-made oracles; for this machine's speed use the ModelExecutor (or a
-    cost model calibrated on this machine).
+    No model runs: every sampled token is ``token_id``. On the virtual clock a request's TTFT can be worked out
+    by hand from the steps it waited for (the module doc).
     """
 
     name = "fixed_step_cost"
@@ -104,21 +101,15 @@ class ServingRun:
 
 def tokens_frame(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per output token from a requests frame with a ``token_s`` column (gap_s NaN for token 0)."""
-    rows = []
-    for row in requests.itertuples(index=False):
-        stamps = list(row.token_s)
-        for i, t in enumerate(stamps):
-            rows.append((getattr(row, "run", ""), row.request_id, i, t, t - stamps[i - 1] if i else np.nan))
+    rows = [(getattr(row, "run", ""), row.request_id, i, t, t - row.token_s[i - 1] if i else np.nan)
+            for row in requests.itertuples(index=False) for i, t in enumerate(row.token_s)]
     return pd.DataFrame(rows, columns=["run", "request_id", "token", "t_s", "gap_s"])
 
 
 def serve(model_or_config: Decoder | ModelConfig, requests: Sequence[Request], spec: EngineSpec | None = None, *,
           label: str = "run", clock: str = "wall", executor: Executor | None = None,
           threads: int | None = LESSON_THREADS) -> ServingRun:
-    """Run ``requests`` through a fresh ``Engine(model_or_config, spec)`` and keep every table of the run.
-
-    ``threads`` CPU threads during the run (1 by default, see ``threads.py``; None keeps torch's).
-    """
+    """Run ``requests`` through a fresh ``Engine(model_or_config, spec)`` and keep every table of the run."""
     engine = Engine(model_or_config, spec, executor=executor)
     with torch_threads(threads):
         start = time.perf_counter()
@@ -215,6 +206,5 @@ def resolve_model(model: Decoder | None) -> Decoder:
     return model
 
 
-__all__ = ["FixedStepCostExecutor", "ServingRun", "lesson_model", "records_from_frame", "runs_frame",
-           "runs_table",
+__all__ = ["FixedStepCostExecutor", "ServingRun", "lesson_model", "records_from_frame", "runs_frame", "runs_table",
            "serve", "tokens_frame", "warm_up"]

@@ -36,9 +36,7 @@ def tokens_processed(cache: str, prompt_tokens: int, token: int) -> int:
     Step 0 is the prefill (the whole prompt). After it, "none" recomputes the prompt plus every
     token generated so far; every real cache computes just the one new token.
     """
-    if token == 0 or cache == "none":
-        return prompt_tokens + token
-    return 1
+    return prompt_tokens + token if token == 0 or cache == "none" else 1
 
 
 def check_slowdown_args(model: Decoder, prompt_tokens: int, max_new_tokens: int, caches: Sequence[str],
@@ -66,10 +64,7 @@ def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None,
     generated token, produced by the prefill), position, phase, tokens_processed, step_ms, time_s
     (since generation started), cache_bytes. Runs alternate between caches so a change in machine
     load hits every cache alike. A short warm-up run per cache (not recorded) pays one-time costs.
-    ``threads`` CPU threads are used during the run (1 by default, see ``threads.py``; None keeps
-    torch's setting); ``frame.attrs`` records it with the model, device and settings.
-    ``prompt_tokens`` and ``max_new_tokens`` default to the model's device's lesson sizes
-    (``kvlab.model.lessons.lesson_scale``): 32 and 200 on CPU.
+    ``prompt_tokens`` and ``max_new_tokens`` default to the device's lesson sizes (``lesson_scale``).
     """
     model = slowdown_model(seed) if model is None else model
     scale = lesson_scale(model.device)
@@ -119,16 +114,9 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
     curve (``step_curves``), so a step delayed by another program does not decide the ratio. ``early`` defaults
     to the token 10% into the run, ``late`` to the last token whose window fits in the run (token
     194 of 200). ``work_ratio`` is what the ratio would be if time were proportional to tokens
-    processed: (prompt + late) / (prompt + early) without a cache, 1 with one.
-    ``early_ms_per_token_processed`` and ``late_ms_per_token_processed`` divide each step time by
-    the tokens that step pushed through the model. The measured ratio is the work ratio times
-    late / early of that cost per token, so it falls short of the work ratio exactly when a pass
-    over more tokens costs less per token: the matrix products of a pass read every weight once
-    for all the tokens in it, and each operation is started once per pass, not once per token
-    (``per_token_costs`` shows it). What a pass pays once is a sizeable share of a whole cached step
-    (which pays it for a single token, and its cache's own work besides: Python, starting each
-    operation, reading the weights, the output layer, which both paths run for the last position
-    only); an uncached pass shares it among all its tokens.
+    processed: (prompt + late) / (prompt + early) without a cache, 1 with one. The measured ratio is the work
+    ratio times late / early of the cost per token processed (``*_ms_per_token_processed``), so it falls short
+    of the work ratio exactly when a pass over more tokens costs less per token (``per_token_costs``).
     """
     n = int(frame["token"].max()) + 1  # tokens per run; decode tokens are 1 .. n-1
     early = max(window + 1, round(0.1 * n)) if early is None else early
@@ -158,12 +146,10 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
 def per_token_costs(frame: pd.DataFrame, **summary_options) -> pd.DataFrame:
     """What one processed token cost in a step: step time / tokens that step pushed through the model.
 
-    One row per (cache, early or late token of ``slowdown_summary``) with columns cache, token,
-    tokens_processed, step_ms and ms_per_token_processed. A cached step processes one token per
-    pass; an uncached step processes the prompt and every token so far in one pass. Comparing
-    the rows shows why the measured slowdown falls short of the work ratio: a pass over many
-    tokens costs far less per token than a pass over one (the same reason a prefill of a whole
-    prompt takes far less than one decode step per prompt token).
+    One row per (cache, early or late token of ``slowdown_summary``). The rows show why the measured slowdown
+    falls short of the work ratio: the matrix products of a pass read every weight once for all its tokens, and
+    each operation starts once per pass, so a pass over many tokens costs far less per token than a pass over one
+    (the same reason a prefill takes far less than one decode step per prompt token).
     """
     rows = []
     for r in slowdown_summary(frame, **summary_options).itertuples():
@@ -187,15 +173,11 @@ def slowdown_fit(frame: pd.DataFrame, level: float = 0.95, resamples: int = 200,
 
     ``us_per_context_token`` is what one more token of context adds to every step within the
     measured range: without a cache, the cost of recomputing that token; with one, the cost of
-    reading its stored K/V. ``fixed_ms`` is where the line meets zero context: an estimate of
-    what every uncached pass pays whatever it holds, to compare with a whole cached step (which
-    pays the same per-pass costs for one token, and its cache's own work besides). It is an
-    extrapolation: where the cost per token is still falling across the measured range the curve
-    bends and the line meets zero higher, and a change of machine load during the run tilts it
-    (``per_token_costs`` needs no line). The line is a Theil-Sen fit (median of pairwise slopes),
-    so steps slowed by other programs on the machine barely move it; ``fixed_low_ms`` and
-    ``fixed_high_ms`` bound ``fixed_ms`` at ``level`` over ``resamples`` seeded resamples of the
-    steps (a bootstrap): how far this run's own scatter leaves the meeting point uncertain.
+    reading its stored K/V. ``fixed_ms`` is where the line meets zero context: an extrapolated estimate of
+    what every uncached pass pays whatever it holds (where the cost per token still falls across the range the
+    curve bends and the line meets zero higher; ``per_token_costs`` needs no line). A Theil-Sen fit (median of
+    pairwise slopes), so steps slowed by other programs barely move it; ``fixed_low_ms`` and ``fixed_high_ms``
+    bound ``fixed_ms`` at ``level`` over ``resamples`` seeded bootstrap resamples of the steps.
     """
     if not 0 < level < 1 or resamples < 1:
         raise ValueError(f"level={level} must lie in (0, 1) and resamples={resamples} be at least 1")
@@ -221,8 +203,7 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
 
     The prefill (token 0) pushes the whole prompt through the model in one pass; a cached decode
     step pushes one token. ``decode_ms`` is the median of the decode steps, each the fastest of
-    the repeats (``step_curves``); ``ratio`` = prefill_ms / decode_ms. Read from the "dynamic"
-    cache's steps when the run has them, else from the first cache's.
+    the repeats (``step_curves``). Read from the "dynamic" cache's steps when the run has them, else the first's.
     """
     cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
     curve = step_curves(frame[frame["cache"] == cache]).set_index("token")
@@ -234,20 +215,15 @@ def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
                           decode_ms=decode, ratio=prefill / decode))
 
 
-# -- what a prediction is compared with (``guess.against(result, measure)``) ------------------------------------
-
-
+# -- what a prediction is compared with (``guess.against(result, measure)``): the ratio of two fresh clock readings,
+# which no earlier output can state, so no input is listed for the search (``Comparison.inputs``) ----------------
 def prefill_over_decode(result: Any) -> tuple[float, dict]:
-    """The prefill-over-decode ratio from a run (a panel's result or its frame): the prefill's time over a decode step's
-    (``prefill_vs_decode``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
-    order proves them, and no number is listed for the search (``Comparison.inputs``)."""
+    """The prefill's time over a decode step's, from a run (a panel's result or its frame; ``prefill_vs_decode``)."""
     r = prefill_vs_decode(getattr(result, "frame", result))
     return float(r.ratio), {}
 
 
 def late_over_early(result: Any) -> tuple[float, dict]:
-    """The slowdown from a run: without a cache, the late step's time over the early step's
-    (``slowdown_summary``). Its inputs are two fresh clock readings, which no earlier output can state: the cell
-    order proves them, and no number is listed for the search (``Comparison.inputs``)."""
+    """The slowdown from a run: without a cache, the late step's time over the early step's (``slowdown_summary``)."""
     r = slowdown_summary(getattr(result, "frame", result)).set_index("cache").loc["none"]
     return float(r.measured_ratio), {}

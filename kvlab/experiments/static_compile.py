@@ -99,8 +99,7 @@ class CudaGraphWatch:
     """Over a block of compiled calls: did torch.compile record a CUDA graph, and if not, why not.
 
     Skipping is silent unless one looks: inductor logs it on its "cudagraphs" logger and counts it in
-    ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``; a recorded graph is a node of the
-    CUDA graph tree manager. ``result`` is "captured" or a short reason.
+    ``counters["inductor"]["cudagraph_skips"]``. ``result`` is "captured" or a short reason.
     """
 
     def __init__(self, device: torch.device | str, mode: str | None, backend) -> None:
@@ -139,16 +138,11 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     """Greedy decoding three ways on the same prompt: dynamic cache (the reference), the fixed-shape
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
-    After the compiling call, eager and compiled decode the prompt once per round, for ``rounds``
-    rounds in alternating order (kvlab/rounds.py). ``speedup`` is the median over rounds of eager / compiled median
-    step time *within* a round, with its min-max (``speedup_min``, ``speedup_max``): a busy spell
-    slows both runs of a round alike. Returns the tokens' agreement, the median ms per decode step of
-    each over all rounds, and the seconds the first compiled call took (tracing + code generation +
-    building), and ``cuda_graph``: "captured" when a CUDA graph was recorded (CUDA, mode "reduce-overhead"),
-    else why not ("not requested: mode=None", "cpu: CUDA graphs are CUDA only", "skipped: <torch's reason>").
-    Raises whatever torch.compile raises.
-    ``backend="eager"`` traces the step without generating code (seconds, not minutes; no speed-up):
-    the tests use it to check this function's bookkeeping.
+    After the compiling call, eager and compiled decode the prompt once per round, for ``rounds`` rounds in
+    alternating order (kvlab/rounds.py). ``speedup`` is the median over rounds of eager / compiled median step
+    time *within* a round (a busy spell slows both runs of a round alike), with its min-max. ``compile_s``: the
+    first compiled call (tracing + code generation + building); ``cuda_graph``: "captured" when a CUDA graph was
+    recorded, else why not. ``backend="eager"`` traces the step without generating code (seconds, not minutes).
     """
     prompt_ids = encode_prompt(model, prompt)
     if new_tokens < 3:
@@ -190,8 +184,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
                 eager_ms=eager_ms, compiled_ms=compiled_ms, speedup=speedup, speedup_min=lo, speedup_max=hi,
                 speedup_per_round=ratio["values"], rounds=rounds,
                 compile_s=compile_s, backend=backend, mode=mode, cuda_graph=graphs.result,
-                torch=torch.__version__, device=str(model.device),
-                threads=torch.get_num_threads(),
+                torch=torch.__version__, device=str(model.device), threads=torch.get_num_threads(),
                 message=f"compiled in {compile_s:.1f} s; one decode step: {eager_ms:.2f} ms eager, "
                         f"{compiled_ms:.2f} ms compiled; eager / compiled {speedup:.2f}x "
                         f"[min-max {lo:.2f}-{hi:.2f} over {rounds} paired rounds]")
@@ -238,9 +231,8 @@ def child_env(threads: int, device: torch.device | str | None = None) -> dict[st
 
 
 def stop_process_tree(child: subprocess.Popen) -> None:
-    """Stop the child and what it started: its process group where the OS has them (POSIX: ``os.killpg``
-    with SIGKILL), else the child itself (``Popen.kill``; ``terminate`` where there is no SIGKILL, which on
-    Windows is the same TerminateProcess). Then reap it."""
+    """Stop the child and what it started: its process group where the OS has them (POSIX), else the child
+    itself (``terminate`` where there is no SIGKILL, which on Windows is the same TerminateProcess); reap it."""
     killpg, sigkill = getattr(os, "killpg", None), getattr(signal, "SIGKILL", None)
     try:
         if killpg is not None and sigkill is not None:
@@ -260,10 +252,10 @@ def stop_process_tree(child: subprocess.Popen) -> None:
 def try_compiled_decode(budget_s: float | None = None, pairs: int = 8, new_tokens: int = 32,
                         threads: int = LESSON_THREADS) -> dict:
     """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``
-    (default: ``default_budget_s()``: 120 s on CUDA; on CPU nothing is started without a budget).
+    (default: ``default_budget_s()``).
 
     Never raises: a compiler that is missing, fails or is too slow here comes back as
-    ``{"status": "timeout" | "failed" | "not started", "message": ...}``. ``threads`` torch threads in the child.
+    ``{"status": "timeout" | "failed" | "not started", "message": ...}``.
     """
     if budget_s is None:
         budget_s = default_budget_s()

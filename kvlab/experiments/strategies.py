@@ -42,7 +42,7 @@ from kvlab.device import pick_device
 from kvlab.generate import generate
 from kvlab.model.decoder import Decoder
 from kvlab.experiments.quality import EXACT, compare_to_exact, describe_cache
-from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary
+from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary, cache_options
 from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
@@ -88,20 +88,17 @@ def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes:
 
 
 def _clock(device: torch.device) -> float:
-    """``perf_counter()`` once the kernels queued on the compute stream have run (CUDA), so an update's time
-    is its own work, not the layer's compute before it. Only the compute stream is waited for: copies an
-    offloaded cache prefetches on a side stream keep overlapping, as they do untimed."""
+    """``perf_counter()`` once the compute stream's queued kernels have run (CUDA), so an update's time is its own
+    work; copies an offloaded cache prefetches on a side stream keep overlapping, untimed."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
     return time.perf_counter()
 
 
 def _timed_updates(cache: KVCache) -> tuple[list[float], list[float]]:
-    """Wrap the cache's ``update`` so each call's seconds are recorded (attend() calls self.update),
-    and, for a cache that counts its copies between tiers (``copy_s_total``), the seconds of copying.
-    On CUDA every update is timed between two waits for the compute stream (``_clock``); the step times
-    then include those waits (and lose the overlap of launching kernels with running them), for every
-    setting alike."""
+    """Wrap the cache's ``update`` so each call's seconds are recorded, and the seconds of copying between tiers
+    for a cache that counts them (``copy_s_total``). On CUDA the step times then include the waits of ``_clock``
+    (and lose the overlap of launching kernels with running them), for every setting alike."""
     spent: list[float] = []
     copied: list[float] = []
     inner = cache.update
@@ -124,9 +121,7 @@ def _per_step(per_call: list[float], layers: int) -> list[float]:
 
 
 def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int, max_len: int) -> dict:
-    opts = {k: v for k, v in setting.items() if k != "cache"}
-    if setting["cache"] in ("static", "offloaded"):
-        opts.setdefault("max_len", max_len)
+    opts = cache_options(setting, max_len)
     cache = make_cache(setting["cache"], model.config, batch=1, dtype=model.dtype, device=model.device, **opts)
     # Copies are timed where they are synchronous (the cache synchronises before its clock starts): on CPU,
     # over a throttled link, and on CUDA without prefetch. Prefetched copies run on a side stream, untimed.
@@ -163,7 +158,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
     for s in settings:  # every check before any work
         if "cache" not in s:
             raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
-        check_cache_options(s["cache"], {k: v for k, v in s.items() if k != "cache"})
+        check_cache_options(s["cache"], cache_options(s))
     if not pairs or any(not isinstance(p, int) or p < 1 for p in pairs):
         raise ValueError(f"pairs must be positive integers (pairs per recall context), got {pairs!r}")
     if new_tokens < 2 or repeats < 1 or examples < 0 or quality_prompts < 0:
@@ -178,8 +173,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
                          f"context of {cfg.max_position_embeddings}; use fewer pairs or new tokens")
     for s in settings:
         if s["cache"] == "quantized":  # the cache checks bits / group size / residual on construction
-            make_cache("quantized", cfg, batch=1, dtype=model.dtype, device=model.device,
-                       **{k: v for k, v in s.items() if k != "cache"})
+            make_cache("quantized", cfg, batch=1, dtype=model.dtype, device=model.device, **cache_options(s))
     element_bytes = torch.empty(0, dtype=model.dtype).element_size()
 
     runs: dict[tuple[int, int], list[dict]] = {}
@@ -197,9 +191,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
             stop = [model.tokenizer.encode(".")[0]]
             for (i, s), p in progress([(x, p) for x in enumerate(settings) for p in pairs],
                                       total=len(settings) * len(pairs), desc="quality"):
-                opts = {k: v for k, v in s.items() if k != "cache"}
-                if s["cache"] in ("static", "offloaded"):
-                    opts.setdefault("max_len", longest)
+                opts = cache_options(s, longest)
                 acc = score(model, questions[p][:examples], s["cache"], **opts).accuracy
                 q = dict(accuracy=acc)
                 if quality_prompts:
@@ -217,7 +209,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
         copy_s = np.concatenate([r["copy_s"] for r in rs]) if rs[0]["copy_s"] else None
         link = s.get("link_gbps") if s["cache"] == "offloaded" else None
         m, b = rs[-1]["memory"], rs[-1]["breakdown"]
-        row = dict(setting=describe_cache(s["cache"], {k: v for k, v in s.items() if k != "cache"}),
+        row = dict(setting=describe_cache(s["cache"], cache_options(s)),
                    strategy=s["cache"], bits=s.get("bits", 8 * element_bytes) if s["cache"] == "quantized"
                    else 8 * element_bytes,
                    group_size=s.get("group_size", math.gcd(cfg.head_dim, 32)) if s["cache"] == "quantized" else None,
@@ -241,9 +233,8 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
                    moved_gb_per_s=float(np.median(moved / (1e-3 * decode_ms))) / 1e9,
                    device=str(model.device), threads=used_threads)
         q = quality.get((i, p), {})
-        row.update(accuracy=q.get("accuracy", float("nan")), kl_mean=q.get("kl_mean", float("nan")),
-                   kl_max=q.get("kl_max", float("nan")), top1_agreement=q.get("top1_agreement", float("nan")),
-                   greedy_agreement=q.get("greedy_agreement", float("nan")))
+        row.update({k: q.get(k, float("nan"))
+                    for k in ("accuracy", "kl_mean", "kl_max", "top1_agreement", "greedy_agreement")})
         rows.append(row)
     frame = pd.DataFrame(rows)
     # Ratios to the exact dynamic cache at the same context (NaN when dynamic was not run).
@@ -299,9 +290,8 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
                             link_gbps: float | None = DEFAULT_LINK_GBPS,
                             progress: Progress = no_progress) -> pd.DataFrame:
     """Memory and latency of every chosen setting at every context (``run_strategies``), and recall
-    accuracy of the dynamic and quantized settings at the longest context (``accuracy_by_distance``).
-    ``link_gbps``: offloaded also runs over a link of that many GB/s (None: only at the tier's speed).
-    On CUDA offloaded also runs with ``prefetch=False`` (``strategy_settings``).
+    accuracy of the dynamic and quantized settings at the longest context (``accuracy_by_distance``); the
+    settings are ``strategy_settings``'.
 
     The frame is run_strategies' with the accuracy columns filled in at the longest context
     (static and offloaded are exact strategies and are not scored again; their quality columns
@@ -349,10 +339,7 @@ def with_bytes_per_token(frame: pd.DataFrame, model: Decoder) -> pd.DataFrame:
 
 
 def quantized_memory_ratio(frame: pd.DataFrame, bits: int = 4) -> float:
-    """Bytes of the ``bits``-bit quantized cache over the dynamic cache's, at the longest context of the run.
-
-    ``frame`` is ``run_strategies``' (its ``memory_ratio`` column).
-    """
+    """Bytes of the ``bits``-bit quantized cache over the dynamic cache's, at the longest context of the run."""
     q = frame[(frame["strategy"] == "quantized") & (frame["bits"] == bits)]
     if not len(q):
         ran = sorted(set(frame.loc[frame["strategy"] == "quantized", "bits"].astype(int)))

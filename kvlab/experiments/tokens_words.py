@@ -20,7 +20,6 @@ translated into several languages, plus a code snippet and a line of numbers (al
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,20 +129,12 @@ def real_tokenizer(name: str | Path = REAL_TOKENIZER, timeout_s: float = 2.5) ->
     """A trained model's own tokenizer where possible: ``(tokenizer, note)``, else ``(None, note)``.
 
     ``name`` is a hub name ("HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B", ...) or a directory with
-    a saved tokenizer. Only the tokenizer's files are fetched (a few MB, no weights). Offline (the hub
-    does not answer within ``timeout_s`` seconds, or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set),
-    only the local Hugging Face cache is tried. ``note`` is one line saying what happened.
+    a saved tokenizer. Only the tokenizer's files are fetched (a few MB, no weights); offline
+    (``real_model.offline_reason``) only the local Hugging Face cache is tried.
     """
-    from kvlab.experiments.real_model import hub_endpoint, hub_reachable, offline_variable
+    from kvlab.experiments.real_model import offline_reason
 
-    if Path(name).is_dir():
-        why = None
-    elif (variable := offline_variable()) is not None:
-        why = f"{variable}={os.environ[variable]} is set"
-    elif not hub_reachable(timeout_s):
-        why = f"{hub_endpoint()} did not answer within {timeout_s:g} s"
-    else:
-        why = None
+    why = None if Path(name).is_dir() else offline_reason(timeout_s)
     if why is not None and not _cached_on_disk(str(name)):
         return None, (f"No real model's tokenizer here: this machine is offline ({why}) and {name}'s tokenizer "
                       f"is not in the local Hugging Face cache; the comparison continues with kvlab's two tokenizers.")
@@ -155,10 +146,8 @@ def real_tokenizer(name: str | Path = REAL_TOKENIZER, timeout_s: float = 2.5) ->
         return None, (f"No real model's tokenizer here: could not load {name}'s "
                       f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
                       f"the comparison continues with kvlab's two tokenizers.")
-    if why:
-        source = f"from the local cache (offline: {why})"
-    else:
-        source = f"from {name}" if Path(name).is_dir() else "from the Hugging Face hub"
+    source = (f"from the local cache (offline: {why})" if why
+              else f"from {name}" if Path(name).is_dir() else "from the Hugging Face hub")
     return tok, f"Loaded {name}'s tokenizer {source}: {tok.vocab_size:,} tokens in its vocabulary."
 
 

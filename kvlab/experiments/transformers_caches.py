@@ -147,31 +147,13 @@ def formula_bytes(strategy: str, library: str, cfg, step: int, prompt_tokens: in
 def _agreement(tokens: list[list[int]], reference: list[list[int]]) -> tuple[float, float]:
     """Fraction of identical tokens, position by position over every question, and the earliest
     index where any question's tokens differ (NaN when none does)."""
-    same = total = 0
-    first = math.inf
+    same, total, first = 0, 0, math.inf
     for a, b in zip(tokens, reference):
         hits = [x == y for x, y in zip(a, b)]
         same, total = same + sum(hits), total + len(hits)
         if not all(hits):
             first = min(first, hits.index(False))
     return same / total if total else float("nan"), float(first) if first < math.inf else float("nan")
-
-
-def _kvlab_run(model: Decoder, prompt: list[int], strategy: str, options: dict, new_tokens: int) -> dict:
-    cache = make_cache(strategy, model.config, batch=1, dtype=model.dtype, device=model.device, **options)
-    try:
-        r = generate(model, prompt, cache=cache, max_new_tokens=new_tokens)
-    finally:
-        if hasattr(cache, "close"):
-            cache.close()  # the offloaded cache's file
-    return dict(tokens=r.tokens, step_s=list(r.timeline.step_s), cache_bytes=list(r.timeline.cache_bytes))
-
-
-def _transformers_run(hf, prompt: list[int], strategy: str, settings: dict, new_tokens: int,
-                      device: torch.device) -> dict:
-    cache = transformers_cache(strategy, hf.config, **settings)
-    run = timed_generate(hf, prompt, new_tokens, device, cache=cache)
-    return dict(tokens=run.tokens, step_s=run.step_s, cache_bytes=run.cache_bytes)
 
 
 def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[str] = STRATEGIES, pairs: int = 16,
@@ -184,13 +166,11 @@ def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[s
     (after one untimed warm-up run of every pair); kvlab and transformers take turns, so a busy moment on
     the machine hits both. Static and offloaded are sized for prompt + ``new_tokens``.
 
-    Returns one row per (strategy, library): ``status`` ("ran", or why transformers' cache did not run
-    here), ``implementation``, the median and p95 ms per decode token, the prefill's ms, the cache bytes
-    after the last step beside ``formula_bytes``', ``bytes_match`` (every step's bytes equal the formula),
-    ``agreement`` and ``first_divergence`` (the transformers row against kvlab's counterpart: the fraction
-    of identical greedy tokens and the earliest token index that differed), ``exact_agreement`` (against
-    kvlab's dynamic cache) and ``answers_right`` (questions whose first tokens are the recall answer). ``frame.attrs["steps"]``: one row per token (strategy, library, question,
-    repeat, token, step_ms, cache_bytes, formula_bytes, token_id); attrs also hold the settings.
+    Returns one row per (strategy, library): ``status`` ("ran", or why transformers' cache did not run here),
+    ``bytes_match`` (every step's bytes equal ``formula_bytes``), ``agreement`` and ``first_divergence`` (the
+    transformers row against kvlab's counterpart), ``exact_agreement`` (against kvlab's dynamic cache) and
+    ``answers_right`` (questions whose first tokens are the recall answer). ``frame.attrs["steps"]``: one row per
+    token; attrs also hold the settings.
     """
     from kvlab.model.loading import to_transformers
     from kvlab.experiments.recall import load_recall_model, make_examples
@@ -211,12 +191,20 @@ def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[s
     cuda = model.device.type == "cuda"
     hf = to_transformers(model).to(device=model.device, dtype=model.dtype).eval()
     quant = dict(bits=bits, group_size=group_size, residual=residual)
-    tf_settings = dict(max_len=max_len, **quant)
 
     def run(strategy: str, library: str, prompt: list[int], n: int) -> dict:
-        if library == "kvlab":
-            return _kvlab_run(model, prompt, strategy, kvlab_options(strategy, max_len, **quant), n)
-        return _transformers_run(hf, prompt, strategy, tf_settings, n, model.device)
+        if library == "transformers":
+            t = timed_generate(hf, prompt, n, model.device,
+                               cache=transformers_cache(strategy, hf.config, max_len=max_len, **quant))
+            return dict(tokens=t.tokens, step_s=t.step_s, cache_bytes=t.cache_bytes)
+        cache = make_cache(strategy, cfg, batch=1, dtype=model.dtype, device=model.device,
+                           **kvlab_options(strategy, max_len, **quant))
+        try:
+            r = generate(model, prompt, cache=cache, max_new_tokens=n)
+        finally:
+            if hasattr(cache, "close"):
+                cache.close()  # the offloaded cache's file
+        return dict(tokens=r.tokens, step_s=list(r.timeline.step_s), cache_bytes=list(r.timeline.cache_bytes))
 
     status = {(s, lib): RAN for s in strategies for lib in LIBRARIES}
     runs: dict[tuple[str, str], list[tuple[int, int, dict]]] = {}
@@ -237,16 +225,14 @@ def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[s
                     if status[(s, lib)] == RAN:
                         runs.setdefault((s, lib), []).append((rep, q, run(s, lib, examples[q].prompt_ids, new_tokens)))
 
-    steps = []
-    for (s, lib), rs in runs.items():
-        for rep, q, r in rs:
-            for i, (dt, nbytes, tok) in enumerate(zip(r["step_s"], r["cache_bytes"], r["tokens"])):
-                steps.append(dict(strategy=s, library=lib, question=q, repeat=rep, token=i, step_ms=1e3 * dt,
-                                  cache_bytes=int(nbytes), token_id=tok,
-                                  formula_bytes=formula_bytes(s, lib, cfg, i, prompt_tokens, max_len,
-                                                              element_bytes=element_bytes, cuda=cuda, **quant)))
-    steps = pd.DataFrame(steps, columns=["strategy", "library", "question", "repeat", "token", "step_ms",
-                                         "cache_bytes", "formula_bytes", "token_id"])
+    steps = pd.DataFrame([dict(strategy=s, library=lib, question=q, repeat=rep, token=i, step_ms=1e3 * dt,
+                               cache_bytes=int(nbytes), token_id=tok,
+                               formula_bytes=formula_bytes(s, lib, cfg, i, prompt_tokens, max_len,
+                                                           element_bytes=element_bytes, cuda=cuda, **quant))
+                          for (s, lib), rs in runs.items() for rep, q, r in rs
+                          for i, (dt, nbytes, tok) in enumerate(zip(r["step_s"], r["cache_bytes"], r["tokens"]))],
+                         columns=["strategy", "library", "question", "repeat", "token", "step_ms", "cache_bytes",
+                                  "formula_bytes", "token_id"])
 
     def tokens_of(s: str, lib: str) -> list[list[int]] | None:
         rs = [r for rep, _q, r in runs.get((s, lib), []) if rep == 0]

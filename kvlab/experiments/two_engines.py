@@ -1,10 +1,9 @@
 """Two real engines, one client: kvlab serve and transformers serve on one checkpoint, cold and warm, up to the knee.
 
-`python -m kvlab bench serve` repeats it in rounds. Both
-servers load the same folder (`lesson_checkpoint`: the lesson model with a byte tokenizer, so
-the two cut a text prompt into the same tokens), measured one at a time on loopback, and get the
-same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text prompts,
-every answer run to its `max_tokens`:
+`python -m kvlab bench serve` repeats it in rounds. Both servers load the same folder (`lesson_checkpoint`: the
+lesson model with a byte tokenizer, so the two cut a text prompt into the same tokens), measured one at a time on
+loopback, and get the same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text
+prompts, every answer run to its `max_tokens`:
 
 - **cold**: the first `cold_requests` requests after the server started, at the low rate;
 - **warm**: after `warmup` more requests (not reported), the same low rate again;
@@ -19,8 +18,7 @@ every answer run to its `max_tokens`:
 One row per (engine, phase, rate) with the four clocks, their n and the counts
 (sent = completed + failed + waiting + running). Both servers start together (each on its own
 process; starting is not what is measured), then each is measured alone while the other idles.
-`same_greedy_answer` checks on the wire that the
-two servers hold the same weights: one greedy completion, equal text.
+`same_greedy_answer` checks on the wire that the two servers hold the same weights: one greedy completion, equal text.
 """
 from __future__ import annotations
 
@@ -48,7 +46,6 @@ from kvlab.threads import LESSON_THREADS
 from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
 
 ENGINES = ("kvlab serve", "transformers serve")
-PHASES = ("cold", "warm", "sweep")
 GREEDY_PROMPT = "k3=v7;k5=v2;k9=v4;?k5:"  # a recall query: the lesson model answers it
 CONTEXT = 512  # the lesson model's context: prompts are clipped so prompt + max_tokens fit
 LOW_RATE = 8.0  # req/s of the cold and warm phases: well below either engine's knee, so little waits
@@ -62,9 +59,7 @@ CLOSE_SLACK_S = 0.05  # the client cuts off what is unfinished just after the cl
 
 @dataclass(frozen=True)
 class Protocol:
-    """How an engine is measured over the wire (the module doc), described once and passed whole: the panels, the
-    claims and `bench serve` each make one, and every phase reads its part. Checked where it is made (and by
-    `dataclasses.replace`)."""
+    """How an engine is measured over the wire (the module doc), passed whole to every phase; checked when made."""
 
     low_rate: float = LOW_RATE  # req/s of the cold and warm phases
     cold_requests: int = 6  # the first requests after the server started
@@ -154,8 +149,8 @@ def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: floa
             close_s: float | None = None) -> LoadTestResult:
     """Send `requests` open-loop to the running `server` as text, every answer run to its max_tokens.
 
-    `close_s` (seconds from the run's start): what has not finished then is cut off just after it (the
-    client leaves), to be read at the close by `clock_row`; default: every request runs to its end or timeout."""
+    `close_s` (seconds from the run's start): what has not finished then is cut off just after it, to be read at
+    the close by `clock_row`; None: every request runs to its end or timeout."""
     deadline = None if close_s is None else close_s + CLOSE_SLACK_S
     return run_loadtest(server.url, requests, server.model, prompt_format="text", extra_body=server.extra_body,
                         timeout_s=timeout_s, deadline_s=deadline, progress=False,
@@ -168,15 +163,12 @@ def burst(requests: Sequence[Request]) -> list[Request]:
 
 
 def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_requests: int | None = None) -> dict:
-    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates;
-    `num_requests`, what the measurement's schedule held, where given.
+    """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates.
 
-    Read once every request ended, or at the run's close (`measure`'s `close_s`) if that came first: a rate
-    served in time reads the same either way, and its achieved rate is over the time it took.
-    `ttft_p95_sent_s` is the p95 over every request sent, the unfinished counted at their wait so far
-    (a lower bound when `ttft_censored` > 0), and `tpot_p50_sent_s` the TPOT p50 over every request with a first
-    token, a stream still open counted at its gap so far (`kvlab.clocks.tpot_censored`, n and the open count
-    beside it); the other quantiles are over the completed ones (n beside them)."""
+    Read at the run's close (`measure`'s `close_s`) if one came before every request ended. `ttft_p95_sent_s`
+    is the p95 over every request sent, the unfinished counted at their wait so far (a lower bound when
+    `ttft_censored` > 0); `tpot_p50_sent_s` likewise over every open stream (`kvlab.clocks.tpot_censored`);
+    the other quantiles are over the completed requests."""
     close = result.settings.get("close_s")
     s = result.summary()
     if close is not None and s.until_s > close:
@@ -239,12 +231,9 @@ def sweep(server: LoopbackServer, rates: Sequence[float], protocol: Protocol, *,
     """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first,
     each read at its close, `drain_s` after its last scheduled arrival (`clock_row`).
 
-    `warm_up`: the protocol's `warmup` unreported requests of the sweep's profile go first, all at once: the
-    low-load phases send short prompts only, and an engine's first long prompt pays once for shapes it has not
-    computed yet (a 512-token chunk), which would land in the first level's p95. With
-    `stop_past_knee` the sweep ends at the first rate not served (`within_knee`): rates beyond it
-    would only queue longer.
-    """
+    `warm_up`: `warmup` unreported requests of the sweep's profile go first, all at once, so an engine's first
+    long prompt (shapes the low-load phases never sent) does not land in the first level's p95. With
+    `stop_past_knee` the sweep ends at the first rate not served (`within_knee`)."""
     p = protocol
     if warm_up and p.warmup:
         lowest = min(float(r) for r in rates)
@@ -254,9 +243,8 @@ def sweep(server: LoopbackServer, rates: Sequence[float], protocol: Protocol, *,
         n = max(min_requests, int(round(rate * p.duration_s)))
         requests = engine_workload(p.sweep_profile, n, rate, p.seed)
         close = max(r.arrival_s for r in requests) + p.drain_s
-        row = clock_row(server.name, "sweep", rate, measure(server, requests, p.timeout_s, close_s=close), n)
-        rows.append(row)
-        if stop_past_knee and not within_knee(row, p.slo_ttft_s, p.min_served):
+        rows.append(clock_row(server.name, "sweep", rate, measure(server, requests, p.timeout_s, close_s=close), n))
+        if stop_past_knee and not within_knee(rows[-1], p.slo_ttft_s, p.min_served):
             break
     return rows
 
@@ -266,9 +254,7 @@ def sweep(server: LoopbackServer, rates: Sequence[float], protocol: Protocol, *,
 class EnginesRun:
     """What `compare_engines` measured: one row per (engine, phase, rate), the servers, the same-weights check.
 
-    The frame carries the rest in `frame.attrs` (servers, greedy, settings, unavailable), so a
-    panel or a claim that holds only the frame has it all.
-    """
+    `frame.attrs` carries the rest too, for a panel or a claim that holds only the frame."""
 
     frame: pd.DataFrame
     servers: dict = field(default_factory=dict)  # engine -> LoopbackServer.describe()
@@ -291,9 +277,7 @@ def compare_engines(folder: str | Path | None = None, rates: Sequence[float] = (
                     engines: Sequence[str] = ENGINES, progress: Progress = no_progress) -> EnginesRun:
     """Start the engines together on the same folder; measure each in turn (cold, warm, a sweep), then stop it.
 
-    When transformers serve cannot run here, it is left out and `EnginesRun.unavailable` says
-    why in one line; kvlab serve is measured alone.
-    """
+    Where transformers serve cannot run, it is left out and `EnginesRun.unavailable` says why in one line."""
     if not rates or any(not (isinstance(r, (int, float)) and r > 0) for r in rates):
         raise ValueError(f"rates={list(rates)!r} must be positive numbers of requests per second")
     unknown = [e for e in engines if e not in ENGINES]

@@ -2,24 +2,21 @@
 
 Everything here goes through a real socket:
 
-- `start_server` runs `python -m kvlab serve` in a subprocess of *this*
-  interpreter on 127.0.0.1 and a free port; it is stopped when the
-  interpreter exits, even if a notebook cell failed before `stop()`.
-- `measure_at_client` sends one seeded workload open-loop with the load
-  generator and returns its client-side records (the four clocks).
-- `accounting` checks that every request sent is accounted for: completed,
-  rejected by backpressure (HTTP 429), or failed for a stated reason, and
-  that the tokens the client counted match what the workload asked for.
-- `client_vs_engine` puts client and engine clocks of the same requests side
-  by side (`kvlab.http.compare`); `overhead_table` reads them in milliseconds.
-- `server_metrics` reads kvlab's server's own counters (Prometheus `/metrics`),
-  so the client's count of each outcome can be checked against the server's.
-- `wire_service_curve` loads the server at several offered rates, each for
-  the same length of time: one row per rate, the service curve at the client.
+- `start_server` runs `python -m kvlab serve` in a subprocess of *this* interpreter on 127.0.0.1 and a free port;
+  it is stopped when the interpreter exits, even if a notebook cell failed before `stop()`.
+- `measure_at_client` sends one seeded workload open-loop with the load generator and returns its client-side
+  records (the four clocks).
+- `accounting` checks that every request sent is accounted for: completed, rejected by backpressure (HTTP 429), or
+  failed for a stated reason, and that the tokens the client counted match what the workload asked for.
+- `client_vs_engine` puts client and engine clocks of the same requests side by side (`kvlab.http.compare`);
+  `overhead_table` reads them in milliseconds.
+- `server_metrics` reads kvlab's server's own counters (Prometheus `/metrics`), so the client's count of each
+  outcome can be checked against the server's.
+- `wire_service_curve` loads the server at several offered rates, each for the same length of time: one row per
+  rate, the service curve at the client.
 
-The same functions measure any OpenAI-compatible server (vLLM, SGLang, TGI,
-llama.cpp's server) given its URL, except `client_vs_engine`, which needs the
-engine-side records only kvlab's server publishes.
+The same functions measure any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server) given its URL,
+except `client_vs_engine`, which needs the engine-side records only kvlab's server publishes.
 """
 from __future__ import annotations
 
@@ -65,10 +62,8 @@ def start_server(model: str | None = None, max_waiting: int = 32, max_seqs: int 
                  extra: Sequence[str] = (), log_path: str | None = None, timeout_s: float = 120.0) -> ServerProcess:
     """Start `python -m kvlab serve` on 127.0.0.1 (a free port) and wait until `/health` answers.
 
-    Uses this interpreter (`sys.executable -m kvlab`), so the server runs the same kvlab as the
-    notebook. The server is also stopped when this interpreter exits (atexit), so a notebook
-    whose cell failed before `server.stop()` leaves no process behind. `model`: a preset or a
-    checkpoint directory (default: the server's, see `python -m kvlab serve --help`).
+    Uses this interpreter, so the server runs the same kvlab as the notebook; stopped at exit (atexit) too, so a
+    cell that failed before `server.stop()` leaves no process behind. `model`: a preset or a checkpoint directory.
     """
     server = ServerProcess(serve_args(model, max_waiting, max_seqs, extra), host=LOOPBACK, log_path=log_path)
     atexit.register(server.stop)
@@ -226,10 +221,8 @@ def check_rates(rates: Sequence[float]) -> tuple[float, ...]:
 def sent_schedule(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
     """The rate actually offered: requests scheduled, and the span from the first to the last scheduled arrival.
 
-    A seeded Poisson schedule of `n` requests at `rate` spans about `n / rate` seconds but not
-    exactly: `sent_rps` = n / span is the rate this run really offered (the same on every
-    machine, since the schedule is seeded). The measurement window (`Summary.duration_s`) is
-    longer: it runs on from the last arrival until the last answer ends (`drain_s`).
+    A seeded Poisson schedule of `n` requests at `rate` spans about `n / rate` seconds but not exactly:
+    `sent_rps` = n / span is the rate this run really offered (the same on every machine).
     """
     records = _records(result)
     arrivals = [r.scheduled_s for r in records]
@@ -238,13 +231,7 @@ def sent_schedule(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
 
 
 def service_row(rate: float, result: LoadTestResult) -> dict:
-    """One row of the service curve: offered rate, what came back, and the four clocks.
-
-    Besides `accounting` and the `Summary`: `scheduled_span_s` and `sent_rps` (`sent_schedule`:
-    the rate the seeded schedule really sent), `window_s` (first scheduled arrival to the last
-    event: what `requests_per_s` divides by) and `drain_s` (window minus span: the last answers
-    finishing after the last arrival).
-    """
+    """One row of the service curve: offered rate, what came back, and the four clocks (`wire_service_curve`)."""
     summary = result.summary()
     row = {"offered_rps": rate, **accounting(result), **summary.to_dict(), "wall_s": result.wall_s}
     row.update(sent_schedule(result), window_s=summary.duration_s)
@@ -278,12 +265,10 @@ def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_req
 
     Each rate sends `num_requests` requests, or (the default) `rate` × `duration_s` of them, at
     least 8 (`requests_per_rate`); give `num_requests` and `duration_s=None` for a fixed count.
-    Same profile and seed at every rate, so the rows differ by load alone. Columns:
-    `offered_rps`, `num_requests`, `accounting`'s counts, the `Summary` of the run
-    (`requests_per_s` achieved, `ttft_p50_s`, `ttft_p90_s`, `tpot_p50_s`, `e2e_p50_s`, ...),
-    `scheduled_span_s`, `sent_rps` (the rate the seeded schedule really sent), `window_s` (what the
-    achieved rate divides by) and `drain_s`, `wall_s` and `send_delay_max_s` (how far the client
-    itself fell behind its schedule).
+    Same profile and seed at every rate, so the rows differ by load alone. Columns: `offered_rps`, `num_requests`,
+    `accounting`'s counts, the run's `Summary`, `sent_schedule`'s, `window_s` (first scheduled arrival to the last
+    event: what `requests_per_s` divides by), `drain_s` (window minus span: the last answers finishing after the
+    last arrival), `wall_s` and `send_delay_max_s` (how far the client itself fell behind its schedule).
     """
     rates = check_rates(rates)
     counts = [requests_per_rate(rate, num_requests, duration_s) for rate in rates]
