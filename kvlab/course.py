@@ -305,20 +305,15 @@ def course_map(link_prefix: str = f"notebooks/{WORKSHOP_DIR}/", run_times: bool 
     a later build of any other notebook (or of 00 itself, still running when it renders) would make stale;
     the README's map, rewritten after every build, is the one place the run times are quoted.
     """
-    def run(n: Lesson) -> str:
-        s = run_seconds(n.file)
-        return "–" if s is None else f"{s} s"
-
     total = sum(n.minutes for n in NOTEBOOKS)
     if not run_times:
         rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {n.minutes} |" for n in NOTEBOOKS]
         return ("| # | notebook | what it shows | minutes |\n|---|---|---|---|\n" + "\n".join(rows)
                 + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total}** |")
-    rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {run(n)} | {n.minutes} |"
-            for n in NOTEBOOKS]
     runs = [run_seconds(n.file) for n in NOTEBOOKS]
-    known = [s for s in runs if s is not None]
-    total_run = "–" if None in runs else f"{round(sum(known) / 60)} min"
+    rows = [f"| {n.file[:2]} | [{n.title}]({link_prefix}{n.file}) | {n.shows} | {'–' if s is None else f'{s} s'} | "
+            f"{n.minutes} |" for n, s in zip(NOTEBOOKS, runs)]
+    total_run = "–" if None in runs else f"{round(sum(s for s in runs if s is not None) / 60)} min"
     return ("| # | notebook | what it shows | run time | minutes |\n|---|---|---|---|---|\n" + "\n".join(rows)
             + f"\n| | **all {len(NOTEBOOKS)} notebooks** | | **{total_run}** | **{total}** |")
 

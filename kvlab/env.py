@@ -70,15 +70,8 @@ def environment() -> dict:
     `device` is the device name a learner would quote: the CUDA GPU's name
     if there is one, else the CPU's.
     """
-    env = {
-        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "versions": {name: package_version(name) for name in _PACKAGES},
-    }
-    env.update(_torch_info())
-    env["device"] = env.get("cuda_device") or env["cpu"]
-    return env
+    env = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine(),
+           "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+           "versions": {name: package_version(name) for name in _PACKAGES}, **_torch_info()}
+    return {**env, "device": env.get("cuda_device") or env["cpu"]}

@@ -44,15 +44,10 @@ class Timeline:
 
     def to_frame(self) -> pd.DataFrame:
         n = len(self.step_s)
-        return pd.DataFrame({
-            "token": range(n),
-            "position": [self.prompt_tokens + i for i in range(n)],
-            "time_s": self.token_time_s,
-            "step_ms": [s * 1e3 for s in self.step_s],
-            "phase": ["prefill"] + ["decode"] * (n - 1),
-            "cache_bytes": self.cache_bytes,
-            "bytes_moved": self.bytes_moved,
-        })
+        return pd.DataFrame({"token": range(n), "position": [self.prompt_tokens + i for i in range(n)],
+                             "time_s": self.token_time_s, "step_ms": [s * 1e3 for s in self.step_s],
+                             "phase": ["prefill"] + ["decode"] * (n - 1), "cache_bytes": self.cache_bytes,
+                             "bytes_moved": self.bytes_moved})
 
     @property
     def decode_ms_per_token(self) -> float:
@@ -150,10 +145,7 @@ def check_generation(model: Decoder, prompt_ids: list[int], cache: str | KVCache
                          "shorten the prompt or lower max_new_tokens")
     if isinstance(cache, str):
         check_cache_options(cache, cache_options)
-        cap = cache_options.get("max_len")
-        if cap is not None and total > cap:
-            raise ValueError(f"{cache} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + max_new_tokens "
-                             f"({config.max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
+        name, cap = cache, cache_options.get("max_len")
     else:
         cfg = model.config
         built = (cache.num_layers, cache.num_kv_heads, cache.head_dim, cache.batch)
@@ -166,11 +158,10 @@ def check_generation(model: Decoder, prompt_ids: list[int], cache: str | KVCache
                              "build it with make_cache(..., dtype=model.dtype)")
         if cache.seq_len:
             raise ValueError(f"the cache passed in already holds {cache.seq_len} tokens; call cache.reset() first")
-        cap = getattr(cache, "max_len", None)
-        if cap is not None and total > cap:
-            raise ValueError(f"{cache.name} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + "
-                             f"max_new_tokens ({config.max_new_tokens}) = {total}; raise max_len or lower "
-                             "max_new_tokens")
+        name, cap = cache.name, getattr(cache, "max_len", None)
+    if cap is not None and total > cap:
+        raise ValueError(f"{name} cache holds {cap} tokens but prompt ({len(prompt_ids)}) + max_new_tokens "
+                         f"({config.max_new_tokens}) = {total}; raise max_len or lower max_new_tokens")
     if config.compile and not (isinstance(cache, str) and cache in FIXED_SHAPE):
         names = " or ".join(FIXED_SHAPE)
         choices = " or ".join(f"cache={n!r}" for n in FIXED_SHAPE)
@@ -216,13 +207,10 @@ class TokenLog:
         """Sample the token of this step's logits (1, V), time the step and record it."""
         c = self.config
         self.next_token = sample(logits, c.temperature, c.top_k, c.top_p, self.generator)  # (1,)
-        token_id = int(self.next_token.item())
-        t = now(self.device)
-        i = len(self.tokens)
+        token_id, t, i, tl = int(self.next_token.item()), now(self.device), len(self.tokens), self.timeline
         self.tokens.append(token_id)
         mem = self.cache.memory()
         moved = int(getattr(self.cache, "bytes_moved_last_step", 0))
-        tl = self.timeline
         tl.token_time_s.append(t - self.start)
         tl.step_s.append(t - self.last)
         tl.cache_bytes.append(mem.allocated_bytes)

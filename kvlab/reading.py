@@ -34,9 +34,7 @@ def deeper_heading(cell: Any) -> int | None:
     if cell["cell_type"] != "markdown":
         return None
     first = HEADING.search(_source(cell))
-    if first and DEEPER.match(first.group(2).strip("*_ ")):
-        return len(first.group(1))
-    return None
+    return len(first.group(1)) if first and DEEPER.match(first.group(2).strip("*_ ")) else None
 
 
 def main_path_cells(cells: list) -> Iterator[tuple[int, Any]]:

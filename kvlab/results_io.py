@@ -82,8 +82,7 @@ def load_results(path: str | Path) -> tuple[pd.DataFrame, dict]:
     path = Path(path)
     if path.suffix == ".json":
         doc = json.loads(path.read_text(encoding="utf-8"))
-        frame = pd.DataFrame(doc.pop("results"))
-        return frame, doc
+        return pd.DataFrame(doc.pop("results")), doc
     meta, skip = {}, 0
     with path.open(encoding="utf-8") as f:
         for line in f:

@@ -69,12 +69,8 @@ def predictions(nb: nbformat.NotebookNode) -> list[dict]:
 
 def key_rows(folder: Path) -> list[dict]:
     """One row per prediction of the course: notebook, question, the authors' answer, whether it is machine-free."""
-    rows = []
-    for entry in NOTEBOOKS:
-        for r in predictions(nbformat.read(folder / entry.file, as_version=4)):
-            rows.append({"notebook": entry.file, **r,
-                         "answer": r["answer"] or "(not in the saved run: execute the notebook)"})
-    return rows
+    return [{"notebook": entry.file, **r, "answer": r["answer"] or "(not in the saved run: execute the notebook)"}
+            for entry in NOTEBOOKS for r in predictions(nbformat.read(folder / entry.file, as_version=4))]
 
 
 def parse_answer(text: str | None) -> tuple[float, str] | None:

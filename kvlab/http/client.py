@@ -33,8 +33,7 @@ API_KEY_ENV = "KVLAB_API_KEY"
 
 def api_key_from_env(value: str | None = None) -> str | None:
     """`value` if given, else `$KVLAB_API_KEY`; None (no key) when neither is set or it is empty."""
-    key = value if value is not None else os.environ.get(API_KEY_ENV)
-    return key or None
+    return (value if value is not None else os.environ.get(API_KEY_ENV)) or None
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -121,17 +120,10 @@ async def stream_request(client: httpx.AsyncClient, endpoint: str, payload: byte
                     chunks += 1
                 for c in choices:
                     finish_reason = c.get("finish_reason") or finish_reason
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "connect_error")
-        return
-    except httpx.TimeoutException as e:
-        record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "timeout")
-        return
     except httpx.TransportError as e:
         record.extra["error"] = f"{type(e).__name__}: {e}"
-        record.fail(clock(), "transport_error")
+        record.fail(clock(), "connect_error" if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout))
+                    else "timeout" if isinstance(e, httpx.TimeoutException) else "transport_error")
         return
     end = clock()
     record.extra.update(finish_reason=finish_reason, chunks=chunks)

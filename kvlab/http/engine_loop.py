@@ -80,12 +80,6 @@ class EngineRejected(Exception):
         self.reason, self.detail = reason, detail
 
 
-def _reject_reason(fail_reason: str | None) -> RejectReason:
-    """A record's fail reason at admission as a RejectReason ("rejected" for one the loop does not know)."""
-    return "queue_full" if fail_reason == "queue_full" else \
-        "prompt_too_long" if fail_reason == "prompt_too_long" else "rejected"
-
-
 @dataclass
 class RequestStream:
     """What a handler reads: the engine's outputs for one request, in order, ending with a finished one."""
@@ -364,12 +358,7 @@ class AsyncEngine:
                     commands = [self._commands.get(timeout=None if not busy else 0)]
                 except queue.Empty:
                     commands = []
-                while True:
-                    try:
-                        commands.append(self._commands.get_nowait())
-                    except queue.Empty:
-                        break
-                for command in commands:
+                for command in commands + self._queued():
                     if command[0] == "stop":
                         self._reply(self._stopped_with, self._abort_all())
                         return
@@ -395,7 +384,8 @@ class AsyncEngine:
                 return
             if record.status == "failed":
                 self._retire(request.request_id)
-                self._reply(self._verdict, rid, _reject_reason(record.fail_reason), record.fail_reason or "")
+                reason = record.fail_reason if record.fail_reason in ("queue_full", "prompt_too_long") else "rejected"
+                self._reply(self._verdict, rid, reason, record.fail_reason or "")
             else:
                 self.counters["prompt_tokens"] += request.prompt_tokens
                 self._reply(self._verdict, rid, None)
@@ -467,14 +457,10 @@ class AsyncEngine:
         with self._lock:
             self._accepting = False  # from here no add command is queued: the drain below sees them all
         self.error = error
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
+        for command in self._queued():
             self._handle(command)  # adds are answered engine_stopped, aborts done, stops answered
         engine, why = self.engine, f"the engine stopped: {error}"
-        ids = [s.request_id for s in (*engine.scheduler.waiting, *engine.scheduler.running)]
+        ids = self._open_ids()
         outputs = [o for o in (engine.fail(rid, why) for rid in ids) if o is not None]
         for rid in ids:
             self._retire(rid)
@@ -503,11 +489,23 @@ class AsyncEngine:
             else:
                 self.records.append(record)
 
+    def _queued(self) -> list[tuple]:
+        """Every command queued now, taken off the queue without waiting."""
+        commands = []
+        while True:
+            try:
+                commands.append(self._commands.get_nowait())
+            except queue.Empty:
+                return commands
+
+    def _open_ids(self) -> list:
+        """The ids of every request waiting or running in the engine."""
+        return [s.request_id for s in (*self.engine.scheduler.waiting, *self.engine.scheduler.running)]
+
     def _abort_all(self) -> int:
-        engine = self.engine
-        ids = [s.request_id for s in (*engine.scheduler.waiting, *engine.scheduler.running)]
+        ids = self._open_ids()
         for rid in ids:
-            engine.abort(rid)
+            self.engine.abort(rid)
             self._retire(rid)
         self._publish_gauges()
         if ids:

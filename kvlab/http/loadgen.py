@@ -39,10 +39,9 @@ arrays, and so do vLLM and SGLang), so the server sees exactly
 `prompt_tokens` tokens. `http_workload` draws those ids from 32..126:
 printable ASCII for kvlab's `ByteTokenizer` (one byte per token), and valid
 ids (just other tokens) in any vocabulary of 127 or more. Chat can only send
-text: the same ids decoded as ASCII,
-which is `prompt_tokens` tokens on kvlab's byte-level models and some other
-count on a BPE model (the server's count is kept as
-`extra["prompt_tokens_reported"]`). Use `prompt_format="text"` for servers
+text: the same ids decoded as ASCII, which is `prompt_tokens` tokens on kvlab's
+byte-level models and some other count on a BPE model (the server's count is kept
+as `extra["prompt_tokens_reported"]`). Use `prompt_format="text"` for servers
 that refuse token arrays.
 """
 
@@ -73,21 +72,11 @@ ENDED = ("completed", "failed")
 
 
 # -- what to send ------------------------------------------------------------------
-def http_workload(
-    profile: str = "short_short",
-    num_requests: int = 100,
-    arrival: str = "poisson",
-    rate: float | None = None,
-    burstiness: float = 1.0,
-    seed: int = 0,
-    trace: str | Path | None = None,
-    time_scale: float = 1.0,
-    length_scale: float = 1.0,
-    scale: float = 1.0,
-    max_context: int | None = None,
-    shared_prefix_tokens: int = 0,
-    trace_format: str | None = None,
-) -> list[Request]:
+def http_workload(profile: str = "short_short", num_requests: int = 100, arrival: str = "poisson",
+                  rate: float | None = None, burstiness: float = 1.0, seed: int = 0, trace: str | Path | None = None,
+                  time_scale: float = 1.0, length_scale: float = 1.0, scale: float = 1.0,
+                  max_context: int | None = None, shared_prefix_tokens: int = 0,
+                  trace_format: str | None = None) -> list[Request]:
     """A seeded workload whose prompts are printable-ASCII token ids (32..126).
 
     With `trace` the requests replay that trace (`time_scale`, `length_scale`, the first
@@ -209,23 +198,11 @@ def _check_args(requests: Sequence[Request], prompt_format: str, chat: bool, tim
         raise ValueError("request ids repeat; give each request its own request_id")
 
 
-async def loadtest(
-    url: str,
-    requests: Sequence[Request],
-    model: str | None = None,
-    *,
-    chat: bool = False,
-    prompt_format: str | None = None,
-    timeout_s: float = 60.0,
-    deadline_s: float | None = None,
-    max_connections: int = 256,
-    temperature: float = 0.0,
-    extra_body: dict | None = None,
-    progress: bool | None = None,
-    settings: dict | None = None,
-    seed: int = 0,
-    api_key: str | None = None,
-) -> LoadTestResult:
+async def loadtest(url: str, requests: Sequence[Request], model: str | None = None, *, chat: bool = False,
+                   prompt_format: str | None = None, timeout_s: float = 60.0, deadline_s: float | None = None,
+                   max_connections: int = 256, temperature: float = 0.0, extra_body: dict | None = None,
+                   progress: bool | None = None, settings: dict | None = None, seed: int = 0,
+                   api_key: str | None = None) -> LoadTestResult:
     """Replay `requests` open-loop against `url`; one RequestRecord each (see module docstring).
 
     - `chat`: use `/v1/chat/completions` (text prompts) instead of `/v1/completions`.
@@ -247,16 +224,15 @@ async def loadtest(
     if model is None:
         model = await asyncio.to_thread(discover_model, base, 10.0, api_key)
     endpoint = base + ("/v1/chat/completions" if chat else "/v1/completions")
-    last_arrival = max(r.arrival_s for r in requests)
-    deadline_s = deadline_s if deadline_s is not None else last_arrival + timeout_s + 5.0
+    deadline_s = deadline_s if deadline_s is not None else max(r.arrival_s for r in requests) + timeout_s + 5.0
     payloads = [json.dumps(request_body(r, model, chat, prompt_format, temperature, extra_body, seed)).encode()
                 for r in requests]
     records = [RequestRecord.from_request(r) for r in requests]
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
-    show = progress if progress is not None else len(requests) >= 100
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(requests), unit="req", desc="loadtest", disable=not show, leave=False)
+    bar = tqdm(total=len(requests), unit="req", desc="loadtest", leave=False,
+               disable=not (progress if progress is not None else len(requests) >= 100))
     tasks: list[asyncio.Task] = []
     lanes = ConnectionLanes(max_connections, timeout_s, tls=base.startswith("https://"))
 
@@ -272,8 +248,7 @@ async def loadtest(
             try:
                 async with lanes.lane() as client:
                     record.sent_s = clock()  # refined by the trace hook when the headers go out
-                    await asyncio.wait_for(stream_request(client, endpoint, payloads[i], record, chat, clock,
-                                                          headers),
+                    await asyncio.wait_for(stream_request(client, endpoint, payloads[i], record, chat, clock, headers),
                                            timeout_s)
             except asyncio.TimeoutError:
                 if record.status not in ENDED:

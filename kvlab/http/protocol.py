@@ -74,8 +74,7 @@ class CompletionRequest:
 
 def chat_template_text(messages: list[dict]) -> str:
     """kvlab's plain-text chat template (see the module docstring)."""
-    parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
-    return "".join(parts) + "<|assistant|>\n"
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
 
 
 def _unicode(text: str, param: str) -> str:
@@ -203,8 +202,7 @@ def _parse_body(body: Any, chat: bool, served_model: str, tokenizer, vocab_size:
         raise APIError(400, f"ignore_eos must be true or false, got {ignore_eos!r}", "invalid_ignore_eos",
                        "ignore_eos")
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = body.get(name, DEFAULT_MAX_TOKENS)
-    max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    max_tokens = DEFAULT_MAX_TOKENS if body.get(name) is None else body[name]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise APIError(400, f"{name} must be an integer >= 1, got {max_tokens!r}", f"invalid_{name}", name)
     if max_tokens >= max_model_len:

@@ -61,8 +61,8 @@ class Script:
 
 def _error(status: int, message: str, code: str, type_: str = "invalid_request_error",
            headers: dict | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": code}},
+                        status_code=status, headers=headers)
 
 
 def _sse(obj) -> bytes:
@@ -111,19 +111,16 @@ def scripted_app(script: Script | None = None, **script_fields) -> Starlette:
             counts["rejected"] += 1
             return _error(429, "scripted rejection: queue full", "queue_full", "rate_limit_error",
                           headers={"Retry-After": "1"})
-        if chat:
-            prompt_tokens = sum(len(str(m.get("content", "")).encode()) for m in body["messages"])
-        else:
-            prompt = body["prompt"]
-            prompt_tokens = len(prompt) if isinstance(prompt, list) else len(str(prompt).encode())
+        prompt = body["messages"] if chat else body["prompt"]
+        prompt_tokens = (sum(len(str(m.get("content", "")).encode()) for m in prompt) if chat
+                         else len(prompt) if isinstance(prompt, list) else len(str(prompt).encode()))
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                  "total_tokens": prompt_tokens + max_tokens}
         num_chunks = math.ceil(max_tokens / script.tokens_per_chunk)
         texts = [LETTERS[k % 26] * min(script.tokens_per_chunk, max_tokens - k * script.tokens_per_chunk)
                  for k in range(num_chunks)]
         rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{n}", int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-        finish = "length"
+        kind, finish = "chat.completion" if chat else "text_completion", "length"
 
         if not body.get("stream"):
             await asyncio.sleep(max(0.0, arrived + script.ttft_s + (num_chunks - 1) * script.gap_s
@@ -165,8 +162,7 @@ def scripted_app(script: Script | None = None, **script_fields) -> Starlette:
                 counts["disconnected"] += 1
                 raise
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def completions(request: Request) -> Response:
         return await complete(request, chat=False)
@@ -174,14 +170,10 @@ def scripted_app(script: Script | None = None, **script_fields) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         return await complete(request, chat=True)
 
-    app = Starlette(routes=[
-        Route("/health", health), Route("/v1/models", models),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ])
-    app.state.counts = counts
-    app.state.client_ports = client_ports
-    app.state.script = script
+    app = Starlette(routes=[Route("/health", health), Route("/v1/models", models),
+                            Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", chat_completions, methods=["POST"])])
+    app.state.counts, app.state.client_ports, app.state.script = counts, client_ports, script
     return app
 
 

@@ -54,7 +54,7 @@ from typing import Any, Callable, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from kvlab.http.counts import OUTCOMES, RequestCounts, Tally  # noqa: F401 (OUTCOMES: kvlab.http.server's own before)
+from kvlab.http.counts import RequestCounts, Tally
 from kvlab.http.engine_loop import MAX_FAILED_STEPS, STEP_TIMEOUT_S, STOPPED, AsyncEngine, EngineRejected, RequestStream
 from kvlab.http.guard import (API_KEY_ENV, MAX_BODY_BYTES, READ_TIMEOUT_S, ClientGone, answer_errors_as_json,
                               check_api_key, check_content_type, error_response,
@@ -124,11 +124,6 @@ class ServerState:
                   ", the server exits" if self.shutdown else "")
         if self.shutdown is not None:
             self.shutdown()
-
-
-def _sampling(req: CompletionRequest, stop_token_ids: tuple) -> SamplingParams:
-    return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
-                          stop_token_ids=() if req.ignore_eos else stop_token_ids)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -247,10 +242,6 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
     received = engine.now()  # the engine-side clock of this request starts here
     try:
         check_api_key(request, state.api_key)
-    except APIError as e:
-        tally.end("unauthorized")
-        return error_response(e)
-    try:
         check_content_type(request)
         raw = await read_body(request, state.max_body_bytes, state.read_timeout_s)
         req = parse_request(raw, chat, served_model=state.model_name, tokenizer=state.tokenizer,
@@ -259,7 +250,7 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
         tally.end("cancelled")
         return Response(status_code=400)  # nobody reads it
     except APIError as e:
-        tally.end("model_not_found" if e.status == 404 else "invalid_request")
+        tally.end("unauthorized" if e.status == 401 else "model_not_found" if e.status == 404 else "invalid_request")
         return error_response(e)
     headers = {"X-Kvlab-Warning": "; ".join(req.warnings)} if req.warnings else {}
     for warning in req.warnings:
@@ -271,7 +262,9 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
     work = WorkloadRequest(rid, len(req.prompt_ids), req.max_tokens, received, "chat" if chat else "completion",
                            req.prompt_ids)
     try:
-        stream = await state.engine.submit(work, _sampling(req, state.stop_token_ids))
+        stream = await state.engine.submit(work, SamplingParams(
+            temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed,
+            stop_token_ids=() if req.ignore_eos else state.stop_token_ids))
     except EngineRejected as e:
         if e.reason == "queue_full":
             tally.end("rejected_queue_full")
@@ -363,14 +356,10 @@ async def _events(state: ServerState, stream: RequestStream, shape: ResponseShap
             yield sse(shape.role_chunk())
         while True:
             out = await stream.queue.get()  # the watchdog answers it if the engine stops making progress
-            if out.finished and out.finish_reason not in COMPLETED:  # cancelled, engine error
-                tally.end("cancelled" if out.finish_reason == "cancelled" else "failed")
-                yield _error_event(out)
-                yield sse("[DONE]")
-                return
-            text, failure = _text_or_failure(state, stream, out)
+            text, failure = ("", out) if out.finished and out.finish_reason not in COMPLETED \
+                else _text_or_failure(state, stream, out)  # cancelled, engine error; or its text failed
             if failure is not None:
-                tally.end("failed")
+                tally.end("cancelled" if failure.finish_reason == "cancelled" else "failed")
                 yield _error_event(failure)
                 yield sse("[DONE]")
                 return

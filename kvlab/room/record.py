@@ -42,9 +42,6 @@ MAX_DEPTH = 6  # levels of nesting a file may hold (it needs 4: the file, machin
 MACHINE_KEYS = ("device", "device_class", "cpu", "cpu_count", "torch_threads", "cuda_device", "machine", "python",
                 "system", "runtime", "versions")
 VERSION_PACKAGES = ("kvlab", "torch", "transformers", "numpy", "pandas")
-# The fields of kvlab.clocks.RequestRecord that carry the four clocks (token stamps stay home: ITL is 09's own).
-REQUEST_FIELDS = ("request_id", "prompt_tokens", "max_new_tokens", "scheduled_s", "sent_s", "admitted_s",
-                  "first_token_s", "finished_s", "status", "fail_reason", "output_tokens")
 REQUEST_STATUSES = ("completed", "failed", "waiting", "running")
 SENT_AT_HEADER = "X-Kvlab-Sent-At"  # the learner's clock (unix s) as submit sends: the collector measures its error
 NOTEBOOK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,78}\.ipynb$")

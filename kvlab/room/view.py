@@ -57,7 +57,6 @@ from kvlab.serving.knee import KEEPS_UP_RATIO, find_knee, keeps_up
 MAD_FLOOR = 0.01
 CLOCKS = ("ttft", "tpot", "e2e")
 REFUSED = "http_429"  # the start of a request's fail_reason when the server refused it (queue full)
-KNEE_CASES = ("knee", "kept_up", "behind_from_the_start", "no_requests")
 
 
 @dataclass(frozen=True)
@@ -347,14 +346,12 @@ class Room:
             ended = done[finished == w]
             ok = arrived[arrived["status"] == "completed"]
             refused = _refused(arrived)
-            row = {"window": w, "t_s": w * window_s, "learners": arrived["learner"].nunique(), "arrived": len(arrived),
-                   "offered_rps": len(arrived) / window_s, "achieved_rps": len(ended) / window_s,
-                   "output_tokens_per_s": ended["output_tokens"].sum() / window_s,
-                   "failed": int((arrived["status"] == "failed").sum()), "refused": int(refused.sum())}
-            for c in CLOCKS:
-                q = quantiles(ok[c], (0.5, 0.95))
-                row.update({f"{c}_n": q["n"], f"{c}_p50_s": q["p50"], f"{c}_p95_s": q["p95"]})
-            rows.append(row)
+            rows.append({"window": w, "t_s": w * window_s, "learners": arrived["learner"].nunique(),
+                         "arrived": len(arrived), "offered_rps": len(arrived) / window_s,
+                         "achieved_rps": len(ended) / window_s,
+                         "output_tokens_per_s": ended["output_tokens"].sum() / window_s,
+                         "failed": int((arrived["status"] == "failed").sum()), "refused": int(refused.sum()),
+                         **_clock_quantiles(ok)})
         return pd.DataFrame(rows)
 
     def service_curve(self, window_s: float = 5.0, bins: int | Sequence[float] = 5, slo_ttft_s: float = 1.0,
@@ -387,11 +384,7 @@ class Room:
                    "served": float((arrived["status"] == "completed").mean()),
                    "refused": float(_refused(arrived).mean()),
                    "failed_otherwise": float(((arrived["status"] != "completed") & ~_refused(arrived)).mean())}
-            row["throughput_ratio"] = row["achieved_rps"] / row["offered_rps"]
-            for c in CLOCKS:
-                q = quantiles(ok[c], (0.5, 0.95))
-                row.update({f"{c}_n": q["n"], f"{c}_p50_s": q["p50"], f"{c}_p95_s": q["p95"]})
-            rows.append(row)
+            rows.append({**row, "throughput_ratio": row["achieved_rps"] / row["offered_rps"], **_clock_quantiles(ok)})
         curve = pd.DataFrame(rows)
         curve["keeps_up"] = [keeps_up(s, t, slo_ttft_s, min_served) for s, t in zip(curve["served"], curve["ttft_p95_s"])]
         knee = find_knee(curve["offered_rps"].tolist(), curve["keeps_up"].tolist())
@@ -419,6 +412,12 @@ class Room:
         return Knee(None, "behind_from_the_start",
                     f"no knee: at the lowest rate the room offered ({low['offered_rps']:.3g} requests/s) the server "
                     f"already {_behind(low, slo)}; the knee lies below it")
+
+
+def _clock_quantiles(completed: pd.DataFrame) -> dict:
+    """Each clock's n, p50 and p95 over ``completed`` requests, as columns of a window or a bucket."""
+    return {f"{c}_{k}": q[stat] for c in CLOCKS for q in [quantiles(completed[c], (0.5, 0.95))]
+            for k, stat in (("n", "n"), ("p50_s", "p50"), ("p95_s", "p95"))}
 
 
 def _refused(requests: pd.DataFrame) -> pd.Series:
