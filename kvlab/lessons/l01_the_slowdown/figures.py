@@ -19,9 +19,8 @@ def _curves(frame: pd.DataFrame) -> pd.DataFrame:
 def plot_slowdown(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> Figure:
     """Left: time of each decode step vs the token's index. Right: seconds since the request started.
 
-    ``frame`` comes from ``run_slowdown`` (with repeats: the fastest step, the median cumulative
-    time); with ``summary`` from
-    ``slowdown_summary`` the early and late tokens are marked and the legend carries their ratio.
+    ``frame`` comes from ``run_slowdown`` (with repeats: the fastest step, the median cumulative time); with
+    ``summary`` from ``slowdown_summary`` the early and late tokens are marked and the legend carries their ratio.
     The prefill (token 0) is left out of the left panel: it is one big step of a different kind.
     """
     med = _curves(frame)
@@ -43,8 +42,7 @@ def plot_slowdown(frame: pd.DataFrame, summary: pd.DataFrame | None = None) -> F
             ax_step.axvline(t, color="#999", ls=":", lw=1)
     repeats = frame.attrs.get("repeats", 1)
     ax_step.set(title="Time per generated token" + (f" (fastest of {repeats} runs)" if repeats > 1 else ""),
-                xlabel="generated token (index)",
-                ylabel="step time (ms)")
+                xlabel="generated token (index)", ylabel="step time (ms)")
     ax_step.set_ylim(bottom=0)
     ax_step.legend(fontsize=8, loc="upper left")
     ax_total.set(title="Cumulative time: when each token arrived", xlabel="generated token (index)",

@@ -24,8 +24,7 @@ def plot_cache_memory(frame: pd.DataFrame) -> Figure:
     for cache, rows in measured.groupby("cache", sort=False):
         ax_grow.plot(rows["tokens"], rows["allocated_bytes"] / 1024, color=cache_color(cache), lw=1.5,
                      marker=".", ms=3, label=f"{cache}: allocated")
-    ax_grow.set(title="Cache memory as tokens are stored", xlabel="tokens in the cache",
-                ylabel="KiB allocated")
+    ax_grow.set(title="Cache memory as tokens are stored", xlabel="tokens in the cache", ylabel="KiB allocated")
     ax_grow.set_ylim(bottom=0)
     ax_grow.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)  # below: lines stay visible
     last = measured.groupby("cache", sort=False).tail(1)

@@ -8,7 +8,7 @@ own Figure; ``plot_strategies`` puts them all on one page.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 import pandas as pd
@@ -33,7 +33,8 @@ def _axes(ax: Axes | None, size: tuple[float, float] = (6.5, 4.2)) -> Axes:
     return Figure(figsize=size, layout="constrained").subplots()
 
 
-def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", grid: str = "both", **labels) -> Figure:
+def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", grid: Literal["both", "x", "y"] = "both",
+            **labels) -> Figure:
     """How every panel here ends: its title and axis labels, a light grid and (if asked) the legend."""
     ax.set(**labels)
     ax.grid(alpha=0.3, axis=grid)

@@ -14,9 +14,9 @@ EX05_OUTPUTS = (8, 16, 32, 64)  # output tokens of the four requests in exercise
 EX05_MAX_SEQS = 2
 
 
-def _idle_slots(max_new_tokens: Sequence[int] = EX05_OUTPUTS, max_seqs: int = EX05_MAX_SEQS) -> dict:
+def _idle_slots() -> dict:
     from kvlab.experiments.batching import idle_slots
-    return idle_slots(max_new_tokens, max_seqs)
+    return idle_slots(EX05_OUTPUTS, EX05_MAX_SEQS)
 
 
 @exercise("05_batching.ipynb", solution=_idle_slots()["idle"], wrong=_idle_slots()["used"],

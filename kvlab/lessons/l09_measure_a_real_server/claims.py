@@ -79,8 +79,8 @@ def achieved_rate_below_offered_explained(curve: Any) -> dict:
     """Kept up: the work finished at ``KEEPS_UP_RATIO`` of the rate sent or more, the last answer's own time (the
     rate's E2E p50) left out of the window. A server with no queue ends its last answer about one E2E after the
     last arrival, so over a window of a second or two the plain achieved rate is below 90% of the rate sent even
-    when nothing waited (the old rule, achieved >= 90% of sent, failed there: 48 requests over 1.71 s and a
-    0.2 s answer give 89%); a queue left at the end runs the window on by far more than one answer."""
+    when nothing waited (48 requests over 1.71 s and a 0.2 s answer give 89%); a queue left at the end runs the
+    window on by far more than one answer."""
     t = _rows(curve)
     clean = t[(t["rejected"] == 0) & (t["failed_other"] == 0) & (t["completed"] == t["sent"])]
     if clean.empty:
@@ -201,8 +201,8 @@ COLD_REQUESTS_REASON = ("a p95 of so few requests is about their slowest one, so
            {warm_ms:.1f} ms warm (n={n_warm}), {ratio:.1f}×; kvlab serve: {k_cold_ms:.1f} vs {k_warm_ms:.1f} ms""",
        otherwise="the run holds no cold and warm rows of both engines.")
 def cold_start_costs_the_first_requests(run: Any) -> dict:
-    """Shown, not asserted (was: ✓ when the cold p95 of 6 requests exceeded 1.5× the warm one). Six requests make a
-    p95 that is their slowest one; a single busy moment on a shared 2-core machine moves it either way."""
+    """Shown, not asserted: six requests make a p95 that is their slowest one; a single busy moment on a shared
+    2-core machine moves it either way."""
     t = _engine_rows(run)
     cold, warm = _cold_vs_warm(t, "transformers serve")
     k_cold, k_warm = _cold_vs_warm(t, "kvlab serve")
@@ -279,8 +279,7 @@ KNEE_REASON = ("one run over a few rates of a second each: one rung is the whole
            over every request sent was {k_ms:.0f} ms on kvlab serve against {t_ms:.0f} ms ({times:.1f}×)""",
        otherwise="the run holds no sweep of both engines.")
 def kvlab_knee_beyond_transformers(run: Any) -> dict:
-    """Shown, not asserted (was: ✓ when kvlab's knee was at or above transformers' and its top-rate p95 under half
-    of transformers'). The name keeps what the comparison usually shows on a 2-core CPU."""
+    """Shown, not asserted; the name keeps what the comparison usually shows on a 2-core CPU."""
     from kvlab.experiments.two_engines import engine_knees
 
     t = _engine_rows(run)
