@@ -1,11 +1,10 @@
 """The C allocator of a serving process: freed memory kept for the next engine step, or the system's default.
 
-Every engine step allocates the same large temporaries again (a layer's gathered keys and values: megabytes at a
-batch of 16). glibc's malloc hands allocations above its mmap threshold to the kernel and gives them back on free,
-so each step page-faults fresh zeroed pages in again; its threshold adapts upwards, but only after a free. Keeping
-freed memory in the heap (a fixed mmap threshold of 32 MiB and a trim threshold of 256 MiB, set with glibc's
-``mallopt``) lets the next step reuse it (``python -m kvlab bench serve --allocator-twin`` measures the server
-with and without it).
+Every engine step allocates the same large temporaries again (a layer's gathered keys and values: megabytes at a batch
+of 16). glibc's malloc hands allocations above its mmap threshold to the kernel and gives them back on free, so each
+step page-faults fresh zeroed pages in again; its threshold adapts upwards, but only after a free. Keeping freed memory
+in the heap (a fixed mmap threshold of 32 MiB and a trim threshold of 256 MiB, set with glibc's ``mallopt``) lets the
+next step reuse it (``python -m kvlab bench serve --allocator-twin`` measures the server with and without it).
 
 kvlab's choice: glibc's own knobs, present on every Linux learners use (Colab included), no library to install.
 Real engines do the same by swapping the allocator: vLLM's CPU guide preloads TCMalloc

@@ -1,9 +1,8 @@
 """The command line: ``python -m kvlab <command> [<subcommand>] [options]``.
 
-``COMMANDS`` below is the whole command line in one table: the words typed, the module that runs
-them (it exposes ``add_arguments(parser)`` and ``main(args) -> int``) and one line of help. The
-parser is built from it; adding a command is one row. Only the module of the command being run is
-imported, so ``--help`` stays fast.
+``COMMANDS`` below is the whole command line in one table: the words typed, the module that runs them (it exposes
+``add_arguments(parser)`` and ``main(args) -> int``) and one line of help. The parser is built from it; adding a
+command is one row. Only the module of the command being run is imported, so ``--help`` stays fast.
 """
 from __future__ import annotations
 

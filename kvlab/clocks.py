@@ -14,10 +14,9 @@ rates. Names and definitions follow vLLM's `bench serve` (its metrics documentat
 | `queue_s`  | --     | admitted_s - scheduled_s (first admission to a batch)      |
 | `send_delay_s` | -- | sent_s - scheduled_s (how far the client fell behind)      |
 
-GuideLLM calls our TPOT "ITL" and E2E / output_tokens "TPOT"; we do not
-report the latter. Every clock starts at the *scheduled* arrival, not at the
-actual send, so a client that falls behind under load cannot hide the wait
-(open loop; no coordinated omission).
+GuideLLM calls our TPOT "ITL" and E2E / output_tokens "TPOT"; we do not report the latter. Every clock starts at the
+*scheduled* arrival, not at the actual send, so a client that falls behind under load cannot hide the wait (open loop;
+no coordinated omission).
 """
 
 from __future__ import annotations
@@ -40,15 +39,12 @@ _NAN = float("nan")
 class RequestRecord:
     """Timestamps of one request, all float seconds on one clock.
 
-    The clock may be `time.perf_counter()` or a simulator's virtual time.
-    `finished_s` is the time of the terminal event: completion, or failure
-    (then `fail_reason` says why: "queue_full", "prompt_too_long",
-    "cancelled", "preempted_too_often", ...). `admitted_s` is the *first*
-    admission into a running batch; a request preempted and re-admitted
-    keeps its first admission and its tokens already streamed.
-    `output_tokens_reported` is the server's `usage` count; when given it is
-    the `output_tokens` used for TPOT and throughput, because over HTTP one
-    streamed chunk (one stamp in `token_s`) may carry several tokens.
+    The clock may be `time.perf_counter()` or a simulator's virtual time. `finished_s` is the time of the terminal
+    event: completion, or failure (then `fail_reason` says why: "queue_full", "prompt_too_long", "cancelled",
+    "preempted_too_often", ...). `admitted_s` is the *first* admission into a running batch; a request preempted and
+    re-admitted keeps its first admission and its tokens already streamed. `output_tokens_reported` is the server's
+    `usage` count; when given it is the `output_tokens` used for TPOT and throughput, because over HTTP one streamed
+    chunk (one stamp in `token_s`) may carry several tokens.
     """
 
     request_id: int | str
@@ -113,9 +109,8 @@ class RequestRecord:
     def state_at(self, until_s: float) -> Status | None:
         """State at time `until_s`: None if not yet sent, else one of STATUSES.
 
-        Ended (completed / failed) once `finished_s <= until_s`; running once
-        admitted (or, with no admission stamp, once its first token came);
-        waiting before that.
+        Ended (completed / failed) once `finished_s <= until_s`; running once admitted (or, with no admission stamp,
+        once its first token came); waiting before that.
         """
         self.check()
         if cast(float, self.sent_s) > until_s:  # __post_init__ filled a None
@@ -157,8 +152,7 @@ class RequestRecord:
 class SLO:
     """Latency targets in seconds; a request meets the SLO if it meets every one given.
 
-    A request with one output token has no TPOT and meets any TPOT target
-    (as in vLLM, which counts its TPOT as 0).
+    A request with one output token has no TPOT and meets any TPOT target (as in vLLM, which counts its TPOT as 0).
     """
 
     ttft_s: float | None = None
@@ -186,9 +180,8 @@ class SLO:
 def quantiles(values: Iterable[float], qs: Sequence[float] = DEFAULT_QS) -> dict[str, float]:
     """`{"n", "mean", "p50", ...}` of `values`, ignoring NaN.
 
-    The sample size `n` always comes with the quantiles: a p99 of 20 values
-    is the second-largest value, not a tail. With n = 0 every statistic is
-    NaN. Quantiles use numpy's default (linear interpolation).
+    The sample size `n` always comes with the quantiles: a p99 of 20 values is the second-largest value, not a tail.
+    With n = 0 every statistic is NaN. Quantiles use numpy's default (linear interpolation).
     """
     for q in qs:
         _check_quantile(q)
@@ -279,9 +272,8 @@ def requests_frame(records: Iterable[RequestRecord]) -> pd.DataFrame:
 class Summary:
     """The four clocks of a run, at the cut-off `until_s`.
 
-    Counts: sent = completed + failed + waiting + running. `latency` maps
-    each clock in CLOCKS to its `quantiles()` dict. Throughput is over
-    `duration_s` = first scheduled arrival -> `until_s`.
+    Counts: sent = completed + failed + waiting + running. `latency` maps each clock in CLOCKS to its `quantiles()`
+    dict. Throughput is over `duration_s` = first scheduled arrival -> `until_s`.
     """
 
     until_s: float
@@ -335,12 +327,10 @@ def summarize(records: Sequence[RequestRecord], window_s: float | None = None, s
               until_s: float | None = None, qs: Sequence[float] = DEFAULT_QS) -> Summary:
     """Counts, latency quantiles, throughput and goodput at a cut-off.
 
-    The cut-off is `until_s` (absolute), or `window_s` after the first
-    scheduled arrival, or by default the last event of any record. At the
-    cut-off each sent request is completed, failed, running or waiting (see
-    `RequestRecord.state_at`). Latency samples come from requests completed
-    by the cut-off, as in vLLM (failed and unfinished requests have no
-    E2E); their count is `completed`, next to `waiting` and `running`.
+    The cut-off is `until_s` (absolute), or `window_s` after the first scheduled arrival, or by default the last event
+    of any record. At the cut-off each sent request is completed, failed, running or waiting (see
+    `RequestRecord.state_at`). Latency samples come from requests completed by the cut-off, as in vLLM (failed and
+    unfinished requests have no E2E); their count is `completed`, next to `waiting` and `running`.
 
     - `output_tokens_per_s`: output tokens of completed requests / duration (vLLM).
     - `streamed_tokens_per_s`: every token stamped by the cut-off, any status / duration.

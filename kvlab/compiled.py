@@ -1,19 +1,17 @@
 """A static cache's payoff: one decode step compiled once for fixed shapes, replayed for every token.
 
-``generate(model, prompt, cache="static", compile=True)`` runs the prefill as usual, then every
-decode step through ``torch.compile`` of the decoder's forward over a ``FixedShapeStaticCache``
-(every step has the same shapes, so one program serves token 1 and token 500 alike; gpt-fast's
-recipe). The compiled program is kept per model and reused by later calls with the same cache
-length; a new length compiles again. What the compiler gains on a CPU is the many small operations
-between the weight products, fused into a few loops; the products themselves stay kvlab's K-split
-product, called as one operator (``kvlab::split_matvec``, kvlab/model/matvec.py), because the
-compiler's own one-row product streams the weights more slowly.
+``generate(model, prompt, cache="static", compile=True)`` runs the prefill as usual, then every decode step through
+``torch.compile`` of the decoder's forward over a ``FixedShapeStaticCache`` (every step has the same shapes, so one
+program serves token 1 and token 500 alike; gpt-fast's recipe). The compiled program is kept per model and reused by
+later calls with the same cache length; a new length compiles again. What the compiler gains on a CPU is the many small
+operations between the weight products, fused into a few loops; the products themselves stay kvlab's K-split product,
+called as one operator (``kvlab::split_matvec``, kvlab/model/matvec.py), because the compiler's own one-row product
+streams the weights more slowly.
 
-Compiling takes seconds to minutes on a CPU (inductor writes and builds C++), so it is never
-silent: the first step of a new shape prints one line before and after, and its seconds are kept in
-``compile_s`` (and in the generation's ``settings``). Where the compiler fails (no C++ toolchain,
-an unsupported op), the step says why once and runs eagerly on the same fixed-shape cache: same
-tokens, no speed-up (``fallback`` holds the reason).
+Compiling takes seconds to minutes on a CPU (inductor writes and builds C++), so it is never silent: the first step of
+a new shape prints one line before and after, and its seconds are kept in ``compile_s`` (and in the generation's
+``settings``). Where the compiler fails (no C++ toolchain, an unsupported op), the step says why once and runs eagerly
+on the same fixed-shape cache: same tokens, no speed-up (``fallback`` holds the reason).
 """
 from __future__ import annotations
 

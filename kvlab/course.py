@@ -1,10 +1,9 @@
 """The course around the package: where the repository lives, the notebook sequence, and the setup check.
 
-``REPO_URL`` is the one place the project's address is written; the notebook builder
-(:mod:`kvlab.authoring`) copies it into each notebook's badges and first cell, because that
-cell must install kvlab on Colab before kvlab can be imported. The pieces every notebook shares
-(header, setup cell, navigation) are written here once. Each notebook comes in two editions built
-from one source: the teacher's copy with saved outputs, and the workshop edition with none, which is
+``REPO_URL`` is the one place the project's address is written; the notebook builder (:mod:`kvlab.authoring`) copies it
+into each notebook's badges and first cell, because that cell must install kvlab on Colab before kvlab can be imported.
+The pieces every notebook shares (header, setup cell, navigation) are written here once. Each notebook comes in two
+editions built from one source: the teacher's copy with saved outputs, and the workshop edition with none, which is
 what the badges and the README's course map open (``notebook_path``, ``colab_url``, ``binder_url``).
 """
 from __future__ import annotations
@@ -163,9 +162,8 @@ def lesson(notebook: str) -> Lesson:
 def setup_cell(ref: str | None = None) -> str:
     """The source of every notebook's first code cell: install kvlab where it does not import (Colab), then report.
 
-    Locally and on Binder kvlab imports, so the cell installs nothing and only reports where it runs.
-    Where the install fails (no network, a wrong address) it prints one line that says what to do,
-    never a traceback.
+    Locally and on Binder kvlab imports, so the cell installs nothing and only reports where it runs. Where the install
+    fails (no network, a wrong address) it prints one line that says what to do, never a traceback.
     """
     spec = pip_spec(ref)
     return f'''# Setup: installs kvlab only where it does not import yet (Colab), then says where this notebook runs.

@@ -1,8 +1,7 @@
 """The machine a result was measured on: versions, CPU, threads, device.
 
-Every saved benchmark or experiment result carries `environment()` next to
-its numbers, so a figure can be read against the hardware and software that
-produced it (tiny-llm does the same for its benchmark JSON).
+Every saved benchmark or experiment result carries `environment()` next to its numbers, so a figure can be read against
+the hardware and software that produced it (tiny-llm does the same for its benchmark JSON).
 """
 
 from __future__ import annotations
@@ -63,11 +62,9 @@ def _torch_info() -> dict:
 def environment() -> dict:
     """Describe this machine and its software as a JSON-friendly dict.
 
-    Keys: `timestamp` (UTC, ISO 8601), `python`, `platform`, `machine`,
-    `cpu`, `cpu_count`, `versions` ({package: version or None} for kvlab,
-    torch, transformers, numpy, pandas), and, when torch is installed,
-    `torch_threads` and `cuda_device` (None on a CPU-only machine).
-    `device` is the device name a learner would quote: the CUDA GPU's name
+    Keys: `timestamp` (UTC, ISO 8601), `python`, `platform`, `machine`, `cpu`, `cpu_count`, `versions` ({package:
+    version or None} for kvlab, torch, transformers, numpy, pandas), and, when torch is installed, `torch_threads` and
+    `cuda_device` (None on a CPU-only machine). `device` is the device name a learner would quote: the CUDA GPU's name
     if there is one, else the CPU's.
     """
     env = {"timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

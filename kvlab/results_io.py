@@ -1,10 +1,9 @@
 """Results as files: every JSON kvlab writes goes through here, under one rule for what JSON cannot hold.
 
-The rule: NaN and ±inf are written as ``null`` (strict JSON has neither, and ``null`` is what
-pandas, browsers and ``jq`` read as "no value"); numpy scalars and arrays become Python numbers and
-lists; an ``SLO`` becomes its targets; anything else JSON has no type for (a path, a dtype, a
-device) is written as its ``str``. ``save_results`` adds the kvlab version, the settings and the
-machine, so a number is never read without what produced it.
+The rule: NaN and ±inf are written as ``null`` (strict JSON has neither, and ``null`` is what pandas, browsers and
+``jq`` read as "no value"); numpy scalars and arrays become Python numbers and lists; an ``SLO`` becomes its targets;
+anything else JSON has no type for (a path, a dtype, a device) is written as its ``str``. ``save_results`` adds the
+kvlab version, the settings and the machine, so a number is never read without what produced it.
 """
 from __future__ import annotations
 
@@ -52,10 +51,8 @@ def write_json(path: str | Path, obj: Any) -> Path:
 def save_results(path: str | Path, results: pd.DataFrame | Summary, settings: Mapping) -> Path:
     """Write `results` with kvlab version, `settings` and machine to `path`.
 
-    `.json`: `{"kvlab_version", "settings", "environment", "results"}`,
-    results as a list of row dicts (NaN written as null).
-    `.csv`: the table, preceded by `# key: <json>` metadata lines; read it
-    back with `load_results`.
+    `.json`: `{"kvlab_version", "settings", "environment", "results"}`, results as a list of row dicts (NaN written as
+    null). `.csv`: the table, preceded by `# key: <json>` metadata lines; read it back with `load_results`.
     """
     from kvlab.env import environment  # lazy: collecting versions may import torch
 

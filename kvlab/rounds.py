@@ -1,12 +1,11 @@
 """Interleaved rounds on a shared machine: paired ratios with their spread, and the machine's load.
 
-On a machine others share, one implementation measured after another compares two moments, not
-two implementations: a neighbour's burst can halve either figure. So a benchmark runs every
-implementation once per *round*, in an order rotated from round to round, and compares them
-*within* a round: the ratio A/B of round r pairs two runs a few seconds apart, which a slow spell
-slows alike. What is reported is the median of those per-round ratios with their spread (the
-interquartile range and min-max over rounds), never a ratio of two medians taken at different times;
-the load average before and after says how busy the machine was.
+On a machine others share, one implementation measured after another compares two moments, not two implementations: a
+neighbour's burst can halve either figure. So a benchmark runs every implementation once per *round*, in an order
+rotated from round to round, and compares them *within* a round: the ratio A/B of round r pairs two runs a few seconds
+apart, which a slow spell slows alike. What is reported is the median of those per-round ratios with their spread (the
+interquartile range and min-max over rounds), never a ratio of two medians taken at different times; the load average
+before and after says how busy the machine was.
 """
 from __future__ import annotations
 

@@ -3,12 +3,11 @@
 One function, shared by single-sequence generation (``kvlab/generate.py``) and the serving
 engine's executor (``kvlab/serving/executor.py``), so both pick tokens by the same rule.
 
-A temperature above 0 but below ``MIN_TEMPERATURE`` is raised to it, as vLLM does (its
-``_MAX_TEMP = 1e-2`` in ``vllm/sampling_params.py``, with a warning): ``logits / 1e-38``
-overflows to inf, softmax turns inf - inf into NaN, and ``torch.multinomial`` raises. At 0.01
-the distribution is already all but greedy. A row whose logits are not finite cannot be sampled
-at all: ``sample`` refuses it with ``NonFiniteLogits``, naming the row, so a server can fail
-that one request and go on with the rest of its batch.
+A temperature above 0 but below ``MIN_TEMPERATURE`` is raised to it, as vLLM does (its ``_MAX_TEMP = 1e-2`` in
+``vllm/sampling_params.py``, with a warning): ``logits / 1e-38`` overflows to inf, softmax turns inf - inf into NaN,
+and ``torch.multinomial`` raises. At 0.01 the distribution is already all but greedy. A row whose logits are not finite
+cannot be sampled at all: ``sample`` refuses it with ``NonFiniteLogits``, naming the row, so a server can fail that one
+request and go on with the rest of its batch.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """CPU threads for a run: set for the run, restored afterwards (the one place kvlab sets torch's threads).
 
-Small models gain little from many threads, and on a machine shared with other programs a step
-split over every core waits for its slowest thread: on 2 busy cores we measured the lesson-01 run
-take 10 s with 1 thread and 110 s with 2. The lessons, the calibration and the benchmarks therefore
-default to one thread; pass ``threads=None`` to keep torch's own setting (and say so next to the
-numbers you report).
+Small models gain little from many threads, and on a machine shared with other programs a step split over every core
+waits for its slowest thread: on 2 busy cores we measured the lesson-01 run take 10 s with 1 thread and 110 s with 2.
+The lessons, the calibration and the benchmarks therefore default to one thread; pass ``threads=None`` to keep torch's
+own setting (and say so next to the numbers you report).
 """
 from __future__ import annotations
 

@@ -2,22 +2,20 @@
 
 Two public formats (a downloaded trace goes in data/traces/; data/README.md says where to get one):
 
-- **Azure** LLM inference trace 2023 (github.com/Azure/AzurePublicDataset, from the Splitwise
-  paper; a "code" and a "conversation" file, one hour each): CSV with TIMESTAMP, ContextTokens,
-  GeneratedTokens. Lengths and arrivals only; ``read_trace`` / ``replay_trace`` read it, and prompts
-  get random token ids, so no two prompts share a prefix.
-- **Mooncake** (github.com/kvcache-ai/Mooncake, FAST'25): JSON lines ``{"timestamp": ms,
-  "input_length": n, "output_length": m, "hash_ids": [...]}``. ``hash_ids[i]`` names the i-th
-  block of 512 prompt tokens (the last block may be partial, so there are ceil(input_length / 512)
-  ids); equal ids mean the same block after the same prefix. That is what a prefix cache reuses: system prompts, earlier turns, tool lists.
+- **Azure** LLM inference trace 2023 (github.com/Azure/AzurePublicDataset, from the Splitwise paper; a "code" and a
+  "conversation" file, one hour each): CSV with TIMESTAMP, ContextTokens, GeneratedTokens. Lengths and arrivals only;
+  ``read_trace`` / ``replay_trace`` read it, and prompts get random token ids, so no two prompts share a prefix.
+- **Mooncake** (github.com/kvcache-ai/Mooncake, FAST'25): JSON lines
+  ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``. ``hash_ids[i]`` names the i-th block
+  of 512 prompt tokens (the last block may be partial, so there are ceil(input_length / 512) ids); equal ids mean the
+  same block after the same prefix. That is what a prefix cache reuses: system prompts, earlier turns, tool lists.
 
-``replay_mooncake`` turns every request into prompt token ids that share exactly what the trace
-shares. The block with id ``h`` is always the same tokens; different ids are different tokens *by
-construction*, not by luck: a block's first tokens spell ``h`` in base ``vocab_size``. So the
-engine's prefix cache (chained block hashes, ``kvlab.serving.block_manager``) sees what production
-saw. Length scaling keeps the sharing: dividing lengths by ``length_scale`` divides the 512-token
-block by the same factor, so block i of a scaled prompt is still block i of the original
-(``length_scale`` must divide the block size: 1, 2, 4, 8, 16, ...).
+``replay_mooncake`` turns every request into prompt token ids that share exactly what the trace shares. The block with
+id ``h`` is always the same tokens; different ids are different tokens *by construction*, not by luck: a block's first
+tokens spell ``h`` in base ``vocab_size``. So the engine's prefix cache (chained block hashes,
+``kvlab.serving.block_manager``) sees what production saw. Length scaling keeps the sharing: dividing lengths by
+``length_scale`` divides the 512-token block by the same factor, so block i of a scaled prompt is still block i of the
+original (``length_scale`` must divide the block size: 1, 2, 4, 8, 16, ...).
 
     frame = mooncake_frame(MOONCAKE_SAMPLE_TRACE, length_scale=16)   # the trace as replayed: one row a request
     requests = trace_requests(frame, vocab_size=4096)                # the same, as token ids
@@ -281,10 +279,9 @@ def replay_trace(path: str | Path = SAMPLE_TRACE, time_scale: float = 1.0, lengt
                  block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[Request]:
     """Requests from a trace of either format, scaled to fit a small model (``trace_format`` None: ``detect_format``).
 
-    - `time_scale`: arrival gaps are *multiplied* by it (2.0 plays the trace
-      at half its request rate).
-    - `length_scale`: prompt and output lengths are *divided* by it (rounded,
-      at least 1 token). Quote both factors next to every result.
+    - `time_scale`: arrival gaps are *multiplied* by it (2.0 plays the trace at half its request rate).
+    - `length_scale`: prompt and output lengths are *divided* by it (rounded, at least 1 token). Quote both factors
+      next to every result.
     - `max_requests`: keep only the first requests (by arrival).
     - `vocab_size`, `max_context`, `seed`: as in `make_workload`.
 

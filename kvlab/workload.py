@@ -1,11 +1,9 @@
 """Workloads: which requests arrive, how long they are, and when.
 
-A workload is a list of `Request`s, each with a prompt length, an output
-budget (`max_new_tokens`) and an arrival time in seconds from the start.
-Lengths come from named *profiles*; arrival times from an *arrival process*
-(vLLM `bench serve`'s set: all at once, constant, Poisson, Gamma with a
-burstiness factor); a replayed trace gives both (``kvlab/traces.py``: the Azure and Mooncake
-formats). Everything is seeded: the same arguments give the same workload.
+A workload is a list of `Request`s, each with a prompt length, an output budget (`max_new_tokens`) and an arrival time
+in seconds from the start. Lengths come from named *profiles*; arrival times from an *arrival process* (vLLM
+`bench serve`'s set: all at once, constant, Poisson, Gamma with a burstiness factor); a replayed trace gives both
+(``kvlab/traces.py``: the Azure and Mooncake formats). Everything is seeded: the same arguments give the same workload.
 
 Default lengths are sized for a tiny CPU model with a 512-1024 token
 context; `scale` multiplies them, `max_context` clips them.
@@ -184,18 +182,15 @@ def make_workload(profile: str, n: int, arrival: str = "poisson", rate: float | 
                   shared_prefix_tokens: int = 0) -> list[Request]:
     """`n` seeded requests of `profile` arriving by `arrival` at `rate` requests/s.
 
-    - `profile`: one of PROFILE_NAMES. Lengths are uniform in the profile's
-      ranges times `scale`. In "mixture" each request draws its profile by
-      MIXTURE_WEIGHTS, and `Request.profile` names the one drawn.
-    - `arrival`: one of ARRIVALS; `rate` is needed unless "all_at_once";
-      `burstiness` is used by "gamma".
-    - `vocab_size`: if given, each request gets `prompt` token ids drawn
-      uniformly from [0, vocab_size). Lengths and arrivals do not depend on it.
-    - `shared_prefix_tokens`: if > 0, every prompt starts with the same
-      system prompt of that many tokens (`prefix_id="system"`), counted in
-      `prompt_tokens`.
-    - `max_context`: if given, prompt + max_new_tokens <= max_context; the
-      output length is kept and the prompt is cut (never below the prefix).
+    - `profile`: one of PROFILE_NAMES. Lengths are uniform in the profile's ranges times `scale`. In "mixture" each
+      request draws its profile by MIXTURE_WEIGHTS, and `Request.profile` names the one drawn.
+    - `arrival`: one of ARRIVALS; `rate` is needed unless "all_at_once"; `burstiness` is used by "gamma".
+    - `vocab_size`: if given, each request gets `prompt` token ids drawn uniformly from [0, vocab_size). Lengths and
+      arrivals do not depend on it.
+    - `shared_prefix_tokens`: if > 0, every prompt starts with the same system prompt of that many tokens
+      (`prefix_id="system"`), counted in `prompt_tokens`.
+    - `max_context`: if given, prompt + max_new_tokens <= max_context; the output length is kept and the prompt is cut
+      (never below the prefix).
     """
     if profile not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILE_NAMES)}")

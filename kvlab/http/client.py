@@ -1,16 +1,13 @@
 """One streamed request over HTTP, stamped into a RequestRecord; and the connection lanes that carry them.
 
-`stream_request` sends one OpenAI-style streamed request and stamps, on the
-caller's clock, when its headers went out (`sent_s`, httpcore's trace hook)
-and when each server-sent event carrying text arrived (a token). It never
-raises for HTTP trouble: every failure becomes the record's `fail_reason`
-(see `kvlab.http.loadgen`). `ConnectionLanes` hands out keep-alive
-connections, one request at a time each.
+`stream_request` sends one OpenAI-style streamed request and stamps, on the caller's clock, when its headers went out
+(`sent_s`, httpcore's trace hook) and when each server-sent event carrying text arrived (a token). It never raises for
+HTTP trouble: every failure becomes the record's `fail_reason` (see `kvlab.http.loadgen`). `ConnectionLanes` hands out
+keep-alive connections, one request at a time each.
 
-API key: a server run with `--api-key` wants `Authorization: Bearer <key>`.
-The client's key is the one given (`api_key=`, `--api-key`), else
-`$KVLAB_API_KEY`; never `$OPENAI_API_KEY`, so a learner's real OpenAI key is
-not sent to a classroom server by default.
+API key: a server run with `--api-key` wants `Authorization: Bearer <key>`. The client's key is the one given
+(`api_key=`, `--api-key`), else `$KVLAB_API_KEY`; never `$OPENAI_API_KEY`, so a learner's real OpenAI key is not sent
+to a classroom server by default.
 """
 
 from __future__ import annotations
@@ -142,13 +139,11 @@ async def stream_request(client: httpx.AsyncClient, endpoint: str, payload: byte
 class ConnectionLanes:
     """Up to `size` keep-alive HTTP/1.1 connections, each held by its own one-connection httpx client.
 
-    One shared `httpx.AsyncClient` pool rescans every connection (and polls
-    each socket) whenever a request starts or ends, O(connections^2) per
-    request: at 64 connections it cost the client three times the CPU per
-    request of 1 connection, so the client became the bottleneck it should
-    measure. One-connection clients handed out from a LIFO queue cost O(1)
-    per request and reuse the warmest connection first. A request waiting for
-    a free lane is a client falling behind: it shows as `send_delay_s`.
+    One shared `httpx.AsyncClient` pool rescans every connection (and polls each socket) whenever a request starts or
+    ends, O(connections^2) per request: at 64 connections it cost the client three times the CPU per request of 1
+    connection, so the client became the bottleneck it should measure. One-connection clients handed out from a LIFO
+    queue cost O(1) per request and reuse the warmest connection first. A request waiting for a free lane is a client
+    falling behind: it shows as `send_delay_s`.
     """
 
     def __init__(self, size: int, timeout_s: float, tls: bool = False) -> None:

@@ -1,17 +1,15 @@
 """Client-side vs engine-side clocks of the same requests: what HTTP, the event loop and streaming add.
 
-kvlab's server keeps the engine's own `RequestRecord` of each recent request
-(`GET /kvlab/requests`; engine clock, started when the server received the
-request), and the load generator keeps the response id it saw. Joined on
-that id, each request has both clocks side by side:
+kvlab's server keeps the engine's own `RequestRecord` of each recent request (`GET /kvlab/requests`; engine clock,
+started when the server received the request), and the load generator keeps the response id it saw. Joined on that id,
+each request has both clocks side by side:
 
 - `client_ttft_s`: the four-clocks TTFT, from the *scheduled* arrival;
 - `client_ttft_from_sent_s`: from when the request went on the wire;
 - `engine_ttft_s`: from the server receiving it to the engine sampling the first token;
-- `ttft_overhead_s = client_ttft_from_sent_s - engine_ttft_s`: sending the
-  request, handing it to the engine thread, and streaming the token back.
-  It is >= 0 by causality (the client sends before the server receives, and
-  reads after the engine produced), whatever the two clocks' origins.
+- `ttft_overhead_s = client_ttft_from_sent_s - engine_ttft_s`: sending the request, handing it to the engine thread,
+  and streaming the token back. It is >= 0 by causality (the client sends before the server receives, and reads after
+  the engine produced), whatever the two clocks' origins.
 
 Likewise `e2e_overhead_s`. At low load, the median `ttft_overhead_s` is the
 cost of HTTP and streaming (goal: <= 5 ms on loopback).

@@ -1,14 +1,11 @@
 """Where every completion request is, counted so the counts always add up: sent = ended + waiting + running.
 
-Each request the server receives is counted once as sent and is, at every
-instant, in exactly one place: waiting (received, no token answered yet:
-being read and checked, queued in the engine, or prefilling), running (its
-answer is streaming), or ended with one outcome. The outcomes fold into
-four kinds: completed, failed (the engine could not finish it), cancelled
-(the client left) and rejected (refused before any work: bad input, a full
-queue, a stopped engine, no API key). Every change happens on the event
-loop, with no await between the two halves of a move, so a `/metrics`
-read anywhere sees counts that add up.
+Each request the server receives is counted once as sent and is, at every instant, in exactly one place: waiting
+(received, no token answered yet: being read and checked, queued in the engine, or prefilling), running (its answer is
+streaming), or ended with one outcome. The outcomes fold into four kinds: completed, failed (the engine could not
+finish it), cancelled (the client left) and rejected (refused before any work: bad input, a full queue, a stopped
+engine, no API key). Every change happens on the event loop, with no await between the two halves of a move, so a
+`/metrics` read anywhere sees counts that add up.
 """
 
 from __future__ import annotations

@@ -1,48 +1,35 @@
 """One engine loop for every connection: a thread stepping the Engine, and a token queue per request.
 
-The `Engine` is synchronous and not thread-safe, so exactly one thread owns
-it. HTTP handlers (on the asyncio event loop) talk to it only through a
-command queue — add a request, abort one, stop — and it answers through
-`loop.call_soon_threadsafe`: the verdict on each add (queued, or rejected
-with the engine's reason) and, after every step, each request's new token.
-Continuous batching is the engine's: whatever is queued joins the running
-batch at the next step, whichever connection it came from.
+The `Engine` is synchronous and not thread-safe, so exactly one thread owns it. HTTP handlers (on the asyncio event
+loop) talk to it only through a command queue — add a request, abort one, stop — and it answers through
+`loop.call_soon_threadsafe`: the verdict on each add (queued, or rejected with the engine's reason) and, after every
+step, each request's new token. Continuous batching is the engine's: whatever is queued joins the running batch at the
+next step, whichever connection it came from.
 
-A fault stays in its request. A step that raises (`StepFailed`: the
-executor ran out of memory, a kernel failed, the scheduler broke) ends the
-requests of that step with `engine_error`, their KV blocks freed, and the
-engine goes on with everything else; a request whose own logits are NaN
-ends alone, but a step that yields no finite logits for any of its
-sequences is a failed step like a raising one (a model that only returns
-NaN is broken). A request the server itself cannot go on with (its
-tokens cannot be turned into text) is failed with `fail`: the engine stops
-generating for it and frees its blocks at its next turn. After
-`max_failed_steps` failing steps in a row the engine
-stops for good (vLLM's choice: a broken engine is restarted, not nursed):
-every open request is answered (`engine_error`, or 503 `engine_stopped`
-for one not yet admitted), and `on_stop` is called so the server can exit
-non-zero for its supervisor to restart it.
+A fault stays in its request. A step that raises (`StepFailed`: the executor ran out of memory, a kernel failed, the
+scheduler broke) ends the requests of that step with `engine_error`, their KV blocks freed, and the engine goes on with
+everything else; a request whose own logits are NaN ends alone, but a step that yields no finite logits for any of its
+sequences is a failed step like a raising one (a model that only returns NaN is broken). A request the server itself
+cannot go on with (its tokens cannot be turned into text) is failed with `fail`: the engine stops generating for it and
+frees its blocks at its next turn. After `max_failed_steps` failing steps in a row the engine stops for good (vLLM's
+choice: a broken engine is restarted, not nursed): every open request is answered (`engine_error`, or 503
+`engine_stopped` for one not yet admitted), and `on_stop` is called so the server can exit non-zero for its supervisor
+to restart it.
 
-Nothing waits on the engine thread without a bound: a watchdog on the event
-loop checks every `WATCHDOG_S` that the thread is alive and that no step has
-run longer than `step_timeout_s`; if either fails, the engine is declared
-stopped and every open request is answered from the event loop itself. So
-a request's verdict comes within `step_timeout_s` + `WATCHDOG_S`, and no
-stream waits longer than that without the engine making progress.
+Nothing waits on the engine thread without a bound: a watchdog on the event loop checks every `WATCHDOG_S` that the
+thread is alive and that no step has run longer than `step_timeout_s`; if either fails, the engine is declared stopped
+and every open request is answered from the event loop itself. So a request's verdict comes within `step_timeout_s` +
+`WATCHDOG_S`, and no stream waits longer than that without the engine making progress.
 
-Engine-side `RequestRecord`s (stamped on the engine's clock, from the moment
-the server received the request) are kept for the last `keep_records`
-requests, so client-side and engine-side clocks can be compared
-(`kvlab.http.compare`).
+Engine-side `RequestRecord`s (stamped on the engine's clock, from the moment the server received the request) are kept
+for the last `keep_records` requests, so client-side and engine-side clocks can be compared (`kvlab.http.compare`).
 
-Where the loop runs: in a thread of the server's process (`AsyncEngine(engine)`),
-or in a process of its own (`AsyncEngine.in_process(factory)`,
-`kvlab.http.engine_process`), as vLLM runs its EngineCore beside its API server.
-In a thread, the HTTP front end (parsing, turning tokens into text, writing
-each chunk) takes Python's one interpreter lock from the engine between its
-operations; in its own process the engine steps on its own core. The same
-loop and the same messages either way: everything the engine says to the
-front end goes through `_reply`, everything the front end asks through `_send`.
+Where the loop runs: in a thread of the server's process (`AsyncEngine(engine)`), or in a process of its own
+(`AsyncEngine.in_process(factory)`, `kvlab.http.engine_process`), as vLLM runs its EngineCore beside its API server. In
+a thread, the HTTP front end (parsing, turning tokens into text, writing each chunk) takes Python's one interpreter
+lock from the engine between its operations; in its own process the engine steps on its own core. The same loop and the
+same messages either way: everything the engine says to the front end goes through `_reply`, everything the front end
+asks through `_send`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """The engine loop in a process of its own, beside the HTTP front end (vLLM's EngineCore process beside its API server).
 
 In one process, the front end's Python (reading requests, turning tokens into text, writing every chunk) and the
-engine's Python between its tensor operations take turns on one interpreter lock, so each step waits for the
-front end's work of the step before. Here the engine steps in a child process on a core of its own, and the two
-exchange small messages over two one-way pipes: commands down (add, abort, fail, stop), and up the calls the
-engine loop makes on the front end (`engine_loop.ENGINE_MESSAGES`: verdicts, tokens, gauges, records, stop).
-vLLM does the same with ZeroMQ sockets between its API server and `EngineCoreProc`
-(https://docs.vllm.ai/en/latest/design/arch_overview/); SGLang puts its tokenizer, scheduler and detokenizer in
-three processes.
+engine's Python between its tensor operations take turns on one interpreter lock, so each step waits for the front
+end's work of the step before. Here the engine steps in a child process on a core of its own, and the two exchange
+small messages over two one-way pipes: commands down (add, abort, fail, stop), and up the calls the engine loop makes
+on the front end (`engine_loop.ENGINE_MESSAGES`: verdicts, tokens, gauges, records, stop). vLLM does the same with
+ZeroMQ sockets between its API server and `EngineCoreProc` (https://docs.vllm.ai/en/latest/design/arch_overview/);
+SGLang puts its tokenizer, scheduler and detokenizer in three processes.
 
 The child is started with the "spawn" method on every platform (no fork of a process that already runs threads
 and OpenMP) and builds its engine itself from a picklable factory; the front end keeps its own copy for what it

@@ -1,19 +1,15 @@
 """What a server open to a room checks before a request reaches the model: API key, content type, size, time.
 
-- **API key** (`--api-key`, or `$KVLAB_API_KEY`): when set, every `/v1` route
-  (completions and `/v1/models`, as OpenAI and vLLM do), `/metrics` and
-  `/kvlab/requests` need OpenAI's header `Authorization: Bearer <key>`
-  (compared in constant time); `/health` stays open, for supervisors.
-  `KVLAB_API_KEY`, not `OPENAI_API_KEY`: a learner's real OpenAI key must
-  never be sent to a classroom server by default.
-- **Content type**: a POST must say `application/json`. A web page can send
-  `text/plain` (or form data) to any address without asking first; JSON needs
-  the browser's permission (a CORS preflight this server never grants), so
-  no page a learner opens can drive the server on their machine.
+- **API key** (`--api-key`, or `$KVLAB_API_KEY`): when set, every `/v1` route (completions and `/v1/models`, as OpenAI
+  and vLLM do), `/metrics` and `/kvlab/requests` need OpenAI's header `Authorization: Bearer <key>` (compared in
+  constant time); `/health` stays open, for supervisors. `KVLAB_API_KEY`, not `OPENAI_API_KEY`: a learner's real OpenAI
+  key must never be sent to a classroom server by default.
+- **Content type**: a POST must say `application/json`. A web page can send `text/plain` (or form data) to any address
+  without asking first; JSON needs the browser's permission (a CORS preflight this server never grants), so no page a
+  learner opens can drive the server on their machine.
 - **Size**: a body over `max_body_bytes` is refused with 413.
-- **Time**: a client gets `read_timeout_s` to send its request headers (else
-  the connection is closed) and as long again to send its body (else 408):
-  half-sent requests do not hold connections forever.
+- **Time**: a client gets `read_timeout_s` to send its request headers (else the connection is closed) and as long
+  again to send its body (else 408): half-sent requests do not hold connections forever.
 """
 
 from __future__ import annotations

@@ -1,48 +1,36 @@
 """The HTTP load generator: the four clocks measured at the client of any OpenAI-compatible server.
 
-It replays a `kvlab.workload` against `/v1/completions` (or `/v1/chat/completions`)
-of kvlab's own server, vLLM, SGLang, TGI or llama.cpp's server, and stamps one
-`kvlab.clocks.RequestRecord` per request, so the same `summarize` /
+It replays a `kvlab.workload` against `/v1/completions` (or `/v1/chat/completions`) of kvlab's own server, vLLM,
+SGLang, TGI or llama.cpp's server, and stamps one `kvlab.clocks.RequestRecord` per request, so the same `summarize` /
 `requests_frame` / plots serve in-process and over-the-wire runs.
 
 How it measures (as vLLM's `bench serve` does, by its metrics documentation):
 
-- **Open loop.** A request is dispatched at its scheduled arrival whether or
-  not earlier ones have finished. Every clock starts at the *scheduled*
-  arrival (`scheduled_s`); `sent_s` is when its request headers actually went
-  on the wire (httpcore's trace hook), so a client or connection pool that
-  falls behind shows up as `send_delay_s` instead of hiding the wait
-  (coordinated omission). Times are seconds since the run started.
-- **Tokens are chunk arrivals.** Each server-sent event whose choice carries
-  non-empty text (`text`, or `delta.content` for chat) is stamped when its
-  line is read. Role-only and finish-only chunks are not tokens.
-- **Output tokens** come from the server's `usage.completion_tokens`
-  (`stream_options.include_usage`) when it sends one, else from the number of
-  chunks; `extra["output_tokens_from"]` says which, per request.
-- **Failures** are records too: `fail_reason` is `http_<status>[:<code>]`
-  (e.g. `http_429:queue_full`, with the server's message in `extra["error"]`
-  and `Retry-After` in `extra["retry_after_s"]`), `connect_error`, `timeout`,
-  `transport_error`, `stream_error`, `bad_chunk`, `incomplete_stream`, or
-  `deadline` (the run's overall deadline passed first; `extra["sent"]` is
-  False if it was never dispatched). Nothing is retried: a retry would be a
-  new request the workload did not ask for.
-- **Connections**: up to `max_connections` HTTP/1.1 keep-alive connections
-  (`kvlab.http.client.ConnectionLanes`); a request finding none free waits,
-  and that wait shows in `send_delay_s`. Each request is bounded by
-  `timeout_s` and the whole run by `deadline_s`.
+- **Open loop.** A request is dispatched at its scheduled arrival whether or not earlier ones have finished. Every
+  clock starts at the *scheduled* arrival (`scheduled_s`); `sent_s` is when its request headers actually went on the
+  wire (httpcore's trace hook), so a client or connection pool that falls behind shows up as `send_delay_s` instead of
+  hiding the wait (coordinated omission). Times are seconds since the run started.
+- **Tokens are chunk arrivals.** Each server-sent event whose choice carries non-empty text (`text`, or `delta.content`
+  for chat) is stamped when its line is read. Role-only and finish-only chunks are not tokens.
+- **Output tokens** come from the server's `usage.completion_tokens` (`stream_options.include_usage`) when it sends
+  one, else from the number of chunks; `extra["output_tokens_from"]` says which, per request.
+- **Failures** are records too: `fail_reason` is `http_<status>[:<code>]` (e.g. `http_429:queue_full`, with the
+  server's message in `extra["error"]` and `Retry-After` in `extra["retry_after_s"]`), `connect_error`, `timeout`,
+  `transport_error`, `stream_error`, `bad_chunk`, `incomplete_stream`, or `deadline` (the run's overall deadline passed
+  first; `extra["sent"]` is False if it was never dispatched). Nothing is retried: a retry would be a new request the
+  workload did not ask for.
+- **Connections**: up to `max_connections` HTTP/1.1 keep-alive connections (`kvlab.http.client.ConnectionLanes`); a
+  request finding none free waits, and that wait shows in `send_delay_s`. Each request is bounded by `timeout_s` and
+  the whole run by `deadline_s`.
 
 The command line is `python -m kvlab loadtest` (`kvlab.http.loadtest`).
 
-Prompts: the workload's token ids are sent as a `prompt` list of ints by
-default (`prompt_format="tokens"`; OpenAI's completions API accepts token
-arrays, and so do vLLM and SGLang), so the server sees exactly
-`prompt_tokens` tokens. `http_workload` draws those ids from 32..126:
-printable ASCII for kvlab's `ByteTokenizer` (one byte per token), and valid
-ids (just other tokens) in any vocabulary of 127 or more. Chat can only send
-text: the same ids decoded as ASCII, which is `prompt_tokens` tokens on kvlab's
-byte-level models and some other count on a BPE model (the server's count is kept
-as `extra["prompt_tokens_reported"]`). Use `prompt_format="text"` for servers
-that refuse token arrays.
+Prompts: the workload's token ids are sent as a `prompt` list of ints by default (`prompt_format="tokens"`; OpenAI's
+completions API accepts token arrays, and so do vLLM and SGLang), so the server sees exactly `prompt_tokens` tokens.
+`http_workload` draws those ids from 32..126: printable ASCII for kvlab's `ByteTokenizer` (one byte per token), and
+valid ids (just other tokens) in any vocabulary of 127 or more. Chat can only send text: the same ids decoded as ASCII,
+which is `prompt_tokens` tokens on kvlab's byte-level models and some other count on a BPE model (the server's count is
+kept as `extra["prompt_tokens_reported"]`). Use `prompt_format="text"` for servers that refuse token arrays.
 """
 
 from __future__ import annotations

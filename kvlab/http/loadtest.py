@@ -3,9 +3,8 @@
     python -m kvlab loadtest --url http://127.0.0.1:8000 --profile mixture --arrival poisson --rate 4 \\
         --num-requests 200 --json results/loadtest.json
 
-Workload and arrival options as in `kvlab.workload` (or `--trace` to replay
-an Azure-format CSV or a Mooncake trace, `kvlab.traces`); the run itself is
-`kvlab.http.loadgen.run_loadtest`.
+Workload and arrival options as in `kvlab.workload` (or `--trace` to replay an Azure-format CSV or a Mooncake trace,
+`kvlab.traces`); the run itself is `kvlab.http.loadgen.run_loadtest`.
 """
 
 from __future__ import annotations

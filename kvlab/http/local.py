@@ -1,9 +1,8 @@
 """Running an ASGI server on loopback for tests, benchmarks and notebooks: a thread or a subprocess.
 
-A thread shares this process's clock (`time.perf_counter`) and memory, so a
-test can inspect the engine behind the server; a subprocess has its own
-core and event loop, so a benchmark measures the client, not the two
-fighting over one loop. Both bind 127.0.0.1 on a free port by default.
+A thread shares this process's clock (`time.perf_counter`) and memory, so a test can inspect the engine behind the
+server; a subprocess has its own core and event loop, so a benchmark measures the client, not the two fighting over one
+loop. Both bind 127.0.0.1 on a free port by default.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """The OpenAI wire format kvlab's server speaks: request checks, error bodies, response and chunk shapes.
 
-Every check runs before a request reaches the engine, and each failure is an
-`APIError` rendered as OpenAI renders it:
-`{"error": {"message", "type", "param", "code"}}` with status 400 (bad
-input: malformed or too deeply nested JSON, text that is not valid Unicode,
-a bad field), 404 (unknown model — OpenAI answers 404 `model_not_found`),
-429 (queue full, with `Retry-After`) or 503 (engine stopped, with
-`Retry-After`). The server's own guards (`kvlab.http.guard`) add 401, 408,
-413 and 415.
+Every check runs before a request reaches the engine, and each failure is an `APIError` rendered as OpenAI renders it:
+`{"error": {"message", "type", "param", "code"}}` with status 400 (bad input: malformed or too deeply nested JSON, text
+that is not valid Unicode, a bad field), 404 (unknown model — OpenAI answers 404 `model_not_found`), 429 (queue full,
+with `Retry-After`) or 503 (engine stopped, with `Retry-After`). The server's own guards (`kvlab.http.guard`) add 401,
+408, 413 and 415.
 
-Temperature: in [0, 2] as OpenAI allows; one above 0 but below
-`kvlab.sampling.MIN_TEMPERATURE` is raised to that floor, as vLLM does, and
-the request carries a warning saying so (logged, and sent back in the
-`X-Kvlab-Warning` header).
+Temperature: in [0, 2] as OpenAI allows; one above 0 but below `kvlab.sampling.MIN_TEMPERATURE` is raised to that
+floor, as vLLM does, and the request carries a warning saying so (logged, and sent back in the `X-Kvlab-Warning`
+header).
 
-Chat template. kvlab's tiny models are byte-level and have no chat format
-of their own, so messages become plain text, one block per message and an
-open assistant block at the end:
+Chat template. kvlab's tiny models are byte-level and have no chat format of their own, so messages become plain text,
+one block per message and an open assistant block at the end:
 
     <|system|>\\nYou are terse.\\n<|user|>\\nHi!\\n<|assistant|>\\n
 

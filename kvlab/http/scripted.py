@@ -3,14 +3,11 @@
 An instrument, not scaffolding: `python -m kvlab bench loadgen` measures the load client against it, and lesson
 09's claims check the client's clocks on it, so it ships with the package.
 
-It runs no model: every request is answered with `max_tokens` tokens of
-filler text, the first chunk `ttft_s` after the request arrived, then one
-chunk every `gap_s`, each on an absolute schedule from the arrival (sleeps do
-not accumulate drift). Its purpose is to check a load generator's clocks
-against known values, and, with `ttft_s = gap_s = 0`, to measure how many
-streamed requests per second the generator itself can drive. The streams
-look like vLLM's: chat opens with a role-only chunk (sent at once, before
-the first token), `stream_options.include_usage` adds a usage chunk, and
+It runs no model: every request is answered with `max_tokens` tokens of filler text, the first chunk `ttft_s` after the
+request arrived, then one chunk every `gap_s`, each on an absolute schedule from the arrival (sleeps do not accumulate
+drift). Its purpose is to check a load generator's clocks against known values, and, with `ttft_s = gap_s = 0`, to
+measure how many streamed requests per second the generator itself can drive. The streams look like vLLM's: chat opens
+with a role-only chunk (sent at once, before the first token), `stream_options.include_usage` adds a usage chunk, and
 `data: [DONE]` closes the stream.
 
     python -m kvlab.http.scripted --port 8100 --ttft 0.05 --gap 0.01
@@ -72,10 +69,9 @@ def _sse(obj) -> bytes:
 def scripted_app(script: Script | None = None, **script_fields) -> Starlette:
     """A Starlette app serving /v1/completions, /v1/chat/completions, /v1/models and /health.
 
-    `app.state.counts` counts requests received, rejected, completed and
-    disconnected (the client left mid-stream); `app.state.client_ports` holds
-    the client port of every connection that sent a request (one per
-    connection, so kept-alive connections show as few ports).
+    `app.state.counts` counts requests received, rejected, completed and disconnected (the client left mid-stream);
+    `app.state.client_ports` holds the client port of every connection that sent a request (one per connection, so
+    kept-alive connections show as few ports).
     """
     script = script or Script(**script_fields)
     counts = {"received": 0, "rejected": 0, "completed": 0, "disconnected": 0}

@@ -1,41 +1,31 @@
 """`python -m kvlab serve`: an OpenAI-compatible streaming server over the kvlab engine (FastAPI + uvicorn).
 
-Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming
-server-sent events ending with `data: [DONE]`, `stream_options.include_usage`,
-or one JSON answer; `usage` either way), `GET /v1/models`, `GET /health`,
-`GET /metrics` (Prometheus text), and `GET /kvlab/requests` (the engine-side
-records of recent requests, for comparing clocks with the client's).
+Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (streaming server-sent events ending with
+`data: [DONE]`, `stream_options.include_usage`, or one JSON answer; `usage` either way), `GET /v1/models`,
+`GET /health`, `GET /metrics` (Prometheus text), and `GET /kvlab/requests` (the engine-side records of recent requests,
+for comparing clocks with the client's).
 
-- One engine loop (`kvlab.http.engine_loop.AsyncEngine`) batches every
-  connection's requests continuously; each request's tokens reach its
-  handler through its own asyncio queue, one chunk per token. The loop
-  runs in a process of its own (`kvlab.http.engine_process`), so the
-  front end's Python never holds up a step; `--engine-in-thread` runs
-  it in a thread of the server's process instead. A chunk's text
-  is that token decoded on its own (for the byte tokenizer: one byte, a lone
-  non-ASCII byte shows as U+FFFD), and a non-streamed answer is the same
-  texts joined, so both modes give the same text; a stop token ends the
-  request with `finish_reason: "stop"` and no text, and is counted in `usage`.
-- Backpressure: the engine's waiting queue holds `--max-waiting` requests;
-  beyond it a request is answered 429 with `Retry-After`. Bad input is
-  answered with a 4xx JSON error (404 for an unknown model, as OpenAI does)
-  before it reaches the engine; see `kvlab.http.protocol` and, for the API
-  key, content type, body size and read time-outs, `kvlab.http.guard`.
-- A client that disconnects mid-request has its request aborted in the
-  engine, which frees its KV blocks.
-- Faults stay in their requests (`kvlab.http.engine_loop`): a failing step
-  (one that raises, or one whose logits are NaN or inf for every sequence in
-  it) ends its own requests with `engine_error` and the engine goes on; a
-  request whose tokens cannot be turned into text fails alone (an error event
-  then `[DONE]`, or a JSON 500), its generation stopped and its blocks freed; after
-  `--max-failed-steps` in a row it stops for good, every open request is
-  answered, `/health` says 503 "stopped", and the process exits with status
-  1 so that a supervisor restarts it.
-- Counts (`kvlab.http.counts`): in `/metrics`, at every instant, sent =
-  completed + failed + cancelled + rejected + waiting + running.
-- Shutdown (Ctrl-C / SIGTERM): uvicorn stops accepting and lets open
-  requests finish for up to `--drain-timeout` seconds, then cancels the rest;
-  the engine loop aborts whatever is left and every block is freed.
+- One engine loop (`kvlab.http.engine_loop.AsyncEngine`) batches every connection's requests continuously; each
+  request's tokens reach its handler through its own asyncio queue, one chunk per token. The loop runs in a process of
+  its own (`kvlab.http.engine_process`), so the front end's Python never holds up a step; `--engine-in-thread` runs it
+  in a thread of the server's process instead. A chunk's text is that token decoded on its own (for the byte tokenizer:
+  one byte, a lone non-ASCII byte shows as U+FFFD), and a non-streamed answer is the same texts joined, so both modes
+  give the same text; a stop token ends the request with `finish_reason: "stop"` and no text, and is counted in
+  `usage`.
+- Backpressure: the engine's waiting queue holds `--max-waiting` requests; beyond it a request is answered 429 with
+  `Retry-After`. Bad input is answered with a 4xx JSON error (404 for an unknown model, as OpenAI does) before it
+  reaches the engine; see `kvlab.http.protocol` and, for the API key, content type, body size and read time-outs,
+  `kvlab.http.guard`.
+- A client that disconnects mid-request has its request aborted in the engine, which frees its KV blocks.
+- Faults stay in their requests (`kvlab.http.engine_loop`): a failing step (one that raises, or one whose logits are
+  NaN or inf for every sequence in it) ends its own requests with `engine_error` and the engine goes on; a request
+  whose tokens cannot be turned into text fails alone (an error event then `[DONE]`, or a JSON 500), its generation
+  stopped and its blocks freed; after `--max-failed-steps` in a row it stops for good, every open request is answered,
+  `/health` says 503 "stopped", and the process exits with status 1 so that a supervisor restarts it.
+- Counts (`kvlab.http.counts`): in `/metrics`, at every instant, sent = completed + failed + cancelled + rejected +
+  waiting + running.
+- Shutdown (Ctrl-C / SIGTERM): uvicorn stops accepting and lets open requests finish for up to `--drain-timeout`
+  seconds, then cancels the rest; the engine loop aborts whatever is left and every block is freed.
 """
 
 from __future__ import annotations
@@ -288,9 +278,8 @@ async def _answer(state: ServerState, request: Request, chat: bool, tally: Tally
 class EngineStreamingResponse(StreamingResponse):
     """A StreamingResponse that always runs `on_close`, even when the client left before the first byte.
 
-    Starlette cancels a stream whose client disconnected; if that happens before the body
-    generator started, the generator's own `finally` never runs. `on_close` frees the request
-    in the engine and counts it, either way.
+    Starlette cancels a stream whose client disconnected; if that happens before the body generator started, the
+    generator's own `finally` never runs. `on_close` frees the request in the engine and counts it, either way.
     """
 
     def __init__(self, content, on_close: Callable[[], None], **kwargs) -> None:

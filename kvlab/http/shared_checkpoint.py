@@ -1,12 +1,11 @@
 """One checkpoint folder two servers load: a kvlab model saved in transformers' format, with a tokenizer.
 
-kvlab's lesson model (recall-tiny) ships without tokenizer files: kvlab reads it with its built-in
-`ByteTokenizer` (bytes are tokens 0..255, 256 = BOS, 257 = EOS, 258 = PAD). `transformers serve`
-needs a tokenizer in the folder, so `save_byte_tokenizer` writes one that gives exactly the same
-ids, a byte-level BPE with no merges (every byte is its own token), and `save_shared_checkpoint`
-writes the model's weights (`kvlab.model.loading.to_transformers`) beside it, or beside the model's
-own transformers tokenizer when it has one. Both servers then load the same weights and cut a text
-prompt into the same tokens; `check_same_tokens` checks that on the folder, before any timing.
+kvlab's lesson model (recall-tiny) ships without tokenizer files: kvlab reads it with its built-in `ByteTokenizer`
+(bytes are tokens 0..255, 256 = BOS, 257 = EOS, 258 = PAD). `transformers serve` needs a tokenizer in the folder, so
+`save_byte_tokenizer` writes one that gives exactly the same ids, a byte-level BPE with no merges (every byte is its
+own token), and `save_shared_checkpoint` writes the model's weights (`kvlab.model.loading.to_transformers`) beside it,
+or beside the model's own transformers tokenizer when it has one. Both servers then load the same weights and cut a
+text prompt into the same tokens; `check_same_tokens` checks that on the folder, before any timing.
 
     >>> folder = save_shared_checkpoint(load_recall_model(), tmp / "recall-tiny-hf")  # doctest: +SKIP
     >>> check_same_tokens(folder)  # doctest: +SKIP

@@ -12,15 +12,14 @@ folder, `~/.cache/kvlab/vllm`; `$KVLAB_VLLM_HOME` or `home=` to move it) and the
    `import vllm` fails with `operator torchvision::nms does not exist`),
 4. imports vllm once and writes `READY` (versions, seconds, bytes), which `vllm_status` reads.
 
-`vllm_server(folder)` describes `python -m vllm.entrypoints.openai.api_server` (the `vllm` console
-script looks up a distribution named `vllm` and fails) as a `LoopbackServer` like kvlab serve's and
-transformers serve's: offline, on 127.0.0.1, float32, its KV space, compile cache and temporary
-files in the home folder, waited for at `/v1/models` (it has no `/health` until ready; 50-100 s), and
-stopped by its process group, because it runs three processes: API server, engine core, worker.
-It starts as vLLM's CPU guide recommends: TCMalloc and Intel's OpenMP preloaded where found
-(`preload_libraries`), and its OpenMP threads bound by vLLM itself, all cores but one, the one left to its
-front end (`omp_binding` reads the binding back from its log). `setup_bench_extra` adds what
-`pip install vllm[bench]` would, for its own benchmark client (`kvlab.benchmarks.vllm_client`).
+`vllm_server(folder)` describes `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script looks up a
+distribution named `vllm` and fails) as a `LoopbackServer` like kvlab serve's and transformers serve's: offline, on
+127.0.0.1, float32, its KV space, compile cache and temporary files in the home folder, waited for at `/v1/models` (it
+has no `/health` until ready; 50-100 s), and stopped by its process group, because it runs three processes: API server,
+engine core, worker. It starts as vLLM's CPU guide recommends: TCMalloc and Intel's OpenMP preloaded where found
+(`preload_libraries`), and its OpenMP threads bound by vLLM itself, all cores but one, the one left to its front end
+(`omp_binding` reads the binding back from its log). `setup_bench_extra` adds what `pip install vllm[bench]` would, for
+its own benchmark client (`kvlab.benchmarks.vllm_client`).
 """
 from __future__ import annotations
 
@@ -262,9 +261,8 @@ sys.exit(server.returncode if server.returncode >= 0 else 128 - server.returncod
 class GroupProcess(ServerProcess):
     """A server in vLLM's venv, in a process group of its own, waited for at `/v1/models`; stopped group and all.
 
-    `kvlab.http.local.ServerProcess` runs kvlab's Python and signals one process; this one runs the
-    venv's under `WATCHDOG` and signals the whole group, since vLLM's engine core and worker are
-    children of its API server."""
+    `kvlab.http.local.ServerProcess` runs kvlab's Python and signals one process; this one runs the venv's under
+    `WATCHDOG` and signals the whole group, since vLLM's engine core and worker are children of its API server."""
 
     log_path: Path
 
@@ -387,10 +385,9 @@ def vllm_server(folder: str | Path, *, home: str | Path | None = None, max_model
                 enforce_eager: bool = False) -> VllmServer:
     """`python -m vllm.entrypoints.openai.api_server` on `folder` (a checkpoint with a tokenizer), not started.
 
-    float32 like the other two; up to `max_num_seqs` sequences and `max_batched_tokens` tokens per step
-    (kvlab serve's 16 and 512); prefix caching and chunked prefill as vLLM sets them by default; its KV
-    block size its own (on a CPU a multiple of 32). Raises RuntimeError with `vllm_status`'s line when
-    vLLM is not set up under `home`."""
+    float32 like the other two; up to `max_num_seqs` sequences and `max_batched_tokens` tokens per step (kvlab serve's
+    16 and 512); prefix caching and chunked prefill as vLLM sets them by default; its KV block size its own (on a CPU a
+    multiple of 32). Raises RuntimeError with `vllm_status`'s line when vLLM is not set up under `home`."""
     ok, why = vllm_status(home)
     if not ok:
         raise RuntimeError(why)

@@ -4,19 +4,17 @@
 
 Routes:
 
-- `POST /room/submissions` (`Authorization: Bearer <room key>`, `Content-Type: application/json`, a
-  body up to `--max-body-bytes`): one learner's file (`kvlab.room.record`). 201 accepted (or
-  superseding an older run of the same learner and notebook), 200 duplicate (merged, nothing
-  doubled), 401 wrong or missing key, 409 a submission id reused for other content, 413 too large,
-  415 not JSON, 422 a file that cannot be read (nested too deeply, a text too long, ...), with every
-  problem and what to do. The learner's clock at sending (`X-Kvlab-Sent-At`) against the
-  collector's gives its error, kept with the submission; a run whose times cannot be right against
-  when it was received is accepted with a `clock_note` (`kvlab.room.store.clock_check`). A file from
-  another kvlab major.minor version is **accepted with a note** (the answer's `note`, the room view
-  marks it): refusing it would lose a learner's work in the middle of a workshop. One of another
-  *schema* version cannot be read and is refused (422) with the upgrade to make.
-- `GET /room/export` (key): the room file, every accepted submission as one JSON (`kvlab.room.store`);
-  files dropped into `--inbox` are imported first, through the same checks.
+- `POST /room/submissions` (`Authorization: Bearer <room key>`, `Content-Type: application/json`, a body up to
+  `--max-body-bytes`): one learner's file (`kvlab.room.record`). 201 accepted (or superseding an older run of the same
+  learner and notebook), 200 duplicate (merged, nothing doubled), 401 wrong or missing key, 409 a submission id reused
+  for other content, 413 too large, 415 not JSON, 422 a file that cannot be read (nested too deeply, a text too long,
+  ...), with every problem and what to do. The learner's clock at sending (`X-Kvlab-Sent-At`) against the collector's
+  gives its error, kept with the submission; a run whose times cannot be right against when it was received is accepted
+  with a `clock_note` (`kvlab.room.store.clock_check`). A file from another kvlab major.minor version is **accepted
+  with a note** (the answer's `note`, the room view marks it): refusing it would lose a learner's work in the middle of
+  a workshop. One of another *schema* version cannot be read and is refused (422) with the upgrade to make.
+- `GET /room/export` (key): the room file, every accepted submission as one JSON (`kvlab.room.store`); files dropped
+  into `--inbox` are imported first, through the same checks.
 - `GET /health`: `{"status": "ok", "submissions": n}` (no names: it needs no key).
 
 The key, the content type and the body limit are `kvlab.http.guard`'s, as in `kvlab serve`. Without

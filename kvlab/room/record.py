@@ -10,11 +10,10 @@ The file is versioned JSON (``SCHEMA``, ``SCHEMA_VERSION``), built at the end of
     run.save()                                           # kvlab-room-Ada-01_the_slowdown.json, or
     run.submit("http://teacher:8100", key)               # to the teacher's collector (kvlab.room.collector)
 
-Nothing personal goes in besides the name the learner types: the machine facts are an allow-list
-of ``kvlab.env.environment()`` (device, CPU model, threads, versions), each value scrubbed of this
-machine's host name, home folder and anything that looks like a path; no prompts, no URLs, no
-settings a learner typed. ``validate(dict)`` is what the collector and the folder import read a
-file with: every problem named, with what to do.
+Nothing personal goes in besides the name the learner types: the machine facts are an allow-list of
+``kvlab.env.environment()`` (device, CPU model, threads, versions), each value scrubbed of this machine's host name,
+home folder and anything that looks like a path; no prompts, no URLs, no settings a learner typed. ``validate(dict)``
+is what the collector and the folder import read a file with: every problem named, with what to do.
 """
 from __future__ import annotations
 

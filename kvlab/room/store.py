@@ -1,9 +1,8 @@
 """The room's submissions in SQLite: one row per submission, duplicates merged, newer runs superseding, history kept.
 
-Why SQLite: a workshop's collector may be stopped or killed halfway (a laptop lid, a Ctrl-C); every
-submission it answered "accepted" was committed before the answer went out, in WAL mode with full
-sync, so a restart on the same file finds them all. Readers (the room view) may open the database
-while the collector writes.
+Why SQLite: a workshop's collector may be stopped or killed halfway (a laptop lid, a Ctrl-C); every submission it
+answered "accepted" was committed before the answer went out, in WAL mode with full sync, so a restart on the same file
+finds them all. Readers (the room view) may open the database while the collector writes.
 
 Rules, in ``Store.add``:
 

@@ -14,11 +14,10 @@ Only each learner's *current* run of a notebook counts (a newer run supersedes a
 collector keeps both). The figures are ``kvlab.room.figures``.
 
 **Outliers** are judged on log values (the quantities are ratios and rates) with a robust z-score,
-``0.6745 (x - median) / MAD`` — the median and the median absolute deviation resist the very misfits
-being looked for — within the learner's device class when it holds at least ``min_group`` machines,
-else against the whole room (two GPUs are compared with the room, not with each other). A quantity
-every machine measures alike (02's bytes) has a MAD of 0: a floor of 0.01 (1 %) stands in, so any
-machine off by more than a few percent is named.
+``0.6745 (x - median) / MAD`` — the median and the median absolute deviation resist the very misfits being looked for —
+within the learner's device class when it holds at least ``min_group`` machines, else against the whole room (two GPUs
+are compared with the room, not with each other). A quantity every machine measures alike (02's bytes) has a MAD of 0:
+a floor of 0.01 (1 %) stands in, so any machine off by more than a few percent is named.
 
 **Placing the requests** (``placements()``): each file says when its client's clock started (wall time),
 moved by the learner's clock error where the collector measured it at sending; a run whose times cannot
@@ -26,16 +25,15 @@ be right against when it was received (``kvlab.room.store.clock_check``: it ends
 or it came long after with its clock never checked) is left out of the curve and named, and a run
 shared twice under two names (the same requests) is pooled once, under the first, and named.
 
-**The service curve** pools every placed 09 record by wall time: windows of ``window_s`` seconds give
-the offered rate (arrivals / s), the achieved rate
-(completions / s) and the clocks of the requests that arrived in them; windows are grouped into
-buckets of offered rate, and the knee is ``kvlab.serving.knee.find_knee``'s walk: the highest bucket
+**The service curve** pools every placed 09 record by wall time: windows of ``window_s`` seconds give the offered rate
+(arrivals / s), the achieved rate (completions / s) and the clocks of the requests that arrived in them; windows are
+grouped into buckets of offered rate, and the knee is ``kvlab.serving.knee.find_knee``'s walk: the highest bucket
 before the first that does not keep up. A bucket keeps up when at least ``min_served`` (``KEEPS_UP_RATIO``, 0.9) of its
-requests completed (not refused with 429, not failed) and their TTFT p95 is within ``slo_ttft_s``
-(1 s by default: say the room's own), as notebook 09 judges a rate. Achieved / offered is shown, not
-judged: within one window it lags the arrivals by a request's own latency. Beside the clocks each
-bucket gives the share of its requests refused (HTTP 429: the server's queue was full) and the share
-that failed otherwise (a time-out, an engine error); ``knee_rps()`` says which of three cases the curve is.
+requests completed (not refused with 429, not failed) and their TTFT p95 is within ``slo_ttft_s`` (1 s by default: say
+the room's own), as notebook 09 judges a rate. Achieved / offered is shown, not judged: within one window it lags the
+arrivals by a request's own latency. Beside the clocks each bucket gives the share of its requests refused (HTTP 429:
+the server's queue was full) and the share that failed otherwise (a time-out, an engine error); ``knee_rps()`` says
+which of three cases the curve is.
 """
 from __future__ import annotations
 
