@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import kvlab
 from kvlab.cache import DynamicCache, NoCache
-from kvlab.experiments.quality import (compare_distributions, compare_to_exact, perplexity, quality_frame, recall_accuracy,
+from kvlab.experiments.quality import (compare_distributions, compare_to_exact, perplexity, recall_accuracy,
                            teacher_forced_logits)
 
 LESSONS = ("03",)  # the lessons these tests belong to: `pytest -m lNN`
@@ -114,14 +114,6 @@ def test_perplexity_through_the_cache_equals_the_full_forward(model):
     assert got.nll == pytest.approx(oracle, rel=1e-5)
     assert got.perplexity == pytest.approx(math.exp(oracle), rel=1e-5)
     assert perplexity(model, text, noisy(model)).nll != pytest.approx(oracle, rel=1e-3)
-
-
-def test_quality_frame_has_one_row_per_setting(model):
-    frame = quality_frame(model, PROMPT, [{"cache": "dynamic"}, {"cache": "static", "max_len": 64}],
-                          max_new_tokens=6)
-    assert frame["setting"].tolist() == ["dynamic", "static(max_len=64)"]
-    assert (frame["greedy_agreement"] == 1.0).all()
-    assert frame["kl_max"].max() < 1e-8
 
 
 def test_bad_arguments_are_refused_before_any_work(model):

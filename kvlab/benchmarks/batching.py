@@ -21,12 +21,8 @@ Every run is timed at the client side on one clock: all requests are handed over
 tokens stamped as they are produced (kvlab: the engine's wall clock; transformers: its
 ``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
 warm-up of each implementation runs first and is not counted. Every cell then runs once per
-*round* (``--rounds``, default 5), in an order rotated from round to round
-(``kvlab/rounds.py``); the run with the median throughput stands for its cell (all are
-kept, with their spread), and every ratio is the median over rounds of the ratio *within* a round,
-reported with its IQR and min-max: a busy spell on a shared machine slows both sides of a round
-alike. The load average is recorded before and after. Threads default to 1 for every
-implementation: on a shared 2-core machine a step split over both cores waits for the slower one
+*round* (``--rounds``), with paired ratios (``kvlab/rounds.py``); the run with the median throughput
+stands for its cell (all are kept, with their spread). Threads default to 1 for every implementation
 (see kvlab/threads.py).
 
 Two extra measurements:
@@ -82,8 +78,7 @@ class BenchSettings:
     config: str = "llama-30m"
     # Sized so that the defaults (9 cells x 5 rounds) take about 6 minutes of one core: four batches of max_seqs
     # for static batching, outputs whose longest is 8 x the shortest (what static batching waits for), and prompts
-    # short enough that decoding, where the two policies differ, is most of the work (the cost model expects
-    # continuous / static = 1.20 here, 1.16 for the earlier 32 x 32-512 x 16-128 workload at three times the cost).
+    # short enough that decoding, where the two policies differ, is most of the work (cost model: 1.20 x).
     requests: int = 32
     prompt_tokens: tuple[int, int] = (16, 128)
     output_tokens: tuple[int, int] = (8, 64)
@@ -285,8 +280,7 @@ def run_benchmark(s: BenchSettings = BenchSettings(), spread: bool = True, trans
     ratios: list[dict] = []
 
     def ratio(a: tuple, b: tuple) -> float:
-        """Median over rounds of a/b, each pair from the same round (a slow spell hits both alike); the
-        spread goes into ``ratios``."""
+        """The paired ratio a/b over rounds (``kvlab/rounds.py``): its median; the spread goes into ``ratios``."""
         r = paired_ratio(cell[a]["runs_output_tokens_per_s"], cell[b]["runs_output_tokens_per_s"])
         ratios.append({"a": list(a), "b": list(b), "output_tokens_per_s": r})
         return r["median"]

@@ -3,14 +3,10 @@
 ``python -m kvlab bench decode [--json PATH] [--prompt 256] [--new 128] [--config llama-30m|tiny]
 [--rounds 5] [--threads N] [--caches ...] [--no-compile] [--compile-backend inductor]``
 
-Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in
-``--rounds`` interleaved rounds: each round runs every mode once, in an order rotated from round to
-round (``kvlab/rounds.py``). A comparison is the median over rounds of the ratio *within*
-each round, with its spread (IQR and min-max): on a shared machine a busy spell slows both runs of
-a round alike, while a ratio of two medians taken minutes apart would compare two moments. The load
-average is recorded before and after. This file is the benchmark (its rounds, rows, ratios and report);
-one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the bandwidth probes
-``kvlab/experiments/bandwidth.py``.
+Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in ``--rounds``
+interleaved rounds with paired ratios (``kvlab/rounds.py`` says why). This file is the benchmark (its rounds,
+rows, ratios and report); one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the
+bandwidth probes ``kvlab/experiments/bandwidth.py``.
 
 Rows:
 
@@ -115,17 +111,12 @@ def summarise(mode: Mode, cold: Run | None, runs: list[Run], positions: list[int
     # the step minus its weight products alone, measured in the same round: attention, cache, small ops
     outside = [r.decode_s * 1e3 - p for r, p in zip(runs, products_ms_per_round)]
     row.update(
-        tokens_per_s=med(tps),
-        decode_tokens_per_s=med(decode_tps),
-        prefill_ms=med(r.step_s[0] for r in runs) * 1e3,
-        decode_ms_median=med(r.decode_s for r in runs) * 1e3,
+        tokens_per_s=med(tps), decode_tokens_per_s=med(decode_tps),
+        prefill_ms=med(r.step_s[0] for r in runs) * 1e3, decode_ms_median=med(r.decode_s for r in runs) * 1e3,
         ms_per_token={str(p): med(r.step_s[p] for r in runs) * 1e3 for p in positions},
-        cache_bytes=runs[-1].cache_bytes,
-        bytes_per_step=weights + runs[-1].kv_read_bytes,
+        cache_bytes=runs[-1].cache_bytes, bytes_per_step=weights + runs[-1].kv_read_bytes,
         kv_bytes_per_step=runs[-1].kv_read_bytes,
-        achieved_GBps=med(achieved),
-        roofline_fraction=med(fraction),
-        outside_products_ms=med(outside),
+        achieved_GBps=med(achieved), roofline_fraction=med(fraction), outside_products_ms=med(outside),
         spread={"tokens_per_s": spread(tps), "decode_tokens_per_s": spread(decode_tps),
                 "achieved_GBps": spread(achieved), "roofline_fraction": spread(fraction),
                 "outside_products_ms": spread(outside)},
@@ -254,8 +245,7 @@ def main(args: argparse.Namespace) -> int:
         order = list(runnable) if rnd == 0 else rotated(runnable, rnd - 1)
         info = {"round": rnd, "order": [m.label for m in order], "load_1m_before": load_average()["1m"]}
         if rnd > 0:
-            info.update(probe.measure())
-            info.update(products.measure())
+            info.update(probe.measure() | products.measure())
         for mode in order:
             which = "cold" if rnd == 0 else f"round {rnd}/{args.rounds}"
             print(f"  {mode.label:<28} {which}", file=sys.stderr, flush=True)
@@ -286,13 +276,11 @@ def main(args: argparse.Namespace) -> int:
         results.append(row)
 
     ok = {m.label for m in modes if runs[m.label] and len(runs[m.label]) == len(rounds_log)}
-    ratios: list[dict[str, Any]] = []
-    for a, b in ratio_pairs([m for m in modes if m.label in ok]):
-        ra, rb = runs[a], runs[b]
-        ratios.append({"a": a, "b": b,
-                       "tokens_per_s": paired_ratio([len(r.tokens) / r.wall_s for r in ra],
-                                                    [len(r.tokens) / r.wall_s for r in rb]),
-                       "decode_tokens_per_s": paired_ratio([1 / r.decode_s for r in ra], [1 / r.decode_s for r in rb])})
+    ratios: list[dict[str, Any]] = [
+        {"a": a, "b": b, "tokens_per_s": paired_ratio([len(r.tokens) / r.wall_s for r in runs[a]],
+                                                      [len(r.tokens) / r.wall_s for r in runs[b]]),
+         "decode_tokens_per_s": paired_ratio([1 / r.decode_s for r in runs[a]], [1 / r.decode_s for r in runs[b]])}
+        for a, b in ratio_pairs([m for m in modes if m.label in ok])]
     load_after = load_average()
     summary = {"weight_bytes_per_step": weights, "kv_bytes_per_token": kv_per_token,
                "mean_position": args.prompt + args.new / 2, "ratios": ratios,

@@ -79,10 +79,8 @@ def run_kvlab(model: Decoder, prompt: list[int], mode: Mode, new: int, kv_per_to
     result = generate(model, prompt, cache=mode.cache, max_new_tokens=new, **mode.options, **extra)
     wall = now(model.device) - t0
     bytes_ = result.cache.memory().allocated_bytes
-    if mode.cache == "quantized":  # what it stores (packed + full-precision residual), mid-run
-        kv_read = float(result.timeline.cache_bytes[len(result.timeline.cache_bytes) // 2])
-    else:
-        kv_read = kv_per_token * kv_tokens_read(mode, len(prompt), new)
+    kv_read = (float(result.timeline.cache_bytes[len(result.timeline.cache_bytes) // 2])  # quantized: what it stores
+               if mode.cache == "quantized" else kv_per_token * kv_tokens_read(mode, len(prompt), new))
     if hasattr(result.cache, "close"):
         result.cache.close()  # the offloaded cache's file
     return Run(wall, list(result.timeline.step_s), result.tokens, bytes_, kv_read, result.settings.get("compile_s"))

@@ -1,12 +1,8 @@
 """Paged blocks vs max-length reservation, measured: the same requests in one KV budget, three allocators.
 
-Part of ``python -m kvlab bench batching`` (``kvlab/benchmarks/batching.py``): the mixed workload
-runs in one KV budget with paged blocks (``BlockManager``) and with max-length reservation
-(``ReservationEngine``, ``kvlab/serving/reservation.py``), reserving ``max_model_len`` or each
-request's prompt + max_new_tokens. Reported: concurrent sequences (peak and time-weighted mean)
-and the waste of each (KV slots allocated but holding no token, time-weighted over steps). The
-block accounting does not depend on which executor prices a step, so this runs in virtual time on
-a cost model, with ``max_seqs`` high enough that memory is the limit.
+Part of ``python -m kvlab bench batching`` (its module doc says what is reported): paged blocks (``BlockManager``)
+against max-length reservation (``ReservationEngine``, ``kvlab/serving/reservation.py``), reserving
+``max_model_len`` or each request's prompt + max_new_tokens.
 """
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ import numpy as np
 
 from kvlab.clocks import summarize
 from kvlab.model.config import ModelConfig
-from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.engine import Engine
@@ -53,10 +48,10 @@ def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: Pool
     """The same requests in the same KV budget: paged blocks vs reserving max_model_len (and prompt+max_new)."""
     config = ModelConfig(**cost_model.config)
     tokens = kv_budget_tokens or 4 * s.max_model_len
-    budget = tokens // s.block_size * bytes_per_block(config, s.block_size)
     sched = SchedulerConfig(max_seqs=len(requests), max_batch_tokens=max(s.max_batch_tokens, len(requests)),
                             max_model_len=s.max_model_len)
-    spec = EngineSpec(block_size=s.block_size, kv_budget_bytes=budget, enable_prefix_caching=False, scheduler=sched)
+    spec = EngineSpec(block_size=s.block_size, enable_prefix_caching=False,
+                      scheduler=sched).with_blocks(config, tokens // s.block_size)
     rows = {}
     for name, make in (("paged", lambda: Engine(cost_model, spec)),
                        ("reserve_max_model_len", lambda: ReservationEngine(cost_model, spec, reserve="max_model_len")),
@@ -66,7 +61,7 @@ def paged_vs_reservation(requests: list[Request], cost_model: CostModel, s: Pool
         rows[name] = {**kv_usage(engine), "completed": sum(r.status == "completed" for r in records),
                       "simulated_output_tokens_per_s": summarize(records).output_tokens_per_s}
     p, r = rows["paged"], rows["reserve_max_model_len"]
-    return {"kv_budget_tokens": tokens, "kv_budget_bytes": budget, "max_model_len": s.max_model_len,
+    return {"kv_budget_tokens": tokens, "kv_budget_bytes": spec.kv_budget_bytes, "max_model_len": s.max_model_len,
             "accounting": "BlockManager (paged) vs ReservingBlockManager (kvlab.serving.reservation), "
                           "same scheduler, virtual time on the cost model",
             "runs": rows, "ratio_mean_running": p["mean_running"] / r["mean_running"],

@@ -35,13 +35,6 @@ from kvlab.command_args import command_args
 GOAL_RPS = 200.0
 
 
-def _requests(n: int, tokens: int, arrival: str, rate: float | None, seed: int):
-    requests = http_workload("short_short", n, arrival=arrival, rate=rate, seed=seed)
-    for r in requests:
-        r.max_new_tokens = tokens
-    return requests
-
-
 def _process_cpu_s(pid: int) -> float | None:
     try:
         import psutil
@@ -56,7 +49,9 @@ def measure(url: str, server_pid: int | None, scenario: str, n: int, tokens: int
             rate: float | None = None, seed: int = 0) -> dict:
     """One run against `url`; a row of rates, client and server CPU, and dispatch lag."""
     arrival = "all_at_once" if rate is None else "constant"
-    requests = _requests(n, tokens, arrival, rate, seed)
+    requests = http_workload("short_short", n, arrival=arrival, rate=rate, seed=seed)
+    for r in requests:
+        r.max_new_tokens = tokens
     server_cpu0 = _process_cpu_s(server_pid) if server_pid else None
     cpu0 = time.process_time()
     result = run_loadtest(url, requests, model="scripted", max_connections=max_connections, progress=False)

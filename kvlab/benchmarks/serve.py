@@ -317,27 +317,24 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
     lines.append(f"greedy tokens: the same on all {g['prompts']} prompts ({g['max_tokens']} tokens each) on "
                  f"{len(g['answers'])} servers")
     lines.append("processes, OS threads and CPU cores kept busy while measured (median over rounds [IQR, min-max]):")
-    for e, u in out["usage_by_engine"].items():
-        lines.append(f"  {e:<26} {u['processes']} processes, {u['threads']} threads (torch threads "
-                     f"{u['torch_threads'] if u['torch_threads'] is not None else 'its own'}), cores busy "
-                     f"{format_spread(u['cores_busy'])}; the other servers meanwhile at most "
-                     f"{u['others_cores_busy_max']:.2f} cores")
+    lines += [f"  {e:<26} {u['processes']} processes, {u['threads']} threads (torch threads "
+              f"{u['torch_threads'] if u['torch_threads'] is not None else 'its own'}), cores busy "
+              f"{format_spread(u['cores_busy'])}; the other servers meanwhile at most "
+              f"{u['others_cores_busy_max']:.2f} cores" for e, u in out["usage_by_engine"].items()]
     t = out["clocks"]
     lines.append("every clock at every load, ms (median over rounds; TTFT p95 over every request sent):")
     lines.append(f"  {'engine':<26} {'level':>10} {'sent':>5} {'served':>6} {'TTFT p50':>9} {'TTFT p95':>9} "
                  f"{'TPOT p50':>9} {'TPOT p95':>9} {'E2E p50':>9} {'E2E p95':>9} {'tok/s':>7} {'late p95':>9}")
-    for r in t.itertuples():
-        lines.append(f"  {r.engine:<26} {r.level:>10} {r.sent:>5} {r.served:>6.2f} {_ms(r.ttft_p50_s):>9} "
-                     f"{_ms(r.ttft_p95_sent_s):>9} {_ms(r.tpot_p50_s):>9} {_ms(r.tpot_p95_s):>9} "
-                     f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f} "
-                     f"{_ms(r.send_delay_p95_s):>9}")
+    lines += [f"  {r.engine:<26} {r.level:>10} {r.sent:>5} {r.served:>6.2f} {_ms(r.ttft_p50_s):>9} "
+              f"{_ms(r.ttft_p95_sent_s):>9} {_ms(r.tpot_p50_s):>9} {_ms(r.tpot_p95_s):>9} "
+              f"{_ms(r.e2e_p50_s):>9} {_ms(r.e2e_p95_s):>9} {r.output_tokens_per_s:>7.0f} "
+              f"{_ms(r.send_delay_p95_s):>9}" for r in t.itertuples()]
     lines.append("  (late p95: how long after its scheduled time the client's request went out, p95; a server slow to "
                  "accept connections shows here)")
     lines.append(f"knees (the highest rate before the first without >= 90% served and TTFT p95 <= {args.slo_ttft:g} s, "
                  f"{args.profile}; bisected {args.bisect} times), per round:")
-    for e, ks in out["knees"].items():
-        lines.append(f"  {e:<26} {'; '.join(map(str, ks))}  median "
-                     f"{format_spread(spread([k.at_least or 0.0 for k in ks]), '{:.1f}')}")
+    lines += [f"  {e:<26} {'; '.join(map(str, ks))}  median "
+              f"{format_spread(spread([k.at_least or 0.0 for k in ks]), '{:.1f}')}" for e, ks in out["knees"].items()]
     frame = out["frame"]
     if "send_delay_p95_s" in frame:
         lines.append(f"the client's own lateness (requests sent more than {CLIENT_LATE_S * 1e3:.0f} ms after their "
@@ -348,11 +345,9 @@ def report_lines(out: dict, args: argparse.Namespace) -> list[str]:
                          + (": the machine left the client waiting, so these rows time the machine as much as the "
                             "engine" if len(late) else ""))
     lines.append(f"paired ratios engine / kvlab serve, median of {args.rounds} rounds [IQR, min-max]:")
-    for k in out["knee_ratios"]:
-        lines.append(f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}"
-                     f"{format_spread(k, unit='x')}"
-                     + (f" (not a verdict: the client was late at {k['client_late_rates']} of the {k['rates']} rates "
-                        "where a knee was found to end)" if k.get("client_late_rates") else ""))
+    lines += [f"  knee {k['engine']} / {k['over']}: {'>= ' if k['capped'] else ''}{format_spread(k, unit='x')}"
+              + (f" (not a verdict: the client was late at {k['client_late_rates']} of the {k['rates']} rates "
+                 "where a knee was found to end)" if k.get("client_late_rates") else "") for k in out["knee_ratios"]]
     ratios = out["ratios"]
     for r in ratios.itertuples() if len(ratios) else ():
         s = {"median": r.median, "q1": r.q1, "q3": r.q3, "min": r.min, "max": r.max}

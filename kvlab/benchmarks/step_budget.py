@@ -164,8 +164,7 @@ def main(args: argparse.Namespace) -> int:
           "[IQR, min-max])")
     print(f"{'left out':<22}{'step without it, ms':>22}   its cost = whole - without, paired per round")
     for part, p in budget["parts"].items():
-        w = p["step_without_ms"]
-        print(f"{part:<22}{w['median']:>22.2f}   {format_spread(p['cost_ms'], '{:.2f}', ' ms')}, "
+        print(f"{part:<22}{p['step_without_ms']['median']:>22.2f}   {format_spread(p['cost_ms'], '{:.2f}', ' ms')}, "
               f"{format_spread(p['share_of_step'], '{:.0%}')} of the step")
     rest = whole["median"] - sum(p["cost_ms"]["median"] for p in budget["parts"].values())
     print(f"{'the rest':<22}{'':>22}   {rest:.2f} ms (norms, residuals, activations, reshapes, sampling; "

@@ -34,15 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def summarise(frame) -> list[dict]:
     """Per setting at the longest context: memory vs ideal, latency vs dynamic, accuracy vs exact."""
     longest = frame[frame["pairs"] == frame["pairs"].max()]
-    out = []
-    for r in longest.itertuples():
-        out.append(dict(setting=r.setting, context_tokens=int(r.context_tokens), memory_ratio=r.memory_ratio,
-                        ideal_memory_ratio=r.ideal_memory_ratio,
-                        memory_vs_ideal=r.memory_ratio / r.ideal_memory_ratio - 1.0,
-                        latency_ratio=r.latency_ratio, cache_ms_per_step=r.cache_ms_per_step,
-                        bytes_moved_per_step=r.bytes_moved_per_step,
-                        accuracy=r.accuracy, exact_accuracy=r.exact_accuracy))
-    return out
+    return [dict(setting=r.setting, context_tokens=int(r.context_tokens), memory_ratio=r.memory_ratio,
+                 ideal_memory_ratio=r.ideal_memory_ratio, memory_vs_ideal=r.memory_ratio / r.ideal_memory_ratio - 1.0,
+                 latency_ratio=r.latency_ratio, cache_ms_per_step=r.cache_ms_per_step,
+                 bytes_moved_per_step=r.bytes_moved_per_step, accuracy=r.accuracy, exact_accuracy=r.exact_accuracy)
+            for r in longest.itertuples()]
 
 
 def main(args: argparse.Namespace) -> int:

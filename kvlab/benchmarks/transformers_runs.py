@@ -28,9 +28,7 @@ def installed(module: str) -> bool:
 
 def transformers_modes(device: torch.device, names: list[str], compile_: bool) -> list[Mode]:
     modes = []
-    for name in TRANSFORMERS_CACHES:
-        if name not in names:
-            continue
+    for name in (n for n in TRANSFORMERS_CACHES if n in names):
         options, reason = {}, None
         if name == "quantized":
             backend = "quanto" if installed("optimum.quanto") else "HQQ" if installed("hqq") else None

@@ -84,12 +84,9 @@ def vllm_client_sweep(server: LoopbackServer, rates: Sequence[float], duration_s
     setup_bench_extra(home, log=lambda _m: None)  # its client reads the custom dataset with pandas
     with tempfile.TemporaryDirectory(prefix="kvlab-vllm-client-") as tmp:
         folder = Path(tmp)
-        jobs, sizes = [], []
-        for i, rate in enumerate(float(r) for r in rates):
-            n = max(min_requests, int(round(rate * duration_s)))
-            jobs.append(command_line(server, dataset_file(folder, profile, n, rate, seed), n, rate, seed,
-                                     warmups if i == 0 else 0))
-            sizes.append((rate, n))
+        sizes = [(rate, max(min_requests, int(round(rate * duration_s)))) for rate in (float(r) for r in rates)]
+        jobs = [command_line(server, dataset_file(folder, profile, n, rate, seed), n, rate, seed,
+                             warmups if i == 0 else 0) for i, (rate, n) in enumerate(sizes)]
         (folder / "jobs.json").write_text(json.dumps(jobs))
         (folder / "driver.py").write_text(DRIVER)
         env = venv_env(vllm_home(home), {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -38,12 +38,9 @@ class MatvecProbe:
     """The machine's matrix-vector bandwidth from memory, cheap enough to measure once per round (best of a few).
 
     The matrix is 256 MB, several times any CPU's last-level cache (and a GPU's L2), as the decoder's
-    weights are: a decode step streams them all before it reads the first again. A 64 MB matrix,
-    this probe's earlier size, came in part from a 32 MB L3: measured one after the other on the
-    authors' 2-core machine, its best of 15 read 41-45 GB/s, a 256 MB matrix's 25-34 GB/s and a
-    plain sum over 256 MB 33-34 GB/s. On a shared machine the bandwidth itself also moves from
-    minute to minute (33-56 GB/s for the same sum over an afternoon), which is why it is measured
-    in every round.
+    weights are: a decode step streams them all before it reads the first again (a 64 MB matrix came in
+    part from a 32 MB L3, reading 41-45 GB/s where 256 MB read 25-34). On a shared machine the bandwidth
+    moves from minute to minute (33-56 GB/s for the same sum over an afternoon): hence once per round.
     """
 
     def __init__(self, device: torch.device, n: int = 8192) -> None:
@@ -63,9 +60,7 @@ class StepProductsProbe:
     """A decode step's weight products alone: the same matrices, one row each, in forward order, back to back.
 
     What a step made of nothing but its weight stream would take, with kvlab's own product
-    (``kvlab.model.matvec``; a tied head through ``F.linear`` as the decoder does). Next to the
-    step's time it splits the step in two: streaming the weights, and everything else (attention,
-    the cache's update, the small operations between products, sampling). Next to ``MatvecProbe``
+    (``kvlab.model.matvec``; a tied head through ``F.linear`` as the decoder does). Next to ``MatvecProbe``
     it says how much of the machine's matvec bandwidth products of these smaller shapes reach.
     """
 

@@ -42,19 +42,10 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 @dataclass
 class BatchScaling:
-    """What ``batch_scaling`` measured.
-
-    - ``decode``: one row per batch size: ``batch``, ``n`` steps timed, ``step_s`` (median), ``step_p25_s``,
-      ``step_p75_s``, ``per_seq_s`` (step / batch), ``weight_bytes``, ``kv_bytes`` (mean K/V read per step),
-      ``achieved_GBps``, ``memory_floor_s``, ``compute_floor_s``;
-    - ``prefill``: one row per way (``"one by one"``, ``"batched"``): ``prompts``, ``prompt_tokens``, ``n``
-      repeats, medians of ``all_first_s`` (until every prompt has its first token), ``mean_ttft_s`` and
-      ``first_ttft_s`` (the first prompt's);
-    - ``machine``: this machine's bandwidth (GB/s) and matrix-product speed (GFLOP/s), measured in the run,
-      and ``products_ms``: this model's weight products of a one-sequence step alone, back to back
-      (``StepProductsProbe``), to set beside the batch-1 step: the rest of it is attention, the cache and
-      the fixed cost of the small operations between products.
-    """
+    """What ``batch_scaling`` measured: ``decode`` one row per batch size (``decode_scaling``, with the floors),
+    ``prefill`` one row per way (``prefill_batching``), and ``machine``: this machine's bandwidth (GB/s) and
+    matrix-product speed (GFLOP/s), measured in the run, and ``products_ms`` (``StepProductsProbe``), to set
+    beside the batch-1 step."""
 
     decode: pd.DataFrame
     prefill: pd.DataFrame

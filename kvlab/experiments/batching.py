@@ -72,9 +72,8 @@ def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequen
     under both policies, back to back, the policy that goes first alternating from round to round (so a machine
     slowing down or speeding up during the cell favours neither). ``run.extra["round"]`` numbers the rounds.
 
-    A round's two runs share the machine's state of the moment, so their ratio is what one round says about the
-    policies; the equal-length pair of the same round, whose schedules are identical, says how far apart the
-    machine alone put two runs in that round.
+    The equal-length pair of a round, whose schedules are identical, says how far apart the machine alone put two
+    runs in that round.
     """
     check_positive_int("rounds", rounds)
     model = resolve_model(model)
@@ -118,8 +117,7 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
     model = resolve_model(model)
     check_threads(threads)
     waits = [float(w) for w in waits]
-    bad = [w for w in waits if not w >= 0]
-    if not waits or bad:
+    if not waits or any(not w >= 0 for w in waits):
         raise ValueError(f"waits must be a non-empty list of seconds >= 0, got {waits!r}")
     requests = policy_workload(model.config.vocab_size, "equal", n, prompt_tokens, max_new_tokens,
                                arrivals=arrival_times("constant", n, rate), seed=seed)
@@ -155,9 +153,6 @@ def idle_slots(max_new_tokens: Sequence[int], max_seqs: int) -> dict:
     """
     check_positive_int("max_seqs", max_seqs)
     lengths = [int(x) for x in max_new_tokens]
-    slots = used = 0
-    for i in range(0, len(lengths), max_seqs):
-        batch = lengths[i:i + max_seqs]
-        slots += len(batch) * max(batch)
-        used += sum(batch)
+    slots = sum(len(b) * max(b) for b in (lengths[i:i + max_seqs] for i in range(0, len(lengths), max_seqs)))
+    used = sum(lengths)
     return {"slots": slots, "used": used, "idle": slots - used, "idle_share": (slots - used) / slots if slots else 0.0}

@@ -116,10 +116,8 @@ def accuracy_summary(frame: pd.DataFrame) -> pd.DataFrame:
                    exact_accuracy=float((g["exact_accuracy"].fillna(0) * g["examples"]).sum() / n),
                    nearest_accuracy=float(g["accuracy"].iloc[0]), nearest_n=int(g["examples"].iloc[0]),
                    farthest_accuracy=float(g["accuracy"].iloc[-1]), farthest_n=int(g["examples"].iloc[-1]))
-        for col in ("bits", "group_size", "residual", "kl_mean", "top1_agreement", "quality_prompts",
-                    "compared_positions"):
-            if col in g:
-                row[col] = g[col].iloc[0]
+        row.update({col: g[col].iloc[0] for col in ("bits", "group_size", "residual", "kl_mean", "top1_agreement",
+                                                    "quality_prompts", "compared_positions") if col in g})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -128,11 +128,9 @@ def cold_vs_warm(repeats: int = 5, prompt_tokens: int = 64, max_new_tokens: int 
                  threads: int | None = LESSON_THREADS, timeout_s: float = 180.0, progress: Progress = no_progress) -> pd.DataFrame:
     """Start a fresh Python process, build the lesson model and an engine, and serve one request ``repeats`` times.
 
-    Returns one row per serving of the request: ``run`` (0 = the first, cold), ``start``
-    ("cold" / "warm"), ttft_s, tpot_s, e2e_s. ``frame.attrs`` holds the start-up phases in
-    seconds: python_start_s (interpreter start, measured from outside), import_s (torch + kvlab),
-    build_model_s (weights), engine_init_s (the KV block pool). A fresh process is the only honest
-    cold start: this notebook's own process paid its one-time costs long ago.
+    Returns one row per serving of the request (``run`` 0 is the cold one); ``frame.attrs`` holds the start-up
+    phases in seconds (``python_start_s`` measured from outside). A fresh process is the only honest cold start:
+    this notebook's own process paid its one-time costs long ago.
     """
     check_positive_int("repeats", repeats, 2)
     check_positive_int("prompt_tokens", prompt_tokens)

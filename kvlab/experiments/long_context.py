@@ -54,11 +54,9 @@ def run_context_steps(model: Decoder | None = None, contexts: Sequence[int] | No
                       progress: Progress = no_progress) -> pd.DataFrame:
     """Prefill a prompt of each length in ``contexts``, then time ``steps`` cached ("dynamic") decode steps.
 
-    Returns one row per (repeat, context, decode step): repeat, context (prompt tokens),
-    token (1 .. steps), position (the tokens the step attends over, its own included), step_ms
-    and kv_bytes_read (the cache's bytes after the step: every stored K and V, which the
-    step's attention read). Repeats interleave the contexts, so a change of machine load hits
-    each alike. ``contexts`` defaults to ``default_contexts`` (32 up to nearly the model's context).
+    Returns one row per (repeat, context, decode step); ``position`` counts the tokens the step attends over,
+    its own included, and ``kv_bytes_read`` is the cache's bytes after the step (every stored K and V, which
+    its attention read). Repeats interleave the contexts, so a change of machine load hits each alike.
     """
     model = lesson_model(seed) if model is None else model
     contexts = check_contexts(model, default_contexts(model, steps) if contexts is None else contexts, steps, repeats)
@@ -70,10 +68,9 @@ def run_context_steps(model: Decoder | None = None, contexts: Sequence[int] | No
         for r, n in progress(plan, total=len(plan), desc="prefill + decode", unit="run"):
             frame = generate(model, prompt_ids(model, n, seed), cache="dynamic",
                              max_new_tokens=steps + 1).timeline.to_frame()
-            decode = frame[frame["token"] >= 1]
-            for t in decode.itertuples():
-                rows.append(dict(repeat=r, context=n, token=int(t.token), position=int(t.position),
-                                 step_ms=float(t.step_ms), kv_bytes_read=int(t.cache_bytes)))
+            rows += [dict(repeat=r, context=n, token=int(t.token), position=int(t.position),
+                          step_ms=float(t.step_ms), kv_bytes_read=int(t.cache_bytes))
+                     for t in frame[frame["token"] >= 1].itertuples()]
     out = pd.DataFrame(rows)
     out.attrs.update(model=model.config.name, device=str(model.device), threads=used_threads, steps=steps,
                      repeats=repeats, kv_bytes_per_token=model.config.kv_bytes_per_token())

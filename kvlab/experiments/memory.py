@@ -160,12 +160,10 @@ def kv_memory_table(config: ModelConfig | str, contexts: Sequence[int], batches:
 def published_kv_table(tokens: int = 4096, bytes_per_element: float = 2) -> pd.DataFrame:
     """The memory formula for every published shape (``PUBLISHED_CONFIGS``): one row per model with its layers,
     key/value heads and head dimension, the KiB one token's K and V take, and the GiB ``tokens`` tokens take."""
-    rows = []
-    for name, c in PUBLISHED_CONFIGS.items():
-        per_token = c.kv_bytes_per_token(bytes_per_element)
-        rows.append({"model": name, "layers": c.num_layers, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
-                     "KiB per token": per_token / 1024, f"GiB for {tokens:,} tokens": per_token * tokens / GIB})
-    out = pd.DataFrame(rows).set_index("model")
+    out = pd.DataFrame([{"model": name, "layers": c.num_layers, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+                         "KiB per token": c.kv_bytes_per_token(bytes_per_element) / 1024,
+                         f"GiB for {tokens:,} tokens": c.kv_bytes_per_token(bytes_per_element) * tokens / GIB}
+                        for name, c in PUBLISHED_CONFIGS.items()]).set_index("model")
     out.attrs.update(tokens=tokens, bytes_per_element=bytes_per_element)
     return out
 

@@ -14,13 +14,8 @@ MAX_WAITING = 64  # the lessons' bounded queue: overload shows up as failures (S
 def scheduler_config(policy: Policy = SchedulerConfig.policy, priority: Priority = SchedulerConfig.priority, *,
                      max_waiting: int | None = MAX_WAITING, max_model_len: int | None = MAX_MODEL_LEN,
                      **fields) -> SchedulerConfig:
-    """The lesson's scheduler: SchedulerConfig with two defaults that deliberately differ.
-
-    ``max_waiting=MAX_WAITING`` (64; SchedulerConfig: unbounded): a bounded queue, so overload shows
-    up as failures. ``max_model_len=MAX_MODEL_LEN`` (1024; SchedulerConfig: the model's context): every
-    profile fits, in a smaller pool. Everything else (``max_seqs=``, ``max_batch_tokens=``, ...) is
-    SchedulerConfig's, defaults included.
-    """
+    """The lesson's scheduler: SchedulerConfig with two defaults that deliberately differ (``MAX_WAITING`` and
+    ``MAX_MODEL_LEN``, the constants above say why); everything else is SchedulerConfig's, defaults included."""
     return SchedulerConfig(policy=policy, priority=priority, max_waiting=max_waiting, max_model_len=max_model_len,
                            **fields)
 

@@ -157,13 +157,6 @@ def compare_to_exact(model: Decoder, prompts: str | Sequence[int] | Sequence[str
         first_divergence=first, per_position=per)
 
 
-def quality_frame(model: Decoder, prompts, settings: Sequence[dict], max_new_tokens: int = 32,
-                  stop_tokens: Sequence[int] | None = None) -> pd.DataFrame:
-    """One row per cache setting: ``settings`` like ``[{"cache": "quantized", "bits": 4}, ...]``."""
-    return pd.DataFrame([compare_to_exact(model, prompts, s["cache"], max_new_tokens, stop_tokens,
-                                          **{k: v for k, v in s.items() if k != "cache"}).to_dict() for s in settings])
-
-
 def recall_accuracy(model: Decoder, examples, cache: str | KVCache = EXACT, buckets: int = 4,
                     **cache_options) -> pd.DataFrame:
     """Recall accuracy by distance bucket for ``cache`` beside the exact cache's, one row per bucket.
@@ -214,4 +207,4 @@ def perplexity(model: Decoder, text: str | Sequence[int], cache: str | KVCache =
 
 
 __all__ = ["Perplexity", "QualityReport", "compare_distributions", "compare_to_exact", "describe_cache",
-           "perplexity", "quality_frame", "recall_accuracy", "teacher_forced_logits"]
+           "perplexity", "recall_accuracy", "teacher_forced_logits"]

@@ -94,11 +94,8 @@ def try_real_model(name: str | Path = DEFAULT_MODEL, timeout_s: float = 2.5,
     """Load a small trained model with its tokenizer where possible: ``(model, note)``, else ``(None, note)``.
 
     ``name`` is a hub name of a supported family ("HuggingFaceTB/SmolLM2-135M", "openai-community/gpt2",
-    "Qwen/Qwen2.5-0.5B") or a checkpoint directory. A hub name is downloaded when the hub answers
-    within ``timeout_s`` seconds; when it does not, or HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE is set,
-    only the local Hugging Face cache is tried (a model downloaded earlier still loads). ``note`` is
-    one line saying what happened; when no model is loaded it says so and that the lesson continues on
-    the shipped model.
+    "Qwen/Qwen2.5-0.5B") or a checkpoint directory. Offline (``offline_reason``) only the local Hugging Face
+    cache is tried (a model downloaded earlier still loads). ``note`` is one line saying what happened.
     """
     from kvlab.model.loading import from_pretrained
 
@@ -136,16 +133,8 @@ def real_model_demo(model: Decoder, prompt: str = DEFAULT_PROMPT, new_tokens: in
                     threads: int | None = None) -> RealModelDemo:
     """Readable text, the slowdown (none vs dynamic) and measured cache bytes vs the formula, on ``model``.
 
-    - ``text``: ``new_tokens`` greedy tokens after ``prompt`` (stopping at the end-of-text token);
-    - ``speed``: ``run_slowdown`` with caches "none" and "dynamic" on a prompt of
-      ``slowdown_prompt_tokens`` tokens and ``slowdown_tokens`` new ones, summarised by
-      ``slowdown_summary`` plus the median decode step (``decode_ms_p50``) and its ratio to dynamic's;
-    - ``memory``: ``measure_cache_memory`` for dynamic and static after prompt + ``new_tokens``:
-      the cache's own byte count beside 2 x layers x kv_heads x head_dim x tokens x bytes;
-    - ``scale``: ``kv_memory_table`` for this model's shape at 2,048 tokens and its full context,
-      in fp16 (what a server would keep), for batch 1 and 32.
-    ``threads`` CPU threads for the timed runs (None keeps torch's setting: a real model on CPU
-    needs every core to finish in seconds).
+    The tables are ``RealModelDemo``'s. ``threads`` CPU threads for the timed runs (None keeps torch's setting:
+    a real model on CPU needs every core to finish in seconds).
     """
     if not isinstance(slowdown_tokens, int) or slowdown_tokens < 16:
         raise ValueError(f"slowdown_tokens must be an integer >= 16 (an early and a late window of 5 tokens), "

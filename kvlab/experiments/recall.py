@@ -29,9 +29,6 @@ PAIR_TOKENS, QUERY_TOKENS = 8, 5
 NUM_KEYS = 256  # keys and values are two hex digits
 ANSWER_TOKENS = 4  # "v", two hex digits, "."
 
-# The shipped checkpoint, trained by scripts/train_recall.py (see kvlab/data/recall-tiny/README.md).
-
-
 _TOKENIZER = ByteTokenizer()
 
 
@@ -71,11 +68,7 @@ def _context(rng: random.Random, num_pairs: int) -> tuple[list[int], list[int], 
 
 
 def make_examples(n: int, num_pairs: int, seed: int = 0) -> list[RecallExample]:
-    """``n`` seeded examples, each a fresh context of ``num_pairs`` facts and one query.
-
-    The same (n, num_pairs, seed) always gives the same examples; prompts are
-    ``num_pairs * 8 + 5`` tokens long.
-    """
+    """``n`` seeded examples, each a fresh context of ``num_pairs`` facts and one query (8 x pairs + 5 tokens)."""
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
     _check_pairs(num_pairs)
@@ -96,11 +89,9 @@ def training_batch(batch: int, num_pairs: int, num_queries: int, rng: random.Ran
 
     ``k3f:v9a;k1b:v2c;?k1b:v2c.?k3f:v9a.`` -- the first query has exactly the layout of a
     ``make_examples`` prompt; the later ones give more answers to learn from per context.
-    Returns ids (B, T), targets (B, T) and is_answer (B, T). targets hold the next token where it
-    is part of a query (its key's two digits, then the answer "v..") and -100 elsewhere (ignored by
-    cross_entropy): the context itself is random and teaches nothing. Predicting a key's second
-    digit from its first is the same look-back-and-copy the answer needs, so it gives the model
-    more of that signal. is_answer marks the answer tokens (4 per query) for measuring accuracy.
+    Returns ids (B, T), targets (B, T) and is_answer (B, T). targets hold the next token where it is part of a
+    query (its key's two digits, then the answer "v..") and -100 elsewhere: the random context teaches nothing,
+    while predicting a key's second digit from its first is the look-back-and-copy the answer needs.
     """
     _check_pairs(num_pairs)
     ids, targets, answer = [], [], []

@@ -9,17 +9,15 @@ a few context lengths and returns one tidy DataFrame, one row per (setting, cont
 - latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's
   ``update`` (quantizing, dequantizing, copying between tiers; on CUDA timed with the compute stream
   synchronised), bytes moved per step;
-- for the offloaded cache, the link: the ms per step its copies took (waiting for a throttled
-  link included: ``link_gbps``, see kvlab.cache.offloaded), the ms the stated link needs for the
-  mean bytes moved (bytes / rate), and bytes moved per second of copying and per second of a whole
-  decode step (medians over the steps, like the p50 latency: one step slowed by another program
-  does not move them);
+- for the offloaded cache, the link: the ms per step its copies took (a throttled link's wait included:
+  ``link_gbps``, see kvlab.cache.offloaded), the ms the stated link needs for the mean bytes moved, and bytes
+  moved per second of copying and of a whole decode step (medians over the steps, like the p50 latency);
 - quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the
   answer tokens, top-1 and greedy agreement.
 
-``run_strategy_comparison()`` is what a panel's Run calls:
-the settings ``strategy_settings`` makes of the panel's choices through ``run_strategies``, and the
-recall accuracy of the inexact ones at the longest context (``kvlab.experiments.cache_accuracy``).
+``run_strategy_comparison()`` is what a panel's Run calls: ``run_strategies`` over the settings
+``strategy_settings`` makes of the panel's choices, and the recall accuracy of the inexact ones at the longest
+context (``kvlab.experiments.cache_accuracy``).
 
 Timed runs go round-robin over the settings (a slow moment on a shared machine hits all alike).
 Static and offloaded caches are sized for the longest context of the sweep, as a server sizes them

@@ -1,18 +1,17 @@
 """Three real engines, one client: kvlab serve, transformers serve and vLLM on one checkpoint, knees bisected.
 
-The two-engine comparison (`two_engines`) with vLLM beside it, when vLLM is set up
-(`python -m kvlab peer vllm --setup-only`, `kvlab.http.vllm`): the same folder, the same seeded
-workload, the same load client, each engine measured alone while the others idle. What it adds:
+The two-engine comparison (`two_engines`) with vLLM beside it, when vLLM is set up (`python -m kvlab peer vllm
+--setup-only`, `kvlab.http.vllm`): the same folder, the same seeded workload, the same load client, each engine
+measured alone while the others idle. What it adds:
 
 - `same_greedy_tokens`: before any timing, greedy answers to `GREEDY_PROMPTS` (16 recall queries)
   from every engine, compared with kvlab serve's;
 - `knee_search`: the sweep's ladder up to the first rate not served, then the gap between the last
   rate served and the first not served halved `bisect` times, so a knee is not read off a doubling ladder;
 - `usage`: the processes, OS threads and CPU seconds of each server's process tree over its measurement
-  (`kvlab.http.peer.process_usage`), so "kvlab on one thread, vLLM on three processes" is a measured row;
-A panel shows them as one table and one figure of the three
-engines, or, without vLLM, one line saying how to set it up. `python -m kvlab bench serve` repeats the same in
-paired rounds.
+  (`kvlab.http.peer.process_usage`), so "kvlab on one thread, vLLM on three processes" is a measured row.
+A panel shows them as one table and one figure of the three engines, or, without vLLM, one line saying how to set
+it up. `python -m kvlab bench serve` repeats the same in paired rounds.
 """
 from __future__ import annotations
 
@@ -45,12 +44,8 @@ def available_engines(engines: Sequence[str] = ENGINES) -> tuple[list[str], dict
     """(the engines that can run here, {engine left out: one line why})."""
     checks: dict[str, Callable[[], tuple[bool, str]]] = {"transformers serve": transformers_serve_available,
                                                          VLLM: vllm_status}
-    left_out = {}
-    for e in engines:
-        if e in checks:
-            ok, why = checks[e]()
-            if not ok:
-                left_out[e] = why
+    checked = {e: checks[e]() for e in engines if e in checks}
+    left_out = {e: why for e, (ok, why) in checked.items() if not ok}
     return [e for e in engines if e not in left_out], left_out
 
 
@@ -151,15 +146,12 @@ def measure_engine(server: LoopbackServer, ladder: Sequence[float], protocol: Pr
     """One engine, alone: (cold and) warm at the low rate, then `knee_search`; its rows and its `usage_between`.
 
     `cold`: the first requests since the server started are reported as `cold` (a server measured again in a
-    later round has only its `warm` row). `warmup` requests of the sweep's profile go out at once before every
-    sweep, in every round: each engine meets the sweep's shapes (its long prompts, a full batch) and opens its
-    connections before anything is timed."""
+    later round has only its `warm` row)."""
     t0, before = time.perf_counter(), process_usage(server_pid(server))
     rows = cold_and_warm(server, protocol) if cold else [warm_row(server, protocol)]
     rows += knee_search(server, ladder, protocol, log=log)
     return rows, usage_between(server, before, time.perf_counter() - t0)
 
 
-__all__ = ["ENGINES", "GREEDY_PROMPTS", "NOTEBOOK_RATES", "available_engines", "knee_search",
-           "measure_engine", "same_greedy_tokens", "usage_between",
-           "vllm_folder", "wait_until_quiet"]
+__all__ = ["ENGINES", "GREEDY_PROMPTS", "NOTEBOOK_RATES", "available_engines", "knee_search", "measure_engine",
+           "same_greedy_tokens", "usage_between", "vllm_folder", "wait_until_quiet"]

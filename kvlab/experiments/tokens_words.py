@@ -185,13 +185,9 @@ def count_tokens(tokenizers: dict[str, Tokenizer], samples: list[Sample] | None 
     if not samples:
         raise ValueError("no sample texts given")
     ref = next((s for s in samples if s.name == REFERENCE), None)
-    rows = []
-    for s in samples:
-        for name, tok in tokenizers.items():
-            n = len(tok.encode(s.text))
-            rows.append(dict(text=s.name, kind=s.kind, tokenizer=name, chars=len(s.text),
-                             bytes=len(s.text.encode("utf-8")), words=s.words, tokens=n))
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame([dict(text=s.name, kind=s.kind, tokenizer=name, chars=len(s.text),
+                               bytes=len(s.text.encode("utf-8")), words=s.words, tokens=len(tok.encode(s.text)))
+                          for s in samples for name, tok in tokenizers.items()])
     frame["words"] = frame["words"].astype("Int64")
     frame["tokens_per_word"] = frame["tokens"] / frame["words"].astype(float)
     frame["tokens_per_char"] = frame["tokens"] / frame["chars"]

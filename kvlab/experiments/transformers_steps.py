@@ -33,20 +33,16 @@ def _storages(value: Any, found: dict[int, int]) -> None:
         elif value.numel():
             storage = value.untyped_storage()
             found[storage.data_ptr()] = storage.nbytes()  # the whole storage, also behind a view
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            _storages(v, found)
-    elif isinstance(value, dict):  # HQQ keeps its scales and zeros in a dict
-        for v in value.values():
+    elif isinstance(value, (tuple, list, dict)):  # HQQ keeps its scales and zeros in a dict
+        for v in value.values() if isinstance(value, dict) else value:
             _storages(v, found)
 
 
 def transformers_cache_bytes(cache: Any) -> int:
     """Bytes of the distinct storages a transformers cache's layers hold, as allocated.
 
-    Every tensor attribute of every layer counts (keys, values, a quantized layer's codes, scales and
-    shifts, its full-precision residual), each storage once, in full even when only a view of it is
-    held; a StaticLayer's position counter (``COUNTERS``) does not.
+    Every tensor attribute of every layer counts but ``COUNTERS``, each storage once, in full even when only a
+    view of it is held.
     """
     found: dict[int, int] = {}
     for layer in getattr(cache, "layers", []):

@@ -147,11 +147,9 @@ def _records(result: LoadTestResult | Sequence[RequestRecord]) -> list[RequestRe
 def accounting(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
     """Where every request went, and whether the tokens add up.
 
-    Keys: `sent` (records), `completed`, `rejected` (HTTP 429: the server's queue was full),
-    `failed_other` (any other failure), `accounted_for` (the three add up to `sent`),
-    `tokens_asked` (max_tokens of completed requests), `tokens_usage` (the server's `usage`
-    counts), `tokens_streamed` (text chunks the client stamped), `output_tokens_from`.
-    With `ignore_eos` and one token per chunk the three token counts are equal.
+    `rejected`: HTTP 429, the server's queue was full. `tokens_asked` (max_tokens of completed requests),
+    `tokens_usage` (the server's `usage` counts) and `tokens_streamed` (text chunks the client stamped) are equal
+    with `ignore_eos` and one token per chunk.
     """
     records = _records(result)
     done = [r for r in records if r.status == "completed"]
@@ -274,11 +272,9 @@ def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_req
     counts = [requests_per_rate(rate, num_requests, duration_s) for rate in rates]
     for rate, n in zip(rates, counts):
         _check_workload(profile, n, rate, arrival)
-    rows = []
-    for rate, n in progress(list(zip(rates, counts)), total=len(rates), desc="offered rates", unit="rate"):
-        result = measure_at_client(url, n, rate, profile, arrival, seed, model, timeout_s)
-        rows.append({"num_requests": n, **service_row(rate, result)})
-    table = pd.DataFrame(rows)
+    results = [(rate, n, measure_at_client(url, n, rate, profile, arrival, seed, model, timeout_s))
+               for rate, n in progress(list(zip(rates, counts)), total=len(rates), desc="offered rates", unit="rate")]
+    table = pd.DataFrame([{"num_requests": n, **service_row(rate, result)} for rate, n, result in results])
     table.attrs["settings"] = {"url": url, "num_requests": num_requests, "duration_s": duration_s,
                                "profile": profile, "arrival": arrival, "seed": seed}
     return table
