@@ -318,11 +318,6 @@ class Summary:
         return pd.DataFrame.from_dict(self.latency, orient="index").rename_axis("clock")
 
 
-def _last_event(r: RequestRecord) -> float:
-    stamps = [r.scheduled_s, r.sent_s, r.admitted_s, r.first_token_s, r.finished_s, *r.token_s]
-    return max(t for t in stamps if t is not None)
-
-
 def summarize(records: Sequence[RequestRecord], window_s: float | None = None, slo: SLO | None = None,
               until_s: float | None = None, qs: Sequence[float] = DEFAULT_QS) -> Summary:
     """Counts, latency quantiles, throughput and goodput at a cut-off.
@@ -349,7 +344,8 @@ def summarize(records: Sequence[RequestRecord], window_s: float | None = None, s
             raise ValueError(f"window_s={window_s} must be > 0 seconds")
         until_s = start + window_s
     elif until_s is None:
-        until_s = max(_last_event(r) for r in records)
+        until_s = max(t for r in records for t in (r.scheduled_s, r.sent_s, r.admitted_s, r.first_token_s, r.finished_s,
+                                                   *r.token_s) if t is not None)  # the last event of any record
     duration = until_s - start
 
     counts, by_reason, streamed = dict.fromkeys(STATUSES, 0), dict[str, int](), 0

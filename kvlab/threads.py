@@ -32,12 +32,9 @@ def set_torch_threads(threads: int | None) -> int:
 @contextlib.contextmanager
 def torch_threads(threads: int | None) -> Iterator[int]:
     """Run the body with ``threads`` intra-op CPU threads (None: unchanged); yields the count in use."""
-    check_threads(threads)
     before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     try:
-        yield torch.get_num_threads()
+        yield set_torch_threads(threads)
     finally:
         torch.set_num_threads(before)
 

@@ -59,9 +59,8 @@ PROFILES = {p.name: p for p in (
     Profile("short_short", (16, 64), (8, 32), "chat turn: short question, short answer"),
     Profile("long_short", (256, 512), (8, 32), "summarise / RAG: long document in, short answer out"),
     Profile("long_gen", (16, 64), (128, 256), "writing / code: short instruction, long generation"))}
-# "mixture": each request draws its profile with these weights. Most traffic is
-# chat; long contexts are common (RAG); long generations are rarer but hold
-# batch slots longest.
+# "mixture": each request draws its profile with these weights. Most traffic is chat; long contexts are common (RAG);
+# long generations are rarer but hold batch slots longest.
 MIXTURE_WEIGHTS = {"short_short": 0.5, "long_short": 0.3, "long_gen": 0.2}
 PROFILE_NAMES = (*PROFILES, "mixture")
 ARRIVALS = ("all_at_once", "constant", "poisson", "gamma")

@@ -174,9 +174,8 @@ class ConnectionLanes:
     async def __aenter__(self) -> "ConnectionLanes":
         import ssl
 
-        # One TLS context for all lanes, built before the run's clock starts: loading the CA
-        # store takes ~0.1 s (far more on a busy machine), which the first request would pay.
-        # Plain http never uses it, so it gets an empty one.
+        # One TLS context for all lanes, built before the run's clock starts: loading the CA store takes ~0.1 s (far
+        # more on a busy machine), which the first request would pay. Plain http never uses it, so it gets an empty one.
         self._ssl = ssl.create_default_context() if self.tls else ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         self._idle = asyncio.LifoQueue()
         for _ in range(self.size - 1):

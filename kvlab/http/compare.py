@@ -51,16 +51,13 @@ def compare_clocks(client: LoadTestResult | Sequence[RequestRecord],
         cc, ec = c.clocks(), e.clocks()
         assert c.sent_s is not None  # RequestRecord.__post_init__ sets it
         sent = c.sent_s - c.scheduled_s
-        rows.append({
-            "request_id": c.request_id, "response_id": e.request_id, "prompt_tokens": c.prompt_tokens,
-            "output_tokens": c.output_tokens, "engine_output_tokens": e.output_tokens,
-            "client_ttft_s": cc["ttft_s"], "client_ttft_from_sent_s": cc["ttft_s"] - sent,
-            "engine_ttft_s": ec["ttft_s"], "engine_queue_s": ec["queue_s"],
-            "ttft_overhead_s": cc["ttft_s"] - sent - ec["ttft_s"],
-            "client_e2e_s": cc["e2e_s"], "engine_e2e_s": ec["e2e_s"],
-            "e2e_overhead_s": cc["e2e_s"] - sent - ec["e2e_s"],
-            "client_tpot_s": cc["tpot_s"], "engine_tpot_s": ec["tpot_s"],
-        })
+        rows.append({"request_id": c.request_id, "response_id": e.request_id, "prompt_tokens": c.prompt_tokens,
+                     "output_tokens": c.output_tokens, "engine_output_tokens": e.output_tokens,
+                     "client_ttft_s": cc["ttft_s"], "client_ttft_from_sent_s": cc["ttft_s"] - sent,
+                     "engine_ttft_s": ec["ttft_s"], "engine_queue_s": ec["queue_s"],
+                     "ttft_overhead_s": cc["ttft_s"] - sent - ec["ttft_s"], "client_e2e_s": cc["e2e_s"],
+                     "engine_e2e_s": ec["e2e_s"], "e2e_overhead_s": cc["e2e_s"] - sent - ec["e2e_s"],
+                     "client_tpot_s": cc["tpot_s"], "engine_tpot_s": ec["tpot_s"]})
     return pd.DataFrame(rows)
 
 

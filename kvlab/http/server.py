@@ -331,12 +331,6 @@ def _early_end_message(out) -> str:
     return f"the request ended early: {out.finish_reason}" + (f" ({out.error})" if out.error else "")
 
 
-def _error_event(out: RequestOutput) -> bytes:
-    """The SSE error event of a stream that ended early (OpenAI's error shape); `[DONE]` follows it."""
-    return sse({"error": {"message": _early_end_message(out), "type": "server_error", "param": None,
-                          "code": out.finish_reason}})
-
-
 async def _events(state: ServerState, stream: RequestStream, shape: ResponseShape, req: CompletionRequest,
                   tally: Tally):
     """The SSE body: (role chunk), one chunk per token, (usage chunk), [DONE]. Aborts if the client leaves."""
@@ -349,7 +343,8 @@ async def _events(state: ServerState, stream: RequestStream, shape: ResponseShap
                 else _text_or_failure(state, stream, out)  # cancelled, engine error; or its text failed
             if failure is not None:
                 tally.end("cancelled" if failure.finish_reason == "cancelled" else "failed")
-                yield _error_event(failure)
+                yield sse({"error": {"message": _early_end_message(failure), "type": "server_error", "param": None,
+                                     "code": failure.finish_reason}})  # OpenAI's error shape; [DONE] follows it
                 yield sse("[DONE]")
                 return
             tally.running()

@@ -102,10 +102,6 @@ def _free_gb(path: Path) -> float:
     return shutil.disk_usage(path).free / 1e9
 
 
-def _tree_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-
-
 def _why_install_failed(output: str) -> VllmUnavailable:
     """One clear message from pip's output: a missing torch build, a full disk, or the end of pip's words."""
     tail = "\n".join(output.strip().splitlines()[-12:])
@@ -189,9 +185,11 @@ def setup_vllm(home: str | Path | None = None, log: Callable[[str], None] = prin
             shutil.rmtree(home / "venv", ignore_errors=True)
         raise
     vllm_version, torch_version = out.strip().splitlines()[-1].split()[:2]
-    info: dict[str, Any] = {"vllm": vllm_version, "torch": torch_version, "distribution": f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}",
-            "removed": list(CUDA_ONLY), "install_s": round(time.perf_counter() - t0, 1),
-            "venv_bytes": _tree_bytes(home / "venv"), "python": sys.version.split()[0]}
+    venv_bytes = sum(f.stat().st_size for f in (home / "venv").rglob("*") if f.is_file() and not f.is_symlink())
+    info: dict[str, Any] = {"vllm": vllm_version, "torch": torch_version,
+                            "distribution": f"{VLLM_DISTRIBUTION}=={VLLM_VERSION}", "removed": list(CUDA_ONLY),
+                            "install_s": round(time.perf_counter() - t0, 1), "venv_bytes": venv_bytes,
+                            "python": sys.version.split()[0]}
     marker.write_text(json.dumps(info, indent=1))
     log(f"vLLM {vllm_version} set up in {info['install_s']:.0f} s, {info['venv_bytes'] / 1e9:.1f} GB")
     return info
@@ -348,8 +346,7 @@ class VllmServer(LoopbackServer):
         extra = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
                  "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false",
                  "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GB),
-                 # its compile caches kept in its own folder (a warm start takes half as long), its temporary files
-                 # in one of this run's
+                 # compile caches in its own folder (a warm start takes half as long), temporary files in this run's
                  "VLLM_CACHE_ROOT": str(home / "cache"), "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"),
                  "TMPDIR": str(self.tmp)}
         libs = preload_libraries(home)  # as vLLM's CPU guide recommends, where found
@@ -435,12 +432,6 @@ def lesson_model_folder(home: str | Path | None = None) -> Path:
     return folder
 
 
-def _stop_on_sigterm() -> None:
-    def handler(signum, frame):  # a SIGTERM to this command stops vLLM as Ctrl-C does
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
-
-
 def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     """Set vLLM up in its own venv, start it on the lesson checkpoint, serve until Ctrl-C (or once), stop it."""
     from kvlab.http.peer import greedy_answer
@@ -458,7 +449,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     print(f"vLLM {info['vllm']} (torch {info['torch']}) in {vllm_home(args.home) / 'venv'}")
     if args.setup_only:
         return 0
-    _stop_on_sigterm()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM to this command stops vLLM as Ctrl-C does
     folder = Path(args.model) if args.model else lesson_model_folder(args.home)
     server = vllm_server(folder, home=args.home, enforce_eager=args.enforce_eager)
     print(f"starting vLLM on {folder} (50-100 s; its log: {vllm_home(args.home) / 'server.log'}) ...", flush=True)

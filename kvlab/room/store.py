@@ -202,13 +202,9 @@ class Store:
     def import_folder(self, folder: str | Path) -> list[tuple[str, Outcome]]:
         """Every ``*.json`` learner file in ``folder`` (dropped by the teacher), through the same checks; a
         re-import merges as duplicates. Returns (file name, outcome) per file."""
-        report = []
-        for path in sorted(Path(folder).glob("*.json")):
-            if path.stat().st_size > MAX_FILE_BYTES:
-                report.append((path.name, Outcome("refused", f"{path.name} is larger than {MAX_FILE_BYTES:,} bytes")))
-                continue
-            report.append((path.name, self.add_json(path.read_bytes(), source=f"folder:{path.name}")))
-        return report
+        return [(path.name, Outcome("refused", f"{path.name} is larger than {MAX_FILE_BYTES:,} bytes")
+                 if path.stat().st_size > MAX_FILE_BYTES else self.add_json(path.read_bytes(), f"folder:{path.name}"))
+                for path in sorted(Path(folder).glob("*.json"))]
 
     def rows(self) -> list[dict]:
         """Every submission, oldest first, with ``current`` False where a newer run of the same learner and

@@ -147,11 +147,8 @@ class Room:
         """One row per learner: machine, threads, where it runs, kvlab version, notebooks shared."""
         rows: dict[str, dict[str, Any]] = {}
         for run in self.runs:
-            m = run.machine
-            row = rows.setdefault(run.learner, {
-                "learner": run.learner, "device": m.get("device"), "device_class": m.get("device_class"),
-                "threads": m.get("torch_threads"), "runtime": m.get("runtime"), "kvlab": run.kvlab_version,
-                "notebooks": 0})
+            row = rows.setdefault(run.learner, {**self._who(run), "learner": run.learner, "kvlab": run.kvlab_version,
+                                                "notebooks": 0})
             row["notebooks"] += 1
         columns = ["learner", "device", "device_class", "threads", "runtime", "kvlab", "notebooks"]
         return pd.DataFrame(list(rows.values()), columns=columns).sort_values("learner", ignore_index=True)
@@ -261,15 +258,12 @@ class Room:
 
     def quantities(self) -> pd.DataFrame:
         """Every number a machine measured, long: notebook, quantity, learner and machine, value."""
-        rows = []
+        rows: list[dict] = []
         for run in self.runs:
-            who = self._who(run)
-            figures = set(run.figures.values())
+            figures = set(run.figures.values())  # a figure that is also the answer: once
             answers = [(p["question"], p["measured"]) for p in run.predictions if p["measured"] not in figures]
-            for name, value in [*run.figures.items(), *answers]:  # a figure that is also the answer: once
-                if value is None:
-                    continue
-                rows.append({"notebook": run.notebook, "quantity": name, **who, "value": float(value)})
+            rows += [{"notebook": run.notebook, "quantity": name, **self._who(run), "value": float(value)}
+                     for name, value in [*run.figures.items(), *answers] if value is not None]
         return pd.DataFrame(rows)
 
     def outliers(self, threshold: float = 3.5, min_group: int = 4) -> pd.DataFrame:
