@@ -255,11 +255,10 @@ def stream(model: Decoder, prompt: str | Sequence[int] | torch.Tensor, cache: st
 
     ``cache`` is a strategy name ("none", "dynamic", "static", "quantized", "offloaded") with its options as keyword
     arguments (e.g. bits=4, residual=32), or a cache object built beforehand. The other keyword arguments are the
-    settings (``GenerationConfig``'s fields: max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, compile,
-    compile_backend), or pass ``config``. ``compile=True`` (static cache only) runs every decode step through one
-    ``torch.compile``'d program over fixed shapes (``kvlab/compiled.py``); the first use per model and length compiles
-    and says so. The generator's return value (StopIteration.value) is the GenerationResult. Bad arguments raise here,
-    when ``stream`` is called, before any token is computed.
+    settings (``GenerationConfig``'s fields), or pass ``config``. ``compile=True`` (static cache only) runs every
+    decode step through one ``torch.compile``'d program over fixed shapes (``kvlab/compiled.py``); the first use per
+    model and length compiles and says so. The generator's return value (StopIteration.value) is the
+    GenerationResult. Bad arguments raise here, when ``stream`` is called, before any token is computed.
     """
     prompt_ids = encode_prompt(model, prompt)
     config, cache_options = split_settings(config, settings_and_cache_options)

@@ -413,11 +413,15 @@ class AsyncEngine:
         self.counters["steps"] += 1
         self.counters["generation_tokens"] += sum(o.token_id is not None for o in outputs)
         self.counters["failed_requests"] += sum(o.finish_reason == ENGINE_ERROR for o in outputs)
+        if len(engine.trace) > 2 * self.keep_steps:  # a server runs for days: keep the recent steps only
+            del engine.trace[:-self.keep_steps]
+        self._end(outputs)
+
+    def _end(self, outputs: list[RequestOutput]) -> None:
+        """Retire the requests ``outputs`` finish, publish the gauges, and hand ``outputs`` to their streams."""
         for o in outputs:
             if o.finished:
                 self._retire(o.request_id)
-        if len(engine.trace) > 2 * self.keep_steps:  # a server runs for days: keep the recent steps only
-            del engine.trace[:-self.keep_steps]
         self._publish_gauges()
         if outputs:
             self._reply(self._deliver, outputs)
@@ -430,11 +434,7 @@ class AsyncEngine:
         self.last_error = str(failed)
         log.error("engine step failed (%d in a row, stop at %d): %s", self.failed_steps_in_a_row,
                   self.max_failed_steps, failed, exc_info=failed.error)
-        for o in failed.outputs:
-            self._retire(o.request_id)
-        self._publish_gauges()
-        if failed.outputs:
-            self._reply(self._deliver, failed.outputs)
+        self._end(failed.outputs)
         if self.failed_steps_in_a_row >= self.max_failed_steps:
             self._stop_for_good(failed)
 
@@ -452,9 +452,7 @@ class AsyncEngine:
         for rid in ids:
             self._retire(rid)
         self.counters["failed_requests"] += len(outputs)
-        self._publish_gauges()
-        if outputs:
-            self._reply(self._deliver, outputs)
+        self._end(outputs)
         if self._loop is None:  # from the engine's own process: its exception as text (it may not unpickle)
             self._reply(self._stopped_remote, f"{type(error).__name__}: {error}")
         else:
@@ -493,10 +491,7 @@ class AsyncEngine:
         ids = self._open_ids()
         for rid in ids:
             self.engine.abort(rid)
-            self._retire(rid)
-        self._publish_gauges()
-        if ids:
-            self._reply(self._deliver, [RequestOutput(rid, None, 0, True, "cancelled") for rid in ids])
+        self._end([RequestOutput(rid, None, 0, True, "cancelled") for rid in ids])
         return len(ids)
 
     def _publish_gauges(self) -> None:

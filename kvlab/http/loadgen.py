@@ -67,11 +67,9 @@ def http_workload(profile: str = "short_short", num_requests: int = 100, arrival
                   trace_format: str | None = None) -> list[Request]:
     """A seeded workload whose prompts are printable-ASCII token ids (32..126).
 
-    With `trace` the requests replay that trace (`time_scale`, `length_scale`, the first
-    `num_requests` rows): an Azure-format CSV, or a Mooncake JSON-lines trace whose shared
-    prefix blocks stay shared (`kvlab.traces`; `trace_format` None: detected from the file);
-    otherwise they come from `make_workload(profile, num_requests, arrival, rate, burstiness,
-    seed, scale=..., max_context=..., shared_prefix_tokens=...)`.
+    With `trace` the requests replay that trace (`time_scale`, `length_scale`, the first `num_requests` rows): an
+    Azure-format CSV, or a Mooncake JSON-lines trace whose shared prefix blocks stay shared (`kvlab.traces`;
+    `trace_format` None: detected from the file); otherwise they come from `make_workload` and the other arguments.
     """
     if trace is not None:
         requests = replay_trace(trace, trace_format=trace_format, time_scale=time_scale, length_scale=length_scale,
