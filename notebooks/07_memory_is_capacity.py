@@ -47,13 +47,15 @@ guess
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.experiments.capacity import (block_size_table, budget_for_tokens, bytes_per_token,
                                                            capacity_levers, capacity_workload, paged_vs_reserved)
 
 requests = capacity_workload(cfg, n=64)
 budget = budget_for_tokens(cfg, 8 * 1024)
 print(f"{cfg.name}: {bytes_per_token(cfg):,} bytes of K/V per token; budget {budget:,} bytes = 8,192 tokens")
-table = paged_vs_reserved(cfg, requests, budget, block_size=16, max_model_len=1024)
+spec = LESSON_SPEC.replace(kv_budget_bytes=budget, block_size=16, max_model_len=1024)  # the engine's pool
+table = paged_vs_reserved(cfg, requests, spec)
 display(guess.fold(table[["scheme", "sequences_fit", "formula_fit", "block_manager_fit", "tokens_held",
                           "in_block_waste_tokens", "reserved_unused_tokens", "free_tokens",
                           "waste_share"]].round(3).to_string(index=False)))
@@ -150,7 +152,7 @@ verdicts(sizes, "waste_is_about_half_a_block", "bigger_blocks_fit_fewer", fold=T
 
 # %%
 # NBVAL_CHECK_OUTPUT
-levers = capacity_levers(cfg, requests, budget)
+levers = capacity_levers(cfg, requests, spec)
 print(levers.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
 
 # %%
@@ -189,7 +191,7 @@ verdicts(levers, "small_reservation_matches_paging", "short_context_cuts_prompts
 # %% [markdown]
 # ### Try it
 #
-# - `paged_vs_reserved(cfg, requests, budget, block_size=16, max_model_len=1024, max_new_tokens=64)`:
+# - `paged_vs_reserved(cfg, requests, spec, max_new_tokens=64)`:
 #   how close do the schemes get when requests promise to stay short?
 # - `capacity_workload(cfg, n=64, profile="long_gen")`: all long generations. Does paging still win
 #   by as much?

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvlab
-from kvlab.serving import BlockManager, Sequence, bytes_per_block, num_blocks_for_budget
+from kvlab.serving import BlockManager, EngineSpec, Sequence
 
 
 def compute_all(bm: BlockManager, s: Sequence) -> None:
@@ -44,15 +44,17 @@ def check_invariants(bm: BlockManager, live: list[Sequence]) -> None:
 def test_blocks_per_budget_follow_the_memory_formula():
     cfg = kvlab.tiny_llama()  # 2 layers x 2 kv heads x head_dim 16
     per_token = 2 * 2 * 2 * 16 * 4  # K and V x layers x kv_heads x head_dim x fp32 bytes = 512
-    assert bytes_per_block(cfg, 16) == 16 * per_token
-    assert num_blocks_for_budget(cfg, 100_000, 16) == 100_000 // (16 * per_token)  # 12 whole blocks
-    assert bytes_per_block(cfg, 16, torch.float16) == 16 * per_token // 2
-    assert BlockManager.from_budget(cfg, 100_000, 16).num_blocks == 12
+    spec = EngineSpec(block_size=16)
+    assert spec.block_bytes(cfg) == 16 * per_token
+    assert spec.num_blocks(cfg, 100_000) == 100_000 // (16 * per_token)  # 12 whole blocks
+    assert spec.block_bytes(cfg, torch.float16) == 16 * per_token // 2
+    assert spec.replace(kv_dtype=torch.float16).block_bytes(cfg) == 16 * per_token // 2
+    assert spec.with_blocks(cfg, 12).kv_budget_bytes == 12 * 16 * per_token
 
 
 def test_a_budget_smaller_than_one_block_is_a_clear_error():
     with pytest.raises(ValueError, match=r"holds no block.*8,192 B.*raise kv_budget_bytes"):
-        num_blocks_for_budget(kvlab.tiny_llama(), 8000, 16)
+        EngineSpec(block_size=16).num_blocks(kvlab.tiny_llama(), 8000)
     with pytest.raises(ValueError, match="num_blocks"):
         BlockManager(0, 16)
     with pytest.raises(ValueError, match="block_size"):

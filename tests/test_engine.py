@@ -7,7 +7,7 @@ import torch
 import kvlab
 from kvlab.cache.base import causal_attention, kv_cache_bytes
 from kvlab.serving import (Engine, PagedAttentionMetadata, PagedKVCache, SamplingParams, SchedulerConfig,
-                           StepShape, TRACE_COLUMNS, bytes_per_block)
+                           StepShape, TRACE_COLUMNS)
 from kvlab.workload import Request, make_workload
 from kvlab.serving.config import EngineSpec
 
@@ -23,7 +23,7 @@ def assert_same_tokens_as_generate(model, engine: Engine, requests: list[Request
 
 
 def blocks(model, n: int, block_size: int) -> int:
-    return n * bytes_per_block(model.config, block_size)
+    return n * EngineSpec(block_size=block_size).block_bytes(model.config)
 
 
 # -- the paged cache against dense attention -----------------------------------------------------------
@@ -42,7 +42,7 @@ def test_paged_attention_equals_dense_causal_attention_per_sequence():
             cache.key_cache[0][block, off] = k[0, :, pos]
             cache.value_cache[0][block, off] = v[0, :, pos]
     q = [torch.randn(1, nh, n, hs) for n in new]
-    cache.metadata = PagedAttentionMetadata.build(new, [s + n for s, n in zip(stored, new)], tables, bs)
+    cache.metadata = PagedAttentionMetadata.build(cache, new, [s + n for s, n in zip(stored, new)], tables)
     packed = lambda xs, s_list: torch.cat([x[:, :, s:] for x, s in zip(xs, s_list)], dim=2)  # noqa: E731
     out = cache.attend(0, torch.cat(q, dim=2), packed(dense_k, stored), packed(dense_v, stored))  # (1, nh, 13, hs)
     expected = torch.cat([causal_attention(qi, k, v) for qi, k, v in zip(q, dense_k, dense_v)], dim=2)

@@ -11,7 +11,7 @@ import kvlab
 from kvlab.http.server import add_arguments
 from kvlab.http.settings import ServerSettings
 from kvlab.serving.block_manager import BlockManager
-from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments, spec_from_args
+from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments, engine_args, spec_from_args
 from kvlab.serving.cost_model import CostModelExecutor, load_calibration
 from kvlab.serving.engine import Engine
 from kvlab.serving.scheduler import SchedulerConfig
@@ -111,3 +111,26 @@ def test_an_engine_in_its_own_process_leaves_one_core_to_the_front_end_and_never
                 "from kvlab.http.server import engine_process_threads; print(engine_process_threads())")
     assert subprocess.run([sys.executable, "-c", one_core], capture_output=True, text=True,
                           check=True).stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("spec", [
+    SERVE_SPEC,
+    SERVE_SPEC.replace(block_size=8, kv_budget_bytes=3 * 2**20 + 4096, enable_prefix_caching=False, seed=7,
+                       policy="static", priority="prefill_first", max_seqs=3, max_batch_tokens=40, chunked_prefill=False,
+                       max_waiting=None, max_model_len=40, batch_wait_s=0.25),
+    LESSON_SPEC.replace(max_waiting=4096),
+])
+def test_a_spec_spelled_as_serves_options_reads_back_whole(spec):
+    """What a peer server is started with (engine_args) is what its own process reads (spec_from_args): the spec
+    crosses the process boundary whole, budget to the byte."""
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser, SERVE_SPEC)
+    parser.add_argument("--seed", type=int, default=0)
+    assert spec_from_args(parser.parse_args(engine_args(spec))) == spec
+
+
+def test_what_has_no_option_is_refused_rather_than_dropped():
+    with pytest.raises(ValueError, match="kv_dtype has no command-line option"):
+        engine_args(SERVE_SPEC.replace(kv_dtype=torch.float16))
+    with pytest.raises(ValueError, match="admission rule is code"):
+        engine_args(SERVE_SPEC.replace(admission=lambda *a: [], chunked_prefill=False, max_batch_tokens=4096))

@@ -60,7 +60,7 @@ def test_the_oracle_agrees_with_kvlabs_paged_cache():
         cache.key_cache[0].copy_(k_blocks)
         cache.value_cache[0].copy_(case["v_blocks"])
         last = seq_len - 1  # the decode writes the newest token's k/v (the sequence's own last token) again
-        cache.metadata = PagedAttentionMetadata.build([1], [seq_len], [table], block_size)
+        cache.metadata = PagedAttentionMetadata.build(cache, [1], [seq_len], [table])
         q = case["q"][None, :, None, :]  # (1, heads, 1, head_dim)
         k_new, v_new = case["k"][last][None, :, None, :], case["v"][last][None, :, None, :]
         y = cache.attend(0, q, k_new, v_new)[0, :, 0]  # (heads, head_dim)

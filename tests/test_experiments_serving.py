@@ -23,7 +23,7 @@ from kvlab.experiments.prefix_and_chunks import (chunked_prefill_runs, chunked_p
                                                  recomputed_tokens)
 from kvlab.experiments.serving_run import (FixedStepCostExecutor, records_from_frame, runs_frame, runs_table, serve,
                                            tokens_frame)
-from kvlab.serving import SchedulerConfig
+from kvlab.serving import BlockManager, SchedulerConfig
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
 
@@ -186,7 +186,7 @@ def test_paged_vs_reserved_on_a_hand_made_case():
     cfg = kvlab.tiny_llama()
     reqs = [Request(i, n - 10, 10, 0.0, "x") for i, n in enumerate([100, 40, 300, 17, 250, 50])]
     budget = 48 * 16 * cfg.kv_bytes_per_token(4)  # 768 tokens = 48 blocks of 16
-    t = paged_vs_reserved(cfg, reqs, budget, block_size=16, max_model_len=512).set_index("scheme")
+    t = paged_vs_reserved(cfg, reqs, EngineSpec(kv_budget_bytes=budget).replace(max_model_len=512)).set_index("scheme")
     assert t.loc["reserve max length", "sequences_fit"] == 768 // 512 == t.loc["reserve max length", "formula_fit"]
     # blocks 7, 3, 19, 2, 16 = 47 <= 48 (the sixth, 4 more, does not fit) although 757 tokens <= 768
     assert t.loc["paged blocks", "sequences_fit"] == 5 == t.loc["paged blocks", "block_manager_fit"]
@@ -201,7 +201,7 @@ def test_paged_vs_reserved_on_a_hand_made_case():
        block_size=st.sampled_from([1, 4, 16, 32]))
 def test_the_block_manager_fits_exactly_the_sequences_the_formula_counts(lengths, num_blocks, block_size):
     blocks = [math.ceil(n / block_size) for n in lengths]
-    assert block_manager_fit(lengths, num_blocks, block_size) == fit_in_order(blocks, num_blocks)
+    assert block_manager_fit(lengths, BlockManager(num_blocks, block_size, False)) == fit_in_order(blocks, num_blocks)
 
 
 def test_server_caps_shrink_what_each_sequence_holds_and_reserves():
@@ -221,7 +221,8 @@ def test_block_size_waste_is_the_unfilled_tail_and_levers_raise_capacity():
     assert sizes.loc[1, "waste_per_sequence"] == 0
     assert sizes.loc[16, "waste_per_sequence"] == pytest.approx(np.mean(-lengths % 16))
     assert sizes.loc[64, "sequences_fit"] <= sizes.loc[16, "sequences_fit"]
-    levers = capacity_levers(cfg, reqs, budget, max_model_lens=(128, 512), max_new_tokens=(8, 32, 64))
+    levers = capacity_levers(cfg, reqs, EngineSpec(kv_budget_bytes=budget), max_model_lens=(128, 512),
+                             max_new_tokens=(8, 32, 64))
     for _, rows in levers.groupby("max_model_len"):
         assert rows["reserved_fit"].is_monotonic_decreasing and rows["paged_fit"].is_monotonic_decreasing
     assert (levers["worst_case_fit"] == 2048 // levers["max_model_len"]).all()
@@ -246,12 +247,11 @@ def test_one_preemption_recomputes_prompt_plus_written_minus_one_as_exercise_08_
     from kvlab.lessons.l08_prefix_and_chunks.exercises import check_recomputed_tokens, tokens_recomputed_after_preemption
     from kvlab.workload import seeded_prompt
     from kvlab.experiments.slowdown import slowdown_config
-    from kvlab.serving.block_manager import bytes_per_block
 
     cfg = slowdown_config()
     # two requests of 40 + 40 tokens in 8 blocks of 16: both grow until the newer one must give its blocks back
     requests = [Request(i, 40, 40, 0.0, "grows", prompt=seeded_prompt(cfg.vocab_size, 40, (0, i))) for i in range(2)]
-    run = serve(cfg, requests, EngineSpec(block_size=16, kv_budget_bytes=8 * bytes_per_block(cfg, 16), enable_prefix_caching=False, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_model_len=96)), clock="virtual", executor=fixed())
+    run = serve(cfg, requests, EngineSpec(block_size=16, enable_prefix_caching=False, scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=128, max_model_len=96)).with_blocks(cfg, 8), clock="virtual", executor=fixed())
     assert run.stats["preemptions"] == 1 and all(r.status == "completed" for r in run.records)
     prefills = run.steps[(run.steps["request_id"] == 1) & (run.steps["phase"] == "prefill")]["num_tokens"].tolist()
     prompt, resumed = prefills  # its first prefill, then the one that readmits it: prompt + what it had written

@@ -27,7 +27,7 @@ def test_both_runs_run_the_same_steps_and_give_the_same_tokens(loaded):
 
 def test_the_bytes_logged_per_step_match_the_count_from_the_trace(loaded, model):
     off = loaded.run(OFFLOADED)
-    hand = bytes_by_hand(off, off.settings["block_size"], model.config.kv_bytes_per_token(4))
+    hand = bytes_by_hand(off, model.config.kv_bytes_per_token(4))
     steps = loaded.steps[loaded.steps["run"] == OFFLOADED]
     assert steps["bytes_moved"].tolist() == hand["bytes_moved"].tolist()
     assert (loaded.steps.loc[loaded.steps["run"] == ON_DEVICE, "bytes_moved"] == 0).all()

@@ -26,7 +26,7 @@ def attend_decodes(threshold: int, monkeypatch) -> tuple[torch.Tensor, torch.Ten
             cache.key_cache[0][table[pos // bs], pos % bs] = k[0, :, pos]
             cache.value_cache[0][table[pos // bs], pos % bs] = v[0, :, pos]
     q = [torch.randn(1, nh, n, hs) for n in new]
-    cache.metadata = PagedAttentionMetadata.build(new, [s + n for s, n in zip(stored, new)], tables, bs)
+    cache.metadata = PagedAttentionMetadata.build(cache, new, [s + n for s, n in zip(stored, new)], tables)
     packed = lambda xs: torch.cat([x[:, :, s:] for x, s in zip(xs, stored)], dim=2)  # noqa: E731
     out = cache.attend(0, torch.cat(q, dim=2), packed(dense_k), packed(dense_v))
     expected = torch.cat([causal_attention(qi, k, v) for qi, k, v in zip(q, dense_k, dense_v)], dim=2)

@@ -13,7 +13,6 @@ import torch
 
 from kvlab.cache.paged_offloaded import OffloadedPagedKVCache, block_runs
 from kvlab.serving import Engine, SchedulerConfig
-from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.offloaded_executor import OffloadedModelExecutor
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
@@ -50,7 +49,7 @@ class Recording(OffloadedModelExecutor):
 
 
 def serve(model, executor, budget_blocks: int | None = None, max_batch_tokens: int = 64):
-    budget = None if budget_blocks is None else budget_blocks * bytes_per_block(model.config, BLOCK, torch.float32)
+    budget = None if budget_blocks is None else budget_blocks * EngineSpec(block_size=BLOCK).block_bytes(model.config, torch.float32)
     engine = Engine(model, EngineSpec(block_size=BLOCK, kv_budget_bytes=budget, scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=max_batch_tokens, max_model_len=128)), executor=executor)
     engine.run(requests(), clock="virtual")
     return engine, {rid: list(s.output_token_ids) for rid, s in engine.sequences.items()}
@@ -144,7 +143,7 @@ def test_the_copy_clock_starts_only_after_the_device_is_synchronised(monkeypatch
     inner = cache._fetch
     monkeypatch.setattr(cache, "_fetch", lambda layer, runs: events.append("copy") or inner(layer, runs))
     k = v = torch.randn(1, 2, 1, 8)  # (1, nkv, N, hs): one sequence's next token after 5 stored
-    cache.metadata = PagedAttentionMetadata.build([1], [6], [[1, 2]], block_size=4)
+    cache.metadata = PagedAttentionMetadata.build(cache, [1], [6], [[1, 2]])
     cache.update(0, k, v)
     assert events.index("copy") >= 2 and events[events.index("copy") - 2:events.index("copy")] == ["sync", "clock"]
     assert cache.bytes_read_last_step == 2 * 2 * cache.block_bytes  # blocks 1 and 2, K and V: a real fetch

@@ -20,7 +20,7 @@ from kvlab.lessons.l08_prefix_and_chunks.figures import plot_kv_blocks
 from kvlab.lessons.l05_batching.figures import plot_batch_wait, plot_policy_tradeoff
 from kvlab.lessons.l04_four_clocks.figures import plot_cold_warm
 from kvlab.lessons.l08_prefix_and_chunks.figures import plot_token_gaps
-from kvlab.serving import SchedulerConfig, bytes_per_block
+from kvlab.serving import SchedulerConfig
 from kvlab.workload import Request
 from kvlab.serving.config import EngineSpec
 
@@ -40,7 +40,7 @@ def _requests(n_ok: int = 5, too_long: bool = True) -> list[Request]:
 def tight_run(model):
     """A real run with a queue (2 slots), a failed request and preemptions (a budget of 8 blocks of 8 tokens)."""
     sched = SchedulerConfig(max_seqs=3, max_batch_tokens=32, max_model_len=64)
-    run = serve(model, _requests(), EngineSpec(block_size=8, kv_budget_bytes=8 * bytes_per_block(model.config, 8), scheduler=sched, enable_prefix_caching=False), label="tight")
+    run = serve(model, _requests(), EngineSpec(block_size=8, scheduler=sched, enable_prefix_caching=False).with_blocks(model.config, 8), label="tight")
     assert run.stats["preemptions"] > 0, "the fixture should preempt"
     return run
 
@@ -212,12 +212,13 @@ def test_capacity_figures_draw_every_scheme_and_setting():
     cfg = kvlab.tiny_llama()
     reqs = [Request(i, 20 + 7 * i, 10 + i, 0.0, "x") for i in range(12)]
     budget = 512 * cfg.kv_bytes_per_token(4)
-    table = paged_vs_reserved(cfg, reqs, budget, block_size=16, max_model_len=256)
+    table = paged_vs_reserved(cfg, reqs, EngineSpec(kv_budget_bytes=budget).replace(max_model_len=256))
     fig = plot_paged_vs_reserved(table)
     bars = [c for c in fig.axes[0].containers if isinstance(c, BarContainer)][0]
     assert [p.get_height() for p in bars] == table["sequences_fit"].tolist()
     plot_block_size(block_size_table(cfg, reqs, budget))
-    levers = capacity_levers(cfg, reqs, budget, max_model_lens=(128, 256), max_new_tokens=(8, 16))
+    levers = capacity_levers(cfg, reqs, EngineSpec(kv_budget_bytes=budget), max_model_lens=(128, 256),
+                             max_new_tokens=(8, 16))
     assert len(plot_capacity_levers(levers).axes) == 2
 
 

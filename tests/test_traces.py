@@ -111,13 +111,14 @@ def test_different_ids_differ_by_construction_even_in_a_tiny_vocabulary():
 
 
 # -- the ideal and the engine, exactly ------------------------------------------------------------------
-def test_the_ideal_hit_ratio_of_a_hand_made_trace(frame):
+def test_the_ideal_hit_ratio_of_a_hand_made_trace(frame, cost_model):
     per_request = prefix_sharing(frame)
     assert per_request["hit_blocks"].tolist() == HIT_BLOCKS and per_request["hit_tokens"].tolist() == HIT_TOKENS
     ideal = ideal_hit_ratio(frame)
     assert (ideal["blocks"], ideal["hit_blocks"]) == (16, 7)
     assert (ideal["prompt_tokens"], ideal["hit_tokens"]) == (sum(PROMPT_TOKENS), sum(HIT_TOKENS))
-    assert reachable_hits(trace_requests(frame, VOCAB), BS)["hit_tokens"].tolist() == HIT_TOKENS
+    assert cost_model.block_size == BS
+    assert reachable_hits(trace_requests(frame, VOCAB), trace_engine(cost_model=cost_model))["hit_tokens"].tolist() == HIT_TOKENS
 
 
 def test_with_a_cache_larger_than_the_trace_the_engine_reaches_the_ideal_exactly(frame, cost_model):

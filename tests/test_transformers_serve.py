@@ -14,7 +14,7 @@ import torch
 
 from kvlab.cache.none import NoCache
 from kvlab.http.loadgen import http_workload, run_loadtest
-from kvlab.http.peer import kvlab_server, transformers_serve_available, transformers_server
+from kvlab.http.peer import PEER_SPEC, kvlab_server, transformers_serve_available, transformers_server
 from kvlab.http.shared_checkpoint import SAMPLE, byte_tokenizer, check_same_tokens, save_shared_checkpoint
 from kvlab.model.tokenizer import ByteTokenizer
 
@@ -47,7 +47,7 @@ def tiny_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_folder):
-    s = transformers_server(tiny_folder, num_blocks=64, max_batch_tokens=256).start()
+    s = transformers_server(tiny_folder, PEER_SPEC.replace(max_batch_tokens=256), num_blocks=64).start()
     yield s
     s.stop()
 

@@ -1,8 +1,8 @@
 """Paged blocks vs max-length reservation, measured: the same requests in one KV budget, three allocators.
 
 Part of ``python -m kvlab bench batching`` (its module doc says what is reported): paged blocks (``BlockManager``)
-against max-length reservation (``ReservationEngine``, ``kvlab/serving/reservation.py``), reserving
-``max_model_len`` or each request's prompt + max_new_tokens.
+against max-length reservation (``ReservationEngine``, ``kvlab/serving/reservation.py``), reserving ``max_model_len`` or
+each request's prompt + max_new_tokens.
 """
 from __future__ import annotations
 

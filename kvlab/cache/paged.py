@@ -39,11 +39,14 @@ class PagedAttentionMetadata:
     # Those of them that read stored keys (all but whole new prompts) are gathered in one call per layer:
     gather_blocks: torch.Tensor | None  # (sum nb,) their blocks, one sequence after the other
     gather_start: list[int]  # per prefill row: where its slots start in that gather (-1: a new prompt, none)
+    block_size: int  # the pool's tokens per block
 
     @classmethod
-    def build(cls, query_lens: list[int], context_lens: list[int], block_tables: list[list[int]],
-              block_size: int, device: torch.device | str = "cpu") -> "PagedAttentionMetadata":
-        """Slot mapping, packed offsets and the batched-decode gather indices from per-sequence lengths."""
+    def build(cls, cache: PagedKVCache, query_lens: list[int], context_lens: list[int],
+              block_tables: list[list[int]]) -> PagedAttentionMetadata:
+        """Slot mapping, packed offsets and the batched-decode gather indices of ``cache``'s pool from
+        per-sequence lengths."""
+        block_size, device = cache.block_size, cache.device
         starts, slots = [0], []
         for q, ctx, table in zip(query_lens, context_lens, block_tables):
             starts.append(starts[-1] + q)
@@ -77,7 +80,8 @@ class PagedAttentionMetadata:
         return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
                    query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,
                    decode_rows=decode_rows, decode_token_idx=dec_idx, decode_block_tables=dec_tables,
-                   decode_mask=dec_mask, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start)
+                   decode_mask=dec_mask, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start,
+                   block_size=block_size)
 
 
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)

@@ -53,7 +53,7 @@ def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def blocks_to_fetch(metadata: PagedAttentionMetadata, block_size: int) -> list[int]:
+def blocks_to_fetch(metadata: PagedAttentionMetadata) -> list[int]:
     """Distinct blocks holding tokens stored *before* this step, over every sequence of the step.
 
     A sequence with ``context_lens[i]`` tokens after the step, ``query_lens[i]`` of them new, has
@@ -63,7 +63,7 @@ def blocks_to_fetch(metadata: PagedAttentionMetadata, block_size: int) -> list[i
     wanted: set[int] = set()
     for q, ctx, table in zip(metadata.query_lens, metadata.context_lens, metadata.block_tables):
         stored = ctx - q
-        wanted.update(table[:-(-stored // block_size)] if stored else [])
+        wanted.update(table[:-(-stored // metadata.block_size)] if stored else [])
     return sorted(wanted)
 
 
@@ -129,7 +129,7 @@ class OffloadedPagedKVCache(PagedKVCache):
     def _step_plan(self, md: PagedAttentionMetadata) -> tuple[list[tuple[int, int]], torch.Tensor]:
         """The runs of blocks to fetch and the new tokens' slots on the CPU, once per step (every layer reuses them)."""
         if self._plan is None or self._plan[0] is not md:  # not id(md): a freed step's id can be reused
-            self._plan = (md, block_runs(blocks_to_fetch(md, self.block_size)), md.slot_mapping.to("cpu"))
+            self._plan = (md, block_runs(blocks_to_fetch(md)), md.slot_mapping.to("cpu"))
         return self._plan[1], self._plan[2]
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

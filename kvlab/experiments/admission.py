@@ -6,14 +6,13 @@ The engine's scheduler takes a rule of your own through ``SchedulerConfig(admiss
         ...                                                      # each has .tokens and .blocks
         return admitted                                          # some of them, in the order they join
 
-``admission_run(rule)`` serves a small workload (``admission_workload``) with that rule on the
-virtual clock (``FixedStepCostExecutor``: exact, the same on every machine) and keeps an
-``AdmissionAudit`` of every call: what the rule saw, what it picked, the first pick that broke
-a limit (more blocks, tokens or slots than were free), which stops the run, and the first call
-whose pick is not the engine's own rule's (``Difference``), which does not. The workload is made so
-that each limit binds at some step, and so that a rule that lets short requests overtake a long one
-keeps the long one waiting while they pass. ``builtin_admission`` is the engine's own rule written
-as such a function; ``clocks_table`` puts the four clocks of two runs side by side.
+``admission_run(rule)`` serves a small workload (``admission_workload``) with that rule on the virtual clock
+(``FixedStepCostExecutor``: exact, the same on every machine) and keeps an ``AdmissionAudit`` of every call: what the
+rule saw, what it picked, the first pick that broke a limit (more blocks, tokens or slots than were free), which stops
+the run, and the first call whose pick is not the engine's own rule's (``Difference``), which does not. The workload is
+made so that each limit binds at some step, and so that a rule that lets short requests overtake a long one keeps the
+long one waiting while they pass. ``builtin_admission`` is the engine's own rule written as such a function;
+``clocks_table`` puts the four clocks of two runs side by side.
 """
 from __future__ import annotations
 
@@ -53,8 +52,8 @@ def builtin_admission(waiting: list[WaitingRequest], free_blocks: int, token_bud
 def admission_workload() -> list[Request]:
     """Two mid-size prompts and a long one at t = 0, then a short request every step.
 
-    The two 40-token prompts do not fit one step's 64-token budget together; the 60-token prompt needs 4 of the
-    8 blocks, more than are free while the first two run; the short ones (1 block each) always fit somewhere.
+    The two 40-token prompts do not fit one step's 64-token budget together; the 60-token prompt needs 4 of the 8
+    blocks, more than are free while the first two run; the short ones (1 block each) always fit somewhere.
     """
     shapes = [(40, 16, 0.0), (40, 8, 0.0), (60, 4, 0.0)]
     shapes += [(10, 6, round(0.005 + 0.010 * i, 6)) for i in range(14)]
@@ -161,9 +160,7 @@ class AdmissionAudit:
 
     def starved(self) -> tuple[Any, int] | None:
         """The request passed over most often, when that is more than ``STARVED_AFTER`` times."""
-        if not self.passed_over:
-            return None
-        rid, n = max(self.passed_over.items(), key=lambda kv: kv[1])
+        rid, n = max(self.passed_over.items(), key=lambda kv: kv[1], default=(None, 0))
         return (rid, n) if n > STARVED_AFTER else None
 
 
@@ -171,8 +168,8 @@ def admission_run(rule: Rule | None = None, requests: Sequence[Request] | None =
                   label: str | None = None) -> tuple[ServingRun | None, AdmissionAudit | None]:
     """Serve ``requests`` (default: ``admission_workload()``) with ``rule`` on the virtual clock.
 
-    Returns the run and the audit of the rule (None for the built-in rule). A pick that breaks a
-    limit stops the run: the run is then None and ``audit.violation`` says what happened.
+    Returns the run and the audit of the rule (None for the built-in rule). A pick that breaks a limit stops the run:
+    the run is then None and ``audit.violation`` says what happened.
     """
     requests = admission_workload() if requests is None else list(requests)
     audit = None if rule is None else AdmissionAudit(rule)

@@ -19,18 +19,18 @@ import torch
 
 from kvlab.clocks import RequestRecord
 from kvlab.model.config import ModelConfig
-from kvlab.serving.block_manager import BlockManager, bytes_per_block
+from kvlab.serving.block_manager import BlockManager
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
 from kvlab.workload import Request, make_workload
 from kvlab.experiments.serving_run import check_positive_int
-from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.provenance import experiment
 
 
 # -- counting --------------------------------------------------------------------------------------
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
     """K and V of one token over all layers at ``dtype``."""
-    return bytes_per_block(config, 1, dtype)
+    return config.kv_bytes_per_token(torch.tensor([], dtype=dtype).element_size())
 
 
 def budget_for_tokens(config: ModelConfig, tokens: int, dtype: torch.dtype = torch.float32) -> int:
@@ -70,9 +70,9 @@ def fit_in_order(costs: Sequence[int] | np.ndarray, capacity: int) -> int:
     return int(np.searchsorted(total, capacity, side="right"))
 
 
-def block_manager_fit(lengths: Sequence[int] | np.ndarray, num_blocks: int, block_size: int) -> int:
-    """The same count from the engine's BlockManager: allocate sequences of ``lengths`` tokens until one fails."""
-    bm = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+def block_manager_fit(lengths: Sequence[int] | np.ndarray, bm: BlockManager) -> int:
+    """The same count from the engine's BlockManager: allocate sequences of ``lengths`` tokens into ``bm`` (an
+    empty pool, prefix caching off) until one fails."""
     for i, n in enumerate(lengths):
         record = RequestRecord(i, int(n), 1, scheduled_s=0.0)  # the engine's timestamps: unused here
         seq = EngineSequence(i, [0] * int(n), 1, SamplingParams(), record=record, arrival_s=0.0)
@@ -82,12 +82,21 @@ def block_manager_fit(lengths: Sequence[int] | np.ndarray, num_blocks: int, bloc
     return len(lengths)
 
 
+def pool_of(config: ModelConfig, spec: EngineSpec) -> tuple[int, int, int, torch.dtype]:
+    """(KV budget in bytes, block size, bytes per token, dtype) of ``spec``'s pool for ``config``; the budget
+    must be set."""
+    if spec.kv_budget_bytes is None:
+        raise ValueError("the spec has no KV budget to fill: give one, e.g. "
+                         "LESSON_SPEC.replace(kv_budget_bytes=budget_for_tokens(config, 8192))")
+    dtype = spec.kv_dtype or torch.float32
+    return spec.kv_budget_bytes, spec.block_size, bytes_per_token(config, dtype), dtype
+
+
 @experiment
-def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
-                      block_size: int = LESSON_SPEC.block_size,
-                      max_model_len: int | None = None, max_new_tokens: int | None = None,
-                      dtype: torch.dtype = torch.float32) -> pd.DataFrame:
-    """Sequences of the workload that fit in one budget, reserving their maximum length vs paging blocks.
+def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], spec: EngineSpec,
+                      max_new_tokens: int | None = None) -> pd.DataFrame:
+    """Sequences of the workload that fit in ``spec``'s KV budget (its blocks, its ``max_model_len``; None: the
+    longest request), reserving their maximum length vs paging blocks.
 
     One row per scheme; token columns add up to the budget's capacity: tokens_held (K/V of real
     tokens) + in_block_waste_tokens (unfilled tails of last blocks) + reserved_unused_tokens (set
@@ -95,11 +104,10 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
     reservation = C: floor(capacity / C); paged: the first k sequences with sum of ceil(n_i /
     block_size) <= blocks), ``block_manager_fit`` the BlockManager's own count (paged only).
     """
-    check_positive_int("block_size", block_size)
     if not requests:
         raise ValueError("requests is empty; give the workload whose sequences should fit")
-    peak, reserve = sequence_lengths(requests, max_model_len, max_new_tokens)
-    per_token = bytes_per_token(config, dtype)
+    kv_budget_bytes, block_size, per_token, _ = pool_of(config, spec)
+    peak, reserve = sequence_lengths(requests, spec.scheduler.max_model_len, max_new_tokens)
     capacity = kv_budget_bytes // per_token
     num_blocks = kv_budget_bytes // (per_token * block_size)
     if capacity < 1 or num_blocks < 1:
@@ -119,7 +127,7 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], kv_budge
              reserved_unused_tokens=int(reserve[:k_res].sum()) - held_res,
              free_tokens=int(capacity - reserve[:k_res].sum())),
         dict(scheme="paged blocks", capacity_tokens=int(num_blocks * block_size), sequences_fit=k_pag,
-             formula_fit=k_pag, block_manager_fit=block_manager_fit(peak, int(num_blocks), block_size),
+             formula_fit=k_pag, block_manager_fit=block_manager_fit(peak, BlockManager(int(num_blocks), block_size, False)),
              tokens_held=held_pag, in_block_waste_tokens=in_blocks - held_pag, reserved_unused_tokens=0,
              free_tokens=int(num_blocks * block_size - in_blocks)),
     ]
@@ -161,17 +169,17 @@ def block_size_table(config: ModelConfig, requests: Sequence[Request], kv_budget
     return pd.DataFrame(rows)
 
 
-def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_bytes: int,
+def capacity_levers(config: ModelConfig, requests: Sequence[Request], spec: EngineSpec,
                     max_model_lens: Sequence[int] = (256, 512, 1024),
-                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256), block_size: int = LESSON_SPEC.block_size,
-                    dtype: torch.dtype = torch.float32) -> pd.DataFrame:
-    """Sequences of the workload that fit, per (max context C, max new tokens M), reserved and paged.
+                    max_new_tokens: Sequence[int] = (16, 32, 64, 128, 256)) -> pd.DataFrame:
+    """Sequences of the workload that fit ``spec``'s KV budget and blocks, per (max context C, max new tokens M),
+    reserved and paged.
 
     Each cell applies ``sequence_lengths``' caps. Reserved: each sequence sets aside p' + M
     (capped at C); paged: blocks for the p' + o' tokens it really reaches. ``worst_case_fit``
     is what a server that promises every request its full context can admit: capacity // C.
     """
-    per_token = bytes_per_token(config, dtype)
+    kv_budget_bytes, block_size, per_token, _ = pool_of(config, spec)
     capacity = kv_budget_bytes // per_token
     num_blocks = kv_budget_bytes // (per_token * block_size)
     rows = []
@@ -192,4 +200,4 @@ def capacity_levers(config: ModelConfig, requests: Sequence[Request], kv_budget_
 
 
 __all__ = ["block_manager_fit", "block_size_table", "budget_for_tokens", "bytes_per_token", "capacity_levers",
-           "capacity_workload", "fit_in_order", "paged_fit", "paged_vs_reserved", "sequence_lengths"]
+           "capacity_workload", "fit_in_order", "paged_fit", "paged_vs_reserved", "pool_of", "sequence_lengths"]

@@ -160,18 +160,18 @@ def paired_steps(result: OffloadUnderLoad) -> pd.DataFrame:
     return out.reset_index()
 
 
-def bytes_by_hand(run: ServingRun, block_size: int, bytes_per_token: int) -> pd.DataFrame:
+def bytes_by_hand(run: ServingRun, bytes_per_token: int) -> pd.DataFrame:
     """The bytes an offloaded pool must move in each step of ``run``, counted from its trace alone.
 
     A sequence that had ``stored`` tokens in its blocks before the step reads ceil(stored / block_size)
-    whole blocks of every layer (K and V: ``bytes_per_token`` per token slot), and writes its new tokens
+    (the run's engine's) whole blocks of every layer (K and V: ``bytes_per_token`` per token slot), and writes its new tokens
     back. ``stored`` starts at the prompt tokens found in the prefix cache and grows by the tokens each step
     fed it. Assumes no preemption and no block shared between the sequences of a step (each counted apart).
     """
     if run.stats.get("preemptions"):
         raise ValueError(f"run {run.label!r} preempted sequences; this count does not follow recomputation")
     stored = {r.request_id: int(c) for r, c in zip(run.requests.itertuples(), run.requests["cached_tokens"])}
-    rows = []
+    block_size, rows = int(run.settings["block_size"]), []
     for step in run.trace.itertuples():
         read = written = 0
         for rid, n in zip(step.request_ids, step.num_new_tokens):

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from kvlab.model.decoder import Decoder
-from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.executor import Executor
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
@@ -52,11 +51,11 @@ def recomputed_tokens(run: ServingRun) -> int:
 
 
 def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None] = (None, 40), n: int = 12,
-                    max_seqs: int = 12, block_size: int = LESSON_SPEC.block_size, max_model_len: int = 256,
-                    clock: str = "wall",
+                    max_seqs: int = 12, max_model_len: int = 256, clock: str = "wall",
                     executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                     progress: Progress = no_progress) -> list[ServingRun]:
-    """The same growing requests under each KV budget (in blocks; None: room for max_seqs at max_model_len).
+    """The same growing requests under each KV budget (in blocks of the lessons' size; None: room for max_seqs
+    at max_model_len).
 
     Prefix caching is off so a recompute really recomputes. ``run.extra`` keeps ``kv_blocks`` and
     ``recomputed_tokens``.
@@ -64,8 +63,7 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
     model = resolve_model(model)
     check_threads(threads)
     requests = preemption_workload(model.config.vocab_size, n, seed=seed)
-    per_block = bytes_per_block(model.config, block_size, model.dtype)
-    blocks_per_seq = -(-max_model_len // block_size)
+    blocks_per_seq = -(-max_model_len // LESSON_SPEC.block_size)
     plan = [max_seqs * blocks_per_seq if b is None else b for b in kv_blocks]
     for b in plan:
         check_positive_int("kv_blocks", b, blocks_per_seq)
@@ -74,8 +72,8 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
     runs = []
     for b in progress(plan, total=len(plan), desc="KV budgets", unit="run"):
         sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, max_model_len=max_model_len)
-        spec = EngineSpec(block_size=block_size, kv_budget_bytes=b * per_block, enable_prefix_caching=False,
-                          scheduler=sched)
+        spec = EngineSpec(block_size=LESSON_SPEC.block_size, enable_prefix_caching=False,
+                          scheduler=sched).with_blocks(model.config, b, model.dtype)
         run = serve(model.config if executor is not None else model, requests, spec, label=f"{b} blocks",
                     clock=clock, executor=executor, threads=threads)
         run.extra.update(kv_blocks=b, recomputed_tokens=recomputed_tokens(run))
@@ -98,15 +96,15 @@ def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 
 # -- prefix caching ----------------------------------------------------------------------------------
 def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 512,
-                        rate: float = 8.0, block_size: int = LESSON_SPEC.block_size, clock: str = "wall",
-                        executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
+                        rate: float = 8.0, clock: str = "wall", executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
                         progress: Progress = no_progress) -> list[ServingRun]:
     """Chat requests sharing a system prompt, arriving every 1/``rate`` s, with prefix caching off and on.
 
     ``run.extra`` keeps ``prefix_caching`` and ``expected_hit_tokens``: what is reused if every
     request after the first finds the system prompt's full blocks cached,
-    (n - 1) x floor(system_prompt_tokens / block_size) x block_size.
+    (n - 1) x floor(system_prompt_tokens / block_size) x block_size (the lessons' blocks).
     """
+    block_size = LESSON_SPEC.block_size
     model = resolve_model(model)
     check_threads(threads)
     check_positive_int("system_prompt_tokens", system_prompt_tokens)

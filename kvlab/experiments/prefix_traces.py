@@ -38,7 +38,6 @@ import pandas as pd
 
 from kvlab.clocks import SLO, RequestRecord
 from kvlab.model.config import ModelConfig
-from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.cost_model import CostModel, load_calibration
 from kvlab.serving.engine import Engine
@@ -151,14 +150,15 @@ def _check_count(name: str, value) -> None:
 
 
 # -- 2. the ideal under the engine's rules ---------------------------------------------------------
-def reachable_hits(requests: Sequence[Request], block_size: int) -> pd.DataFrame:
-    """Per request, the prompt tokens an engine with an unbounded cache could reuse, requests taken one by one.
+def reachable_hits(requests: Sequence[Request], engine: Engine) -> pd.DataFrame:
+    """Per request, the prompt tokens ``engine`` with an unbounded cache could reuse, requests taken one by one.
 
-    The engine's rules (``BlockManager.match_prefix``): only full blocks of ``block_size`` tokens,
+    The engine's rules (``BlockManager.match_prefix``): only full blocks of its ``block_size`` tokens,
     within the first prompt_tokens - 1 tokens, matched as a chain from the start. Only earlier
     *prompts* count as seen (what the engine generated is not in the trace). Columns: request_id,
     prompt_tokens, hit_tokens.
     """
+    block_size = engine.block_size
     children: dict[tuple[int, tuple[int, ...]], int] = {}
     rows = []
     for r in sorted(requests, key=lambda q: q.arrival_s):
@@ -184,19 +184,19 @@ def trace_engine(kv_blocks: int | None = None, prefix_caching: bool = True, cost
     """
     cost_model = load_calibration("llama-30m") if cost_model is None else cost_model
     config = ModelConfig(**cost_model.config)
-    budget = None if kv_blocks is None else int(kv_blocks) * bytes_per_block(config, cost_model.block_size)
-    spec = EngineSpec(block_size=cost_model.block_size, kv_budget_bytes=budget, enable_prefix_caching=prefix_caching,
+    spec = EngineSpec(block_size=cost_model.block_size, enable_prefix_caching=prefix_caching,
                       scheduler=scheduler or scheduler_config(max_waiting=None))
-    return Engine(cost_model, spec)
+    return Engine(cost_model, spec if kv_blocks is None else spec.with_blocks(config, kv_blocks))
 
 
-def engine_hits(records: Sequence[RequestRecord], block_size: int) -> pd.DataFrame:
-    """Per request: prompt tokens, tokens found in the prefix cache at its first admission, and the same in blocks.
+def engine_hits(engine: Engine, records: Sequence[RequestRecord]) -> pd.DataFrame:
+    """Per request ``engine`` ran: prompt tokens, tokens found in the prefix cache at its first admission, and the
+    same in blocks.
 
     Requests never admitted (failed on arrival) have NaN hits. Columns: request_id, status,
     prompt_tokens, hit_tokens, blocks (ceil(prompt / block_size)), hit_blocks.
     """
-    rows = []
+    block_size, rows = engine.block_size, []
     for r in records:
         admitted = r.admitted_s is not None
         hit = r.extra.get("cached_tokens", 0) if admitted else math.nan
@@ -215,7 +215,7 @@ def replay_row(engine: Engine, records: list[RequestRecord], requests: list[Requ
     """
     rate = trace_rate(requests) if rate is None else rate
     row = level_row(engine, records, requests, rate, slo)
-    hits = engine_hits(records, engine.block_size).dropna(subset=["hit_tokens"])
+    hits = engine_hits(engine, records).dropna(subset=["hit_tokens"])
     row.update(prefix_caching=engine.enable_prefix_caching, kv_blocks=engine.num_blocks,
                kv_tokens=engine.num_blocks * engine.block_size, block_size=engine.block_size,
                prompt_tokens=int(hits["prompt_tokens"].sum()), hit_tokens=int(hits["hit_tokens"].sum()),
@@ -233,9 +233,9 @@ def _frame_and_requests(frame: pd.DataFrame | None, engine: Engine) -> tuple[pd.
     return frame, trace_requests(frame, vocab_size=engine.config.vocab_size)
 
 
-def footprint_blocks(requests: Sequence[Request], block_size: int) -> int:
-    """KV blocks of every request's prompt and output together: a pool this large never evicts anything."""
-    return int(sum(-(-(r.prompt_tokens + r.max_new_tokens) // block_size) for r in requests))
+def footprint_blocks(requests: Sequence[Request], engine: Engine) -> int:
+    """``engine``'s KV blocks for every request's prompt and output together: a pool this large never evicts."""
+    return int(sum(-(-(r.prompt_tokens + r.max_new_tokens) // engine.block_size) for r in requests))
 
 
 def capacity_curve(frame: pd.DataFrame | None = None, kv_blocks: Sequence[int] | None = None, points: int = 8,
@@ -252,13 +252,12 @@ def capacity_curve(frame: pd.DataFrame | None = None, kv_blocks: Sequence[int] |
     """
     probe = trace_engine(None, True, cost_model, scheduler)
     frame, requests = _frame_and_requests(frame, probe)
-    bs = probe.block_size
-    footprint = footprint_blocks(requests, bs)
+    footprint = footprint_blocks(requests, probe)
     if kv_blocks is None:
-        smallest = -(-probe.max_model_len // bs)
+        smallest = -(-probe.max_model_len // probe.block_size)
         kv_blocks = sorted({int(round(x)) for x in np.geomspace(smallest, max(footprint, smallest), points)})
     ideal = ideal_hit_ratio(frame)
-    reach = reachable_hits(requests, bs)
+    reach = reachable_hits(requests, probe)
     rows = []
     for blocks in progress(list(kv_blocks), total=len(kv_blocks), desc="KV capacities", unit="run"):
         engine = trace_engine(blocks, True, cost_model, scheduler)
@@ -344,7 +343,7 @@ def trace_curve(path: str | Path, rates: Sequence[float] | None = None, trace_fo
     if rates is None:  # around the capacity the cost model estimates for the prompt tokens a prefix cache leaves
         left = base
         if engine.enable_prefix_caching and base[0].prompt is not None:
-            hits = reachable_hits(base, engine.block_size).set_index("request_id")["hit_tokens"]
+            hits = reachable_hits(base, engine).set_index("request_id")["hit_tokens"]
             left = [dataclasses.replace(r, prompt_tokens=r.prompt_tokens - int(hits[r.request_id]), prompt=None)
                     for r in base]
         rates = auto_rates(estimate_capacity_rps(cost_model, left, engine.scheduler_config.max_seqs), levels)

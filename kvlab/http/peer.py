@@ -35,13 +35,13 @@ import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
 from kvlab.allocator import DEFAULT_ALLOCATOR, Allocator, check_allocator
-from kvlab.serving.config import SERVE_SPEC
-from kvlab.serving.scheduler import MAX_BATCH_TOKENS
+from kvlab.serving.config import SERVE_SPEC, EngineSpec, engine_args
 from kvlab.threads import LESSON_THREADS
 
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
-NUM_BLOCKS = 512  # kvlab serve's default pool (16 sequences of 512 tokens of 16 tokens, SERVE_SPEC's block size)
+NUM_BLOCKS = 512  # the peers' KV pool: room for 16 sequences of 512 tokens in SERVE_SPEC's blocks of 16
+PEER_SPEC = SERVE_SPEC.replace(max_waiting=4096)  # kvlab serve as a peer: a queue no sweep fills
 IGNORE_EOS: dict[str, dict[str, Any]] = {"kvlab serve": {"ignore_eos": True},
                                          "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
@@ -146,10 +146,9 @@ class LoopbackServer:
         self.stop()
 
 
-def _check_sizes(block_size: int, num_blocks: int, max_batch_tokens: int, threads: int | None) -> None:
-    for name, value in (("block_size", block_size), ("num_blocks", num_blocks), ("max_batch_tokens", max_batch_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+def _check_sizes(num_blocks: int, threads: int | None) -> None:
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ValueError(f"num_blocks={num_blocks!r} must be an integer >= 1")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads={threads!r} must be an integer >= 1, or None for torch's default")
 
@@ -162,46 +161,43 @@ def _folder(folder: str | Path) -> Path:
     return folder.resolve()
 
 
-def kvlab_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size, num_blocks: int = NUM_BLOCKS,
-                 max_batch_tokens: int = MAX_BATCH_TOKENS, max_seqs: int = 16, max_waiting: int = 4096,
-                 device: str = "cpu", threads: int | None = LESSON_THREADS, prefix_caching: bool = True,
-                 engine_in_thread: bool = False, allocator: Allocator = DEFAULT_ALLOCATOR) -> LoopbackServer:
-    """`python -m kvlab serve --model folder`, with its KV pool sized to `num_blocks` blocks of `block_size` tokens
-    (its engine in a process of its own, or with `engine_in_thread` in a thread of the server's; `allocator`:
-    `serve --allocator`, kvlab.allocator)."""
+def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,
+                 device: str = "cpu", threads: int | None = LESSON_THREADS, engine_in_thread: bool = False,
+                 allocator: Allocator = DEFAULT_ALLOCATOR) -> LoopbackServer:
+    """`python -m kvlab serve --model folder` running `spec` (its options, `engine_args`), with its KV pool sized to
+    `num_blocks` blocks (its engine in a process of its own, or with `engine_in_thread` in a thread of the
+    server's; `allocator`: `serve --allocator`, kvlab.allocator)."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
 
-    _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
+    _check_sizes(num_blocks, threads)
     check_allocator(allocator)
     folder = _folder(folder)
     config = json.loads((folder / "config.json").read_text())
     layers, kv_heads = config["num_hidden_layers"], config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    budget_mb = num_blocks * kv_cache_bytes(layers, kv_heads, head_dim, block_size) / 2**20  # fp32 K and V
+    spec = spec.replace(kv_budget_bytes=num_blocks * kv_cache_bytes(layers, kv_heads, head_dim, spec.block_size))
     args = ["kvlab", "serve", "--model", str(folder), "--served-model-name", str(folder), "--device", device,
-            "--block-size", str(block_size), "--kv-budget-mb", repr(budget_mb), "--max-batch-tokens",
-            str(max_batch_tokens), "--max-seqs", str(max_seqs), "--max-waiting", str(max_waiting),
-            "--allocator", allocator, "--log-level", "warning"]
+            *engine_args(spec), "--allocator", allocator, "--log-level", "warning"]
     if threads is not None:
         args += ["--threads", str(threads)]
-    if not prefix_caching:
-        args.append("--no-prefix-caching")
     if engine_in_thread:
         args.append("--engine-in-thread")
-    settings = {"block_size": block_size, "num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens,
-                "max_seqs": max_seqs, "max_waiting": max_waiting, "device": device, "prefix_caching": prefix_caching,
-                "chunked_prefill": True, "scheduling": "continuous, decode first",
+    sched = spec.scheduler
+    settings = {"block_size": spec.block_size, "num_blocks": num_blocks, "max_batch_tokens": sched.max_batch_tokens,
+                "max_seqs": sched.max_seqs, "max_waiting": sched.max_waiting, "device": device,
+                "prefix_caching": spec.enable_prefix_caching, "chunked_prefill": sched.chunked_prefill,
+                "scheduling": f"{sched.policy}, {sched.priority.replace('_', ' ')}",
                 "engine": "in a thread of the server" if engine_in_thread else "in its own process",
                 "allocator": allocator}
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
                           __version__, threads)
 
 
-def transformers_server(folder: str | Path, *, block_size: int = SERVE_SPEC.block_size, num_blocks: int = NUM_BLOCKS,
-                        max_batch_tokens: int = MAX_BATCH_TOKENS, device: str = "cpu",
-                        threads: int | None = LESSON_THREADS) -> LoopbackServer:
-    """`transformers serve --continuous-batching folder` with the same KV blocks and tokens per step.
+def transformers_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,
+                        device: str = "cpu", threads: int | None = LESSON_THREADS) -> LoopbackServer:
+    """`transformers serve --continuous-batching folder` with `spec`'s block size and tokens per step, and
+    `num_blocks` blocks: the KV blocks and steps of kvlab serve's.
 
     `--cb-num-blocks` matters on a CPU: without it transformers sizes its paged cache from the
     memory it finds free, gigabytes for a model of a few megabytes. Raises RuntimeError with
@@ -210,8 +206,9 @@ def transformers_server(folder: str | Path, *, block_size: int = SERVE_SPEC.bloc
     ok, why = transformers_serve_available()
     if not ok:
         raise RuntimeError(why)
-    _check_sizes(block_size, num_blocks, max_batch_tokens, threads)
+    _check_sizes(num_blocks, threads)
     folder = _folder(folder)
+    block_size, max_batch_tokens = spec.block_size, spec.scheduler.max_batch_tokens
     args = [TRANSFORMERS_CLI, "serve", "--continuous-batching", "--device", device, "--dtype", "float32",
             "--cb-block-size", str(block_size), "--cb-num-blocks", str(num_blocks),
             "--cb-max-batch-tokens", str(max_batch_tokens), "--log-level", "warning", str(folder)]
@@ -263,5 +260,5 @@ def greedy_answer(server: LoopbackServer, prompt: str, max_tokens: int = 16, tim
     return resp.json()["choices"][0]["text"]
 
 
-__all__ = ["IGNORE_EOS", "LoopbackServer", "child_env", "greedy_answer", "kvlab_server", "process_usage",
+__all__ = ["IGNORE_EOS", "LoopbackServer", "NUM_BLOCKS", "PEER_SPEC", "child_env", "greedy_answer", "kvlab_server", "process_usage",
            "transformers_server", "transformers_serve_available"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 # The paged KV pool itself is kvlab.cache.paged.PagedKVCache.
 
 from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
-from kvlab.serving.block_manager import Block, BlockManager, BlockStats, bytes_per_block, num_blocks_for_budget
+from kvlab.serving.block_manager import Block, BlockManager, BlockStats
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import ENGINE_ERROR, MODEL_FAILED, TRACE_COLUMNS, Engine, RequestOutput, StepFailed, StepRecord
 from kvlab.serving.executor import Executor, ModelExecutor, StepResult
@@ -17,5 +17,5 @@ __all__ = [
     "ENGINE_ERROR", "MODEL_FAILED", "AdmissionError", "Block", "BlockManager", "BlockStats", "Engine", "EngineSpec", "Executor", "ModelExecutor", "POLICIES",
     "PRIORITIES", "PagedAttentionMetadata", "PagedKVCache", "RequestOutput", "SamplingParams", "Scheduler",
     "SchedulerConfig", "SchedulerOutput", "Sequence", "SequenceStatus", "StepFailed", "StepRecord", "StepResult", "StepShape",
-    "TRACE_COLUMNS", "WaitingRequest", "bytes_per_block", "num_blocks_for_budget",
+    "TRACE_COLUMNS", "WaitingRequest",
 ]

@@ -4,30 +4,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-import torch
-
-from kvlab.model.config import ModelConfig
 from kvlab.serving.sequence import Sequence
 from kvlab.cache.paged import check_block_size
-
-
-def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype = torch.float32) -> int:
-    """K and V of ``block_size`` tokens across all layers: block_size x config.kv_bytes_per_token(elem)."""
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return block_size * config.kv_bytes_per_token(elem)
-
-
-def num_blocks_for_budget(config: ModelConfig, kv_budget_bytes: int, block_size: int,
-                          dtype: torch.dtype = torch.float32) -> int:
-    """How many whole blocks fit in ``kv_budget_bytes``; raises if not even one does."""
-    check_block_size(block_size)
-    per_block = bytes_per_block(config, block_size, dtype)
-    if kv_budget_bytes < per_block:
-        raise ValueError(
-            f"kv_budget_bytes={kv_budget_bytes:,} holds no block: one block of {block_size} tokens of "
-            f"{config.name} takes {per_block:,} B; raise kv_budget_bytes to at least {per_block:,} "
-            f"or lower block_size")
-    return kv_budget_bytes // per_block
 
 
 @dataclass
@@ -93,17 +71,14 @@ class BlockManager:
         self.prefix_queries_tokens = 0
         self.prefix_hit_tokens = 0
 
-    @classmethod
-    def from_budget(cls, config: ModelConfig, kv_budget_bytes: int, block_size: int,
-                    dtype: torch.dtype = torch.float32, enable_prefix_caching: bool = True) -> "BlockManager":
-        """As many blocks as ``kv_budget_bytes`` holds for ``config``'s K/V at ``dtype``."""
-        n = num_blocks_for_budget(config, kv_budget_bytes, block_size, dtype)
-        return cls(n, block_size, enable_prefix_caching)
-
     # -- pool bookkeeping -------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)
+
+    def blocks_for(self, seq: Sequence, num_tokens: int | None = None) -> int:
+        """Blocks to hold ``num_tokens`` (default: all its current tokens) of ``seq``'s KV."""
+        return -(-(seq.num_tokens if num_tokens is None else num_tokens) // self.block_size)
 
     def _take_free_block(self) -> int:
         """Pop the least recently freed block; evict its cached prefix if it had one."""
@@ -186,7 +161,7 @@ class BlockManager:
         """Enough free blocks to admit ``seq`` with blocks for all its current tokens?"""
         hits = self.match_prefix(seq)
         hits_in_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        new = seq.num_blocks_needed(self.block_size) - len(hits)
+        new = self.blocks_for(seq) - len(hits)
         return new <= self.num_free_blocks - hits_in_free
 
     def allocate(self, seq: Sequence) -> None:
@@ -202,7 +177,7 @@ class BlockManager:
         for block_id in hits:
             self._ref(block_id)
         seq.block_table = hits + [self._take_free_block()
-                                  for _ in range(seq.num_blocks_needed(self.block_size) - len(hits))]
+                                  for _ in range(self.blocks_for(seq) - len(hits))]
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(hits)
         if self.enable_prefix_caching:
@@ -211,11 +186,11 @@ class BlockManager:
 
     def can_append(self, seq: Sequence) -> bool:
         """Room for the KV of ``seq``'s newest token (a new block only when the last one is full)?"""
-        return seq.num_blocks_needed(self.block_size) - len(seq.block_table) <= self.num_free_blocks
+        return self.blocks_for(seq) - len(seq.block_table) <= self.num_free_blocks
 
     def append_slot(self, seq: Sequence) -> None:
         """Grow ``seq``'s block table to hold all its tokens (at most one new block per decode step)."""
-        missing = seq.num_blocks_needed(self.block_size) - len(seq.block_table)
+        missing = self.blocks_for(seq) - len(seq.block_table)
         if missing > self.num_free_blocks:
             raise RuntimeError(f"no free block for request {seq.request_id}; call can_append first (or preempt)")
         seq.block_table.extend(self._take_free_block() for _ in range(missing))

@@ -33,7 +33,8 @@ from kvlab.model.decoder import Decoder, build_model
 from kvlab.results_io import write_json
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.serving.cost_model import FEATURES, CostModel, calibration_path, features, fit_coefficients, median_ape
-from kvlab.serving.config import SERVE_SPEC
+from kvlab.serving.config import SERVE_SPEC, EngineSpec
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.executor import ModelExecutor
 from kvlab.serving.scheduler import SchedulerOutput
 from kvlab.serving.sequence import SamplingParams, Sequence
@@ -109,8 +110,8 @@ def validation_shapes(max_context: int = 1024) -> list[BatchShape]:
     return shapes
 
 
-def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int], vocab: int) -> SchedulerOutput:
-    """Real Sequences with block tables for ``shape``: the same object the scheduler hands the executor."""
+def _scheduler_output(shape: BatchShape, spec: EngineSpec, free_blocks: list[int], vocab: int) -> SchedulerOutput:
+    """Real Sequences with block tables in ``spec``'s blocks for ``shape``: what the scheduler hands the executor."""
     out = SchedulerOutput(step=0)
     sampling = SamplingParams()
     for i, (n, ctx, is_decode) in enumerate(shape.rows()):
@@ -121,7 +122,7 @@ def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int]
         if is_decode:
             seq.append_token(1)  # one output token so far: the next step decodes it
         seq.num_computed_tokens = ctx - n
-        need = -(-ctx // block_size)
+        need = -(-ctx // spec.block_size)
         if need > len(free_blocks):
             raise ValueError(f"shape {shape.label} needs {need} more blocks than the pool has; make the pool larger")
         seq.block_table = [free_blocks.pop() for _ in range(need)]
@@ -132,9 +133,10 @@ def _scheduler_output(shape: BatchShape, block_size: int, free_blocks: list[int]
 
 
 def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | None = None,
-                       block_size: int = SERVE_SPEC.block_size,
-                       threads: int | None = LESSON_THREADS, seed: int = 0, budget_s: float = 20.0, progress=None) -> pd.DataFrame:
-    """Time ``ModelExecutor.execute`` on every shape: one row per shape with its features and median time.
+                       spec: EngineSpec = SERVE_SPEC, threads: int | None = LESSON_THREADS, seed: int = 0,
+                       budget_s: float = 20.0, progress=None) -> pd.DataFrame:
+    """Time ``ModelExecutor.execute`` on every shape, over ``spec``'s blocks: one row per shape with its features
+    and median time.
 
     Blocks are drawn in a seeded random order from a pool big enough for the largest shape, so
     sequences are scattered through memory as in a running engine. Columns: shape, every
@@ -151,11 +153,12 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
     too_long = [s.label for s in shapes if max(ctx for _, ctx, _ in s.rows()) > context]
     if too_long:
         raise ValueError(f"shapes {too_long} exceed the model's context of {context} positions")
+    block_size = spec.block_size
     num_blocks = max(sum(-(-ctx // block_size) for _, ctx, _ in s.rows()) for s in shapes)
     executor = ModelExecutor(model)
-    executor.initialize_cache(num_blocks, block_size)
+    executor.initialize_cache(BlockManager(num_blocks, block_size))
     rng = np.random.default_rng(seed)
-    outs = [_scheduler_output(s, block_size, rng.permutation(num_blocks).tolist(), model.config.vocab_size)
+    outs = [_scheduler_output(s, spec, rng.permutation(num_blocks).tolist(), model.config.vocab_size)
             for s in shapes]
     times: list[list[float]] = [[] for _ in shapes]
     with torch_threads(threads):
@@ -208,9 +211,10 @@ def _model_for(config: ModelConfig | Decoder | str, seed: int = 0) -> Decoder:
 
 
 def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | None = None, threads: int | None = LESSON_THREADS,
-              block_size: int = SERVE_SPEC.block_size, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
+              spec: EngineSpec = SERVE_SPEC, shapes: list[BatchShape] | None = None, budget_s: float = 20.0,
               validate: bool = False, progress=None) -> CostModel:
-    """Measure ``model``'s executor on ``design_shapes`` and fit a CostModel (not saved: call ``.save``).
+    """Measure ``model``'s executor on ``design_shapes`` over ``spec``'s blocks and fit a CostModel (not saved:
+    call ``.save``).
 
     With ``validate`` the ``validation_shapes`` are timed in the same round-robin passes (so a
     change of load on the machine hits both sets alike), left out of the fit, and their
@@ -222,9 +226,9 @@ def calibrate(model: Decoder | ModelConfig | str = "llama-30m", repeats: int | N
     held_out = validation_shapes(max_context) if validate else []
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     with torch_threads(threads) as used:
-        measured = measure_step_times(model, shapes + held_out, repeats, block_size, threads=None,
+        measured = measure_step_times(model, shapes + held_out, repeats, spec, threads=None,
                                       budget_s=budget_s, progress=progress)
-        settings = {"block_size": block_size, "threads": used, "repeats": int(measured["repeats"].min()),
+        settings = {"block_size": spec.block_size, "threads": used, "repeats": int(measured["repeats"].min()),
                     "dtype": str(model.dtype), "device": str(model.device), "max_context": max_context,
                     "executor": "ModelExecutor",
                     # other programs on the machine slow every step: the 1-minute load average, before and after
@@ -257,7 +261,7 @@ def validate_cost_model(cost_model: CostModel, model: Decoder | None = None, sha
     threads = cost_model.settings.get("threads") if threads is None else threads
     max_context = min(model.config.max_position_embeddings, 1024)
     shapes = validation_shapes(max_context) if shapes is None else shapes
-    frame = measure_step_times(model, shapes, repeats, cost_model.block_size, threads,
+    frame = measure_step_times(model, shapes, repeats, SERVE_SPEC.replace(block_size=cost_model.block_size), threads,
                                seed=1, budget_s=budget_s, progress=progress)
     frame["predicted_s"] = [cost_model.predict_rows(s.rows()) for s in shapes]
     frame["error"] = (frame["predicted_s"] - frame["measured_s"]) / frame["measured_s"]
@@ -278,13 +282,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=float, default=20.0, help="seconds of timing per shape set (default 20)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads, as the engine will run (default 1; see kvlab/threads.py)")
-    parser.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (default 16)")
+    parser.add_argument("--block-size", type=int, default=SERVE_SPEC.block_size,
+                        help=f"KV block size in tokens (default {SERVE_SPEC.block_size})")
     parser.add_argument("--validate", action="store_true",
                         help="also time shapes not used in the fit and report the prediction error")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the validation table as JSON here")
 
 
 def main(args: argparse.Namespace) -> int:
+    spec = SERVE_SPEC.replace(block_size=args.block_size)  # checked before the model is built
     model = _model_for(args.config)
     out = args.out or calibration_path(model.config.name)
     check_writable(out, "--out")  # before minutes of timing, not after
@@ -294,7 +300,7 @@ def main(args: argparse.Namespace) -> int:
           f"{len(design_shapes(min(model.config.max_position_embeddings, 1024)))} shapes, "
           f"{args.threads} thread(s)", file=sys.stderr)
     t0 = time.perf_counter()
-    cm = calibrate(model, repeats=args.repeats, threads=args.threads, block_size=args.block_size,
+    cm = calibrate(model, repeats=args.repeats, threads=args.threads, spec=spec,
                    budget_s=args.budget, validate=args.validate)
     cm.settings["calibration_s"] = time.perf_counter() - t0
     cm.save(out)

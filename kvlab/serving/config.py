@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from kvlab.cache.paged import BLOCK_SIZE, check_block_size
+from kvlab.model.config import ModelConfig
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.serving.scheduler_cli import OPTION_FIELDS, add_scheduler_arguments, scheduler_config_from_args
+from kvlab.serving.scheduler_cli import OPTION_FIELDS, add_scheduler_arguments, scheduler_args, scheduler_config_from_args
 
 SCHEDULER_FIELDS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig))
 
@@ -60,6 +61,26 @@ class EngineSpec:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
+    def block_bytes(self, config: ModelConfig, dtype: torch.dtype | None = None) -> int:
+        """K and V of one block of ``config``'s tokens across all layers: block_size x config.kv_bytes_per_token,
+        at ``dtype`` (default: ``kv_dtype``, else float32)."""
+        elem = torch.tensor([], dtype=dtype or self.kv_dtype or torch.float32).element_size()
+        return self.block_size * config.kv_bytes_per_token(elem)
+
+    def num_blocks(self, config: ModelConfig, kv_budget_bytes: int, dtype: torch.dtype | None = None) -> int:
+        """How many whole blocks of ``config`` fit in ``kv_budget_bytes``; raises if not even one does."""
+        per_block = self.block_bytes(config, dtype)
+        if kv_budget_bytes < per_block:
+            raise ValueError(
+                f"kv_budget_bytes={kv_budget_bytes:,} holds no block: one block of {self.block_size} tokens of "
+                f"{config.name} takes {per_block:,} B; raise kv_budget_bytes to at least {per_block:,} "
+                f"or lower block_size")
+        return kv_budget_bytes // per_block
+
+    def with_blocks(self, config: ModelConfig, num_blocks: int, dtype: torch.dtype | None = None) -> EngineSpec:
+        """A copy whose KV budget holds exactly ``num_blocks`` blocks of ``config`` at ``dtype``."""
+        return self.replace(kv_budget_bytes=int(num_blocks) * self.block_bytes(config, dtype))
+
     def replace(self, **changes: Any) -> EngineSpec:
         """A copy with fields changed, the scheduler's by their own names: ``spec.replace(max_seqs=4, seed=1)``."""
         unknown = set(changes) - SCHEDULER_FIELDS - {f.name for f in dataclasses.fields(self)}
@@ -95,4 +116,15 @@ def spec_from_args(args: argparse.Namespace) -> EngineSpec:
                       scheduler=scheduler_config_from_args(args), seed=args.seed)
 
 
-__all__ = ["EngineSpec", "SERVE_SPEC", "add_engine_arguments", "spec_from_args"]
+def engine_args(spec: EngineSpec, defaults: EngineSpec = SERVE_SPEC) -> list[str]:
+    """The options of ``add_engine_arguments(parser, defaults)`` that spell ``spec`` (its KV budget, in MiB, too),
+    and ``--seed``: ``python -m kvlab serve`` started with them builds its engine from this very spec."""
+    if spec.kv_dtype is not None:
+        raise ValueError("kv_dtype has no command-line option: the server's pool holds the model's dtype")
+    args = scheduler_args(spec.scheduler, defaults.scheduler) + ["--block-size", str(spec.block_size)]
+    if spec.kv_budget_bytes is not None:
+        args += ["--kv-budget-mb", repr(spec.kv_budget_bytes / 2**20)]
+    return args + (["--no-prefix-caching"] if not spec.enable_prefix_caching else []) + ["--seed", str(spec.seed)]
+
+
+__all__ = ["EngineSpec", "SERVE_SPEC", "add_engine_arguments", "engine_args", "spec_from_args"]

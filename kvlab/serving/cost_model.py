@@ -29,6 +29,7 @@ from kvlab.cache.paged import DECODE_BATCH_MAX_SLOTS
 from kvlab.data import CALIBRATION, data_path
 from kvlab.results_io import write_json
 from kvlab.serving.config import SERVE_SPEC
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.executor import Executor, StepResult
 from kvlab.serving.scheduler import SchedulerOutput
 
@@ -44,17 +45,16 @@ def rows_of(out: SchedulerOutput) -> list[Row]:
     return [(n, s.num_computed_tokens + n, s.is_decoding and n == 1) for s, n in zip(out.seqs, out.num_new_tokens)]
 
 
-def decode_attention(num_decodes: int, longest: int, sum_blocks: int, block_size: int) -> tuple[int, int]:
+def decode_attention(num_decodes: int, padded_slots: int, own_slots: int) -> tuple[int, int]:
     """(attention calls, KV slots read) of a step's decodes, as ``PagedKVCache.attend`` runs them.
 
-    While the padded gather is at most DECODE_BATCH_MAX_SLOTS, the decodes are attended together:
-    one call reading decodes x the longest context (in whole blocks). Beyond it, one call per
-    decode, each reading its own blocks.
+    While the padded gather (``padded_slots``: decodes x the longest context, in whole blocks) is at most
+    DECODE_BATCH_MAX_SLOTS, the decodes are attended together in one call reading it. Beyond it, one call per
+    decode, each reading its own blocks (``own_slots`` in all).
     """
-    padded = num_decodes * -(-longest // block_size) * block_size
-    if num_decodes and padded <= DECODE_BATCH_MAX_SLOTS:
-        return 1, padded
-    return num_decodes, sum_blocks * block_size
+    if num_decodes and padded_slots <= DECODE_BATCH_MAX_SLOTS:
+        return 1, padded_slots
+    return num_decodes, own_slots
 
 
 def features(rows: Iterable[Row], block_size: int) -> np.ndarray:
@@ -66,7 +66,7 @@ def features(rows: Iterable[Row], block_size: int) -> np.ndarray:
         else:
             # n queries at positions ctx-n .. ctx-1, each over the keys up to itself: n*ctx - n(n-1)/2 pairs
             pt, ps, pairs = pt + n, ps + 1, pairs + n * ctx - n * (n - 1) // 2
-    calls, slots = decode_attention(ds, longest, blocks, block_size)
+    calls, slots = decode_attention(ds, ds * -(-longest // block_size) * block_size, blocks * block_size)
     return np.array([1.0, pt, ps + calls, ds, slots, pairs], dtype=float)
 
 
@@ -218,7 +218,7 @@ class CostModelExecutor(Executor):
         """An executor from a calibration JSON written by ``python -m kvlab calibrate``."""
         return cls(CostModel.load(path), vocab_size)
 
-    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+    def initialize_cache(self, pool: BlockManager) -> None:
         self.num_steps, self.busy_s = 0, 0.0
 
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -237,7 +237,8 @@ class CostModelExecutor(Executor):
                 pairs += n * ctx - n * (n - 1) // 2
             if sample:
                 tokens[i] = zlib.crc32(f"{seq.request_id}:{seq.num_tokens}".encode()) % vocab
-        calls, slots = decode_attention(shape.num_decode_seqs, longest, blocks, bs)
+        ds = shape.num_decode_seqs
+        calls, slots = decode_attention(ds, ds * -(-longest // bs) * bs, blocks * bs)
         c = self._c
         duration = (c[0] + c[1] * shape.num_prefill_tokens + c[2] * (shape.num_prefill_seqs + calls)
                     + c[3] * shape.num_decode_seqs + c[4] * slots + c[5] * pairs)

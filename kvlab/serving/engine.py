@@ -16,7 +16,7 @@ from kvlab.model.config import ModelConfig
 from kvlab.model.decoder import Decoder
 from kvlab.sampling import NonFiniteLogits
 from kvlab.workload import Request
-from kvlab.serving.block_manager import BlockManager, bytes_per_block, num_blocks_for_budget
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.cost_model import CostModel, CostModelExecutor
 from kvlab.serving.executor import Executor, ModelExecutor
@@ -106,8 +106,8 @@ class Engine:
     runs any other executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler
     and the seed. The KV pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token)
     blocks; it must hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
-    them, so nothing is ever preempted). ``block_manager_factory(num_blocks, block_size, max_model_len)``
-    builds the pool's allocator at every reset: by default the paged ``BlockManager``; ``ReservationEngine``
+    them, so nothing is ever preempted). ``block_manager_factory()`` builds the pool's
+    allocator (from the engine's ``num_blocks``, ``block_size`` and ``max_model_len``) at every reset: by default the paged ``BlockManager``; ``ReservationEngine``
     passes one that reserves per request.
 
     Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the
@@ -118,7 +118,7 @@ class Engine:
 
     def __init__(self, model: Decoder | ModelConfig | CostModel, spec: EngineSpec | None = None, *,
                  executor: Executor | None = None, sampling: SamplingParams | None = None,
-                 block_manager_factory: Callable[[int, int, int], BlockManager] | None = None) -> None:
+                 block_manager_factory: Callable[[], BlockManager] | None = None) -> None:
         spec = EngineSpec() if spec is None else spec
         if not isinstance(spec, EngineSpec):
             raise TypeError(f"Engine(model, spec): spec takes an EngineSpec, got {type(spec).__name__}")
@@ -150,12 +150,12 @@ class Engine:
         if self.max_model_len > context:
             raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's context of {context} "
                              f"positions; lower max_model_len to <= {context}")
-        per_block = bytes_per_block(self.config, block_size, kv_dtype)
+        per_block = spec.block_bytes(self.config, kv_dtype)
         blocks_per_request = -(-self.max_model_len // block_size)
         kv_budget_bytes = spec.kv_budget_bytes
         if kv_budget_bytes is None:
             kv_budget_bytes = cfg.max_seqs * blocks_per_request * per_block
-        num_blocks = num_blocks_for_budget(self.config, kv_budget_bytes, block_size, kv_dtype)
+        num_blocks = spec.num_blocks(self.config, kv_budget_bytes, kv_dtype)
         if num_blocks < blocks_per_request:
             raise ValueError(
                 f"kv_budget_bytes={kv_budget_bytes:,} holds {num_blocks} blocks = {num_blocks * block_size} tokens, "
@@ -164,23 +164,23 @@ class Engine:
                 f"<= {num_blocks * block_size}")
         self.block_size, self.num_blocks, self.kv_budget_bytes = block_size, num_blocks, kv_budget_bytes
         self.kv_dtype, self.enable_prefix_caching = kv_dtype, spec.enable_prefix_caching
-        # (num_blocks, block_size, max_model_len) -> the KV pool's allocator, built anew at every reset
+        # () -> the KV pool's allocator, built anew at every reset from the engine's geometry
         self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
         self.seed = spec.seed
         self.executor = executor or ModelExecutor(cast(Decoder, self.model))  # a ModelConfig came with an executor
         self.clock = "wall"
         self.reset()
-        self.executor.initialize_cache(num_blocks, block_size)
+        self.executor.initialize_cache(self.block_manager)
 
     # -- state ------------------------------------------------------------------------------
-    def paged_block_manager(self, num_blocks: int, block_size: int, max_model_len: int) -> BlockManager:
+    def paged_block_manager(self) -> BlockManager:
         """The default allocator: blocks taken as sequences grow, prefix caching as the engine was asked."""
-        return BlockManager(num_blocks, block_size, self.enable_prefix_caching)
+        return BlockManager(self.num_blocks, self.block_size, self.enable_prefix_caching)
 
     def reset(self) -> None:
         """Forget every request, the prefix cache and the trace; restart the clock at 0."""
-        self.block_manager = self.block_manager_factory(self.num_blocks, self.block_size, self.max_model_len)
+        self.block_manager = self.block_manager_factory()
         # the Scheduler checks its config against the block size and max_model_len (SchedulerConfig.check)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
         self.sequences: dict = {}  # request_id -> Sequence
@@ -321,7 +321,7 @@ class Engine:
         outputs = [self._end(seq, why, now) for seq in victims]
         if not self.scheduler.running and self.block_manager.stats().used:
             # blocks held by no running sequence (a half-done allocation): start the pool afresh
-            self.block_manager = self.block_manager_factory(self.num_blocks, self.block_size, self.max_model_len)
+            self.block_manager = self.block_manager_factory()
             self.scheduler.block_manager = self.block_manager
             for seq in self.scheduler.waiting:
                 seq.block_table, seq.num_registered_blocks = [], 0

@@ -16,6 +16,7 @@ from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
 from kvlab.device import now
 from kvlab.model.decoder import Decoder
 from kvlab.sampling import NonFiniteLogits, nonfinite_rows, sample
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.scheduler import SchedulerOutput, StepShape
 
 
@@ -38,8 +39,9 @@ class Executor(ABC):
 
     name: str = "executor"
 
-    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
-        """Called once by the engine with the block pool's geometry (an executor with real KV allocates it)."""
+    def initialize_cache(self, pool: BlockManager) -> None:
+        """Called once by the engine with the pool's allocator: an executor with real KV allocates
+        ``pool.num_blocks`` blocks of ``pool.block_size`` slots (vLLM's ``initialize_cache``)."""
 
     def set_kv_usage(self, num_tokens: int, num_blocks: int) -> None:
         """Called by the engine after every step with the tokens and blocks the pool holds."""
@@ -68,17 +70,18 @@ class ModelExecutor(Executor):
         self.model = model
         self.cache: PagedKVCache | None = None
 
-    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+    def initialize_cache(self, pool: BlockManager) -> None:
         cfg, cache = self.model.config, self.cache
-        if cache is None or (cache.num_blocks, cache.block_size) != (num_blocks, block_size):  # else reuse it
+        if cache is None or (cache.num_blocks, cache.block_size) != (pool.num_blocks, pool.block_size):  # else reuse
             cache = self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
-                                              device=self.model.device, num_blocks=num_blocks, block_size=block_size)
+                                              device=self.model.device, num_blocks=pool.num_blocks,
+                                              block_size=pool.block_size)
         cache.reset()
 
     def _paged_cache(self) -> PagedKVCache:
         """The paged pool (an error before ``initialize_cache``)."""
         if self.cache is None:
-            raise RuntimeError("call initialize_cache(num_blocks, block_size) first (the Engine does)")
+            raise RuntimeError("call initialize_cache(pool) first (the Engine does)")
         return self.cache
 
     def set_kv_usage(self, num_tokens: int, num_blocks: int) -> None:
@@ -95,8 +98,8 @@ class ModelExecutor(Executor):
             query_lens.append(n)
             context_lens.append(start + n)
         device = self.model.device
-        metadata = PagedAttentionMetadata.build(query_lens, context_lens, [s.block_table for s in out.seqs],
-                                                self._paged_cache().block_size, device)
+        metadata = PagedAttentionMetadata.build(self._paged_cache(), query_lens, context_lens,
+                                                [s.block_table for s in out.seqs])
         return (torch.tensor([ids], device=device), torch.tensor([positions], device=device),  # (1, N) each
                 metadata)
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from kvlab.cache.paged_offloaded import OffloadedPagedKVCache
 from kvlab.model.decoder import Decoder
+from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.executor import ModelExecutor, StepResult
 from kvlab.serving.scheduler import SchedulerOutput
 
@@ -31,12 +32,12 @@ class OffloadedModelExecutor(ModelExecutor):
         self.link_gbps, self.storage_dir = link_gbps, storage_dir
         self.step_log: list[tuple] = []
 
-    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+    def initialize_cache(self, pool: BlockManager) -> None:
         cfg = self.model.config
         if self.cache is not None:
             self.cache.close()
         self.cache = OffloadedPagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
-                                           device=self.model.device, num_blocks=num_blocks, block_size=block_size,
+                                           device=self.model.device, num_blocks=pool.num_blocks, block_size=pool.block_size,
                                            link_gbps=self.link_gbps, storage_dir=self.storage_dir)
         self.step_log = []
 

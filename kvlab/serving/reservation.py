@@ -42,7 +42,7 @@ class ReservingBlockManager(BlockManager):
         return self.max_model_len if self.reserve == "max_model_len" else seq.num_prompt_tokens + seq.max_new_tokens
 
     def _reserved_blocks(self, seq: Sequence) -> int:
-        return max(-(-self.reserved_tokens(seq) // self.block_size), seq.num_blocks_needed(self.block_size))
+        return self.blocks_for(seq, max(self.reserved_tokens(seq), seq.num_tokens))
 
     def can_allocate(self, seq: Sequence) -> bool:
         return self._reserved_blocks(seq) <= self.num_free_blocks
@@ -72,9 +72,9 @@ class ReservationEngine(Engine):
         spec = (spec or EngineSpec()).replace(enable_prefix_caching=False)
         super().__init__(model, spec, block_manager_factory=self.reserving_block_manager, **kwargs)
 
-    def reserving_block_manager(self, num_blocks: int, block_size: int, max_model_len: int) -> ReservingBlockManager:
+    def reserving_block_manager(self) -> ReservingBlockManager:
         """The engine's allocator: each request's whole reservation at admission."""
-        return ReservingBlockManager(num_blocks, block_size, max_model_len, self.reserve)
+        return ReservingBlockManager(self.num_blocks, self.block_size, self.max_model_len, self.reserve)
 
     def settings(self) -> dict:
         return {**super().settings(), "kv_allocation": f"reserve {self.reserve}"}

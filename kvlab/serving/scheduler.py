@@ -75,8 +75,9 @@ class SchedulerConfig:
                 raise ValueError("an admission rule admits whole prompts under continuous batching: use "
                                  "policy='continuous' and chunked_prefill=False with admission=")
 
-    def check(self, block_size: int, max_model_len: int) -> None:
-        """Checks that need the block size and the resolved context length."""
+    def check(self, block_manager: BlockManager, max_model_len: int) -> None:
+        """Checks that need the KV pool's block size and the resolved context length."""
+        block_size = block_manager.block_size
         if self.max_batch_tokens < block_size:
             raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) < block_size ({block_size}); "
                              "raise max_batch_tokens or lower block_size")
@@ -180,7 +181,7 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
-        config.check(block_manager.block_size, max_model_len)
+        config.check(block_manager, max_model_len)
         self.config = config
         self.block_manager = block_manager
         self.max_model_len = max_model_len
@@ -325,7 +326,7 @@ class Scheduler:
             hits = bm.match_prefix(seq)
             hits_in_free = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
             views.append(WaitingRequest(seq.request_id, seq.num_tokens - len(hits) * bm.block_size,
-                                        seq.num_blocks_needed(bm.block_size) - len(hits) + hits_in_free,
+                                        bm.blocks_for(seq) - len(hits) + hits_in_free,
                                         seq.arrival_s, seq.num_preemptions > 0))
         return views
 

@@ -84,4 +84,19 @@ def scheduler_config_from_args(args: argparse.Namespace, **fixed) -> SchedulerCo
     return SchedulerConfig(**values, **fixed)
 
 
-__all__ = ["add_scheduler_arguments", "scheduler_config_from_args"]
+def scheduler_args(config: SchedulerConfig, defaults: SchedulerConfig) -> list[str]:
+    """The options of ``add_scheduler_arguments`` (with ``defaults`` as the command's) that spell ``config``:
+    what ``scheduler_config_from_args`` reads back as ``config``. A command line for another process."""
+    if config.admission is not None:
+        raise ValueError("an admission rule is code and has no command-line option; run the engine in this process")
+    args: list[str] = []
+    for name in OPTION_FIELDS:
+        value, default = getattr(config, name), getattr(defaults, name)
+        if _field(name).type == "bool":
+            args += [_flag(name, default)] if value != default else []
+        else:
+            args += [_flag(name, default), str(0 if value is None else value)]
+    return args
+
+
+__all__ = ["add_scheduler_arguments", "scheduler_args", "scheduler_config_from_args"]

@@ -110,11 +110,6 @@ class Sequence:
         """Only the newest sampled token is left to compute: a decode step (one query)."""
         return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
 
-    def num_blocks_needed(self, block_size: int, num_tokens: int | None = None) -> int:
-        """Blocks to hold ``num_tokens`` (default: all current tokens) of this sequence's KV."""
-        n = self.num_tokens if num_tokens is None else num_tokens
-        return -(-n // block_size)
-
     # -- state changes -------------------------------------------------------------------------
     def append_token(self, token_id: int) -> None:
         """Add a sampled token; finish if it is a stop token or the output budget is spent."""

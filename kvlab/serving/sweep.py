@@ -33,7 +33,6 @@ import pandas as pd
 
 from kvlab.clocks import SLO, RequestRecord, summarize
 from kvlab.workload import Request, Workload
-from kvlab.serving.block_manager import bytes_per_block
 from kvlab.serving.cost_model import CostModel
 from kvlab.serving.engine import Engine
 from kvlab.serving.knee import KEEPS_UP_RATIO, Knee, find_knee, keeps_up
@@ -75,7 +74,7 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
     sent_rps = (len(requests) - 1) / window if window > 0 and len(requests) > 1 else float("inf")
     achieved_rps = drained.completed / makespan if finished and makespan > 0 else float("nan")
     trace = engine.trace_frame()
-    per_block = bytes_per_block(engine.config, engine.block_size, engine.kv_dtype)
+    per_block = engine.spec.block_bytes(engine.config, engine.kv_dtype)
     peak_blocks = int(trace["kv_blocks_used"].max()) if len(trace) else 0
     d = drained.to_dict()
     row = {

@@ -7,6 +7,7 @@ import pandas as pd
 
 from kvlab.experiments.capacity import (block_size_table, budget_for_tokens, capacity_levers,
                                                            capacity_workload, paged_vs_reserved)
+from kvlab.experiments.presets import LESSON_SPEC
 from kvlab.model.lessons import lesson_config
 
 from . import example
@@ -24,7 +25,7 @@ def _setting():
 @lru_cache(maxsize=1)
 def _table() -> pd.DataFrame:
     cfg, requests, budget = _setting()
-    return paged_vs_reserved(cfg, requests, budget, block_size=16, max_model_len=1024)
+    return paged_vs_reserved(cfg, requests, LESSON_SPEC.replace(kv_budget_bytes=budget, max_model_len=1024))
 
 
 @example("waste_is_about_half_a_block", "bigger_blocks_fit_fewer")
@@ -38,4 +39,4 @@ def _sizes() -> pd.DataFrame:
 @lru_cache(maxsize=1)
 def _levers() -> pd.DataFrame:
     cfg, requests, budget = _setting()
-    return capacity_levers(cfg, requests, budget)
+    return capacity_levers(cfg, requests, LESSON_SPEC.replace(kv_budget_bytes=budget))

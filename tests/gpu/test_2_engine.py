@@ -25,7 +25,7 @@ def cuda_mem(device: torch.device) -> int | None:
 def engine_runs(device: torch.device, quick: bool) -> list[dict]:
     """One row per run: requests equal to generate's, steps, preemptions, prefix hits, mixed steps, pool bytes."""
     import kvlab.cache.paged as paged
-    from kvlab.serving import Engine, SchedulerConfig, bytes_per_block
+    from kvlab.serving import Engine, EngineSpec, SchedulerConfig
     from kvlab.workload import make_workload
 
     cfg = (kvlab.tiny_llama if quick else kvlab.llama_30m)(max_position_embeddings=512)
@@ -35,7 +35,7 @@ def engine_runs(device: torch.device, quick: bool) -> list[dict]:
                              shared_prefix_tokens=32, max_context=256)
     reference = {r.request_id: kvlab.generate(model, r.prompt, cache="dynamic", max_new_tokens=r.max_new_tokens).tokens
                  for r in requests}
-    per_block = bytes_per_block(cfg, 16)
+    per_block = EngineSpec(block_size=16).block_bytes(cfg)
     runs = {
         "chunked+prefix": dict(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=48, max_model_len=256)),
         "preemption": dict(scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=512, max_model_len=256),

@@ -12,7 +12,9 @@ EX07_BLOCKS, EX07_BLOCK_SIZE, EX07_RESERVE = 48, 16, 512
 
 def _fit_07() -> tuple[int, int]:
     from kvlab.experiments.capacity import block_manager_fit
-    return block_manager_fit(EX07_LENGTHS, EX07_BLOCKS, EX07_BLOCK_SIZE), EX07_BLOCKS * EX07_BLOCK_SIZE // EX07_RESERVE
+    from kvlab.serving.block_manager import BlockManager
+    bm = BlockManager(EX07_BLOCKS, EX07_BLOCK_SIZE, enable_prefix_caching=False)
+    return block_manager_fit(EX07_LENGTHS, bm), EX07_BLOCKS * EX07_BLOCK_SIZE // EX07_RESERVE
 
 
 def _fit_07_by_tokens() -> int:

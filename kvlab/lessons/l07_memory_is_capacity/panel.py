@@ -23,23 +23,24 @@ def fit_for_learners(table: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-def capacity_panel(config: ModelConfig, budget_tokens: int = 8192, max_model_len: int = 1024,
-                   block_size: int = LESSON_SPEC.block_size, n: int = 64) -> ExperimentPanel:
-    """Sliders for the KV budget, the context limit, the block size and the requests; Run counts who fits."""
+def capacity_panel(config: ModelConfig) -> ExperimentPanel:
+    """Sliders for the KV budget, the context limit, the block size and the requests (starting at the notebook's
+    setting, the lessons' spec); Run counts who fits."""
     controls = {
-        "budget_tokens": widgets.IntSlider(value=budget_tokens, min=1024, max=32768, step=1024,
+        "budget_tokens": widgets.IntSlider(value=8192, min=1024, max=32768, step=1024,
                                            description="KV budget (tokens)", **_SLIDER),
-        "max_model_len": widgets.IntSlider(value=max_model_len, min=256, max=config.max_position_embeddings,
+        "max_model_len": widgets.IntSlider(value=1024, min=256, max=config.max_position_embeddings,
                                            step=256, description="max context (tokens)", **_SLIDER),
-        "block_size": widgets.Dropdown(options=[1, 4, 8, 16, 32, 64, 128], value=block_size,
+        "block_size": widgets.Dropdown(options=[1, 4, 8, 16, 32, 64, 128], value=LESSON_SPEC.block_size,
                                        description="block size (tokens)", style=_SLIDER["style"]),
-        "n": widgets.IntSlider(value=n, min=8, max=256, step=8, description="requests waiting", **_SLIDER),
+        "n": widgets.IntSlider(value=64, min=8, max=256, step=8, description="requests waiting", **_SLIDER),
     }
 
     def run(progress, budget_tokens: int, max_model_len: int, block_size: int, n: int) -> pd.DataFrame:
         requests = capacity_workload(config, n=n, max_context=max_model_len)
-        return paged_vs_reserved(config, requests, budget_for_tokens(config, budget_tokens), block_size=block_size,
-                                 max_model_len=max_model_len)
+        spec = LESSON_SPEC.replace(kv_budget_bytes=budget_for_tokens(config, budget_tokens), block_size=block_size,
+                                   max_model_len=max_model_len)
+        return paged_vs_reserved(config, requests, spec)
 
     return ExperimentPanel(controls, run, figure=lambda t, _p: plot_paged_vs_reserved(t),
                            summary=lambda t, _p: fit_for_learners(t),

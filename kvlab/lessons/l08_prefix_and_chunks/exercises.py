@@ -51,9 +51,9 @@ def check_recomputed_tokens(answer: Any) -> Feedback:
                 "had been computed before. Preemption by recompute trades memory for this work.")
 
 
-def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300,
-                      block_size: int = LESSON_SPEC.block_size) -> int:
-    """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt."""
+def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300) -> int:
+    """Prompt tokens of a second request found in the prefix cache after a first with the same system prompt, in
+    the lessons' blocks (``LESSON_SPEC.block_size``)."""
     from kvlab.clocks import RequestRecord
     from kvlab.serving.block_manager import BlockManager
     from kvlab.serving.sequence import SamplingParams, Sequence as EngineSequence
@@ -64,6 +64,7 @@ def prefix_hit_tokens(system_tokens: int = 250, prompt_tokens: int = 300,
                            RequestRecord(0, prompt_tokens, 1, scheduled_s=0.0), 0.0)
     second = EngineSequence(1, system + [2000 + i for i in range(own)], 1, SamplingParams(),
                             RequestRecord(1, prompt_tokens, 1, scheduled_s=0.0), 0.0)
+    block_size = LESSON_SPEC.block_size
     bm = BlockManager(2 * -(-prompt_tokens // block_size) + 1, block_size)
     bm.allocate(first)
     first.num_computed_tokens = first.num_tokens  # its prompt was computed: its full blocks become cacheable
@@ -81,8 +82,8 @@ the last 10 system-prompt tokens and the first 6 of the user's own, so its hash 
 any other request's.""")
 def check_prefix_hit(answer: Any) -> Feedback:
     """Prompt tokens of a 300-token request (250-token system prompt + its own) reused from the prefix cache."""
-    system_tokens, block_size = 250, 16
-    truth = prefix_hit_tokens(system_tokens, 300, block_size)
+    system_tokens, block_size = 250, LESSON_SPEC.block_size
+    truth = prefix_hit_tokens(system_tokens, 300)
     return check_number(
         answer, truth, what="tokens reused", rel=0,
         mistakes=[(system_tokens, "only whole blocks are shared; the block that mixes system prompt and the "

@@ -91,8 +91,8 @@ def kv_budget_panel(model: Decoder | None = None, kv_blocks: int = 40, n: int = 
     }
 
     def run(progress, kv_blocks: int, n: int, max_seqs: int) -> pd.DataFrame:
-        runs = preemption_runs(model, kv_blocks=(kv_blocks,), n=n, max_seqs=max_seqs, block_size=LESSON_SPEC.block_size,
-                               max_model_len=MAX_MODEL_LEN, progress=progress)
+        runs = preemption_runs(model, kv_blocks=(kv_blocks,), n=n, max_seqs=max_seqs, max_model_len=MAX_MODEL_LEN,
+                               progress=progress)
         frame = runs_frame(runs)
         frame.attrs["preemption"] = preemption_table(runs)
         return frame
