@@ -89,11 +89,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine, keep_records: int = 10_000, keep_steps: int = 10_000,
                  max_failed_steps: int = MAX_FAILED_STEPS, step_timeout_s: float = STEP_TIMEOUT_S,
                  on_stop: Callable[[], None] | None = None) -> None:
-        if not (isinstance(max_failed_steps, int) and max_failed_steps >= 1):
-            raise ValueError(f"max_failed_steps={max_failed_steps!r} must be an integer >= 1")
-        if not step_timeout_s > 0:
-            raise ValueError(f"step_timeout_s={step_timeout_s!r} must be > 0 seconds")
-        self.engine = engine
+        self.engine = engine  # max_failed_steps and step_timeout_s come checked (kvlab.http.settings.ServerSettings)
         self.records: collections.deque[RequestRecord] = collections.deque(maxlen=keep_records)
         self.keep_steps = keep_steps
         self.max_failed_steps, self.step_timeout_s = max_failed_steps, step_timeout_s

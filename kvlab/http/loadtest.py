@@ -101,8 +101,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                           timeout_s=args.timeout, deadline_s=args.deadline, max_connections=args.max_connections,
                           temperature=args.temperature, extra_body={"ignore_eos": True} if args.ignore_eos else None,
                           progress=False if args.no_progress else None, settings=settings, api_key=args.api_key)
-    summary = result.summary(slo)
-    print(format_summary(result, summary))
+    print(format_summary(result, result.summary(slo)))
     for path in (args.json, args.csv):
         if path:
             print(f"wrote {result.save(path, slo)}")

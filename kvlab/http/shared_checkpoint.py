@@ -66,10 +66,9 @@ def save_shared_checkpoint(model, folder: str | Path) -> Path:
     if tokenizer is not None and not isinstance(tokenizer, (ByteTokenizer, HFTokenizer)):
         raise ValueError(f"model.tokenizer is {tokenizer!r}; only ByteTokenizer or a transformers tokenizer "
                          "(HFTokenizer) can be saved beside the weights")
-    if isinstance(tokenizer, ByteTokenizer) or tokenizer is None:
-        if model.config.vocab_size < ByteTokenizer.vocab_size:
-            raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the byte "
-                             f"tokenizer's ({ByteTokenizer.vocab_size}); it cannot be served with it")
+    if not isinstance(tokenizer, HFTokenizer) and model.config.vocab_size < ByteTokenizer.vocab_size:
+        raise ValueError(f"the model's vocabulary ({model.config.vocab_size}) is smaller than the byte "
+                         f"tokenizer's ({ByteTokenizer.vocab_size}); it cannot be served with it")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     hf = to_transformers(model)

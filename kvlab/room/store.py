@@ -214,11 +214,7 @@ class Store:
                                       "received_at, source, note, clock_offset_s, body FROM submissions ORDER BY seq")
             names = [d[0] for d in cursor.description]
             rows = [dict(zip(names, r)) for r in cursor.fetchall()]
-        latest: dict[tuple[str, str], dict] = {}
-        for r in rows:
-            key = (r["learner"], r["notebook"])
-            if key not in latest or (r["created"], r["seq"]) > (latest[key]["created"], latest[key]["seq"]):
-                latest[key] = r
+        latest = {(r["learner"], r["notebook"]): r for r in sorted(rows, key=lambda r: (r["created"], r["seq"]))}
         current = {id(r) for r in latest.values()}
         for r in rows:
             r["current"] = id(r) in current
