@@ -1,43 +1,37 @@
 """Batching benchmark: static vs continuous batching in kvlab, and transformers' generate_batch, on the same weights.
 
-``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8]
-[--threads 1] [--rounds 5] [--no-spread] [--no-transformers]``
+``python -m kvlab bench batching [--json PATH] [--config llama-30m|tiny] [--requests 32] [--max-seqs 8] [--threads 1]
+[--rounds 5] [--no-spread] [--no-transformers]``
 
-One fixed, seeded, mixed workload: ``--requests`` requests (prompts 16-128 tokens, outputs
-8-64), all arriving at once, greedy, every request running to its own output length (no stop
-token). It is served by:
+One fixed, seeded, mixed workload: ``--requests`` requests (prompts 16-128 tokens, outputs 8-64), all arriving at once,
+greedy, every request running to its own output length (no stop token). It is served by:
 
-- kvlab, ``policy="static"``: batches of ``--max-seqs`` formed from the queue, each run until its
-  longest member finishes;
+- kvlab, ``policy="static"``: batches of ``--max-seqs`` formed from the queue, each run until its longest member
+  finishes;
 - kvlab, ``policy="continuous"``: the batch rebuilt every step, same ``--max-seqs``;
-- transformers' continuous batching on the same weights (``kvlab.to_transformers``), same
-  ``max_requests_per_batch``, token budget and block size. ``generate_batch`` takes one
-  ``max_new_tokens`` for all requests, so it runs the same prompts with *fixed* outputs of the
-  longest length (64), next to kvlab continuous on those same fixed outputs; the mixed
-  workload goes through transformers' manager API (``add_request(..., max_new_tokens=n)``),
-  which ``generate_batch`` itself wraps.
+- transformers' continuous batching on the same weights (``kvlab.to_transformers``), same ``max_requests_per_batch``,
+  token budget and block size. ``generate_batch`` takes one ``max_new_tokens`` for all requests, so it runs the same
+  prompts with *fixed* outputs of the longest length (64), next to kvlab continuous on those same fixed outputs; the
+  mixed workload goes through transformers' manager API (``add_request(..., max_new_tokens=n)``), which
+  ``generate_batch`` itself wraps.
 
-Every run is timed at the client side on one clock: all requests are handed over at t = 0,
-tokens stamped as they are produced (kvlab: the engine's wall clock; transformers: its
-``record_timestamps``). ``output_tokens_per_s`` = output tokens / (last token - t0). A small
-warm-up of each implementation runs first and is not counted. Every cell then runs once per
-*round* (``--rounds``), with paired ratios (``kvlab/rounds.py``); the run with the median throughput
-stands for its cell (all are kept, with their spread). Threads default to 1 for every implementation
-(see kvlab/threads.py).
+Every run is timed at the client side on one clock: all requests are handed over at t = 0, tokens stamped as they are
+produced (kvlab: the engine's wall clock; transformers: its ``record_timestamps``). ``output_tokens_per_s`` = output
+tokens / (last token - t0). A small warm-up of each implementation runs first and is not counted. Every cell then runs
+once per *round* (``--rounds``), with paired ratios (``kvlab/rounds.py``); the run with the median throughput stands for
+its cell (all are kept, with their spread). Threads default to 1 for every implementation (see kvlab/threads.py).
 
 Two extra measurements:
 
-- **spread**: continuous / static throughput when output lengths are all equal, then spread
-  wider around the same mean (``SPREADS``): static batching waits for the longest member. Next
-  to each measured ratio, the ratio the cost model predicts for the same requests in virtual
-  time (``expected_ratio_cost_model``): what step costs alone imply, without the machine's noise.
-- **paged vs reservation**: the mixed workload in one KV budget (``--kv-budget-tokens``, default
-  4 x max_model_len) with paged blocks and with max-length reservation
-  (``kvlab.serving.reservation``): concurrent sequences (peak and time-weighted mean) and
-  the waste of each (KV slots allocated but holding no token, time-weighted over steps). The
-  block accounting does not depend on which executor prices a step, so this part runs in
-  virtual time on the shipped cost model, with ``max_seqs`` high enough that memory is the limit
-  (``kvlab/benchmarks/kv_allocation.py``).
+- **spread**: continuous / static throughput when output lengths are all equal, then spread wider around the same mean
+  (``SPREADS``): static batching waits for the longest member. Next to each measured ratio, the ratio the cost model
+  predicts for the same requests in virtual time (``expected_ratio_cost_model``): what step costs alone imply, without
+  the machine's noise.
+- **paged vs reservation**: the mixed workload in one KV budget (``--kv-budget-tokens``, default 4 x max_model_len) with
+  paged blocks and with max-length reservation (``kvlab.serving.reservation``): concurrent sequences (peak and
+  time-weighted mean) and the waste of each (KV slots allocated but holding no token, time-weighted over steps). The
+  block accounting does not depend on which executor prices a step, so this part runs in virtual time on the shipped
+  cost model, with ``max_seqs`` high enough that memory is the limit (``kvlab/benchmarks/kv_allocation.py``).
 """
 from __future__ import annotations
 
@@ -107,8 +101,8 @@ class BenchSettings:
 def make_requests(s: BenchSettings, output_tokens: tuple[int, int] | None = None, vocab: int = 4096) -> list[Request]:
     """The benchmark's requests: seeded prompts (token ids) and output lengths, all arriving at t = 0.
 
-    Output lengths are spread evenly over ``output_tokens`` (default ``s.output_tokens``) in a seeded order, so
-    every spread of the same centre has exactly the same mean; prompts are the same whatever the output lengths.
+    Output lengths are spread evenly over ``output_tokens`` (default ``s.output_tokens``) in a seeded order, so every
+    spread of the same centre has exactly the same mean; prompts are the same whatever the output lengths.
     """
     rng = np.random.default_rng(s.seed)
     lens = rng.integers(s.prompt_tokens[0], s.prompt_tokens[1] + 1, size=s.requests)

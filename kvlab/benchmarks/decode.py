@@ -1,47 +1,44 @@
 """Decode benchmark: one prompt through every kvlab cache and through transformers' generate on the same weights.
 
-``python -m kvlab bench decode [--json PATH] [--prompt 256] [--new 128] [--config llama-30m|tiny]
-[--rounds 5] [--threads N] [--caches ...] [--no-compile] [--compile-backend inductor]``
+``python -m kvlab bench decode [--json PATH] [--prompt 256] [--new 128] [--config llama-30m|tiny] [--rounds 5]
+[--threads N] [--caches ...] [--no-compile] [--compile-backend inductor]``
 
-Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in ``--rounds``
-interleaved rounds with paired ratios (``kvlab/rounds.py`` says why). This file is the benchmark (its rounds,
-rows, ratios and report); one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the
-bandwidth probes ``kvlab/experiments/bandwidth.py``.
+Every mode first runs once cold (reported apart as ``cold``; compiling happens there), then in ``--rounds`` interleaved
+rounds with paired ratios (``kvlab/rounds.py`` says why). This file is the benchmark (its rounds, rows, ratios and
+report); one timed call is ``decode_runs.py`` (kvlab) and ``transformers_runs.py``, the bandwidth probes
+``kvlab/experiments/bandwidth.py``.
 
 Rows:
 
-- kvlab: every cache strategy (``--caches``), and, where ``--compile`` (the default), ``static``
-  with its fixed-shape decode step compiled by ``torch.compile`` (``kvlab/compiled.py``);
-- transformers' ``generate`` on the same weights with its caches, and, next to kvlab's compiled
-  row, its own documented fast path compiled the same way (``generation_config.cache_implementation
-  = "static"`` and ``model.forward = torch.compile(model.forward, ...)``, same backend, mode and
-  ``dynamic=False``). The table's ``compiled`` column says which rows are compiled.
+- kvlab: every cache strategy (``--caches``), and, where ``--compile`` (the default), ``static`` with its fixed-shape
+  decode step compiled by ``torch.compile`` (``kvlab/compiled.py``);
+- transformers' ``generate`` on the same weights with its caches, and, next to kvlab's compiled row, its own documented
+  fast path compiled the same way (``generation_config.cache_implementation = "static"`` and ``model.forward =
+  torch.compile(model.forward, ...)``, same backend, mode and ``dynamic=False``). The table's ``compiled`` column says
+  which rows are compiled.
 
 Both implementations are timed the same way:
 
 - ``tokens_per_s``: new tokens / wall time of the whole generate call (set-up and prefill included);
   ``decode_tokens_per_s``: decode steps only.
-- ``prefill_ms``: from the first forward pass to the first token; ``ms_per_token[i]``: the step that
-  produced token i (its forward pass, sampling and bookkeeping). kvlab's come from its timeline;
-  transformers' from a LogitsProcessor that stamps the time as each step's logits arrive, and a
-  forward pre-hook that stamps the start of the prefill.
-- Roofline: ``achieved_GBps`` = bytes one decode step must read (the weights it streams + the K/V
-  it attends over) / the run's median decode step; ``roofline_fraction`` = that / the machine's
-  matrix-vector bandwidth measured *in the same round* (the faster of a plain and a K-split product
-  of a (1, 8192) row with a 256 MB [in, out] matrix, several times the last-level cache, as the
-  weights are: ``MatvecProbe``). K/V read per step: the formula at the mean
-  position for caches that attend over what is stored; every slot (prompt + new) for fixed-shape
-  static caches (they attend over all slots, masked); the packed bytes for quantized; none for "none".
-- Where the step goes: in every round ``StepProductsProbe`` also times the step's weight products
-  alone (the same matrices, one row each, back to back). ``outside_products_ms`` = a mode's decode
-  step - that: attention, the cache's update (a dynamic cache copies its history every step), the
-  small operations between products and sampling. ``summary.step_products.share_of_matvec`` is
-  what products of these shapes reach of the matvec bandwidth: a ceiling no step of this model
-  passes with this product.
+- ``prefill_ms``: from the first forward pass to the first token; ``ms_per_token[i]``: the step that produced token i
+  (its forward pass, sampling and bookkeeping). kvlab's come from its timeline; transformers' from a LogitsProcessor
+  that stamps the time as each step's logits arrive, and a forward pre-hook that stamps the start of the prefill.
+- Roofline: ``achieved_GBps`` = bytes one decode step must read (the weights it streams + the K/V it attends over) / the
+  run's median decode step; ``roofline_fraction`` = that / the machine's matrix-vector bandwidth measured *in the same
+  round* (the faster of a plain and a K-split product of a (1, 8192) row with a 256 MB [in, out] matrix, several times
+  the last-level cache, as the weights are: ``MatvecProbe``). K/V read per step: the formula at the mean position for
+  caches that attend over what is stored; every slot (prompt + new) for fixed-shape static caches (they attend over all
+  slots, masked); the packed bytes for quantized; none for "none".
+- Where the step goes: in every round ``StepProductsProbe`` also times the step's weight products alone (the same
+  matrices, one row each, back to back). ``outside_products_ms`` = a mode's decode step - that: attention, the cache's
+  update (a dynamic cache copies its history every step), the small operations between products and sampling.
+  ``summary.step_products.share_of_matvec`` is what products of these shapes reach of the matvec bandwidth: a ceiling no
+  step of this model passes with this product.
 
-``compile_s`` is the cold run's compiling time. inductor keeps what it built on disk
-(``TORCHINDUCTOR_CACHE_DIR``, by default under the temp folder), so a second run on the same machine
-mostly reloads it: pass ``--fresh-compile-cache`` for the figure a first use sees. The JSON says which.
+``compile_s`` is the cold run's compiling time. inductor keeps what it built on disk (``TORCHINDUCTOR_CACHE_DIR``, by
+default under the temp folder), so a second run on the same machine mostly reloads it: pass ``--fresh-compile-cache``
+for the figure a first use sees. The JSON says which.
 """
 from __future__ import annotations
 
@@ -307,14 +304,13 @@ def main(args: argparse.Namespace) -> int:
           f"bandwidth, {format_spread(summary['matvec_GBps'], '{:.1f}', ' GB/s')}, that is "
           f"{(weights + kv_per_token * (args.prompt + args.new / 2)) / summary['matvec_GBps']['median'] / 1e6:.2f} ms "
           "per step")
-    for key in (("kvlab", "dynamic", False), ("kvlab", "static", True)):
-        if key in by:
-            r = by[key]
-            print(f"  {key[0]}/{key[1]}{' compiled' if key[2] else ''}: {r['achieved_GBps']:.1f} GB/s = "
-                  f"{r['bytes_per_step'] / 1e6:.1f} MB / {r['decode_ms_median']:.2f} ms per step, "
-                  f"{format_spread(r['spread']['roofline_fraction'], '{:.0%}')} of matvec; "
-                  f"{format_spread(r['spread']['outside_products_ms'], '{:.2f}', ' ms')} of each step outside "
-                  "the weight products")
+    for key in (k for k in (("kvlab", "dynamic", False), ("kvlab", "static", True)) if k in by):
+        r = by[key]
+        print(f"  {key[0]}/{key[1]}{' compiled' if key[2] else ''}: {r['achieved_GBps']:.1f} GB/s = "
+              f"{r['bytes_per_step'] / 1e6:.1f} MB / {r['decode_ms_median']:.2f} ms per step, "
+              f"{format_spread(r['spread']['roofline_fraction'], '{:.0%}')} of matvec; "
+              f"{format_spread(r['spread']['outside_products_ms'], '{:.2f}', ' ms')} of each step outside "
+              "the weight products")
     sp = summary["step_products"]
     print(f"  the step's weight products alone: {format_spread(sp['ms'], '{:.2f}', ' ms')} = "
           f"{format_spread(sp['GBps'], '{:.1f}', ' GB/s')}, {format_spread(sp['share_of_matvec'], '{:.0%}')} of "

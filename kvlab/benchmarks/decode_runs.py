@@ -1,9 +1,9 @@
 """What `bench decode` times and records: a Mode (implementation, cache, compiled), a Run (one timed generate call), and kvlab's runs.
 
-A Mode names one row of the benchmark; a Run holds what one generate call measured (its wall time,
-every step's time, its tokens, its cache's bytes and the K/V bytes one step reads). kvlab's side is
-here (``kvlab_modes``, ``run_kvlab``: timed by kvlab's own timeline); transformers' side, timed from
-outside its ``generate``, is ``kvlab/benchmarks/transformers_runs.py``.
+A Mode names one row of the benchmark; a Run holds what one generate call measured (its wall time, every step's time,
+its tokens, its cache's bytes and the K/V bytes one step reads). kvlab's side is here (``kvlab_modes``, ``run_kvlab``:
+timed by kvlab's own timeline); transformers' side, timed from outside its ``generate``, is
+``kvlab/benchmarks/transformers_runs.py``.
 """
 from __future__ import annotations
 

@@ -163,13 +163,10 @@ def measure_rounds(servers: Sequence[LoopbackServer], bench: Bench, realtime: bo
 def others_busy(servers: Sequence[LoopbackServer], measured: LoopbackServer, before: dict, wall_s: float) -> dict:
     """{server: CPU cores it kept busy on average} for every server but `measured`, over `wall_s` since `before`
     (their `process_usage`): what the idle servers took from the one being measured."""
-    busy = {}
-    for s in servers:
-        if s is measured or before.get(s.name) is None or not s.alive():
-            continue
-        now = process_usage(server_pid(s))
-        busy[s.name] = round((now["cpu_s"] - before[s.name]["cpu_s"]) / wall_s, 3) if now and wall_s > 0 else None
-    return busy
+    nows = {s.name: process_usage(server_pid(s)) for s in servers
+            if s is not measured and before.get(s.name) is not None and s.alive()}
+    return {name: round((now["cpu_s"] - before[name]["cpu_s"]) / wall_s, 3) if now and wall_s > 0 else None
+            for name, now in nows.items()}
 
 
 def vllm_client_table(servers: Sequence[LoopbackServer], rates: Sequence[float], duration_s: float, profile: str,
@@ -200,16 +197,13 @@ def _at(frame: pd.DataFrame, r: int, engine: str, phase: str, rate: float, col: 
 def clock_table(frame: pd.DataFrame, engines: Sequence[str]) -> pd.DataFrame:
     """Every clock at every load (cold, low load, each ladder rate), the median over the rounds that measured it."""
     kept = frame[(frame.phase != "sweep") | (frame.get("step", "ladder") == "ladder")]
-    rows = []
-    for e in engines:
-        for (phase, rate), g in kept[kept.engine == e].groupby(["phase", "offered_rps"], sort=False):
-            level = {"cold": "cold", "warm": "low load"}.get(phase, f"{rate:g} req/s")
-            rows.append({"engine": e, "level": level, "offered_rps": rate, "rounds": len(g),
-                         "sent": int(g.sent.median()), "completed": float(g.completed.median()),
-                         "served": float(g.served.median()),
-                         **{c: float(g[c].median()) if c in g else float("nan") for c in CLOCKS},
-                         "output_tokens_per_s": float(g.output_tokens_per_s.median())})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"engine": e, "level": {"cold": "cold", "warm": "low load"}.get(phase, f"{rate:g} req/s"),
+                          "offered_rps": rate, "rounds": len(g), "sent": int(g.sent.median()),
+                          "completed": float(g.completed.median()), "served": float(g.served.median()),
+                          **{c: float(g[c].median()) if c in g else float("nan") for c in CLOCKS},
+                          "output_tokens_per_s": float(g.output_tokens_per_s.median())}
+                         for e in engines
+                         for (phase, rate), g in kept[kept.engine == e].groupby(["phase", "offered_rps"], sort=False)])
 
 
 def bound_row(rows: pd.DataFrame, k: Knee) -> dict | None:

@@ -1,24 +1,22 @@
 """Where a decode step's time goes: the same step timed whole, and with one part left out at a time.
 
-``python -m kvlab bench step [--config llama-30m|tiny] [--prompt 256] [--new 128] [--rounds 5]
-[--threads N] [--json PATH]``
+``python -m kvlab bench step [--config llama-30m|tiny] [--prompt 256] [--new 128] [--rounds 5] [--threads N] [--json
+PATH]``
 
-An ablation on kvlab's dynamic cache. Every round generates ``--new`` tokens once per version
-below (greedy, the same prompt), in an order rotated from round to round
-(``kvlab/rounds.py``), and keeps each generation's median decode step:
+An ablation on kvlab's dynamic cache. Every round generates ``--new`` tokens once per version below (greedy, the same
+prompt), in an order rotated from round to round (``kvlab/rounds.py``), and keeps each generation's median decode step:
 
 - ``whole``: the decoder as it is;
-- ``no weight products``: every one-row weight product returns what its first call computed,
-  without reading the matrix (the prompt's products still run);
-- ``no cache or attention``: a decode step's queries leave attention as they came and nothing is
-  stored, so the cache neither copies its history nor is read;
+- ``no weight products``: every one-row weight product returns what its first call computed, without reading the matrix
+  (the prompt's products still run);
+- ``no cache or attention``: a decode step's queries leave attention as they came and nothing is stored, so the cache
+  neither copies its history nor is read;
 - ``no rope``: queries and keys are not rotated by their positions.
 
-A part's cost is ``whole - without it``, paired within each round (median, IQR and min-max over
-rounds). Leaving a part out changes what the rest computes (the tokens are no longer the model's)
-and what the rest finds in the CPU's caches (the part no longer evicts it), so the costs do not add
-up to the whole exactly: they are each part's weight in the step, not a profile. What no version
-removes (norms, residual additions, activations, reshapes, sampling) is the rest.
+A part's cost is ``whole - without it``, paired within each round (median, IQR and min-max over rounds). Leaving a part
+out changes what the rest computes (the tokens are no longer the model's) and what the rest finds in the CPU's caches
+(the part no longer evicts it), so the costs do not add up to the whole exactly: they are each part's weight in the
+step, not a profile. What no version removes (norms, residual additions, activations, reshapes, sampling) is the rest.
 """
 from __future__ import annotations
 

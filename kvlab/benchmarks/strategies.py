@@ -1,13 +1,12 @@
 """Strategies benchmark: every KV cache's memory, latency and quality vs exact on the shipped recall model.
 
-``python -m kvlab bench strategies [--json PATH] [--pairs 4,8,16] [--new 32] [--repeats 3]
-[--examples 100] [--threads 1] [--quick]``
+``python -m kvlab bench strategies [--json PATH] [--pairs 4,8,16] [--new 32] [--repeats 3] [--examples 100] [--threads
+1] [--quick]``
 
-Runs ``kvlab.experiments.strategies.run_strategies`` (dynamic, static, quantized at 8/4/2 bits with
-a few group sizes and residual windows, offloaded), prints the table and a summary for the longest
-context: each quantized setting's memory next to the ideal (bits / 32 + a scale and a zero-point
-per group), its per-token latency next to dynamic's, and its recall accuracy next to the exact
-cache's. ``--json`` writes rows, summary, settings and the machine's environment.
+Runs ``kvlab.experiments.strategies.run_strategies`` (dynamic, static, quantized at 8/4/2 bits with a few group sizes
+and residual windows, offloaded), prints the table and a summary for the longest context: each quantized setting's
+memory next to the ideal (bits / 32 + a scale and a zero-point per group), its per-token latency next to dynamic's, and
+its recall accuracy next to the exact cache's. ``--json`` writes rows, summary, settings and the machine's environment.
 """
 from __future__ import annotations
 

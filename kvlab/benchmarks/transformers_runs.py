@@ -1,29 +1,20 @@
 """transformers' side of `bench decode`: its caches as modes, its generate timed per step, its compiled fast path.
 
-The same weights as kvlab's decoder (``to_transformers``), timed the way kvlab's timeline times
-kvlab: a forward pre-hook stamps the start of the prefill and a LogitsProcessor stamps the time each
-step's logits arrive. Its documented fast path (``generation_config.cache_implementation = "static"``
-and ``model.forward = torch.compile(model.forward, ...)``) is compiled the way kvlab's decode step is.
+The same weights as kvlab's decoder (``to_transformers``), timed the way kvlab's timeline times kvlab: a forward
+pre-hook stamps the start of the prefill and a LogitsProcessor stamps the time each step's logits arrive. Its documented
+fast path (``generation_config.cache_implementation = "static"`` and ``model.forward = torch.compile(model.forward,
+...)``) is compiled the way kvlab's decode step is.
 """
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from kvlab.experiments.transformers_steps import timed_generate, transformers_cache_bytes
+from kvlab.experiments.transformers_steps import installed, timed_generate, transformers_cache_bytes
 from kvlab.model.decoder import Decoder
 from kvlab.model.loading import to_transformers
 from kvlab.benchmarks.decode_runs import Mode, Run, kv_tokens_read
 
 TRANSFORMERS_CACHES = ("dynamic", "static", "quantized", "offloaded")
-
-
-def installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing
-        return False
 
 
 def transformers_modes(device: torch.device, names: list[str], compile_: bool) -> list[Mode]:

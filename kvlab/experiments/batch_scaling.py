@@ -1,24 +1,23 @@
 """Why batching works, measured: one decode step's time against the batch size, beside this machine's limits.
 
-A decode step multiplies every weight matrix by one new row per sequence. With one sequence the
-step reads all the weights to do two floating-point operations per weight: it waits on memory.
-With B sequences it reads the same weights once and does B times the arithmetic, so the step
-costs about the same until the arithmetic, not the reading, takes the longer time.
-``decode_scaling`` times that step on the real decoder for each batch size and puts beside it,
-measured in the same run:
+A decode step multiplies every weight matrix by one new row per sequence. With one sequence the step reads all the
+weights to do two floating-point operations per weight: it waits on memory. With B sequences it reads the same weights
+once and does B times the arithmetic, so the step costs about the same until the arithmetic, not the reading, takes the
+longer time. ``decode_scaling`` times that step on the real decoder for each batch size and puts beside it, measured in
+the same run:
 
-- ``memory_floor_s``: the bytes a step must read (the weights it streams, ``weight_bytes_per_step``,
-  plus the stored K/V it attends over) / this machine's memory bandwidth (``machine_bandwidth``: a
-  matrix-vector product over a 256 MB matrix, the way decode reads memory);
-- ``compute_floor_s``: the step's arithmetic (2 x weights x batch) / this machine's speed on a
-  large matrix product (``matmul_gflops``).
+- ``memory_floor_s``: the bytes a step must read (the weights it streams, ``weight_bytes_per_step``, plus the stored K/V
+  it attends over) / this machine's memory bandwidth (``machine_bandwidth``: a matrix-vector product over a 256 MB
+  matrix, the way decode reads memory);
+- ``compute_floor_s``: the step's arithmetic (2 x weights x batch) / this machine's speed on a large matrix product
+  (``matmul_gflops``).
 
-A step can be no faster than either; where the two lines cross is where decode stops being
-memory-bound. ``achieved_GBps`` is bytes read / measured step time, to read against the bandwidth
-(a small model's step is often bound by neither: by the fixed cost of launching its operations).
+A step can be no faster than either; where the two lines cross is where decode stops being memory-bound.
+``achieved_GBps`` is bytes read / measured step time, to read against the bandwidth (a small model's step is often bound
+by neither: by the fixed cost of launching its operations).
 
-``prefill_batching`` does the same for prompts: N prompts prefilled one after the other (the i-th
-gets its first token after i prefills) against all N in one batch (all get theirs together).
+``prefill_batching`` does the same for prompts: N prompts prefilled one after the other (the i-th gets its first token
+after i prefills) against all N in one batch (all get theirs together).
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvlab.experiments.bandwidth import StepProductsProbe, machine_bandwidth, weight_bytes_per_step
+from kvlab.experiments.bandwidth import StepProductsProbe, best_seconds, machine_bandwidth, weight_bytes_per_step
 from kvlab.cache.static import StaticCache
 from kvlab.device import now
 from kvlab.model.decoder import Decoder
@@ -57,13 +56,7 @@ def matmul_gflops(device: torch.device, size: int | None = None, repeats: int = 
     """This machine's speed on one large fp32 matrix product, (size, size) @ (size, size), best of ``repeats``."""
     size = size or (4096 if device.type == "cuda" else 512)
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
-    a @ b  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = now(device)
-        a @ b
-        times.append(now(device) - t0)
-    return 2 * size**3 / min(times) / 1e9
+    return 2 * size**3 / best_seconds(lambda: a @ b, device, repeats) / 1e9
 
 
 def measure_machine(device: torch.device, bandwidth_mb: int | None = None) -> dict:
@@ -134,8 +127,8 @@ def prefill_batching(model: Decoder, prompts: int = 8, prompt_tokens: int = 32, 
                      seed: int = 0) -> pd.DataFrame:
     """``prompts`` prompts of ``prompt_tokens`` tokens, prefilled one by one and all in one batch, taking turns.
 
-    One by one, prompt i has its first token when prefills 1..i are done; batched, every prompt has it when
-    the one batched prefill is done. Medians over ``repeats`` of: until all have it, the mean, the first's.
+    One by one, prompt i has its first token when prefills 1..i are done; batched, every prompt has it when the one
+    batched prefill is done. Medians over ``repeats`` of: until all have it, the mean, the first's.
     """
     for name, v in (("prompts", prompts), ("prompt_tokens", prompt_tokens), ("repeats", repeats)):
         check_positive_int(name, v)
@@ -199,8 +192,8 @@ def batch_scaling(model: Decoder | None = None, batch_sizes: Sequence[int] = BAT
 def crossover_batch(result: BatchScaling) -> float:
     """The batch size where the compute floor meets the weights' memory floor (this machine's ridge point).
 
-    = (weight bytes / bandwidth) / (arithmetic time per sequence); K/V reads are left out (they grow with the
-    batch as the arithmetic does).
+    = (weight bytes / bandwidth) / (arithmetic time per sequence); K/V reads are left out (they grow with the batch as
+    the arithmetic does).
     """
     d = result.decode.iloc[0]
     weights_s = d["weight_bytes"] / (result.machine["bandwidth_GBps"] * 1e9)

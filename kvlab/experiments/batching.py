@@ -39,8 +39,8 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
     """Serve the same all-at-once requests under each policy, for each length mix (mixed outputs long-tailed,
     as chat answers are, unless ``outputs="even"``: ``policy_workload``).
 
-    Runs are labelled "<policy>, <lengths> lengths" and keep ``policy`` and ``lengths`` in
-    ``run.extra``. Both policies get the same ``max_seqs`` and token budget.
+    Runs are labelled "<policy>, <lengths> lengths" and keep ``policy`` and ``lengths`` in ``run.extra``. Both policies
+    get the same ``max_seqs`` and token budget.
     """
     model = resolve_model(model)
     check_threads(threads)
@@ -72,8 +72,8 @@ def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequen
     under both policies, back to back, the policy that goes first alternating from round to round (so a machine
     slowing down or speeding up during the cell favours neither). ``run.extra["round"]`` numbers the rounds.
 
-    The equal-length pair of a round, whose schedules are identical, says how far apart the machine alone put two
-    runs in that round.
+    The equal-length pair of a round, whose schedules are identical, says how far apart the machine alone put two runs
+    in that round.
     """
     check_positive_int("rounds", rounds)
     model = resolve_model(model)
@@ -110,9 +110,9 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
                     progress: Progress = no_progress) -> list[ServingRun]:
     """Static batching under a trickle (one request every 1/``rate`` s), waiting up to each of ``waits`` to fill.
 
-    A batch starts as soon as it holds ``max_seqs`` requests or its first member has waited
-    ``batch_wait_s``. With ``include_continuous`` a continuous-batching run on the same requests
-    is added for reference. ``run.extra`` keeps ``policy`` and ``batch_wait_s``.
+    A batch starts as soon as it holds ``max_seqs`` requests or its first member has waited ``batch_wait_s``. With
+    ``include_continuous`` a continuous-batching run on the same requests is added for reference. ``run.extra`` keeps
+    ``policy`` and ``batch_wait_s``.
     """
     model = resolve_model(model)
     check_threads(threads)
@@ -148,8 +148,8 @@ def batching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 def idle_slots(max_new_tokens: Sequence[int], max_seqs: int) -> dict:
     """Decode slots of static batches: how many steps x slots ran, and how many sat idle (ignoring prefill).
 
-    The requests are batched in order, ``max_seqs`` at a time; each batch lasts as long as its
-    longest member, and a finished member's slot stays empty until the batch ends.
+    The requests are batched in order, ``max_seqs`` at a time; each batch lasts as long as its longest member, and a
+    finished member's slot stays empty until the batch ends.
     """
     check_positive_int("max_seqs", max_seqs)
     lengths = [int(x) for x in max_new_tokens]

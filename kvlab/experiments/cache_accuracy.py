@@ -1,15 +1,14 @@
 """Recall accuracy as a cache's precision falls: by bits, group size, residual window and fact-to-query distance.
 
-``accuracy_by_distance()`` asks the shipped recall model the same held-out questions through each
-cache setting and counts exact answers per distance bucket, beside the exact (dynamic) cache's
-count on the same questions, which is scored once and shared. Its rows have the columns of
-``kvlab.experiments.quality.recall_accuracy`` (setting, distance_bucket, examples, accuracy, exact_accuracy)
-plus the setting's parts, so the plots read either. ``quality_prompts`` of the questions are also
-compared token by token with the exact cache (KL of next-token distributions, top-1 agreement).
+``accuracy_by_distance()`` asks the shipped recall model the same held-out questions through each cache setting and
+counts exact answers per distance bucket, beside the exact (dynamic) cache's count on the same questions, which is
+scored once and shared. Its rows have the columns of ``kvlab.experiments.quality.recall_accuracy`` (setting,
+distance_bucket, examples, accuracy, exact_accuracy) plus the setting's parts, so the plots read either.
+``quality_prompts`` of the questions are also compared token by token with the exact cache (KL of next-token
+distributions, top-1 agreement).
 
-Every accuracy is shown with the number of questions behind it: ``accuracy_table`` writes each
-bucket as right / asked (a bucket holds only a fraction of the questions, so one answer more or
-less moves its percentage a lot).
+Every accuracy is shown with the number of questions behind it: ``accuracy_table`` writes each bucket as right / asked
+(a bucket holds only a fraction of the questions, so one answer more or less moves its percentage a lot).
 """
 from __future__ import annotations
 
@@ -41,10 +40,9 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
                          progress: Progress = no_progress) -> pd.DataFrame:
     """One row per (setting, distance bucket): recall accuracy there, beside the exact cache's.
 
-    The exact cache comes first (setting "dynamic"); ``settings`` add to it (a dynamic setting among
-    them is not scored twice). Every setting gets the same questions, ``make_examples(examples, pairs, seed)``.
-    kl_mean and top1_agreement are NaN with ``quality_prompts=0``; compared_positions counts the answer
-    positions they are taken over.
+    The exact cache comes first (setting "dynamic"); ``settings`` add to it (a dynamic setting among them is not scored
+    twice). Every setting gets the same questions, ``make_examples(examples, pairs, seed)``. kl_mean and top1_agreement
+    are NaN with ``quality_prompts=0``; compared_positions counts the answer positions they are taken over.
     """
     from kvlab.experiments.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 

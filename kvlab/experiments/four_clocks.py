@@ -80,10 +80,8 @@ def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 
 
 
 def journey_clocks(run: ServingRun | pd.DataFrame, request_id=None) -> pd.DataFrame:
-    """The clocks of one request (default: the watched one) as a table: clock, start, end, how, seconds.
-
-    The last row is the service's throughput over the whole run: a clock of the system, not of the request.
-    """
+    """The clocks of one request (default: the watched one) as a table: clock, start, end, how, seconds; the last
+    row is the service's throughput over the whole run, a clock of the system, not of the request."""
     frame = run.requests if isinstance(run, ServingRun) else run
     records = records_from_frame(frame)
     if request_id is None:
@@ -128,9 +126,9 @@ def cold_vs_warm(repeats: int = 5, prompt_tokens: int = 64, max_new_tokens: int 
                  threads: int | None = LESSON_THREADS, timeout_s: float = 180.0, progress: Progress = no_progress) -> pd.DataFrame:
     """Start a fresh Python process, build the lesson model and an engine, and serve one request ``repeats`` times.
 
-    Returns one row per serving of the request (``run`` 0 is the cold one); ``frame.attrs`` holds the start-up
-    phases in seconds (``python_start_s`` measured from outside). A fresh process is the only honest cold start:
-    this notebook's own process paid its one-time costs long ago.
+    Returns one row per serving of the request (``run`` 0 is the cold one); ``frame.attrs`` holds the start-up phases in
+    seconds (``python_start_s`` measured from outside). A fresh process is the only honest cold start: this notebook's
+    own process paid its one-time costs long ago.
     """
     check_positive_int("repeats", repeats, 2)
     check_positive_int("prompt_tokens", prompt_tokens)
@@ -167,8 +165,8 @@ def cold_vs_warm(repeats: int = 5, prompt_tokens: int = 64, max_new_tokens: int 
 def cold_warm_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Cold vs warm in one table: the first serving, the median of the warm ones, and a start from nothing.
 
-    "from a stopped service" is what a request that wakes a stopped service waits for its first
-    token: interpreter start + imports + weights + KV pool + the cold TTFT.
+    "from a stopped service" is what a request that wakes a stopped service waits for its first token: interpreter start
+    + imports + weights + KV pool + the cold TTFT.
     """
     a = frame.attrs
     cold = frame[frame["start"] == "cold"].iloc[0]
@@ -204,11 +202,10 @@ def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0,
                    progress: Progress = no_progress) -> ServingRun:
     """``n`` requests of the "mixture" profile (lengths x ``scale``) arriving in bursts at ``rate``/s on average.
 
-    Arrivals are Gamma-distributed with ``burstiness`` (1 = Poisson, below 1 burstier): at 0.1 requests come
-    in clumps, and with two batch slots those of a clump queue behind each other, so TTFT has a tail of
-    queueing on top of prefill. A clump's wait scales with the machine's own step time, so the tail keeps its
-    shape on a faster or slower machine; the average rate leaves a machine several times slower than 2 CPU
-    cores not overloaded.
+    Arrivals are Gamma-distributed with ``burstiness`` (1 = Poisson, below 1 burstier): at 0.1 requests come in clumps,
+    and with two batch slots those of a clump queue behind each other, so TTFT has a tail of queueing on top of prefill.
+    A clump's wait scales with the machine's own step time, so the tail keeps its shape on a faster or slower machine;
+    the average rate leaves a machine several times slower than 2 CPU cores not overloaded.
     """
     model = resolve_model(model)
     check_positive_int("n", n, 2)
@@ -228,8 +225,7 @@ def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0,
 def mean_vs_tail(requests: pd.DataFrame, clocks: tuple[str, ...] = ("ttft_s", "e2e_s", "tpot_s")) -> pd.DataFrame:
     """Per clock over the completed requests: n, mean, p50, p90, p95, p99, max (seconds), and how the tail compares.
 
-    ``share_above_mean``: requests slower than the mean; ``p95_over_mean``: how many times the
-    mean the slowest 5% wait.
+    ``share_above_mean``: requests slower than the mean; ``p95_over_mean``: how many times the mean the slowest 5% wait.
     """
     done = requests[requests["status"] == "completed"]
     rows = []

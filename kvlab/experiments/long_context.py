@@ -1,12 +1,11 @@
 """Cached decode at long context: every step still reads all the stored keys and values.
 
-With a KV cache a decode step computes one new token, but its attention reads the K and V of
-every earlier position, in every layer. At a short context that read is small next to the rest
-of the step (weights, per-operation overhead), so step time looks flat; at a context of a
-thousand tokens or more it shows. ``run_context_steps`` prefills prompts of a few lengths and
-times the cached decode steps after each; ``context_step_summary`` gives one row per context:
-step time, its ratio to the shortest context's, and the K/V bytes the step read (measured from
-the cache, and equal to the memory formula ``kv_cache_bytes``).
+With a KV cache a decode step computes one new token, but its attention reads the K and V of every earlier position, in
+every layer. At a short context that read is small next to the rest of the step (weights, per-operation overhead), so
+step time looks flat; at a context of a thousand tokens or more it shows. ``run_context_steps`` prefills prompts of a
+few lengths and times the cached decode steps after each; ``context_step_summary`` gives one row per context: step time,
+its ratio to the shortest context's, and the K/V bytes the step read (measured from the cache, and equal to the memory
+formula ``kv_cache_bytes``).
 """
 from __future__ import annotations
 
@@ -54,9 +53,9 @@ def run_context_steps(model: Decoder | None = None, contexts: Sequence[int] | No
                       progress: Progress = no_progress) -> pd.DataFrame:
     """Prefill a prompt of each length in ``contexts``, then time ``steps`` cached ("dynamic") decode steps.
 
-    Returns one row per (repeat, context, decode step); ``position`` counts the tokens the step attends over,
-    its own included, and ``kv_bytes_read`` is the cache's bytes after the step (every stored K and V, which
-    its attention read). Repeats interleave the contexts, so a change of machine load hits each alike.
+    Returns one row per (repeat, context, decode step); ``position`` counts the tokens the step attends over, its own
+    included, and ``kv_bytes_read`` is the cache's bytes after the step (every stored K and V, which its attention
+    read). Repeats interleave the contexts, so a change of machine load hits each alike.
     """
     model = lesson_model(seed) if model is None else model
     contexts = check_contexts(model, default_contexts(model, steps) if contexts is None else contexts, steps, repeats)
@@ -80,9 +79,9 @@ def run_context_steps(model: Decoder | None = None, contexts: Sequence[int] | No
 def context_step_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per context: step_ms (median over the steps of the fastest of the repeats), vs_shortest, K/V read.
 
-    The fastest of the repeats is the step's own cost (other programs only add time); the median
-    over the steps keeps one odd step from deciding. ``kv_mb_read`` is the mean K/V read per step in
-    MB (1e6 bytes); ``extra_ms`` the time a step takes beyond the shortest context's.
+    The fastest of the repeats is the step's own cost (other programs only add time); the median over the steps keeps
+    one odd step from deciding. ``kv_mb_read`` is the mean K/V read per step in MB (1e6 bytes); ``extra_ms`` the time a
+    step takes beyond the shortest context's.
     """
     if frame.empty:
         raise ValueError("the frame holds no decode steps; run run_context_steps first")

@@ -1,10 +1,9 @@
 """Memory, the price of the cache: measured bytes next to the formula, and a calculator for real models.
 
-``measure_cache_memory`` generates with each cache strategy and reads the cache's own accounting
-after every step; ``formula_bytes`` is what ``2 x layers x kv_heads x head_dim x tokens x batch x
-bytes_per_element`` predicts for the tokens it holds. ``kv_memory_table`` applies the same formula
-to published model shapes: gigabytes per context x batch, and how many sequences fit on a GPU
-once the weights are loaded.
+``measure_cache_memory`` generates with each cache strategy and reads the cache's own accounting after every step;
+``formula_bytes`` is what ``2 x layers x kv_heads x head_dim x tokens x batch x bytes_per_element`` predicts for the
+tokens it holds. ``kv_memory_table`` applies the same formula to published model shapes: gigabytes per context x batch,
+and how many sequences fit on a GPU once the weights are loaded.
 """
 from __future__ import annotations
 
@@ -38,11 +37,11 @@ def measure_cache_memory(model: Decoder | None = None, prompt_tokens: int = 16, 
                          progress: Progress = no_progress) -> pd.DataFrame:
     """Generate with each cache and record its memory accounting after every step.
 
-    One row per (cache, step): tokens stored, the cache's allocated / used / reserved / device /
-    offloaded bytes, and ``formula_bytes`` for the tokens stored at the model's precision. For
-    dynamic, allocated == formula; for static, used == formula and the rest of the capacity
-    (prompt + max_new_tokens) is reserved. A strategy that cannot be built here gets one row whose ``note``
-    says why. ``caches`` defaults to every strategy that stores something (all of CACHE_NAMES but "none").
+    One row per (cache, step): tokens stored, the cache's allocated / used / reserved / device / offloaded bytes, and
+    ``formula_bytes`` for the tokens stored at the model's precision. For dynamic, allocated == formula; for static,
+    used == formula and the rest of the capacity (prompt + max_new_tokens) is reserved. A strategy that cannot be built
+    here gets one row whose ``note`` says why. ``caches`` defaults to every strategy that stores something (all of
+    CACHE_NAMES but "none").
     """
     model = build_model(tiny_llama(), seed=seed) if model is None else model
     caches = tuple(c for c in CACHE_NAMES if c != "none") if caches is None else tuple(caches)
@@ -104,9 +103,8 @@ def max_sequences(config: ModelConfig | str, context: int, gpu_gib: float, bytes
                   weight_bytes_per_element: float | None = None) -> int:
     """How many sequences of ``context`` tokens fit in ``gpu_gib`` of memory once the weights are loaded.
 
-    Weights take parameters x ``weight_bytes_per_element`` (default: the cache's precision); what is
-    left is divided by one sequence's KV bytes. Activations and fragmentation are ignored, so real
-    servers fit somewhat fewer.
+    Weights take parameters x ``weight_bytes_per_element`` (default: the cache's precision); what is left is divided by
+    one sequence's KV bytes. Activations and fragmentation are ignored, so real servers fit somewhat fewer.
     """
     cfg = resolve_config(config)
     weights = cfg.num_parameters() * (bytes_per_element if weight_bytes_per_element is None
@@ -120,10 +118,10 @@ def kv_memory_table(config: ModelConfig | str, contexts: Sequence[int], batches:
                     weight_bytes_per_element: float | None = None) -> pd.DataFrame:
     """The memory formula over a grid of context lengths x batch sizes for one model shape.
 
-    One row per (context, batch): kv_bytes and kv_gib (GiB = 2**30 bytes), weights_gib, and with
-    ``gpu_gib`` given: total_gib (weights + cache), fits (total <= gpu_gib), and max_batch, the
-    sequences of that context that fit beside the weights. ``over_model_context`` flags contexts
-    longer than the model was trained for (the formula still applies; the model would not).
+    One row per (context, batch): kv_bytes and kv_gib (GiB = 2**30 bytes), weights_gib, and with ``gpu_gib`` given:
+    total_gib (weights + cache), fits (total <= gpu_gib), and max_batch, the sequences of that context that fit beside
+    the weights. ``over_model_context`` flags contexts longer than the model was trained for (the formula still applies;
+    the model would not).
     """
     cfg = resolve_config(config)
     contexts, batches = list(contexts), list(batches)

@@ -1,9 +1,9 @@
 """Cache precision vs exact: token agreement, KL divergence, recall accuracy and perplexity.
 
-Every measure compares a cache setting with the exact (dynamic) cache on the same model and the
-same inputs. Distributions are compared teacher-forced: both caches see the prompt, then the exact
-cache's own greedy continuation fed one token at a time, so step i of one run and step i of the
-other predict the same position from the same tokens; only what the cache stored differs.
+Every measure compares a cache setting with the exact (dynamic) cache on the same model and the same inputs.
+Distributions are compared teacher-forced: both caches see the prompt, then the exact cache's own greedy continuation
+fed one token at a time, so step i of one run and step i of the other predict the same position from the same tokens;
+only what the cache stored differs.
 """
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def teacher_forced_logits(model: Decoder, prompt: str | Sequence[int], continuat
                           cache: str | KVCache = EXACT, **cache_options) -> torch.Tensor:
     """Next-token logits (N, V) for each of the N continuation tokens, fed one at a time through ``cache``.
 
-    Row 0 comes from the prefill of ``prompt`` (it predicts continuation[0]); row i from the decode
-    step that fed continuation[i-1]. With ``cache="none"`` the whole sequence goes through one
-    uncached forward: the oracle the cached runs must reproduce.
+    Row 0 comes from the prefill of ``prompt`` (it predicts continuation[0]); row i from the decode step that fed
+    continuation[i-1]. With ``cache="none"`` the whole sequence goes through one uncached forward: the oracle the cached
+    runs must reproduce.
     """
     prompt_ids, cont = encode_prompt(model, prompt), list(continuation)
     if not cont:
@@ -118,10 +118,9 @@ def compare_to_exact(model: Decoder, prompts: str | Sequence[int] | Sequence[str
                      **cache_options) -> QualityReport:
     """Greedy agreement, KL and top-1 agreement of ``cache`` against the exact cache on the same prompts.
 
-    For each prompt: both caches generate greedily and freely (agreement counts positions of the
-    exact run's tokens, a missing token counting as a disagreement); then both are teacher-forced
-    on the prompt plus the exact run's tokens, and their next-token distributions are compared.
-    Several prompts pool their positions.
+    For each prompt: both caches generate greedily and freely (agreement counts positions of the exact run's tokens, a
+    missing token counting as a disagreement); then both are teacher-forced on the prompt plus the exact run's tokens,
+    and their next-token distributions are compared. Several prompts pool their positions.
     """
     single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
     prompt_list = cast("list[str | Sequence[int]]", [prompts] if single else list(prompts))  # one prompt each

@@ -1,11 +1,11 @@
 """A real model, where the machine is online: the lessons' measurements on SmolLM2-135M instead of random weights.
 
-The lessons run on small random-weight models that ship with kvlab, so they work everywhere, offline included.
-Where the Hugging Face hub is reachable (Colab, most laptops), ``try_real_model()`` loads one small trained
-checkpoint with its own tokenizer, and ``real_model_demo()`` repeats three measurements on it: readable text, the
-slowdown without a cache (time per token, "none" vs "dynamic"), and the cache's measured bytes next to the formula
-at the model's real shape. Offline, ``try_real_model()`` says so in one line and returns None; nothing waits
-longer than ``timeout_s`` for the network.
+The lessons run on small random-weight models that ship with kvlab, so they work everywhere, offline included. Where the
+Hugging Face hub is reachable (Colab, most laptops), ``try_real_model()`` loads one small trained checkpoint with its
+own tokenizer, and ``real_model_demo()`` repeats three measurements on it: readable text, the slowdown without a cache
+(time per token, "none" vs "dynamic"), and the cache's measured bytes next to the formula at the model's real shape.
+Offline, ``try_real_model()`` says so in one line and returns None; nothing waits longer than ``timeout_s`` for the
+network.
 
     >>> model, note = try_real_model()
     >>> print(note)
@@ -51,8 +51,8 @@ def hub_endpoint() -> str:
 def hub_reachable(timeout_s: float = 2.5, endpoint: str | None = None) -> bool:
     """True when the hub answers an HTTP request within ``timeout_s`` seconds (any status counts as an answer).
 
-    The request runs on a daemon thread that is abandoned after ``timeout_s``: a DNS lookup, which
-    no socket timeout bounds, cannot hold the notebook longer than that.
+    The request runs on a daemon thread that is abandoned after ``timeout_s``: a DNS lookup, which no socket timeout
+    bounds, cannot hold the notebook longer than that.
     """
     url = endpoint or hub_endpoint()
     answers: list[bool] = []
@@ -94,8 +94,8 @@ def try_real_model(name: str | Path = DEFAULT_MODEL, timeout_s: float = 2.5,
     """Load a small trained model with its tokenizer where possible: ``(model, note)``, else ``(None, note)``.
 
     ``name`` is a hub name of a supported family ("HuggingFaceTB/SmolLM2-135M", "openai-community/gpt2",
-    "Qwen/Qwen2.5-0.5B") or a checkpoint directory. Offline (``offline_reason``) only the local Hugging Face
-    cache is tried (a model downloaded earlier still loads). ``note`` is one line saying what happened.
+    "Qwen/Qwen2.5-0.5B") or a checkpoint directory. Offline (``offline_reason``) only the local Hugging Face cache is
+    tried (a model downloaded earlier still loads). ``note`` is one line saying what happened.
     """
     from kvlab.model.loading import from_pretrained
 
@@ -133,8 +133,8 @@ def real_model_demo(model: Decoder, prompt: str = DEFAULT_PROMPT, new_tokens: in
                     threads: int | None = None) -> RealModelDemo:
     """Readable text, the slowdown (none vs dynamic) and measured cache bytes vs the formula, on ``model``.
 
-    The tables are ``RealModelDemo``'s. ``threads`` CPU threads for the timed runs (None keeps torch's setting:
-    a real model on CPU needs every core to finish in seconds).
+    The tables are ``RealModelDemo``'s. ``threads`` CPU threads for the timed runs (None keeps torch's setting: a real
+    model on CPU needs every core to finish in seconds).
     """
     if not isinstance(slowdown_tokens, int) or slowdown_tokens < 16:
         raise ValueError(f"slowdown_tokens must be an integer >= 16 (an early and a late window of 5 tokens), "

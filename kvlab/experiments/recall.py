@@ -4,11 +4,10 @@ A context lists pairs, a query names one key, and the model must answer with tha
 
     k3f:v9a;k1b:v2c;k07:v11;?k1b:   ->   v2c.
 
-Keys are distinct within a context; which pair is queried is drawn uniformly, so the distance
-between the fact and the query spans the whole context. Getting the value right means attending
-back, through the KV cache, to exactly one earlier token: a cache that blurs keys or values shows
-up here as wrong answers. Prompts are plain text in the built-in ByteTokenizer's format (one
-token per character), so they read as they are.
+Keys are distinct within a context; which pair is queried is drawn uniformly, so the distance between the fact and the
+query spans the whole context. Getting the value right means attending back, through the KV cache, to exactly one
+earlier token: a cache that blurs keys or values shows up here as wrong answers. Prompts are plain text in the built-in
+ByteTokenizer's format (one token per character), so they read as they are.
 """
 from __future__ import annotations
 
@@ -87,11 +86,11 @@ def training_batch(batch: int, num_pairs: int, num_queries: int, rng: random.Ran
                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch of multi-query sequences for training: context, then ``num_queries`` answered queries.
 
-    ``k3f:v9a;k1b:v2c;?k1b:v2c.?k3f:v9a.`` -- the first query has exactly the layout of a
-    ``make_examples`` prompt; the later ones give more answers to learn from per context.
-    Returns ids (B, T), targets (B, T) and is_answer (B, T). targets hold the next token where it is part of a
-    query (its key's two digits, then the answer "v..") and -100 elsewhere: the random context teaches nothing,
-    while predicting a key's second digit from its first is the look-back-and-copy the answer needs.
+    ``k3f:v9a;k1b:v2c;?k1b:v2c.?k3f:v9a.`` -- the first query has exactly the layout of a ``make_examples`` prompt; the
+    later ones give more answers to learn from per context. Returns ids (B, T), targets (B, T) and is_answer (B, T).
+    targets hold the next token where it is part of a query (its key's two digits, then the answer "v..") and -100
+    elsewhere: the random context teaches nothing, while predicting a key's second digit from its first is the
+    look-back-and-copy the answer needs.
     """
     _check_pairs(num_pairs)
     ids, targets, answer = [], [], []
@@ -136,8 +135,8 @@ def score(model, examples: list[RecallExample], cache: str | KVCache = "dynamic"
           **cache_options) -> RecallScore:
     """Greedy exact-match accuracy of ``model`` on ``examples`` with the given cache setting.
 
-    Each prompt goes through ``kvlab.generate`` (greedy, up to 4 new tokens, stopping at the
-    terminator) with ``cache`` and its options; an answer counts only if every token matches.
+    Each prompt goes through ``kvlab.generate`` (greedy, up to 4 new tokens, stopping at the terminator) with ``cache``
+    and its options; an answer counts only if every token matches.
     """
     from kvlab.generate import generate
 

@@ -1,8 +1,8 @@
 """Under load: service curves per workload profile, the A/B trade-off with two real policies, simulator vs reality.
 
 ``service_curves`` simulates one curve per profile on the calibrated cost model, knee marked (``kvlab.serving.knee``);
-``ab_example`` puts two real scheduling policies on the same requests; ``simulated_vs_real`` sets the simulator
-beside the real decoder. ``python -m kvlab sweep`` runs the same from a command line (``kvlab.experiments.sweep_cli``).
+``ab_example`` puts two real scheduling policies on the same requests; ``simulated_vs_real`` sets the simulator beside
+the real decoder. ``python -m kvlab sweep`` runs the same from a command line (``kvlab.experiments.sweep_cli``).
 """
 from __future__ import annotations
 
@@ -47,15 +47,14 @@ def service_curve(profile: str = "mixture", rates: Sequence[float] | None = None
                   min_throughput_ratio: float = KEEPS_UP_RATIO, progress: Progress = no_progress) -> pd.DataFrame:
     """A simulated service curve of one profile: one row per offered load, knee marked.
 
-    ``rates=None`` places ``levels`` loads from 0.1 to 1.5 x the capacity the cost model
-    estimates for this profile and scheduler (``estimate_capacity_rps``).
+    ``rates=None`` places ``levels`` loads from 0.1 to 1.5 x the capacity the cost model estimates for this profile and
+    scheduler (``estimate_capacity_rps``).
     """
     engine = Engine(_priced(cost_model), lesson_spec(scheduler))
     workload = profile_workload(profile, requests, seed, engine.max_model_len)
     if rates is None:
         cost = cast(CostModelExecutor, engine.executor).cost_model  # a simulator's steps are priced by one
-        capacity = estimate_capacity_rps(cost, workload.requests, engine.scheduler_config.max_seqs)
-        rates = auto_rates(capacity, levels)
+        rates = auto_rates(estimate_capacity_rps(cost, workload.requests, engine.scheduler_config.max_seqs), levels)
     frame = load_sweep(engine, workload, rates, slo=slo, clock="virtual",
                        progress=lambda it: progress(it, total=len(rates), desc=profile, unit="level"))
     return mark_knee(frame, min_throughput_ratio)
@@ -115,9 +114,9 @@ def ab_load(cost_model: CostModel, policies: dict[str, SchedulerConfig] | None =
             output_tokens: int = 32, window_s: float = 60.0, seed: int = 0, levels: int = 14) -> float:
     """The load of the A/B example: the first level of a sweep of policy A alone that A no longer keeps up with.
 
-    A's levels run from 0.2 to 1.5 x the estimated capacity; a level keeps up as in ``mark_knee``
-    (>= 90% of the load served, no TTFT target). The load is chosen from A's throughput alone,
-    so what B does there, and every first-token time, is measured, not selected for.
+    A's levels run from 0.2 to 1.5 x the estimated capacity; a level keeps up as in ``mark_knee`` (>= 90% of the load
+    served, no TTFT target). The load is chosen from A's throughput alone, so what B does there, and every first-token
+    time, is measured, not selected for.
     """
     policies = ab_policies() if policies is None else policies
     sample = _workload(profile, 200, seed, MAX_MODEL_LEN, output_tokens=output_tokens)
@@ -135,17 +134,15 @@ def ab_example(cost_model: CostModel | None = None, rate: float | None = None, w
                policies: dict[str, SchedulerConfig] | None = None) -> pd.DataFrame:
     """The same requests, at the same load, through two real scheduling policies, in virtual time.
 
-    Requests of ``profile`` (default: long documents in, short answers out) with equal outputs
-    (``output_tokens``) arrive as a Poisson process for ``window_s`` seconds at ``rate``
-    requests/s (default ``ab_load``: the lowest load policy A no longer keeps up with). One row
-    per policy (``ab_policies``), counted when the window closes, then ``throughput_ratio`` and
-    ``keeps_up`` of the run drained to the end (as in ``mark_knee``). Deterministic.
+    Requests of ``profile`` (default: long documents in, short answers out) with equal outputs (``output_tokens``)
+    arrive as a Poisson process for ``window_s`` seconds at ``rate`` requests/s (default ``ab_load``: the lowest load
+    policy A no longer keeps up with). One row per policy (``ab_policies``), counted when the window closes, then
+    ``throughput_ratio`` and ``keeps_up`` of the run drained to the end (as in ``mark_knee``). Deterministic.
 
-    Why they differ: A runs a waiting prompt at once, so first tokens come early, but its
-    prompt-only steps pause every running answer (a long time per output token) and each pays
-    the whole per-step cost alone; B keeps every answer moving and slips prompts into the budget
-    left over, so it finishes more answers per minute while a new prompt waits longer for its
-    first token.
+    Why they differ: A runs a waiting prompt at once, so first tokens come early, but its prompt-only steps pause every
+    running answer (a long time per output token) and each pays the whole per-step cost alone; B keeps every answer
+    moving and slips prompts into the budget left over, so it finishes more answers per minute while a new prompt waits
+    longer for its first token.
     """
     cost_model = _priced(cost_model)
     policies = ab_policies() if policies is None else policies
@@ -230,11 +227,10 @@ def simulated_vs_real(rates: Sequence[float], profile: str = "short_short", requ
                       progress: Progress = no_progress) -> pd.DataFrame:
     """The same load levels served by the real decoder (wall clock) and by the cost model (virtual clock).
 
-    ``config`` defaults to the serving lessons' ~3M-parameter Llama (``lesson_config()``): its
-    steps take milliseconds, long enough that a busy machine's jitter does not drown them, short
-    enough that a real level lasts seconds. ``cost_model`` should be calibrated on this machine
-    for ``config`` (default: the shipped calibration of that config). Real levels run in real time: keep
-    ``requests`` / rate small.
+    ``config`` defaults to the serving lessons' ~3M-parameter Llama (``lesson_config()``): its steps take milliseconds,
+    long enough that a busy machine's jitter does not drown them, short enough that a real level lasts seconds.
+    ``cost_model`` should be calibrated on this machine for ``config`` (default: the shipped calibration of that
+    config). Real levels run in real time: keep ``requests`` / rate small.
     """
     config = lesson_config() if config is None else config if isinstance(config, ModelConfig) else preset(config)
     cost_model = load_calibration(config.name) if cost_model is None else cost_model
@@ -262,9 +258,9 @@ GAP_CLOCKS = ("achieved_rps", "ttft_p50_s", "ttft_p95_s", "tpot_p50_s", "e2e_p95
 def real_vs_simulated(frame: pd.DataFrame, clocks: Sequence[str] = GAP_CLOCKS) -> pd.DataFrame:
     """How far the simulator is from the real run: one row per (load, clock), real / simulated, with n.
 
-    ``frame`` is ``simulated_vs_real`` output. ``ratio`` > 1: the real run was slower (a longer
-    time) or, for ``achieved_rps``, served more. ``n_real`` / ``n_simulated`` are the completed
-    requests behind each quantile (the level's request count for throughput).
+    ``frame`` is ``simulated_vs_real`` output. ``ratio`` > 1: the real run was slower (a longer time) or, for
+    ``achieved_rps``, served more. ``n_real`` / ``n_simulated`` are the completed requests behind each quantile (the
+    level's request count for throughput).
     """
     if "source" not in frame or set(frame["source"]) != {"real", "simulated"}:
         raise ValueError("expected simulated_vs_real output: rows with source 'real' and 'simulated'")

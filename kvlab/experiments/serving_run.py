@@ -1,14 +1,13 @@
 """Serving runs: one workload through the engine, kept as the tables the serving lessons plot.
 
-``serve`` builds an ``Engine``, runs a list of requests and returns a ``ServingRun``: the records
-(the four clocks' raw stamps), one row per request, one row per (step, request) for Gantt charts,
-and one row per step (batch composition, KV blocks). ``runs_frame`` stacks several runs into one
-DataFrame for a panel, ``runs_table`` gives one summary row per run.
+``serve`` builds an ``Engine``, runs a list of requests and returns a ``ServingRun``: the records (the four clocks' raw
+stamps), one row per request, one row per (step, request) for Gantt charts, and one row per step (batch composition, KV
+blocks). ``runs_frame`` stacks several runs into one DataFrame for a panel, ``runs_table`` gives one summary row per
+run.
 
-``FixedStepCostExecutor`` prices every step at a fixed cost and runs no model. With the engine's
-virtual clock it gives exact, machine-independent timestamps — the engine's real scheduler and
-block manager decide everything — so notebooks can check them and learners can work them out by
-hand. It is not a model of any machine's speed.
+``FixedStepCostExecutor`` prices every step at a fixed cost and runs no model. With the engine's virtual clock it gives
+exact, machine-independent timestamps — the engine's real scheduler and block manager decide everything — so notebooks
+can check them and learners can work them out by hand. It is not a model of any machine's speed.
 """
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ from kvlab.workload import Request
 class FixedStepCostExecutor(Executor):
     """An executor with fixed prices: each step costs ``step_s`` + ``token_s`` x tokens computed.
 
-    No model runs: every sampled token is ``token_id``. On the virtual clock a request's TTFT can be worked out
-    by hand from the steps it waited for (the module doc).
+    No model runs: every sampled token is ``token_id``. On the virtual clock a request's TTFT can be worked out by hand
+    from the steps it waited for (the module doc).
     """
 
     name = "fixed_step_cost"
@@ -136,8 +135,8 @@ def warm_up(model: Decoder, threads: int | None = LESSON_THREADS) -> None:
 def runs_table(runs: Iterable[ServingRun]) -> pd.DataFrame:
     """One row per run: counts, throughput, the clocks' quantiles (with n), steps, batch size, KV use.
 
-    ``mean_batch`` is the mean number of sequences per executed step; ``busy_s`` the summed step
-    durations (time the model was computing), so ``tokens_per_busy_s`` is output per second of work.
+    ``mean_batch`` is the mean number of sequences per executed step; ``busy_s`` the summed step durations (time the
+    model was computing), so ``tokens_per_busy_s`` is output per second of work.
     """
     rows = []
     for run in runs:
@@ -181,8 +180,8 @@ def records_from_frame(requests: pd.DataFrame) -> list[RequestRecord]:
 def runs_frame(runs: Sequence[ServingRun]) -> pd.DataFrame:
     """The requests of every run stacked (column ``run``), for a panel.
 
-    ``frame.attrs`` carries what the figures need besides: ``steps`` and ``trace`` (stacked the
-    same way), ``runs`` (``runs_table``) and ``settings`` (per run label).
+    ``frame.attrs`` carries what the figures need besides: ``steps`` and ``trace`` (stacked the same way), ``runs``
+    (``runs_table``) and ``settings`` (per run label).
     """
     if not runs:
         raise ValueError("runs_frame needs at least one ServingRun")

@@ -1,10 +1,9 @@
 """The slowdown: without a KV cache every new token costs more than the one before.
 
-``run_slowdown`` generates the same prompt with cache "none" (the whole sequence is recomputed at
-every step) and cache "dynamic" (only the new token is computed), and returns the time of every
-step. ``slowdown_summary`` turns the claim "token 200 costs more than token 20" into two numbers per
-cache: the measured ratio of a late step to an early one, next to the ratio of work (tokens pushed
-through the model) that explains it.
+``run_slowdown`` generates the same prompt with cache "none" (the whole sequence is recomputed at every step) and cache
+"dynamic" (only the new token is computed), and returns the time of every step. ``slowdown_summary`` turns the claim
+"token 200 costs more than token 20" into two numbers per cache: the measured ratio of a late step to an early one, next
+to the ratio of work (tokens pushed through the model) that explains it.
 """
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ def prompt_ids(model: Decoder, prompt_tokens: int, seed: int = 0) -> list[int]:
 def tokens_processed(cache: str, prompt_tokens: int, token: int) -> int:
     """Tokens pushed through the model in the step that produces generated token ``token``.
 
-    Step 0 is the prefill (the whole prompt). After it, "none" recomputes the prompt plus every
-    token generated so far; every real cache computes just the one new token.
+    Step 0 is the prefill (the whole prompt). After it, "none" recomputes the prompt plus every token generated so far;
+    every real cache computes just the one new token.
     """
     return prompt_tokens + token if token == 0 or cache == "none" else 1
 
@@ -60,11 +59,11 @@ def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None,
                  warmup: bool = True, threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> pd.DataFrame:
     """Time every generated token, for each cache strategy, on the same prompt.
 
-    Returns one row per (repeat, cache, token) with columns cache, repeat, token (0 = the first
-    generated token, produced by the prefill), position, phase, tokens_processed, step_ms, time_s
-    (since generation started), cache_bytes. Runs alternate between caches so a change in machine
-    load hits every cache alike. A short warm-up run per cache (not recorded) pays one-time costs.
-    ``prompt_tokens`` and ``max_new_tokens`` default to the device's lesson sizes (``lesson_scale``).
+    Returns one row per (repeat, cache, token) with columns cache, repeat, token (0 = the first generated token,
+    produced by the prefill), position, phase, tokens_processed, step_ms, time_s (since generation started),
+    cache_bytes. Runs alternate between caches so a change in machine load hits every cache alike. A short warm-up run
+    per cache (not recorded) pays one-time costs. ``prompt_tokens`` and ``max_new_tokens`` default to the device's
+    lesson sizes (``lesson_scale``).
     """
     model = slowdown_model(seed) if model is None else model
     scale = lesson_scale(model.device)
@@ -96,9 +95,9 @@ def run_slowdown(model: Decoder | None = None, prompt_tokens: int | None = None,
 def step_curves(frame: pd.DataFrame) -> pd.DataFrame:
     """One curve per cache from the repeats: the fastest step_ms and the median time_s per token.
 
-    Other programs on the machine can only ever add time to a step, so the fastest of the repeats
-    is the best estimate of what the step itself costs (the rule ``timeit`` follows). The
-    cumulative time stays the median run's: that is the wait a user would typically see.
+    Other programs on the machine can only ever add time to a step, so the fastest of the repeats is the best estimate
+    of what the step itself costs (the rule ``timeit`` follows). The cumulative time stays the median run's: that is the
+    wait a user would typically see.
     """
     return (frame.groupby(["cache", "token"], sort=False)
             .agg(position=("position", "first"), tokens_processed=("tokens_processed", "first"),
@@ -110,13 +109,13 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
                      window: int = 5) -> pd.DataFrame:
     """Per cache: step time at an early and a late token, their ratio, and the ratio of work.
 
-    Each step time is the median over ``window`` tokens either side of the fastest-of-repeats
-    curve (``step_curves``), so a step delayed by another program does not decide the ratio. ``early`` defaults
-    to the token 10% into the run, ``late`` to the last token whose window fits in the run (token
-    194 of 200). ``work_ratio`` is what the ratio would be if time were proportional to tokens
-    processed: (prompt + late) / (prompt + early) without a cache, 1 with one. The measured ratio is the work
-    ratio times late / early of the cost per token processed (``*_ms_per_token_processed``), so it falls short
-    of the work ratio exactly when a pass over more tokens costs less per token (``per_token_costs``).
+    Each step time is the median over ``window`` tokens either side of the fastest-of-repeats curve (``step_curves``),
+    so a step delayed by another program does not decide the ratio. ``early`` defaults to the token 10% into the run,
+    ``late`` to the last token whose window fits in the run (token 194 of 200). ``work_ratio`` is what the ratio would
+    be if time were proportional to tokens processed: (prompt + late) / (prompt + early) without a cache, 1 with one.
+    The measured ratio is the work ratio times late / early of the cost per token processed
+    (``*_ms_per_token_processed``), so it falls short of the work ratio exactly when a pass over more tokens costs less
+    per token (``per_token_costs``).
     """
     n = int(frame["token"].max()) + 1  # tokens per run; decode tokens are 1 .. n-1
     early = max(window + 1, round(0.1 * n)) if early is None else early
@@ -146,10 +145,10 @@ def slowdown_summary(frame: pd.DataFrame, early: int | None = None, late: int | 
 def per_token_costs(frame: pd.DataFrame, **summary_options) -> pd.DataFrame:
     """What one processed token cost in a step: step time / tokens that step pushed through the model.
 
-    One row per (cache, early or late token of ``slowdown_summary``). The rows show why the measured slowdown
-    falls short of the work ratio: the matrix products of a pass read every weight once for all its tokens, and
-    each operation starts once per pass, so a pass over many tokens costs far less per token than a pass over one
-    (the same reason a prefill takes far less than one decode step per prompt token).
+    One row per (cache, early or late token of ``slowdown_summary``). The rows show why the measured slowdown falls
+    short of the work ratio: the matrix products of a pass read every weight once for all its tokens, and each operation
+    starts once per pass, so a pass over many tokens costs far less per token than a pass over one (the same reason a
+    prefill takes far less than one decode step per prompt token).
     """
     rows = []
     for r in slowdown_summary(frame, **summary_options).itertuples():
@@ -171,13 +170,13 @@ def _theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 def slowdown_fit(frame: pd.DataFrame, level: float = 0.95, resamples: int = 200, seed: int = 0) -> pd.DataFrame:
     """Per cache, a line through decode step time vs context length: step_ms ≈ fixed_ms + slope × position.
 
-    ``us_per_context_token`` is what one more token of context adds to every step within the
-    measured range: without a cache, the cost of recomputing that token; with one, the cost of
-    reading its stored K/V. ``fixed_ms`` is where the line meets zero context: an extrapolated estimate of
-    what every uncached pass pays whatever it holds (where the cost per token still falls across the range the
-    curve bends and the line meets zero higher; ``per_token_costs`` needs no line). A Theil-Sen fit (median of
-    pairwise slopes), so steps slowed by other programs barely move it; ``fixed_low_ms`` and ``fixed_high_ms``
-    bound ``fixed_ms`` at ``level`` over ``resamples`` seeded bootstrap resamples of the steps.
+    ``us_per_context_token`` is what one more token of context adds to every step within the measured range: without a
+    cache, the cost of recomputing that token; with one, the cost of reading its stored K/V. ``fixed_ms`` is where the
+    line meets zero context: an extrapolated estimate of what every uncached pass pays whatever it holds (where the cost
+    per token still falls across the range the curve bends and the line meets zero higher; ``per_token_costs`` needs no
+    line). A Theil-Sen fit (median of pairwise slopes), so steps slowed by other programs barely move it;
+    ``fixed_low_ms`` and ``fixed_high_ms`` bound ``fixed_ms`` at ``level`` over ``resamples`` seeded bootstrap resamples
+    of the steps.
     """
     if not 0 < level < 1 or resamples < 1:
         raise ValueError(f"level={level} must lie in (0, 1) and resamples={resamples} be at least 1")
@@ -201,9 +200,9 @@ def slowdown_fit(frame: pd.DataFrame, level: float = 0.95, resamples: int = 200,
 def prefill_vs_decode(frame: pd.DataFrame) -> pd.Series:
     """The prefill step against a typical decode step: prompt_tokens, prefill_ms, decode_ms and ratio.
 
-    The prefill (token 0) pushes the whole prompt through the model in one pass; a cached decode
-    step pushes one token. ``decode_ms`` is the median of the decode steps, each the fastest of
-    the repeats (``step_curves``). Read from the "dynamic" cache's steps when the run has them, else the first's.
+    The prefill (token 0) pushes the whole prompt through the model in one pass; a cached decode step pushes one token.
+    ``decode_ms`` is the median of the decode steps, each the fastest of the repeats (``step_curves``). Read from the
+    "dynamic" cache's steps when the run has them, else the first's.
     """
     cache = "dynamic" if "dynamic" in set(frame["cache"]) else frame["cache"].iloc[0]
     curve = step_curves(frame[frame["cache"] == cache]).set_index("token")

@@ -1,17 +1,16 @@
 """What a static cache's fixed shapes allow: one decode step compiled once by torch.compile, reused for every token.
 
-``StaticCache.update`` hands back the filled prefix, so the keys attended over grow by one token
-each step and a compiler sees a new shape every step. ``FixedShapeStaticCache`` writes the new
-token into its slot with ``index_copy_`` at a position held in a tensor and attends over all
-``max_len`` slots, masking the empty ones: token 1 and token 500 run with identical shapes, which
-is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it (gpt-fast's trick).
+``StaticCache.update`` hands back the filled prefix, so the keys attended over grow by one token each step and a
+compiler sees a new shape every step. ``FixedShapeStaticCache`` writes the new token into its slot with ``index_copy_``
+at a position held in a tensor and attends over all ``max_len`` slots, masking the empty ones: token 1 and token 500 run
+with identical shapes, which is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it
+(gpt-fast's trick).
 
-Compiling can take from seconds to minutes (inductor writes and builds C++ on CPU; on CUDA a cold
-context and Triton's kernels), so the notebook calls ``try_compiled_decode()``: the measurement
-runs in a child process that is stopped when the budget (``default_budget_s()``, per device) runs
-out, and the answer is always a dict with a one-line ``message``, never a traceback. On CPU it is
-not started unless asked for with a ``budget_s``: a first compile there outlasts the notebook.
-``python -m kvlab.experiments.static_compile`` runs the measurement and prints the JSON.
+Compiling can take from seconds to minutes (inductor writes and builds C++ on CPU; on CUDA a cold context and Triton's
+kernels), so the notebook calls ``try_compiled_decode()``: the measurement runs in a child process that is stopped when
+the budget (``default_budget_s()``, per device) runs out, and the answer is always a dict with a one-line ``message``,
+never a traceback. On CPU it is not started unless asked for with a ``budget_s``: a first compile there outlasts the
+notebook. ``python -m kvlab.experiments.static_compile`` runs the measurement and prints the JSON.
 """
 from __future__ import annotations
 
@@ -138,11 +137,11 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
     """Greedy decoding three ways on the same prompt: dynamic cache (the reference), the fixed-shape
     static step run eagerly, and the same step compiled once by ``torch.compile``.
 
-    After the compiling call, eager and compiled decode the prompt once per round, for ``rounds`` rounds in
-    alternating order (kvlab/rounds.py). ``speedup`` is the median over rounds of eager / compiled median step
-    time *within* a round (a busy spell slows both runs of a round alike), with its min-max. ``compile_s``: the
-    first compiled call (tracing + code generation + building); ``cuda_graph``: "captured" when a CUDA graph was
-    recorded, else why not. ``backend="eager"`` traces the step without generating code (seconds, not minutes).
+    After the compiling call, eager and compiled decode the prompt once per round, for ``rounds`` rounds in alternating
+    order (kvlab/rounds.py). ``speedup`` is the median over rounds of eager / compiled median step time *within* a round
+    (a busy spell slows both runs of a round alike), with its min-max. ``compile_s``: the first compiled call (tracing +
+    code generation + building); ``cuda_graph``: "captured" when a CUDA graph was recorded, else why not.
+    ``backend="eager"`` traces the step without generating code (seconds, not minutes).
     """
     prompt_ids = encode_prompt(model, prompt)
     if new_tokens < 3:
@@ -173,8 +172,7 @@ def compiled_decode(model: Decoder, prompt: str | list[int], new_tokens: int = 3
             for name in rotated(list(steps), r):
                 runs[name].append(_decode_greedy(model, prompt_ids, new_tokens, cache, steps[name]))
     ratio = paired_ratio([np.median(s) for _, s in runs["eager"]], [np.median(s) for _, s in runs["compiled"]])
-    eager_ms = 1e3 * float(np.median([t for _, s in runs["eager"] for t in s]))
-    compiled_ms = 1e3 * float(np.median([t for _, s in runs["compiled"] for t in s]))
+    eager_ms, compiled_ms = (1e3 * float(np.median([t for _, s in runs[name] for t in s])) for name in steps)
     same = all(tokens == reference.tokens for name in runs for tokens, _ in runs[name])
     speedup, lo, hi = ratio["median"], ratio["min"], ratio["max"]
     return dict(status="compiled", new_tokens=new_tokens, prompt_tokens=len(prompt_ids), max_len=max_len,
@@ -254,8 +252,8 @@ def try_compiled_decode(budget_s: float | None = None, pairs: int = 8, new_token
     """``compiled_decode`` on the shipped recall model, in a child process stopped after ``budget_s``
     (default: ``default_budget_s()``).
 
-    Never raises: a compiler that is missing, fails or is too slow here comes back as
-    ``{"status": "timeout" | "failed" | "not started", "message": ...}``.
+    Never raises: a compiler that is missing, fails or is too slow here comes back as ``{"status": "timeout" | "failed"
+    | "not started", "message": ...}``.
     """
     if budget_s is None:
         budget_s = default_budget_s()

@@ -1,27 +1,27 @@
 """Cache strategies side by side: memory held, latency paid and quality kept, at several context lengths.
 
-``run_strategies()`` runs every cache setting on the shipped recall model (kvlab.experiments.recall) at
-a few context lengths and returns one tidy DataFrame, one row per (setting, context):
+``run_strategies()`` runs every cache setting on the shipped recall model (kvlab.experiments.recall) at a few context
+lengths and returns one tidy DataFrame, one row per (setting, context):
 
-- memory after prompt + new tokens: allocated = used (holding tokens) + reserved (empty), the
-  part on the compute device and the part offloaded, and the ratio to dynamic's allocation beside
-  the ideal ratio of the quantized format (bits / element bits + scale and zero-point per group);
-- latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's
-  ``update`` (quantizing, dequantizing, copying between tiers; on CUDA timed with the compute stream
-  synchronised), bytes moved per step;
-- for the offloaded cache, the link: the ms per step its copies took (a throttled link's wait included:
-  ``link_gbps``, see kvlab.cache.offloaded), the ms the stated link needs for the mean bytes moved, and bytes
-  moved per second of copying and of a whole decode step (medians over the steps, like the p50 latency);
-- quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the
-  answer tokens, top-1 and greedy agreement.
+- memory after prompt + new tokens: allocated = used (holding tokens) + reserved (empty), the part on the compute device
+  and the part offloaded, and the ratio to dynamic's allocation beside the ideal ratio of the quantized format (bits /
+  element bits + scale and zero-point per group);
+- latency: prefill ms, per-token decode latency p50 / p95, the ms per step spent inside the cache's ``update``
+  (quantizing, dequantizing, copying between tiers; on CUDA timed with the compute stream synchronised), bytes moved per
+  step;
+- for the offloaded cache, the link: the ms per step its copies took (a throttled link's wait included: ``link_gbps``,
+  see kvlab.cache.offloaded), the ms the stated link needs for the mean bytes moved, and bytes moved per second of
+  copying and of a whole decode step (medians over the steps, like the p50 latency);
+- quality vs the exact (dynamic) cache: recall accuracy, KL of next-token distributions on the answer tokens, top-1 and
+  greedy agreement.
 
-``run_strategy_comparison()`` is what a panel's Run calls: ``run_strategies`` over the settings
-``strategy_settings`` makes of the panel's choices, and the recall accuracy of the inexact ones at the longest
-context (``kvlab.experiments.cache_accuracy``).
+``run_strategy_comparison()`` is what a panel's Run calls: ``run_strategies`` over the settings ``strategy_settings``
+makes of the panel's choices, and the recall accuracy of the inexact ones at the longest context
+(``kvlab.experiments.cache_accuracy``).
 
-Timed runs go round-robin over the settings (a slow moment on a shared machine hits all alike).
-Static and offloaded caches are sized for the longest context of the sweep, as a server sizes them
-for the longest request it accepts: shorter contexts show the bytes they reserve and leave empty.
+Timed runs go round-robin over the settings (a slow moment on a shared machine hits all alike). Static and offloaded
+caches are sized for the longest context of the sweep, as a server sizes them for the longest request it accepts:
+shorter contexts show the bytes they reserve and leave empty.
 """
 from __future__ import annotations
 
@@ -74,8 +74,8 @@ def default_settings(device: torch.device | str = "cpu") -> list[dict]:
 def ideal_memory_ratio(setting: dict, head_dim: int, tokens: int, element_bytes: int = 4) -> float:
     """Bytes a quantized cache needs per stored value over full precision's (1.0 for the exact caches).
 
-    Codes take bits / 8 bytes, each group of ``group_size`` values adds a scale and a zero-point in
-    the model dtype, and the newest ``residual`` tokens stay at full precision.
+    Codes take bits / 8 bytes, each group of ``group_size`` values adds a scale and a zero-point in the model dtype, and
+    the newest ``residual`` tokens stay at full precision.
     """
     if setting["cache"] != "quantized":
         return 1.0
@@ -129,8 +129,7 @@ def _timed_run(model: Decoder, prompt: list[int], setting: dict, new_tokens: int
         layers = model.config.num_layers
         result = generate(model, prompt, cache=cache, max_new_tokens=new_tokens)
         steps = result.timeline.step_s
-        mem = cache.memory()
-        extra = cache.memory_breakdown() if hasattr(cache, "memory_breakdown") else {}
+        mem, extra = cache.memory(), cache.memory_breakdown() if hasattr(cache, "memory_breakdown") else {}
         return dict(prefill_s=steps[0], decode_s=steps[1:], update_s=_per_step(spent, layers)[1:],
                     copy_s=_per_step(copied, layers)[1:] if copies_timed else [],
                     moved=result.timeline.bytes_moved[1:], memory=mem, breakdown=extra)
@@ -145,10 +144,10 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
                    progress: Progress = no_progress) -> pd.DataFrame:
     """Every cache setting at every context size: memory, latency and quality vs exact, one row each.
 
-    ``settings`` are dicts like ``{"cache": "quantized", "bits": 2, "residual": 32}``; ``pairs`` the
-    recall contexts (``8 * pairs + 5`` prompt tokens). ``repeats`` timed generations of
-    ``new_tokens`` per row; ``examples`` recall questions per context for accuracy (0: skip the
-    quality columns); ``quality_prompts`` of them also compared token by token with the exact cache.
+    ``settings`` are dicts like ``{"cache": "quantized", "bits": 2, "residual": 32}``; ``pairs`` the recall contexts
+    (``8 * pairs + 5`` prompt tokens). ``repeats`` timed generations of ``new_tokens`` per row; ``examples`` recall
+    questions per context for accuracy (0: skip the quality columns); ``quality_prompts`` of them also compared token by
+    token with the exact cache.
     """
     from kvlab.experiments.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 
@@ -249,11 +248,10 @@ def strategy_settings(strategies: Sequence[str], bits: Sequence[int] = (8, 4, 2)
                       device: torch.device | str = "cpu") -> list[dict]:
     """The settings ``run_strategies`` takes, from the panel's choices: one quantized setting per bits value.
 
-    dynamic always comes first (every ratio is taken against it), whether chosen or not. With
-    ``link_gbps``, offloaded runs twice: over the tier's own speed and over a link of that many GB/s
-    (``OffloadedCache(link_gbps=...)``), the same bytes moved at two speeds. On a CUDA ``device``
-    offloaded also runs with ``prefetch=False``: prefetched copies overlap compute on a side stream and
-    go untimed, synchronous ones are timed (the tier's own speed).
+    dynamic always comes first (every ratio is taken against it), whether chosen or not. With ``link_gbps``, offloaded
+    runs twice: over the tier's own speed and over a link of that many GB/s (``OffloadedCache(link_gbps=...)``), the
+    same bytes moved at two speeds. On a CUDA ``device`` offloaded also runs with ``prefetch=False``: prefetched copies
+    overlap compute on a side stream and go untimed, synchronous ones are timed (the tier's own speed).
     """
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
@@ -291,11 +289,11 @@ def run_strategy_comparison(model: Decoder | None = None, strategies: Sequence[s
     accuracy of the dynamic and quantized settings at the longest context (``accuracy_by_distance``); the
     settings are ``strategy_settings``'.
 
-    The frame is run_strategies' with the accuracy columns filled in at the longest context
-    (static and offloaded are exact strategies and are not scored again; their quality columns
-    stay empty), beside the counts behind each accuracy: ``correct`` and ``examples``, and
-    ``exact_correct`` (the exact cache's, as "right/asked"). ``frame.attrs``: "accuracy" (the by-distance frame), "bytes_per_token" (the
-    formula's bytes for one token, all layers, K and V), model, new_tokens, repeats.
+    The frame is run_strategies' with the accuracy columns filled in at the longest context (static and offloaded are
+    exact strategies and are not scored again; their quality columns stay empty), beside the counts behind each
+    accuracy: ``correct`` and ``examples``, and ``exact_correct`` (the exact cache's, as "right/asked").
+    ``frame.attrs``: "accuracy" (the by-distance frame), "bytes_per_token" (the formula's bytes for one token, all
+    layers, K and V), model, new_tokens, repeats.
     """
     from kvlab.experiments.recall import load_recall_model, make_examples
 

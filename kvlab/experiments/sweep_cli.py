@@ -2,14 +2,14 @@
 
 ``python -m kvlab sweep [--simulate] [--profile P ...] [--rates R,R,...] [--requests N] [--json PATH]``
 
-With ``--simulate`` every level runs in virtual time on the cost model calibrated for the
-config (kvlab/data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds.
-Without it the real decoder (a small config, ``tiny`` by default) serves every level in real
-time, so keep ``--requests`` small. Rates default to ten levels from 0.1 to 1.5 times the
-capacity the cost model estimates for the profile. The knee is marked by ``kvlab.serving.knee``'s rule.
+With ``--simulate`` every level runs in virtual time on the cost model calibrated for the config
+(kvlab/data/calibration/, or ``--calibration PATH``): 10 levels of 500 requests take seconds. Without it the real
+decoder (a small config, ``tiny`` by default) serves every level in real time, so keep ``--requests`` small. Rates
+default to ten levels from 0.1 to 1.5 times the capacity the cost model estimates for the profile. The knee is marked by
+``kvlab.serving.knee``'s rule.
 
-``--trace PATH`` replays a trace (Azure CSV or Mooncake JSON lines, ``--trace-format`` or detected)
-instead of a profile, faster level by level: ``kvlab.experiments.prefix_traces.trace_curve``.
+``--trace PATH`` replays a trace (Azure CSV or Mooncake JSON lines, ``--trace-format`` or detected) instead of a
+profile, faster level by level: ``kvlab.experiments.prefix_traces.trace_curve``.
 """
 from __future__ import annotations
 

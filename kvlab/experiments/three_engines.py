@@ -1,8 +1,8 @@
 """Three real engines, one client: kvlab serve, transformers serve and vLLM on one checkpoint, knees bisected.
 
 The two-engine comparison (`two_engines`) with vLLM beside it, when vLLM is set up (`python -m kvlab peer vllm
---setup-only`, `kvlab.http.vllm`): the same folder, the same seeded workload, the same load client, each engine
-measured alone while the others idle. What it adds:
+--setup-only`, `kvlab.http.vllm`): the same folder, the same seeded workload, the same load client, each engine measured
+alone while the others idle. What it adds:
 
 - `same_greedy_tokens`: before any timing, greedy answers to `GREEDY_PROMPTS` (16 recall queries)
   from every engine, compared with kvlab serve's;
@@ -53,8 +53,8 @@ def same_greedy_tokens(servers: Sequence[LoopbackServer], prompts: Sequence[str]
                        max_tokens: int = 16) -> dict:
     """Each server's greedy answer (temperature 0, `max_tokens` tokens) to each prompt, against the first server's.
 
-    Returns {"prompts": n, "answers": {engine: [text, ...]}, "differ": [{prompt, engine: text}], "same": bool}.
-    With kvlab's byte tokenizer a character is a token, so equal text is equal tokens."""
+    Returns {"prompts": n, "answers": {engine: [text, ...]}, "differ": [{prompt, engine: text}], "same": bool}. With
+    kvlab's byte tokenizer a character is a token, so equal text is equal tokens."""
     answers = {s.name: [greedy_answer(s, p, max_tokens) for p in prompts] for s in servers}
     first = next(iter(answers))
     differ = [{"prompt": p, **{e: a[i] for e, a in answers.items()}} for i, p in enumerate(prompts)
@@ -145,8 +145,8 @@ def measure_engine(server: LoopbackServer, ladder: Sequence[float], protocol: Pr
                    log: Callable[[str], None] = lambda _m: None) -> tuple[list[dict], dict]:
     """One engine, alone: (cold and) warm at the low rate, then `knee_search`; its rows and its `usage_between`.
 
-    `cold`: the first requests since the server started are reported as `cold` (a server measured again in a
-    later round has only its `warm` row)."""
+    `cold`: the first requests since the server started are reported as `cold` (a server measured again in a later round
+    has only its `warm` row)."""
     t0, before = time.perf_counter(), process_usage(server_pid(server))
     rows = cold_and_warm(server, protocol) if cold else [warm_row(server, protocol)]
     rows += knee_search(server, ladder, protocol, log=log)

@@ -1,16 +1,15 @@
 """Tokens are not words: the same texts through several tokenizers, and what that does to tokens/s.
 
-A serving benchmark counts *tokens* per second, but a reader gets *words*, and how many tokens a
-word costs depends on the tokenizer and on the language. This module puts one short paragraph,
-translated into several languages, plus a code snippet and a line of numbers (all shipped in
-``kvlab/data/texts/samples.json``), through:
+A serving benchmark counts *tokens* per second, but a reader gets *words*, and how many tokens a word costs depends on
+the tokenizer and on the language. This module puts one short paragraph, translated into several languages, plus a code
+snippet and a line of numbers (all shipped in ``kvlab/data/texts/samples.json``), through:
 
 - kvlab's ``ByteTokenizer``: one token per UTF-8 byte, so the counts are exact and the same everywhere;
-- a byte-level BPE tokenizer trained here, offline, in a few milliseconds, with the ``tokenizers``
-  library on a small English corpus that kvlab ships (``texts/english_corpus.txt``): it learns
-  English words and pieces of words, and nothing of other scripts;
-- a real model's tokenizer (SmolLM2-135M's by default) where the machine is online or has it in
-  its Hugging Face cache; elsewhere one line says so and the comparison keeps the other two.
+- a byte-level BPE tokenizer trained here, offline, in a few milliseconds, with the ``tokenizers`` library on a small
+  English corpus that kvlab ships (``texts/english_corpus.txt``): it learns English words and pieces of words, and
+  nothing of other scripts;
+- a real model's tokenizer (SmolLM2-135M's by default) where the machine is online or has it in its Hugging Face cache;
+  elsewhere one line says so and the comparison keeps the other two.
 
     toks, note = lesson_tokenizers()
     counts = count_tokens(toks)              # one row per (text, tokenizer): tokens, words, per word, ...
@@ -67,8 +66,8 @@ def training_corpus() -> str:
 class TrainedBPE:
     """A byte-level BPE tokenizer (the GPT-2 scheme) trained with the ``tokenizers`` library, behind kvlab's interface.
 
-    Byte-level means every text can be encoded: what the merges never saw falls back to one token per
-    byte, exactly like ``ByteTokenizer``. No special tokens.
+    Byte-level means every text can be encoded: what the merges never saw falls back to one token per byte, exactly like
+    ``ByteTokenizer``. No special tokens.
     """
 
     bos_token_id: int | None = None
@@ -92,10 +91,9 @@ class TrainedBPE:
 def train_bpe(corpus: str | None = None, vocab_size: int = 1024, min_frequency: int = 2) -> TrainedBPE:
     """Train a byte-level BPE tokenizer on ``corpus`` (default: kvlab's English corpus); deterministic, offline.
 
-    The vocabulary starts from the 256 byte symbols and adds merges (the most frequent adjacent pair
-    first, ties broken by the pair itself) until ``vocab_size`` or until no pair occurs
-    ``min_frequency`` times: on the shipped corpus that stops before 1,024, and the result is the
-    same on every run.
+    The vocabulary starts from the 256 byte symbols and adds merges (the most frequent adjacent pair first, ties broken
+    by the pair itself) until ``vocab_size`` or until no pair occurs ``min_frequency`` times: on the shipped corpus that
+    stops before 1,024, and the result is the same on every run.
     """
     from tokenizers import Tokenizer as HFTokenizerModel
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -128,9 +126,9 @@ def _cached_on_disk(name: str) -> bool:
 def real_tokenizer(name: str | Path = REAL_TOKENIZER, timeout_s: float = 2.5) -> tuple[Tokenizer | None, str]:
     """A trained model's own tokenizer where possible: ``(tokenizer, note)``, else ``(None, note)``.
 
-    ``name`` is a hub name ("HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B", ...) or a directory with
-    a saved tokenizer. Only the tokenizer's files are fetched (a few MB, no weights); offline
-    (``real_model.offline_reason``) only the local Hugging Face cache is tried.
+    ``name`` is a hub name ("HuggingFaceTB/SmolLM2-135M", "Qwen/Qwen2.5-0.5B", ...) or a directory with a saved
+    tokenizer. Only the tokenizer's files are fetched (a few MB, no weights); offline (``real_model.offline_reason``)
+    only the local Hugging Face cache is tried.
     """
     from kvlab.experiments.real_model import offline_reason
 
@@ -171,13 +169,13 @@ def lesson_tokenizers(real: str | Path | None = REAL_TOKENIZER, timeout_s: float
 def count_tokens(tokenizers: dict[str, Tokenizer], samples: list[Sample] | None = None) -> pd.DataFrame:
     """One row per (text, tokenizer): characters, UTF-8 bytes, words, tokens and the ratios between them.
 
-    - ``tokens_per_word``: tokens / whitespace-separated words (NaN for Chinese and Japanese, which
-      put no spaces between words);
+    - ``tokens_per_word``: tokens / whitespace-separated words (NaN for Chinese and Japanese, which put no spaces
+      between words);
     - ``tokens_per_char``: tokens / characters (Unicode code points);
-    - ``vs_english``: for the prose texts (all say the same thing), tokens / the English paragraph's
-      tokens with the same tokenizer: what the same content costs in that language;
-    - ``tokens_per_english_word``: tokens / the English paragraph's words, the cost of the same content
-      per word a reader of the English version gets (defined for every language, spaces or not).
+    - ``vs_english``: for the prose texts (all say the same thing), tokens / the English paragraph's tokens with the
+      same tokenizer: what the same content costs in that language;
+    - ``tokens_per_english_word``: tokens / the English paragraph's words, the cost of the same content per word a
+      reader of the English version gets (defined for every language, spaces or not).
     """
     samples = load_samples() if samples is None else samples
     if not tokenizers:
@@ -225,9 +223,8 @@ _SUPERSCRIPT = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
 def pieces(tokenizers: dict[str, Tokenizer], text: str, limit: int = 24) -> pd.DataFrame:
     """How ``text`` is cut by each tokenizer: the token count and the first ``limit`` pieces, "|"-separated.
 
-    Spaces are drawn as "␣". A character split over several tokens (its UTF-8 bytes, when the
-    tokenizer never learned it whole) is shown once with the number of tokens it took as an exponent:
-    "图³" is one character, three tokens.
+    Spaces are drawn as "␣". A character split over several tokens (its UTF-8 bytes, when the tokenizer never learned it
+    whole) is shown once with the number of tokens it took as an exponent: "图³" is one character, three tokens.
     """
     rows = []
     for name, tok in tokenizers.items():
@@ -294,8 +291,8 @@ def chinese_vs_english(counts: pd.DataFrame) -> tuple[float, dict[str, int]]:
 def tokens_per_second(counts: pd.DataFrame, words_per_s: float = 10.0) -> pd.DataFrame:
     """Tokens/s of models that all write the same content at ``words_per_s`` words/s (prose texts).
 
-    Words are counted in the English version, so every language carries the same content per second:
-    tokens/s = ``words_per_s`` x tokens / English words. One row per (text, tokenizer).
+    Words are counted in the English version, so every language carries the same content per second: tokens/s =
+    ``words_per_s`` x tokens / English words. One row per (text, tokenizer).
     """
     if not words_per_s > 0:
         raise ValueError(f"words_per_s must be positive, got {words_per_s!r}")
@@ -311,8 +308,8 @@ def tokens_per_second(counts: pd.DataFrame, words_per_s: float = 10.0) -> pd.Dat
 def words_per_second(counts: pd.DataFrame, tokens_per_s: dict[str, float], text: str = REFERENCE) -> pd.DataFrame:
     """What a reported tokens/s means in words/s of ``text``: one row per model, named by its tokenizer.
 
-    ``tokens_per_s`` maps a tokenizer of ``counts`` to the tokens/s a model using it reports. Words
-    are ``text``'s own; for Chinese and Japanese (no spaces) those of the English version.
+    ``tokens_per_s`` maps a tokenizer of ``counts`` to the tokens/s a model using it reports. Words are ``text``'s own;
+    for Chinese and Japanese (no spaces) those of the English version.
     """
     rows = counts[counts["text"] == text].set_index("tokenizer")
     rows = rows.assign(tokens_per_word=rows["tokens_per_word"].fillna(rows["tokens_per_english_word"]))

@@ -1,8 +1,7 @@
 """kvlab's caches beside transformers' own, on the same weights: time per token, cache bytes, greedy tokens.
 
-``run_transformers_caches()`` converts the recall model to transformers
-(``kvlab.model.loading.to_transformers``: the same weights) and generates greedily after the same
-recall prompts with each pair of counterparts:
+``run_transformers_caches()`` converts the recall model to transformers (``kvlab.model.loading.to_transformers``: the
+same weights) and generates greedily after the same recall prompts with each pair of counterparts:
 
 | kvlab | transformers |
 |---|---|
@@ -11,12 +10,12 @@ recall prompts with each pair of counterparts:
 | ``quantized`` (``bits``, ``group_size``, ``residual``) | ``QuantizedCache("quanto", nbits, q_group_size, residual_length)`` |
 | ``offloaded`` (``max_len``) | ``DynamicCache(offloading=True)`` (``cache_implementation="offloaded"``) |
 
-Both sides are timed per token the same way (kvlab's timeline; ``kvlab.experiments.transformers_steps``
-for transformers' generate) and their cache bytes read after every step: kvlab's
-``cache.memory().allocated_bytes``, transformers' ``transformers_cache_bytes`` (the storage behind
-every tensor a layer holds). ``formula_bytes`` is the oracle for both: what each library's layout
-must hold after a step. A transformers cache that cannot run here (the offloaded one needs CUDA;
-the quantized one needs the optimum-quanto package) keeps its row, with the reason in ``status``.
+Both sides are timed per token the same way (kvlab's timeline; ``kvlab.experiments.transformers_steps`` for
+transformers' generate) and their cache bytes read after every step: kvlab's ``cache.memory().allocated_bytes``,
+transformers' ``transformers_cache_bytes`` (the storage behind every tensor a layer holds). ``formula_bytes`` is the
+oracle for both: what each library's layout must hold after a step. A transformers cache that cannot run here (the
+offloaded one needs CUDA; the quantized one needs the optimum-quanto package) keeps its row, with the reason in
+``status``.
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ from kvlab.cache import make_cache
 from kvlab.cache.base import kv_cache_bytes
 from kvlab.cache.quantized import QuantizedCache
 from kvlab.generate import generate
-from kvlab.experiments.transformers_steps import timed_generate
+from kvlab.experiments.transformers_steps import installed, timed_generate
 from kvlab.model.decoder import Decoder
 from kvlab.threads import LESSON_THREADS, torch_threads
 from kvlab.progress import Progress, no_progress
@@ -57,13 +56,8 @@ def check_settings(strategies: Sequence[str], bits: int, group_size: int, residu
 def quantized_backend() -> str:
     """One line: whether transformers' QuantizedCache can run here, with which backend, or what to install."""
     import importlib.metadata
-    import importlib.util
 
-    try:
-        found = importlib.util.find_spec("optimum.quanto") is not None
-    except ModuleNotFoundError:  # no optimum package at all
-        found = False
-    if found:
+    if installed("optimum.quanto"):
         return (f"transformers' QuantizedCache runs here with its quanto backend (optimum-quanto "
                 f"{importlib.metadata.version('optimum-quanto')}, from the package index: pip install optimum-quanto)")
     return ("transformers' QuantizedCache (quanto backend) cannot run here: optimum-quanto is not installed. "
@@ -111,14 +105,14 @@ def formula_bytes(strategy: str, library: str, cfg, step: int, prompt_tokens: in
                   group_size: int = 32, residual: int = 16, element_bytes: int = 4, cuda: bool = False) -> int:
     """Bytes a library's cache must hold after ``step`` (0: the prefill; decode step i stores prompt + i tokens).
 
-    dynamic (both) and transformers' offloaded: every stored token, K and V, every layer. static (both):
-    ``max_len`` tokens reserved. kvlab's offloaded: its tier of ``max_len`` tokens plus working buffers of
-    one layer's ``max_len`` each (one on CPU, two with prefetch on CUDA). Quantized, per token and layer,
-    K and V alike: codes + a scale and a zero-point (shift) per group of ``group_size`` along head_dim; kvlab
-    keeps the newest ``min(residual, stored)`` tokens at full precision, transformers the tokens since its
-    last flush (it quantizes the whole prompt at prefill, then grows a residual and re-quantizes everything
-    when the residual reaches ``residual``: ``step % residual`` tokens), and quanto packs its codes along
-    its first axis (``ceil(groups / codes per byte)`` rows of ``group_size`` bytes).
+    dynamic (both) and transformers' offloaded: every stored token, K and V, every layer. static (both): ``max_len``
+    tokens reserved. kvlab's offloaded: its tier of ``max_len`` tokens plus working buffers of one layer's ``max_len``
+    each (one on CPU, two with prefetch on CUDA). Quantized, per token and layer, K and V alike: codes + a scale and a
+    zero-point (shift) per group of ``group_size`` along head_dim; kvlab keeps the newest ``min(residual, stored)``
+    tokens at full precision, transformers the tokens since its last flush (it quantizes the whole prompt at prefill,
+    then grows a residual and re-quantizes everything when the residual reaches ``residual``: ``step % residual``
+    tokens), and quanto packs its codes along its first axis (``ceil(groups / codes per byte)`` rows of ``group_size``
+    bytes).
     """
     L, nkv, hs = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim
     stored = prompt_tokens + step
@@ -162,15 +156,15 @@ def run_transformers_caches(model: Decoder | None = None, strategies: Sequence[s
                             progress: Progress = no_progress) -> pd.DataFrame:
     """Each chosen strategy in kvlab and its transformers counterpart, on the same weights and recall prompts.
 
-    ``questions`` recall prompts of ``pairs`` pairs, ``new_tokens`` greedy tokens each, ``repeats`` times
-    (after one untimed warm-up run of every pair); kvlab and transformers take turns, so a busy moment on
-    the machine hits both. Static and offloaded are sized for prompt + ``new_tokens``.
+    ``questions`` recall prompts of ``pairs`` pairs, ``new_tokens`` greedy tokens each, ``repeats`` times (after one
+    untimed warm-up run of every pair); kvlab and transformers take turns, so a busy moment on the machine hits both.
+    Static and offloaded are sized for prompt + ``new_tokens``.
 
     Returns one row per (strategy, library): ``status`` ("ran", or why transformers' cache did not run here),
     ``bytes_match`` (every step's bytes equal ``formula_bytes``), ``agreement`` and ``first_divergence`` (the
     transformers row against kvlab's counterpart), ``exact_agreement`` (against kvlab's dynamic cache) and
-    ``answers_right`` (questions whose first tokens are the recall answer). ``frame.attrs["steps"]``: one row per
-    token; attrs also hold the settings.
+    ``answers_right`` (questions whose first tokens are the recall answer). ``frame.attrs["steps"]``: one row per token;
+    attrs also hold the settings.
     """
     from kvlab.model.loading import to_transformers
     from kvlab.experiments.recall import load_recall_model, make_examples

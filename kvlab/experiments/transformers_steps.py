@@ -1,16 +1,16 @@
 """transformers' generate timed per step, the way kvlab's timeline times kvlab, and the bytes its caches hold.
 
-``timed_generate`` runs ``model.generate`` greedily (batch 1, exactly ``new_tokens`` tokens) and
-stamps the clock where kvlab's ``TokenLog`` does: a forward pre-hook stamps the start of the prefill,
-and a LogitsProcessor stamps the moment each step's logits arrive (after the device's queued work),
-then reads the bytes of the cache it was handed (after the stamp, so reading them falls in the next
-step, as ``cache.memory()`` does in kvlab's loop). ``transformers_cache_bytes`` counts those bytes as
-allocated: the storage behind every tensor a cache layer holds, quantized tensors opened down to
-their packed codes, scales and shifts. ``kvlab.benchmarks`` (bench decode) and ``transformers_caches``
-both time transformers with it.
+``timed_generate`` runs ``model.generate`` greedily (batch 1, exactly ``new_tokens`` tokens) and stamps the clock where
+kvlab's ``TokenLog`` does: a forward pre-hook stamps the start of the prefill, and a LogitsProcessor stamps the moment
+each step's logits arrive (after the device's queued work), then reads the bytes of the cache it was handed (after the
+stamp, so reading them falls in the next step, as ``cache.memory()`` does in kvlab's loop). ``transformers_cache_bytes``
+counts those bytes as allocated: the storage behind every tensor a cache layer holds, quantized tensors opened down to
+their packed codes, scales and shifts. ``kvlab.benchmarks`` (bench decode) and ``transformers_caches`` both time
+transformers with it.
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +21,14 @@ from kvlab.device import now
 
 # A layer's position counter (StaticLayer: one int64 tensor), not keys or values: kvlab counts its own in Python ints.
 COUNTERS = ("cumulative_length",)
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported here (without importing it)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
 
 
 def _storages(value: Any, found: dict[int, int]) -> None:
@@ -41,8 +49,8 @@ def _storages(value: Any, found: dict[int, int]) -> None:
 def transformers_cache_bytes(cache: Any) -> int:
     """Bytes of the distinct storages a transformers cache's layers hold, as allocated.
 
-    Every tensor attribute of every layer counts but ``COUNTERS``, each storage once, in full even when only a
-    view of it is held.
+    Every tensor attribute of every layer counts but ``COUNTERS``, each storage once, in full even when only a view of
+    it is held.
     """
     found: dict[int, int] = {}
     for layer in getattr(cache, "layers", []):
@@ -67,9 +75,8 @@ def timed_generate(hf, prompt: list[int], new_tokens: int, device: torch.device 
                    cache_implementation: str | None = None, cache_config: dict | None = None) -> TransformersRun:
     """Greedy ``hf.generate`` of exactly ``new_tokens`` tokens after ``prompt``, timed per step.
 
-    Pass a cache object (``cache``; its bytes are then read after every step) or a
-    ``cache_implementation`` name (with ``cache_config`` for "quantized": generate edits that dict in
-    place, so a fresh copy is passed each call).
+    Pass a cache object (``cache``; its bytes are then read after every step) or a ``cache_implementation`` name (with
+    ``cache_config`` for "quantized": generate edits that dict in place, so a fresh copy is passed each call).
     """
     import transformers
 

@@ -1,24 +1,23 @@
 """Two real engines, one client: kvlab serve and transformers serve on one checkpoint, cold and warm, up to the knee.
 
-`python -m kvlab bench serve` repeats it in rounds. Both servers load the same folder (`lesson_checkpoint`: the
-lesson model with a byte tokenizer, so the two cut a text prompt into the same tokens), measured one at a time on
-loopback, and get the same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text
-prompts, every answer run to its `max_tokens`:
+`python -m kvlab bench serve` repeats it in rounds. Both servers load the same folder (`lesson_checkpoint`: the lesson
+model with a byte tokenizer, so the two cut a text prompt into the same tokens), measured one at a time on loopback, and
+get the same seeded open-loop workload from the same load client (`kvlab.http.loadgen`), text prompts, every answer run
+to its `max_tokens`:
 
 - **cold**: the first `cold_requests` requests after the server started, at the low rate;
 - **warm**: after `warmup` more requests (not reported), the same low rate again;
-- **sweep**: warm, at rising offered rates, each for `duration_s` seconds, stopped at the first
-  rate past the *knee*: the highest rate with at least `min_served` of the requests completed
-  and TTFT p95 within `slo_ttft_s`. Each rate is read at its *close*, `drain_s` after its last
-  scheduled arrival: what is unfinished then counts as waiting or running, and the knee's TTFT
-  p95 is over every request sent, an unanswered one counted at its wait so far
-  (`kvlab.clocks.ttft_censored`), so an engine that falls behind is not waited out, nor judged
-  on the requests it happened to finish.
+- **sweep**: warm, at rising offered rates, each for `duration_s` seconds, stopped at the first rate past the *knee*:
+  the highest rate with at least `min_served` of the requests completed and TTFT p95 within `slo_ttft_s`. Each rate is
+  read at its *close*, `drain_s` after its last scheduled arrival: what is unfinished then counts as waiting or running,
+  and the knee's TTFT p95 is over every request sent, an unanswered one counted at its wait so far
+  (`kvlab.clocks.ttft_censored`), so an engine that falls behind is not waited out, nor judged on the requests it
+  happened to finish.
 
-One row per (engine, phase, rate) with the four clocks, their n and the counts
-(sent = completed + failed + waiting + running). Both servers start together (each on its own
-process; starting is not what is measured), then each is measured alone while the other idles.
-`same_greedy_answer` checks on the wire that the two servers hold the same weights: one greedy completion, equal text.
+One row per (engine, phase, rate) with the four clocks, their n and the counts (sent = completed + failed + waiting +
+running). Both servers start together (each on its own process; starting is not what is measured), then each is measured
+alone while the other idles. `same_greedy_answer` checks on the wire that the two servers hold the same weights: one
+greedy completion, equal text.
 """
 from __future__ import annotations
 
@@ -91,8 +90,8 @@ class Protocol:
 def lesson_checkpoint(folder: str | Path | None = None) -> Path:
     """The lesson model (recall-tiny) with a byte tokenizer as one folder both servers load; checked.
 
-    The shipped files are in transformers' format already (config.json, model.safetensors), so they are copied as
-    they are, beside `save_byte_tokenizer`'s files (`save_shared_checkpoint` does the same for any kvlab model)."""
+    The shipped files are in transformers' format already (config.json, model.safetensors), so they are copied as they
+    are, beside `save_byte_tokenizer`'s files (`save_shared_checkpoint` does the same for any kvlab model)."""
     from kvlab.experiments.recall import RECALL_MODEL_DIR, load_recall_model
 
     folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="kvlab-two-engines-")) / "recall-tiny"
@@ -149,8 +148,8 @@ def measure(server: LoopbackServer, requests: Sequence[Request], timeout_s: floa
             close_s: float | None = None) -> LoadTestResult:
     """Send `requests` open-loop to the running `server` as text, every answer run to its max_tokens.
 
-    `close_s` (seconds from the run's start): what has not finished then is cut off just after it, to be read at
-    the close by `clock_row`; None: every request runs to its end or timeout."""
+    `close_s` (seconds from the run's start): what has not finished then is cut off just after it, to be read at the
+    close by `clock_row`; None: every request runs to its end or timeout."""
     deadline = None if close_s is None else close_s + CLOSE_SLACK_S
     return run_loadtest(server.url, requests, server.model, prompt_format="text", extra_body=server.extra_body,
                         timeout_s=timeout_s, deadline_s=deadline, progress=False,
@@ -165,10 +164,10 @@ def burst(requests: Sequence[Request]) -> list[Request]:
 def clock_row(engine: str, phase: str, rate: float, result: LoadTestResult, num_requests: int | None = None) -> dict:
     """One row: the counts, served share, and n / p50 / p95 of TTFT, TPOT and E2E (seconds), achieved rates.
 
-    Read at the run's close (`measure`'s `close_s`) if one came before every request ended. `ttft_p95_sent_s`
-    is the p95 over every request sent, the unfinished counted at their wait so far (a lower bound when
-    `ttft_censored` > 0); `tpot_p50_sent_s` likewise over every open stream (`kvlab.clocks.tpot_censored`);
-    the other quantiles are over the completed requests."""
+    Read at the run's close (`measure`'s `close_s`) if one came before every request ended. `ttft_p95_sent_s` is the p95
+    over every request sent, the unfinished counted at their wait so far (a lower bound when `ttft_censored` > 0);
+    `tpot_p50_sent_s` likewise over every open stream (`kvlab.clocks.tpot_censored`); the other quantiles are over the
+    completed requests."""
     close = result.settings.get("close_s")
     s = result.summary()
     if close is not None and s.until_s > close:
@@ -231,9 +230,9 @@ def sweep(server: LoopbackServer, rates: Sequence[float], protocol: Protocol, *,
     """Warm rows at each offered rate (rate x `duration_s` requests, at least `min_requests`), lowest first,
     each read at its close, `drain_s` after its last scheduled arrival (`clock_row`).
 
-    `warm_up`: `warmup` unreported requests of the sweep's profile go first, all at once, so an engine's first
-    long prompt (shapes the low-load phases never sent) does not land in the first level's p95. With
-    `stop_past_knee` the sweep ends at the first rate not served (`within_knee`)."""
+    `warm_up`: `warmup` unreported requests of the sweep's profile go first, all at once, so an engine's first long
+    prompt (shapes the low-load phases never sent) does not land in the first level's p95. With `stop_past_knee` the
+    sweep ends at the first rate not served (`within_knee`)."""
     p = protocol
     if warm_up and p.warmup:
         lowest = min(float(r) for r in rates)

@@ -2,21 +2,21 @@
 
 Everything here goes through a real socket:
 
-- `start_server` runs `python -m kvlab serve` in a subprocess of *this* interpreter on 127.0.0.1 and a free port;
-  it is stopped when the interpreter exits, even if a notebook cell failed before `stop()`.
-- `measure_at_client` sends one seeded workload open-loop with the load generator and returns its client-side
-  records (the four clocks).
+- `start_server` runs `python -m kvlab serve` in a subprocess of *this* interpreter on 127.0.0.1 and a free port; it is
+  stopped when the interpreter exits, even if a notebook cell failed before `stop()`.
+- `measure_at_client` sends one seeded workload open-loop with the load generator and returns its client-side records
+  (the four clocks).
 - `accounting` checks that every request sent is accounted for: completed, rejected by backpressure (HTTP 429), or
   failed for a stated reason, and that the tokens the client counted match what the workload asked for.
 - `client_vs_engine` puts client and engine clocks of the same requests side by side (`kvlab.http.compare`);
   `overhead_table` reads them in milliseconds.
-- `server_metrics` reads kvlab's server's own counters (Prometheus `/metrics`), so the client's count of each
-  outcome can be checked against the server's.
-- `wire_service_curve` loads the server at several offered rates, each for the same length of time: one row per
-  rate, the service curve at the client.
+- `server_metrics` reads kvlab's server's own counters (Prometheus `/metrics`), so the client's count of each outcome
+  can be checked against the server's.
+- `wire_service_curve` loads the server at several offered rates, each for the same length of time: one row per rate,
+  the service curve at the client.
 
-The same functions measure any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server) given its URL,
-except `client_vs_engine`, which needs the engine-side records only kvlab's server publishes.
+The same functions measure any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server) given its URL, except
+`client_vs_engine`, which needs the engine-side records only kvlab's server publishes.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def start_server(model: str | None = None, max_waiting: int = 32, max_seqs: int 
                  extra: Sequence[str] = (), log_path: str | None = None, timeout_s: float = 120.0) -> ServerProcess:
     """Start `python -m kvlab serve` on 127.0.0.1 (a free port) and wait until `/health` answers.
 
-    Uses this interpreter, so the server runs the same kvlab as the notebook; stopped at exit (atexit) too, so a
-    cell that failed before `server.stop()` leaves no process behind. `model`: a preset or a checkpoint directory.
+    Uses this interpreter, so the server runs the same kvlab as the notebook; stopped at exit (atexit) too, so a cell
+    that failed before `server.stop()` leaves no process behind. `model`: a preset or a checkpoint directory.
     """
     server = ServerProcess(serve_args(model, max_waiting, max_seqs, extra), host=LOOPBACK, log_path=log_path)
     atexit.register(server.stop)
@@ -129,8 +129,8 @@ def measure_at_client(url: str, num_requests: int = 24, rate: float = 6.0, profi
                       timeout_s: float = 30.0) -> LoadTestResult:
     """Send `num_requests` seeded requests open-loop at `rate` req/s to `url`; the client-side records.
 
-    `ignore_eos` is sent so that every request writes exactly its `max_tokens` (kvlab and vLLM
-    honour it): the token count is then known in advance and can be checked (`accounting`).
+    `ignore_eos` is sent so that every request writes exactly its `max_tokens` (kvlab and vLLM honour it): the token
+    count is then known in advance and can be checked (`accounting`).
     """
     _check_workload(profile, num_requests, rate, arrival)
     requests = http_workload(profile, num_requests, arrival=arrival, rate=rate, seed=seed)
@@ -147,9 +147,9 @@ def _records(result: LoadTestResult | Sequence[RequestRecord]) -> list[RequestRe
 def accounting(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
     """Where every request went, and whether the tokens add up.
 
-    `rejected`: HTTP 429, the server's queue was full. `tokens_asked` (max_tokens of completed requests),
-    `tokens_usage` (the server's `usage` counts) and `tokens_streamed` (text chunks the client stamped) are equal
-    with `ignore_eos` and one token per chunk.
+    `rejected`: HTTP 429, the server's queue was full. `tokens_asked` (max_tokens of completed requests), `tokens_usage`
+    (the server's `usage` counts) and `tokens_streamed` (text chunks the client stamped) are equal with `ignore_eos` and
+    one token per chunk.
     """
     records = _records(result)
     done = [r for r in records if r.status == "completed"]
@@ -172,9 +172,8 @@ def client_vs_engine(url: str, num_requests: int = 24, rate: float = 8.0, max_ne
                      seed: int = 0) -> pd.DataFrame:
     """The same requests timed at the client and inside kvlab's engine (`kvlab.http.compare`).
 
-    A low constant rate, so nothing waits for a batch slot and the difference between the two
-    clocks is HTTP, the server's event loop and streaming. Only kvlab's server publishes the
-    engine-side records (`GET /kvlab/requests`).
+    A low constant rate, so nothing waits for a batch slot and the difference between the two clocks is HTTP, the
+    server's event loop and streaming. Only kvlab's server publishes the engine-side records (`GET /kvlab/requests`).
     """
     _check_workload("short_short", num_requests, rate, "constant")
     return measure_http_overhead(url, num_requests, rate=rate, max_new_tokens=max_new_tokens, seed=seed)
@@ -219,8 +218,8 @@ def check_rates(rates: Sequence[float]) -> tuple[float, ...]:
 def sent_schedule(result: LoadTestResult | Sequence[RequestRecord]) -> dict:
     """The rate actually offered: requests scheduled, and the span from the first to the last scheduled arrival.
 
-    A seeded Poisson schedule of `n` requests at `rate` spans about `n / rate` seconds but not exactly:
-    `sent_rps` = n / span is the rate this run really offered (the same on every machine).
+    A seeded Poisson schedule of `n` requests at `rate` spans about `n / rate` seconds but not exactly: `sent_rps` = n /
+    span is the rate this run really offered (the same on every machine).
     """
     records = _records(result)
     arrivals = [r.scheduled_s for r in records]
@@ -243,8 +242,8 @@ def requests_per_rate(rate: float, num_requests: int | None = None, duration_s: 
                       min_requests: int = 8) -> int:
     """How many requests one rate of a service curve sends: `num_requests`, or `rate` × `duration_s` (at least `min_requests`).
 
-    A fixed count stretches low rates and squeezes high ones into a short burst; a fixed duration
-    exposes every rate to the same length of load, which is what a steady-state curve needs.
+    A fixed count stretches low rates and squeezes high ones into a short burst; a fixed duration exposes every rate to
+    the same length of load, which is what a steady-state curve needs.
     """
     if (num_requests is None) == (duration_s is None):
         raise ValueError(f"give num_requests ({num_requests}) or duration_s ({duration_s}), exactly one")
@@ -261,12 +260,12 @@ def wire_service_curve(url: str, rates: Sequence[float] = DEFAULT_RATES, num_req
                        progress: Progress = no_progress) -> pd.DataFrame:
     """Seeded requests at each offered rate, measured at the client; one row per rate.
 
-    Each rate sends `num_requests` requests, or (the default) `rate` × `duration_s` of them, at
-    least 8 (`requests_per_rate`); give `num_requests` and `duration_s=None` for a fixed count.
-    Same profile and seed at every rate, so the rows differ by load alone. Columns: `offered_rps`, `num_requests`,
-    `accounting`'s counts, the run's `Summary`, `sent_schedule`'s, `window_s` (first scheduled arrival to the last
-    event: what `requests_per_s` divides by), `drain_s` (window minus span: the last answers finishing after the
-    last arrival), `wall_s` and `send_delay_max_s` (how far the client itself fell behind its schedule).
+    Each rate sends `num_requests` requests, or (the default) `rate` × `duration_s` of them, at least 8
+    (`requests_per_rate`); give `num_requests` and `duration_s=None` for a fixed count. Same profile and seed at every
+    rate, so the rows differ by load alone. Columns: `offered_rps`, `num_requests`, `accounting`'s counts, the run's
+    `Summary`, `sent_schedule`'s, `window_s` (first scheduled arrival to the last event: what `requests_per_s` divides
+    by), `drain_s` (window minus span: the last answers finishing after the last arrival), `wall_s` and
+    `send_delay_max_s` (how far the client itself fell behind its schedule).
     """
     rates = check_rates(rates)
     counts = [requests_per_rate(rate, num_requests, duration_s) for rate in rates]
