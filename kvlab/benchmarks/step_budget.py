@@ -103,8 +103,7 @@ class LeftOut:
 
 def median_step_s(model: Decoder, prompt: list[int], new: int) -> float:
     """The median decode step (the prefill left out) of one greedy generation on a dynamic cache."""
-    result = generate(model, prompt, cache="dynamic", max_new_tokens=new)
-    return statistics.median(result.timeline.step_s[1:])
+    return statistics.median(generate(model, prompt, cache="dynamic", max_new_tokens=new).timeline.step_s[1:])
 
 
 def step_budget(model: Decoder, prompt: list[int], new: int, rounds: int,

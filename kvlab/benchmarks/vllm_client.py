@@ -103,7 +103,6 @@ def vllm_client_sweep(server: LoopbackServer, rates: Sequence[float], duration_s
 
 
 def _row(engine: str, rate: float, sent: int, res: dict) -> dict:
-    ms = 1e-3
     row = {"engine": engine, "client": CLIENT, "offered_rps": rate, "sent": sent, "completed": res["completed"],
            "failed": res.get("failed", 0), "served": res["completed"] / sent,
            "output_tokens_per_s": res["output_throughput"], "duration_s": res["duration"],
@@ -111,7 +110,7 @@ def _row(engine: str, rate: float, sent: int, res: dict) -> dict:
     for clock, key in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2el")):
         for p in PERCENTILES.split(","):
             value = res.get(f"p{p}_{key}_ms", res.get(f"median_{key}_ms") if p == "50" else None)
-            row[f"{clock}_p{p}_s"] = None if value is None else value * ms
+            row[f"{clock}_p{p}_s"] = None if value is None else value * 1e-3  # ms to s
     return row
 
 
