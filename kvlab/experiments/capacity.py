@@ -127,7 +127,8 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], spec: En
              reserved_unused_tokens=int(reserve[:k_res].sum()) - held_res,
              free_tokens=int(capacity - reserve[:k_res].sum())),
         dict(scheme="paged blocks", capacity_tokens=int(num_blocks * block_size), sequences_fit=k_pag,
-             formula_fit=k_pag, block_manager_fit=block_manager_fit(peak, BlockManager(int(num_blocks), block_size, False)),
+             formula_fit=k_pag,
+             block_manager_fit=block_manager_fit(peak, BlockManager(int(num_blocks), block_size, False)),
              tokens_held=held_pag, in_block_waste_tokens=in_blocks - held_pag, reserved_unused_tokens=0,
              free_tokens=int(num_blocks * block_size - in_blocks)),
     ]

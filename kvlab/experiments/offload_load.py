@@ -163,9 +163,9 @@ def paired_steps(result: OffloadUnderLoad) -> pd.DataFrame:
 def bytes_by_hand(run: ServingRun, bytes_per_token: int) -> pd.DataFrame:
     """The bytes an offloaded pool must move in each step of ``run``, counted from its trace alone.
 
-    A sequence that had ``stored`` tokens in its blocks before the step reads ceil(stored / block_size)
-    (the run's engine's) whole blocks of every layer (K and V: ``bytes_per_token`` per token slot), and writes its new tokens
-    back. ``stored`` starts at the prompt tokens found in the prefix cache and grows by the tokens each step
+    A sequence that had ``stored`` tokens in its blocks before the step reads ceil(stored / block_size) (the
+    run's engine's) whole blocks of every layer (K and V: ``bytes_per_token`` per token slot), and writes its new
+    tokens back. ``stored`` starts at the prompt tokens found in the prefix cache and grows by the tokens each step
     fed it. Assumes no preemption and no block shared between the sequences of a step (each counted apart).
     """
     if run.stats.get("preemptions"):

@@ -96,8 +96,8 @@ def preemption_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
 
 # -- prefix caching ----------------------------------------------------------------------------------
 def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt_tokens: int = 512,
-                        rate: float = 8.0, clock: str = "wall", executor: Executor | None = None, seed: int = 0, threads: int | None = LESSON_THREADS,
-                        progress: Progress = no_progress) -> list[ServingRun]:
+                        rate: float = 8.0, clock: str = "wall", executor: Executor | None = None, seed: int = 0,
+                        threads: int | None = LESSON_THREADS, progress: Progress = no_progress) -> list[ServingRun]:
     """Chat requests sharing a system prompt, arriving every 1/``rate`` s, with prefix caching off and on.
 
     ``run.extra`` keeps ``prefix_caching`` and ``expected_hit_tokens``: what is reused if every

@@ -260,5 +260,5 @@ def greedy_answer(server: LoopbackServer, prompt: str, max_tokens: int = 16, tim
     return resp.json()["choices"][0]["text"]
 
 
-__all__ = ["IGNORE_EOS", "LoopbackServer", "NUM_BLOCKS", "PEER_SPEC", "child_env", "greedy_answer", "kvlab_server", "process_usage",
-           "transformers_server", "transformers_serve_available"]
+__all__ = ["IGNORE_EOS", "LoopbackServer", "NUM_BLOCKS", "PEER_SPEC", "child_env", "greedy_answer", "kvlab_server",
+           "process_usage", "transformers_server", "transformers_serve_available"]
