@@ -69,10 +69,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 class KVCache(ABC):
     """Per-layer store of keys and values, passed explicitly into the decoder's forward.
 
-    The contract follows transformers' caches: ``update(layer_idx, k, v)`` stores the new
-    keys/values of one layer and returns everything to attend over, shaped
-    (batch, kv_heads, seq, head_dim). ``seq_len`` is the number of tokens stored (it advances
-    when the last layer has been updated).
+    The contract follows transformers' caches: ``update(layer_idx, k, v)`` stores the new keys/values of one layer and
+    returns everything to attend over, shaped (batch, kv_heads, seq, head_dim). ``seq_len`` is the number of tokens
+    stored (it advances when the last layer has been updated).
     """
 
     name: str = "base"

@@ -9,9 +9,8 @@ from kvlab.cache.base import CacheMemory, KVCache
 class NoCache(KVCache):
     """Stores nothing. ``update`` hands back exactly the keys/values of the current forward pass.
 
-    With this cache, generation must feed the whole sequence (prompt + every token so far) at
-    every step: keys and values of old tokens are rebuilt each time, which is the cost a KV
-    cache removes.
+    With this cache, generation must feed the whole sequence (prompt + every token so far) at every step: keys and
+    values of old tokens are rebuilt each time, which is the cost a KV cache removes.
     """
 
     name = "none"

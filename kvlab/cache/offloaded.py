@@ -74,34 +74,31 @@ class OffloadedCache(KVCache):
 
     The slow tier ("offloaded") is preallocated to ``max_len`` tokens:
 
-    - on CUDA it is pinned host memory (RAM the GPU can copy from over PCIe/NVLink without
-      staging). With ``prefetch=True`` the next layer's history is copied to the GPU on a side
-      stream while the current layer computes, and the new tokens' K/V are written back on that
-      side stream; ``prefetch=False`` copies synchronously on the main stream, for comparison.
-    - on a CPU-only machine it is a memory-mapped file in ``storage_dir`` (default: a temporary
-      folder, removed on ``close()`` or when the cache is garbage-collected). The file's pages live
-      in the OS page cache, i.e. in RAM, unless the OS evicts them: the cost shown on CPU is the
-      copy in and out of the mapping each step, not a disk read. ``prefetch`` has no effect on CPU
-      (copies are synchronous).
+    - on CUDA it is pinned host memory (RAM the GPU can copy from over PCIe/NVLink without staging). With
+      ``prefetch=True`` the next layer's history is copied to the GPU on a side stream while the current layer computes,
+      and the new tokens' K/V are written back on that side stream; ``prefetch=False`` copies synchronously on the main
+      stream, for comparison.
+    - on a CPU-only machine it is a memory-mapped file in ``storage_dir`` (default: a temporary folder, removed on
+      ``close()`` or when the cache is garbage-collected). The file's pages live in the OS page cache, i.e. in RAM,
+      unless the OS evicts them: the cost shown on CPU is the copy in and out of the mapping each step, not a disk read.
+      ``prefetch`` has no effect on CPU (copies are synchronous).
 
     The working buffers ("device") hold one layer's history at a time (two with prefetch on CUDA,
     so one can fill while the other is read); ``update`` returns views into them, valid until
     the same buffer is refilled (the next layer or the one after).
 
-    Layout: the tier is (L, max_len, 2, B, nkv, hs) — a token's K and V for every sequence and
-    head form one contiguous row, so a layer's first S tokens are one contiguous block: one copy
-    in and one copy out per layer and step.
+    Layout: the tier is (L, max_len, 2, B, nkv, hs) — a token's K and V for every sequence and head form one contiguous
+    row, so a layer's first S tokens are one contiguous block: one copy in and one copy out per layer and step.
 
-    A slower link, modelled honestly (``link_gbps``): by default the copies run as fast as the two
-    memories allow, which on a CPU-only machine means RAM to RAM. ``link_gbps=1.0`` models a tier
-    behind a link of 1 GB/s (10^9 bytes per second): every copy still really moves its bytes, in
-    chunks of ``LINK_CHUNK_BYTES``, and after each chunk the cache waits until the time those bytes
-    take at that rate has passed since the chunk began (sleeping, then polling the clock for the
-    last millisecond, since a sleeper wakes late). The link's time is therefore really inside the
-    measured step, not added on paper; a chunk whose copy is already slower than the link (a busy
-    machine) waits nothing and is not sped up. Throttled copies are synchronous (``prefetch`` is
-    off), so their whole time shows in the step. ``link_wait_s_total`` counts the seconds waited
-    for the link; ``copy_s_total`` the seconds spent copying, waiting included.
+    A slower link, modelled honestly (``link_gbps``): by default the copies run as fast as the two memories allow, which
+    on a CPU-only machine means RAM to RAM. ``link_gbps=1.0`` models a tier behind a link of 1 GB/s (10^9 bytes per
+    second): every copy still really moves its bytes, in chunks of ``LINK_CHUNK_BYTES``, and after each chunk the cache
+    waits until the time those bytes take at that rate has passed since the chunk began (sleeping, then polling the
+    clock for the last millisecond, since a sleeper wakes late). The link's time is therefore really inside the measured
+    step, not added on paper; a chunk whose copy is already slower than the link (a busy machine) waits nothing and is
+    not sped up. Throttled copies are synchronous (``prefetch`` is off), so their whole time shows in the step.
+    ``link_wait_s_total`` counts the seconds waited for the link; ``copy_s_total`` the seconds spent copying, waiting
+    included.
 
     Accounting: ``bytes_moved_last_step`` = bytes read from the tier (the S stored tokens of every
     layer, K and V) + bytes written to it (the T new tokens of every layer) during the last step

@@ -8,11 +8,10 @@ import torch.nn.functional as F
 
 from kvlab.cache.base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
 
-# Decodes are attended together (one padded gather + one masked call) only while the padded gather
-# stays this small; beyond it each decode is attended on its own, over exactly its own blocks. The
-# padded gather copies D x (longest context) slots per layer and the masked kernel reads them
-# again: on a mixed batch (contexts 50-640) that measured 2-9x slower than one call per sequence,
-# while for many short contexts one batched call is cheaper than D small ones.
+# Decodes are attended together (one padded gather + one masked call) only while the padded gather stays this small;
+# beyond it each decode is attended on its own, over exactly its own blocks. The padded gather copies D x (longest
+# context) slots per layer and the masked kernel reads them again: on a mixed batch (contexts 50-640) that measured 2-9x
+# slower than one call per sequence, while for many short contexts one batched call is cheaper than D small ones.
 DECODE_BATCH_MAX_SLOTS = 2048
 
 
@@ -20,9 +19,8 @@ DECODE_BATCH_MAX_SLOTS = 2048
 class PagedAttentionMetadata:
     """What one forward of the engine's packed batch needs to know (vLLM's attention metadata).
 
-    The batch packs S sequences' new tokens one after the other into (1, N): sequence i owns
-    tokens query_start_loc[i] : query_start_loc[i + 1]. Built once per step by the model runner
-    with ``build``; ``attend`` reads it in every layer.
+    The batch packs S sequences' new tokens one after the other into (1, N): sequence i owns tokens query_start_loc[i] :
+    query_start_loc[i + 1]. Built once per step by the model runner with ``build``; ``attend`` reads it in every layer.
     """
 
     slot_mapping: torch.Tensor  # (N,) pool slot (block_id * block_size + offset) of each new token
@@ -96,15 +94,13 @@ def check_block_size(block_size: object) -> None:
 class PagedKVCache(KVCache):
     """K/V of many sequences in fixed-size blocks, found through each sequence's block table.
 
-    Layout (vLLM's FlashAttention layout): per layer one key pool and one value pool, each
-    (num_blocks, block_size, num_kv_heads, head_dim); token slot s = block_id * block_size +
-    offset. Which sequence owns which blocks is decided outside (the engine's BlockManager); the
-    model runner sets ``metadata`` before every forward, and ``attend`` writes each new token's
-    k/v into its slot and attends every sequence over its own blocks only:
-    single-query (decode) sequences in one batched call over a padded gather while that gather is
-    small (DECODE_BATCH_MAX_SLOTS), every other sequence on its own over exactly its blocks (a
-    prompt chunk with the causal offset of the tokens already stored; a whole new prompt straight
-    from its new k, v).
+    Layout (vLLM's FlashAttention layout): per layer one key pool and one value pool, each (num_blocks, block_size,
+    num_kv_heads, head_dim); token slot s = block_id * block_size + offset. Which sequence owns which blocks is decided
+    outside (the engine's BlockManager); the model runner sets ``metadata`` before every forward, and ``attend`` writes
+    each new token's k/v into its slot and attends every sequence over its own blocks only: single-query (decode)
+    sequences in one batched call over a padded gather while that gather is small (DECODE_BATCH_MAX_SLOTS), every other
+    sequence on its own over exactly its blocks (a prompt chunk with the causal offset of the tokens already stored; a
+    whole new prompt straight from its new k, v).
     """
 
     name = "paged"

@@ -1,9 +1,8 @@
 """OffloadedPagedKVCache: the serving engine's paged KV pool kept in a slower tier, its blocks copied in every step.
 
-The ``PagedKVCache`` keeps every layer's pool of blocks on the compute device. This one keeps the
-whole pool (all layers, K and V) in a slower memory tier, the way ``OffloadedCache`` does for one
-sequence, and holds on the device only a working pool of **one layer**. In every layer of every
-step it
+The ``PagedKVCache`` keeps every layer's pool of blocks on the compute device. This one keeps the whole pool (all
+layers, K and V) in a slower memory tier, the way ``OffloadedCache`` does for one sequence, and holds on the device only
+a working pool of **one layer**. In every layer of every step it
 
 1. copies in, from the tier, the blocks this step's sequences attend over that already hold
    tokens (each sequence's first ceil(stored / block_size) blocks; a block two sequences share
@@ -12,13 +11,12 @@ step it
    sequence over its blocks there exactly as ``PagedKVCache.attend`` does (it is the same code);
 3. writes the new tokens' K and V back to their slots in the tier.
 
-So every step moves real bytes, and more of them the more context its batch holds: under load
-the step's price depends on *who else* is in the batch. The tier is a memory-mapped file on a
-CPU-only machine (its pages live in RAM, in the OS page cache) and pinned host memory on CUDA;
-the copies are synchronous. ``link_gbps`` puts the tier behind a modelled slower link exactly as
-``OffloadedCache(link_gbps=...)`` does: the bytes are really copied, and then the cache waits until
-the time those bytes take at that rate has passed (once per layer and step), so the link's time is
-inside the measured step.
+So every step moves real bytes, and more of them the more context its batch holds: under load the step's price depends
+on *who else* is in the batch. The tier is a memory-mapped file on a CPU-only machine (its pages live in RAM, in the OS
+page cache) and pinned host memory on CUDA; the copies are synchronous. ``link_gbps`` puts the tier behind a modelled
+slower link exactly as ``OffloadedCache(link_gbps=...)`` does: the bytes are really copied, and then the cache waits
+until the time those bytes take at that rate has passed (once per layer and step), so the link's time is inside the
+measured step.
 
 Accounting, per step (reset by layer 0) and in total: ``bytes_read_last_step`` (tier -> device),
 ``bytes_written_last_step`` (device -> tier), ``bytes_moved_last_step`` (both);
@@ -57,8 +55,7 @@ def blocks_to_fetch(metadata: PagedAttentionMetadata) -> list[int]:
     """Distinct blocks holding tokens stored *before* this step, over every sequence of the step.
 
     A sequence with ``context_lens[i]`` tokens after the step, ``query_lens[i]`` of them new, has
-    ``stored = context - query`` tokens in its first ceil(stored / block_size) blocks. A whole new
-    prompt has none to fetch.
+    ``stored = context - query`` tokens in its first ceil(stored / block_size) blocks. A whole new prompt has none.
     """
     wanted: set[int] = set()
     for q, ctx, table in zip(metadata.query_lens, metadata.context_lens, metadata.block_tables):

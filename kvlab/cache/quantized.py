@@ -12,18 +12,16 @@ from kvlab.cache.quantize_ops import check_bits, dequantize, quantize
 class QuantizedCache(KVCache):
     """Stores old keys/values in low precision and the newest ``residual`` tokens as they came.
 
-    Like transformers' QuantizedCache (``residual_length``) and KIVI: each token's key and value
-    vectors are quantized in groups of ``group_size`` along head_dim (asymmetric min/max, one
-    scale and one zero-point per group, see quantize_ops). The codes are really stored packed in
-    uint8 (1, 2 or 4 codes per byte); scales and zero-points are stored in the model dtype (fp32
-    on CPU), so they cost 2 x dtype bytes per group — with fp32 and group 32 that is 0.25 bytes
-    per value, as much as the 2-bit payload itself.
+    Like transformers' QuantizedCache (``residual_length``) and KIVI: each token's key and value vectors are quantized
+    in groups of ``group_size`` along head_dim (asymmetric min/max, one scale and one zero-point per group, see
+    quantize_ops). The codes are really stored packed in uint8 (1, 2 or 4 codes per byte); scales and zero-points are
+    stored in the model dtype (fp32 on CPU), so they cost 2 x dtype bytes per group — with fp32 and group 32 that is
+    0.25 bytes per value, as much as the 2-bit payload itself.
 
-    When the full-precision window holds more than ``residual`` tokens, the oldest are quantized
-    and appended to the packed store; with ``residual=0`` every token, the current one included,
-    is quantized before it is attended over. ``update`` dequantizes the whole history and
-    concatenates the window, so the model always attends over exactly what is stored — also at
-    prefill (transformers hands back the full-precision prompt there). Dequantizing every step is
+    When the full-precision window holds more than ``residual`` tokens, the oldest are quantized and appended to the
+    packed store; with ``residual=0`` every token, the current one included, is quantized before it is attended over.
+    ``update`` dequantizes the whole history and concatenates the window, so the model always attends over exactly what
+    is stored — also at prefill (transformers hands back the full-precision prompt there). Dequantizing every step is
     the price of the memory saved: at short contexts this cache is slower than dynamic.
 
     KIVI quantizes keys per channel (groups along tokens); here keys and values are both grouped

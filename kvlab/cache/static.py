@@ -62,11 +62,10 @@ class StaticCache(KVCache):
 class FixedShapeStaticCache(StaticCache):
     """A StaticCache whose decode steps all have the same shapes (prefill takes the ordinary path).
 
-    ``StaticCache.update`` hands back the filled prefix, so the keys attended over grow by one token
-    each step and a compiler sees a new shape every step. Here the new token is written into its
-    slot with ``index_copy_`` at a position held in a tensor, and attention runs over all
-    ``max_len`` slots with the empty ones masked: token 1 and token 500 run with identical shapes,
-    which is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it
+    ``StaticCache.update`` hands back the filled prefix, so the keys attended over grow by one token each step and a
+    compiler sees a new shape every step. Here the new token is written into its slot with ``index_copy_`` at a position
+    held in a tensor, and attention runs over all ``max_len`` slots with the empty ones masked: token 1 and token 500
+    run with identical shapes, which is what lets ``torch.compile`` (and CUDA graphs) build one program and replay it
     (gpt-fast's trick). The price: every step reads all ``max_len`` slots, filled or not.
 
     ``position`` (a 1-element tensor) is the slot the next decode step writes; it lives on the

@@ -41,13 +41,9 @@ class ModelConfig:
         if self.num_kv_heads is None:
             self.num_kv_heads = self.num_heads
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
 
     @property
     def head_dim(self) -> int:
@@ -58,10 +54,7 @@ class ModelConfig:
     @overload
     def kv_bytes_per_token(self, bytes_per_element: float) -> float: ...
     def kv_bytes_per_token(self, bytes_per_element: float = 4) -> float:
-        """Bytes of K and V one token occupies across all layers: 2 x layers x kv_heads x head_dim x bytes.
-
-        The memory formula itself is ``kvlab.cache.base.kv_cache_bytes``: this is its value for one token.
-        """
+        """K and V bytes of one token across all layers: 2 x layers x kv_heads x head_dim x bytes (kv_cache_bytes)."""
         return kv_cache_bytes(self.num_layers, self.num_kv_heads, self.head_dim, 1, 1, bytes_per_element)
 
     def num_parameters(self) -> int:
@@ -70,14 +63,10 @@ class ModelConfig:
         kv = self.num_kv_heads * self.head_dim
         if self.arch == "llama":
             attn = C * (C + 2 * kv) + C * C + (C + 2 * kv if self.qkv_bias else 0)
-            block = attn + 3 * C * I + 2 * C
-            pos = 0
-            final_norm = C
+            block, pos, final_norm = attn + 3 * C * I + 2 * C, 0, C
         else:
             attn = C * 3 * C + 3 * C + C * C + C
-            block = attn + 2 * C * I + I + C + 4 * C
-            pos = self.max_position_embeddings * C
-            final_norm = 2 * C
+            block, pos, final_norm = attn + 2 * C * I + I + C + 4 * C, self.max_position_embeddings * C, 2 * C
         head = 0 if self.tie_word_embeddings else V * C
         return V * C + pos + L * block + final_norm + head
 
@@ -101,9 +90,8 @@ def tiny_llama(**overrides) -> ModelConfig:
 
 def tiny_gpt2(**overrides) -> ModelConfig:
     """A tiny GPT-2 config for tests."""
-    base = dict(arch="gpt2", vocab_size=320, hidden_size=64, num_layers=2, num_heads=4,
-                intermediate_size=256, max_position_embeddings=1024, tie_word_embeddings=True,
-                name="tiny-gpt2")
+    base = dict(arch="gpt2", vocab_size=320, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=256,
+                max_position_embeddings=1024, tie_word_embeddings=True, name="tiny-gpt2")
     return ModelConfig(**{**base, **overrides})
 
 
@@ -123,28 +111,22 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 # Published configurations, for the memory calculator (no weights needed to count cache bytes).
 PUBLISHED_CONFIGS: dict[str, ModelConfig] = {
-    "GPT-2 small (124M)": ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12,
-                                      num_heads=12, intermediate_size=3072,
-                                      max_position_embeddings=1024, tie_word_embeddings=True,
+    "GPT-2 small (124M)": ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
+                                      intermediate_size=3072, max_position_embeddings=1024, tie_word_embeddings=True,
                                       name="gpt2"),
-    "GPT-2 XL (1.5B)": ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=1600, num_layers=48,
-                                   num_heads=25, intermediate_size=6400,
-                                   max_position_embeddings=1024, tie_word_embeddings=True,
+    "GPT-2 XL (1.5B)": ModelConfig(arch="gpt2", vocab_size=50257, hidden_size=1600, num_layers=48, num_heads=25,
+                                   intermediate_size=6400, max_position_embeddings=1024, tie_word_embeddings=True,
                                    name="gpt2-xl"),
-    "Llama-2-7B (MHA)": ModelConfig(arch="llama", vocab_size=32000, hidden_size=4096, num_layers=32,
-                                    num_heads=32, num_kv_heads=32, intermediate_size=11008,
-                                    max_position_embeddings=4096, name="llama-2-7b"),
-    "Llama-3-8B (GQA)": ModelConfig(arch="llama", vocab_size=128256, hidden_size=4096, num_layers=32,
-                                    num_heads=32, num_kv_heads=8, intermediate_size=14336,
-                                    max_position_embeddings=8192, rope_theta=500000.0,
-                                    name="llama-3-8b"),
-    "Llama-3-70B (GQA)": ModelConfig(arch="llama", vocab_size=128256, hidden_size=8192,
-                                     num_layers=80, num_heads=64, num_kv_heads=8,
-                                     intermediate_size=28672, max_position_embeddings=8192,
+    "Llama-2-7B (MHA)": ModelConfig(arch="llama", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+                                    num_kv_heads=32, intermediate_size=11008, max_position_embeddings=4096,
+                                    name="llama-2-7b"),
+    "Llama-3-8B (GQA)": ModelConfig(arch="llama", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+                                    num_kv_heads=8, intermediate_size=14336, max_position_embeddings=8192,
+                                    rope_theta=500000.0, name="llama-3-8b"),
+    "Llama-3-70B (GQA)": ModelConfig(arch="llama", vocab_size=128256, hidden_size=8192, num_layers=80, num_heads=64,
+                                     num_kv_heads=8, intermediate_size=28672, max_position_embeddings=8192,
                                      rope_theta=500000.0, name="llama-3-70b"),
-    "Qwen2-0.5B (GQA)": ModelConfig(arch="llama", vocab_size=151936, hidden_size=896, num_layers=24,
-                                    num_heads=14, num_kv_heads=2, intermediate_size=4864,
-                                    max_position_embeddings=32768, qkv_bias=True,
-                                    tie_word_embeddings=True, rope_theta=1000000.0,
-                                    name="qwen2-0.5b"),
+    "Qwen2-0.5B (GQA)": ModelConfig(arch="llama", vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14,
+                                    num_kv_heads=2, intermediate_size=4864, max_position_embeddings=32768,
+                                    qkv_bias=True, tie_word_embeddings=True, rope_theta=1000000.0, name="qwen2-0.5b"),
 }

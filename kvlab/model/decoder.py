@@ -10,11 +10,10 @@ from kvlab.model.config import ModelConfig
 from kvlab.model.matvec import matvec
 from kvlab.model.tokenizer import Tokenizer
 
-# Weights are stored as [in, out] and applied as x @ W. A single row times a contiguous [in, out]
-# matrix streams memory markedly faster on CPU than F.linear's x @ W.T over an [out, in] matrix,
-# and batch-1 decoding is bound by how fast the weights stream. q/k/v are fused into one matrix and
-# gate/up into another, so a Llama layer does four matrix products, each through ``matvec``
-# (matvec.py: split across threads by the inner dimension for a decode step's few rows).
+# Weights are stored as [in, out] and applied as x @ W. A single row times a contiguous [in, out] matrix streams memory
+# markedly faster on CPU than F.linear's x @ W.T over an [out, in] matrix, and batch-1 decoding is bound by how fast the
+# weights stream. q/k/v are fused into one matrix and gate/up into another, so a Llama layer does four matrix products,
+# each through ``matvec`` (matvec.py: split across threads by the inner dimension for a decode step's few rows).
 
 
 def _param(*shape: int) -> nn.Parameter:

@@ -1,9 +1,7 @@
 """The lesson model and the lesson sizes per device: what every notebook runs on unless told otherwise.
 
-``lesson_scale()`` picks the sizes of this device (``LESSON_SCALES``), ``lesson_config()`` is the
-lesson model's config and ``lesson_model()`` the model itself, with seeded random weights. Notebooks
-read these through the default arguments (``run_slowdown()``, ``slowdown_panel()``, ``serve``...);
-an explicit argument always wins.
+``lesson_scale()`` picks the sizes of this device (``LESSON_SCALES``), ``lesson_config()`` is the lesson model's config
+and ``lesson_model()`` the model itself, with seeded random weights.
 """
 from __future__ import annotations
 
@@ -25,12 +23,11 @@ RECALL_MODEL_DIR = data_path(RECALL_TINY)  # the recall task's trained checkpoin
 class LessonScale:
     """The sizes the lessons default to on one kind of device, kept in one place.
 
-    On CPU they are sized for 2 cores (every notebook runs in minutes). On a GPU the 3M-parameter
-    lesson model is so small that every step is the cost of launching kernels, not of computing, so
-    a cache would hardly matter: the GPU scale uses a ~90M-parameter model and longer contexts, where
-    recomputation and memory traffic show again. Notebooks read these through the default
-    arguments (``lesson_config()``, ``run_slowdown()``, ``slowdown_panel()``, ``lesson_model()``);
-    an explicit argument always wins.
+    On CPU they are sized for 2 cores (every notebook runs in minutes). On a GPU the 3M-parameter lesson model is so
+    small that every step is the cost of launching kernels, not of computing, so a cache would hardly matter: the GPU
+    scale uses a ~90M-parameter model and longer contexts, where recomputation and memory traffic show again. Notebooks
+    read these through the default arguments (``lesson_config()``, ``run_slowdown()``, ``slowdown_panel()``,
+    ``lesson_model()``); an explicit argument always wins.
     """
 
     device: str  # "cpu" or "cuda"
@@ -69,12 +66,10 @@ def lesson_scale(device: torch.device | str | None = None) -> LessonScale:
 def lesson_config(**overrides) -> ModelConfig:
     """The ~3M-parameter Llama of the lessons (hidden 256, 4 layers, 8 heads, 4 KV heads).
 
-    Small enough that a run of 200 uncached tokens takes seconds, not minutes, on 2 CPU cores;
-    big enough that an uncached step over a few hundred tokens takes clearly longer than a
-    cached one (``run_slowdown`` measures both on the machine at hand). On a GPU the lesson
-    model is the ~90M-parameter one of ``lesson_scale()`` instead (hidden 1024,
-    8 layers): at 3M parameters a GPU step costs its kernel launches whatever the context.
-    Lesson 01 calls it ``slowdown_config``.
+    Small enough that a run of 200 uncached tokens takes seconds, not minutes, on 2 CPU cores; big enough that an
+    uncached step over a few hundred tokens takes clearly longer than a cached one (``run_slowdown`` measures both on
+    the machine at hand). On a GPU: the ~90M-parameter one of ``lesson_scale()`` (``LessonScale`` says why). Lesson 01
+    calls it ``slowdown_config``.
     """
     return tiny_llama(**{**lesson_scale().model, **overrides})
 
@@ -93,8 +88,6 @@ def _built_model(seed: int, scale: str) -> Decoder:  # one per seed and device s
     return build_model(lesson_config(), seed=seed)
 
 
-
-
 def load_recall_model(path: str | Path | None = None, device: torch.device | str | None = None):
     """The shipped recall checkpoint (kvlab/data/recall-tiny), loaded offline with ``kvlab.from_pretrained``.
 
@@ -103,16 +96,11 @@ def load_recall_model(path: str | Path | None = None, device: torch.device | str
     """
     from kvlab.model.loading import from_pretrained
 
-    if path is None:
-        where = RECALL_MODEL_DIR
-        if not (where / "config.json").is_file():
-            raise FileNotFoundError(missing_message(RECALL_TINY))
-    else:
-        where = Path(path)
-        if not (where / "config.json").is_file():
-            raise FileNotFoundError(
-                f"no recall checkpoint at {where} (no config.json there): pass the folder "
-                "scripts/train_recall.py --out wrote, or call load_recall_model() for the shipped one")
+    where = RECALL_MODEL_DIR if path is None else Path(path)
+    if not (where / "config.json").is_file():
+        raise FileNotFoundError(missing_message(RECALL_TINY) if path is None else (
+            f"no recall checkpoint at {where} (no config.json there): pass the folder "
+            "scripts/train_recall.py --out wrote, or call load_recall_model() for the shipped one"))
     model = from_pretrained(where, device=device)
     model.config.name = "recall-tiny"
     return model

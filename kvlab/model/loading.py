@@ -40,10 +40,9 @@ def config_from_transformers(hf_config) -> ModelConfig:
         return ModelConfig(arch="gpt2", vocab_size=hf_config.vocab_size, hidden_size=hf_config.n_embd,
                            num_layers=hf_config.n_layer, num_heads=hf_config.n_head,
                            intermediate_size=hf_config.n_inner or 4 * hf_config.n_embd,
-                           max_position_embeddings=hf_config.n_positions,
-                           norm_eps=hf_config.layer_norm_epsilon, tie_word_embeddings=True,
-                           bos_token_id=hf_config.bos_token_id, eos_token_id=hf_config.eos_token_id,
-                           name=getattr(hf_config, "name_or_path", "") or "gpt2")
+                           max_position_embeddings=hf_config.n_positions, norm_eps=hf_config.layer_norm_epsilon,
+                           tie_word_embeddings=True, bos_token_id=hf_config.bos_token_id,
+                           eos_token_id=hf_config.eos_token_id, name=getattr(hf_config, "name_or_path", "") or "gpt2")
     if hf_config.hidden_act != "silu":
         raise _unsupported(f"{model_type} with hidden_act {hf_config.hidden_act!r}")
     if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
@@ -62,8 +61,7 @@ def config_from_transformers(hf_config) -> ModelConfig:
                        rope_theta=float(getattr(hf_config, "rope_theta", None)
                                         or (getattr(hf_config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)),
                        norm_eps=hf_config.rms_norm_eps, qkv_bias=model_type == "qwen2",
-                       tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-                       bos_token_id=hf_config.bos_token_id,
+                       tie_word_embeddings=bool(hf_config.tie_word_embeddings), bos_token_id=hf_config.bos_token_id,
                        eos_token_id=eos[0] if isinstance(eos, (list, tuple)) else eos,
                        name=getattr(hf_config, "name_or_path", "") or model_type)
 
@@ -72,8 +70,7 @@ def _llama_weights(sd: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     """kvlab's parameters from a Llama-family state dict in transformers' names (a model's or a safetensors file's)."""
     out = {"embed": sd["model.embed_tokens.weight"], "final_norm.weight": sd["model.norm.weight"]}
     for i in range(cfg.num_layers):
-        a, p = f"model.layers.{i}.self_attn.", f"blocks.{i}."
-        mlp = f"model.layers.{i}.mlp."
+        a, mlp, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"blocks.{i}."
         # transformers stores [out, in]; kvlab stores [in, out] (see decoder.py)
         out[p + "attn.w_qkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
                                            sd[a + "v_proj.weight"]]).T
@@ -203,8 +200,7 @@ def to_transformers(model: Decoder):
             for name, t in _gpt2_weights(hf, cfg).items():  # kvlab name -> the transformers tensor it maps to
                 t.copy_(src[name])
         else:
-            C, kv = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim
-            I = cfg.intermediate_size
+            C, kv, I = cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
             for i, layer in enumerate(hf.model.layers):
                 p, a = f"blocks.{i}.", layer.self_attn
                 w = src[p + "attn.w_qkv"].T  # (q + 2 kv, C)
@@ -247,15 +243,14 @@ def from_pretrained(name_or_path: str | Path, device: torch.device | str | None 
     """Load a checkpoint directory offline (or a hub name where the hub is reachable) into kvlab.
 
     Hub names of the supported families work as they are, e.g. ``"openai-community/gpt2"``,
-    ``"HuggingFaceTB/SmolLM2-135M"`` (Llama) or ``"Qwen/Qwen2.5-0.5B"`` (downloaded once into the
-    Hugging Face cache; with HF_HUB_OFFLINE=1 only the cache is read). The architecture is checked
-    before any weights are read. The checkpoint's own tokenizer (transformers' AutoTokenizer,
-    behind kvlab's small tokenizer interface) becomes ``model.tokenizer``, so
-    ``kvlab.generate(model, "some text")`` takes and returns text; a checkpoint without tokenizer
-    files gets the built-in ByteTokenizer. Weights are converted to ``dtype`` (fp32 by default); RoPE's
-    frequencies and angles stay fp32 whatever it is (``Decoder._apply``), as in transformers.
-    ``local_files_only=True`` reads a hub name from the local cache only, never the network
-    (default: True for a directory, else transformers' own rule).
+    ``"HuggingFaceTB/SmolLM2-135M"`` (Llama) or ``"Qwen/Qwen2.5-0.5B"`` (downloaded once into the Hugging Face cache;
+    with HF_HUB_OFFLINE=1 only the cache is read). The architecture is checked before any weights are read. The
+    checkpoint's own tokenizer (transformers' AutoTokenizer, behind kvlab's small tokenizer interface) becomes
+    ``model.tokenizer``, so ``kvlab.generate(model, "some text")`` takes and returns text; a checkpoint without
+    tokenizer files gets the built-in ByteTokenizer. Weights are converted to ``dtype`` (fp32 by default); RoPE's
+    frequencies and angles stay fp32 whatever it is (``Decoder._apply``), as in transformers. ``local_files_only=True``
+    reads a hub name from the local cache only, never the network (default: True for a directory, else transformers' own
+    rule).
     """
     path = Path(name_or_path)
     local = path.is_dir()

@@ -1,20 +1,18 @@
 """matvec: the weight product of a decode step, a few rows against a big [in, out] matrix, at memory speed.
 
-On CPU, torch splits a product of a few rows with an [in, out] matrix across threads by output
-columns, so each thread reads a piece of every row of the weight (1 KB of each 2 KB row when
-N = 512) and memory streams at 13-24 GB/s on 2 cores. Splitting the inner dimension K instead
-hands each thread one contiguous block of rows (one batched product) and sums the partial
-results: 23-37 GB/s on the same shapes (llama-30m's, measured on 2 cores); the 33 products of a
-llama-30m decode step took 4.4 ms instead of 7.0 ms. Same products, added in another order (fp32
-results differ in the last bits). More than SPLIT_MAX_ROWS rows (a prompt) are compute-bound, not
-memory-bound: they take the plain product, as does a single thread or another device.
+On CPU, torch splits a product of a few rows with an [in, out] matrix across threads by output columns, so each thread
+reads a piece of every row of the weight (1 KB of each 2 KB row when N = 512) and memory streams at 13-24 GB/s on 2
+cores. Splitting the inner dimension K instead hands each thread one contiguous block of rows (one batched product) and
+sums the partial results: 23-37 GB/s on the same shapes (llama-30m's, measured on 2 cores); the 33 products of a
+llama-30m decode step took 4.4 ms instead of 7.0 ms. Same products, added in another order (fp32 results differ in the
+last bits). More than SPLIT_MAX_ROWS rows (a prompt) are compute-bound, not memory-bound: they take the plain product,
+as does a single thread or another device.
 
-Under ``torch.compile`` the split product is one opaque operator (``kvlab::split_matvec``): left
-visible, inductor lowers a one-row batched product on CPU to a multiply and a sum of its own, and a
-compiled llama-30m decode came out slower than the eager one (1.08 against 0.92 s for 256 + 128
-tokens on 2 cores). Kept whole, the compiler fuses the small operations around it and calls it as
-it is (each call pays about 10 µs more than a direct one: the operator's dispatch). With
-one thread there is nothing to split, and the plain product is left to the compiler (after
+Under ``torch.compile`` the split product is one opaque operator (``kvlab::split_matvec``): left visible, inductor
+lowers a one-row batched product on CPU to a multiply and a sum of its own, and a compiled llama-30m decode came out
+slower than the eager one (1.08 against 0.92 s for 256 + 128 tokens on 2 cores). Kept whole, the compiler fuses the
+small operations around it and calls it as it is (each call pays about 10 µs more than a direct one: the operator's
+dispatch). With one thread there is nothing to split, and the plain product is left to the compiler (after
 ``prepare_compile``, which kvlab's compile entry points call).
 """
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Tiny checkpoints of each supported family, written offline: random weights and a tokenizer trained here.
 
-A hub checkpoint is a folder: ``config.json``, the weights, and the tokenizer's files. This module
-writes such a folder with ``save_pretrained`` for a GPT-2, a Llama or a Qwen2 model of a few
-hundred thousand parameters, beside a small byte-level BPE tokenizer trained in a fraction of a
-second on generated sentences (the ``tokenizers`` library, which transformers depends on). The
-loading tests and the real-model demonstration run on these folders exactly as they would on
-``openai-community/gpt2``, ``HuggingFaceTB/SmolLM2-135M`` or ``Qwen/Qwen2.5-0.5B``, with no network.
+A hub checkpoint is a folder: ``config.json``, the weights, and the tokenizer's files. This module writes such a folder
+with ``save_pretrained`` for a GPT-2, a Llama or a Qwen2 model of a few hundred thousand parameters, beside a small
+byte-level BPE tokenizer trained in a fraction of a second on generated sentences (the ``tokenizers`` library, which
+transformers depends on). The loading tests and the real-model demonstration run on these folders exactly as they would
+on ``openai-community/gpt2``, ``HuggingFaceTB/SmolLM2-135M`` or ``Qwen/Qwen2.5-0.5B``, with no network.
 
     >>> folder = save_tiny_checkpoint(tmp / "tiny-qwen2", "qwen2")
     >>> model = kvlab.from_pretrained(folder)        # the checkpoint's own tokenizer comes with it

@@ -1,7 +1,8 @@
 """Tokenizers: a built-in byte-level one for offline use, and a wrapper for a checkpoint's own."""
 from __future__ import annotations
 
-from typing import Protocol
+from itertools import groupby
+from typing import Callable, Protocol
 
 
 class Tokenizer(Protocol):
@@ -21,6 +22,12 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[int]) -> str: ...
 
 
+def _decode_known(ids: list[int], vocab_size: int, decode: Callable[[list[int]], str]) -> str:
+    """Runs of ids below ``vocab_size`` through ``decode``; any other id shown as <id>."""
+    return "".join(decode(list(run)) if known else "".join(f"<{i}>" for i in run)
+                   for known, run in groupby(ids, key=lambda i: 0 <= i < vocab_size))
+
+
 class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; 256 = BOS, 257 = EOS, 258 = PAD. Needs no file, works offline.
 
@@ -38,18 +45,7 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         # Ids >= 256 are specials (or belong to a bigger vocabulary): shown as <id>.
-        out, run = [], bytearray()
-        for i in ids:
-            if 0 <= i < 256:
-                run.append(i)
-                continue
-            if run:
-                out.append(run.decode("utf-8", errors="replace"))
-                run = bytearray()
-            out.append(f"<{i}>")
-        if run:
-            out.append(run.decode("utf-8", errors="replace"))
-        return "".join(out)
+        return _decode_known(ids, 256, lambda run: bytes(run).decode("utf-8", errors="replace"))
 
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=259)"
@@ -70,18 +66,7 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         # A checkpoint's vocabulary is often padded past its tokenizer's (Qwen2.5: 151,936 rows for
         # 151,665 tokens); the tokenizer would silently drop such ids, so they are shown as <id>.
-        out, run = [], []
-        for i in ids:
-            if 0 <= i < self.vocab_size:
-                run.append(i)
-                continue
-            if run:
-                out.append(self.hf.decode(run))
-                run = []
-            out.append(f"<{i}>")
-        if run:
-            out.append(self.hf.decode(run))
-        return "".join(out)
+        return _decode_known(ids, self.vocab_size, self.hf.decode)
 
     def __repr__(self) -> str:
         return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"

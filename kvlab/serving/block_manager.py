@@ -46,13 +46,11 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
 class BlockManager:
     """Hands out fixed-size KV blocks to sequences and takes them back.
 
-    Each sequence owns a ``block_table`` (physical block ids in token order); a block may be
-    shared by several sequences (``ref_count``) when prefix caching finds it. With
-    ``enable_prefix_caching`` every full, computed block is registered under a chain hash
-    (parent hash + its tokens), so a later prompt starting with the same tokens reuses that KV.
-    A block whose last user leaves keeps its contents and its hash while it sits in the free
-    queue, and is evicted (its hash dropped) only when allocation needs it — least recently
-    freed first.
+    Each sequence owns a ``block_table`` (physical block ids in token order); a block may be shared by several sequences
+    (``ref_count``) when prefix caching finds it. With ``enable_prefix_caching`` every full, computed block is
+    registered under a chain hash (parent hash + its tokens), so a later prompt starting with the same tokens reuses
+    that KV. A block whose last user leaves keeps its contents and its hash while it sits in the free queue, and is
+    evicted (its hash dropped) only when allocation needs it — least recently freed first.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -157,12 +155,15 @@ class BlockManager:
         seq.num_registered_blocks = max(seq.num_registered_blocks, num_full)
 
     # -- the allocation API the scheduler uses --------------------------------------------------
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Blocks ``seq`` holds once admitted: all its current tokens (``ReservingBlockManager`` takes more)."""
+        return self.blocks_for(seq)
+
     def can_allocate(self, seq: Sequence) -> bool:
-        """Enough free blocks to admit ``seq`` with blocks for all its current tokens?"""
+        """Enough free blocks to admit ``seq`` (``blocks_to_admit``)?"""
         hits = self.match_prefix(seq)
         hits_in_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
-        new = self.blocks_for(seq) - len(hits)
-        return new <= self.num_free_blocks - hits_in_free
+        return self.blocks_to_admit(seq) - len(hits) <= self.num_free_blocks - hits_in_free
 
     def allocate(self, seq: Sequence) -> None:
         """Give ``seq`` a block table for all its tokens, reusing prefix-cache hits.
@@ -176,8 +177,7 @@ class BlockManager:
         hits = self.match_prefix(seq)
         for block_id in hits:
             self._ref(block_id)
-        seq.block_table = hits + [self._take_free_block()
-                                  for _ in range(self.blocks_for(seq) - len(hits))]
+        seq.block_table = hits + [self._take_free_block() for _ in range(self.blocks_to_admit(seq) - len(hits))]
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(hits)
         if self.enable_prefix_caching:

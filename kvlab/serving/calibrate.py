@@ -2,14 +2,12 @@
 
 ``python -m kvlab calibrate [--config llama-30m|tiny] [--out PATH] [--repeats N] [--threads N] [--validate]``
 
-Each designed shape (prompt chunks of several sizes, decode batches of several sizes over short
-and long contexts, and mixes of both) is built as real ``Sequence``s with block tables in a paged
-pool and run through ``ModelExecutor.execute``, exactly as the engine runs a step. Shapes are
-timed in passes (one warm-up pass, then ``repeats`` passes: by default as many as fit in
-``--budget`` seconds; median per shape), each pass in a new random order, so a moment of
-contention on a shared machine lands on random shapes rather than always on the same ones. The
-fit (``cost_model.fit_coefficients``) is saved as JSON with the config, settings, machine and
-per-shape residuals.
+Each designed shape (prompt chunks of several sizes, decode batches of several sizes over short and long contexts, and
+mixes of both) is built as real ``Sequence``s with block tables in a paged pool and run through
+``ModelExecutor.execute``, exactly as the engine runs a step. Shapes are timed in passes (one warm-up pass, then
+``repeats`` passes: by default as many as fit in ``--budget`` seconds; median per shape), each pass in a new random
+order, so a moment of contention on a shared machine lands on random shapes rather than always on the same ones. The fit
+(``cost_model.fit_coefficients``) is saved as JSON with the config, settings, machine and per-shape residuals.
 
 ``--validate`` also times a second set of shapes, none used for the fit (other batch sizes,
 context lengths, chunk sizes, uneven contexts), in the same passes, and reports the median
@@ -138,12 +136,11 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
     """Time ``ModelExecutor.execute`` on every shape, over ``spec``'s blocks: one row per shape with its features
     and median time.
 
-    Blocks are drawn in a seeded random order from a pool big enough for the largest shape, so
-    sequences are scattered through memory as in a running engine. Columns: shape, every
-    feature of FEATURES, measured_s (median of ``repeats``), min_s, max_s, repeats. With
-    ``repeats=None`` the passes are as many as fit in about ``budget_s`` seconds (between
-    MIN_REPEATS and MAX_REPEATS): a tiny model's millisecond steps need many samples to see
-    through a busy machine, a larger model's need few.
+    Blocks are drawn in a seeded random order from a pool big enough for the largest shape, so sequences are scattered
+    through memory as in a running engine. Columns: shape, every feature of FEATURES, measured_s (median of
+    ``repeats``), min_s, max_s, repeats. With ``repeats=None`` the passes are as many as fit in about ``budget_s``
+    seconds (between MIN_REPEATS and MAX_REPEATS): a tiny model's millisecond steps need many samples to see through a
+    busy machine, a larger model's need few.
     """
     if repeats is not None and (not isinstance(repeats, int) or repeats < 1):
         raise ValueError(f"repeats must be an integer >= 1 or None (as many as fit in budget_s), got {repeats!r}")
@@ -172,11 +169,9 @@ def measure_step_times(model: Decoder, shapes: list[BatchShape], repeats: int | 
         for _ in passes:  # each pass in a fresh seeded order: a busy spell on the machine lands on random shapes
             for i in rng.permutation(len(outs)):
                 times[i].append(executor.execute(outs[i]).duration_s)
-    rows = []
-    for shape, ts in zip(shapes, times):
-        rows.append({"shape": shape.label, **dict(zip(FEATURES, features(shape.rows(), block_size))),
-                     "measured_s": float(np.median(ts)), "min_s": min(ts), "max_s": max(ts), "repeats": len(ts)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"shape": shape.label, **dict(zip(FEATURES, features(shape.rows(), block_size))),
+                          "measured_s": float(np.median(ts)), "min_s": min(ts), "max_s": max(ts), "repeats": len(ts)}
+                         for shape, ts in zip(shapes, times)])
 
 
 def fit_cost_model(measured: pd.DataFrame, model: Decoder, settings: dict) -> CostModel:

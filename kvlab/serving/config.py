@@ -1,11 +1,9 @@
 """An engine's settings, described once and passed whole (nano-vllm's ``Config``, vLLM's ``EngineArgs``).
 
-``EngineSpec`` is everything an engine is built from besides its model: the KV pool (tokens per block, its size
-in bytes, prefix caching, the dtype of what it stores), the scheduler's rules (``SchedulerConfig``) and the seed
-of its sampling. It is checked where it is made, so a bad value fails before any weight is loaded, and it
-travels whole: ``Engine(model, spec)`` runs the decoder, ``Engine(cost_model, spec)`` the simulator,
-``python -m kvlab serve`` reads one from its options (``add_engine_arguments``, ``spec_from_args``), the
-server's settings hold it and the engine's own process builds from it.
+``EngineSpec`` is everything an engine is built from besides its model. It is checked where it is made, so a bad
+value fails before any weight is loaded, and it travels whole: ``Engine(model, spec)`` runs the decoder,
+``Engine(cost_model, spec)`` the simulator, ``python -m kvlab serve`` reads one from its options
+(``add_engine_arguments``, ``spec_from_args``), the server's settings hold it and the engine's own process builds from it.
 
 Presets: ``SERVE_SPEC``, what ``python -m kvlab serve`` runs (a queue of 64: beyond it the server answers 429).
 The lessons' spec is kvlab's lesson preset (``kvlab.experiments.presets.LESSON_SPEC``): a bounded queue and a
@@ -23,7 +21,8 @@ import torch
 from kvlab.cache.paged import BLOCK_SIZE, check_block_size
 from kvlab.model.config import ModelConfig
 from kvlab.serving.scheduler import SchedulerConfig
-from kvlab.serving.scheduler_cli import OPTION_FIELDS, add_scheduler_arguments, scheduler_args, scheduler_config_from_args
+from kvlab.serving.scheduler_cli import (OPTION_FIELDS, add_scheduler_arguments, scheduler_args,
+                                         scheduler_config_from_args)
 
 SCHEDULER_FIELDS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig))
 

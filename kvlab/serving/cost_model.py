@@ -73,10 +73,9 @@ def features(rows: Iterable[Row], block_size: int) -> np.ndarray:
 def fit_coefficients(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares on *relative* error with no negative coefficient.
 
-    Each row is divided by its measured time, so a 5 ms step counts as much as a 500 ms one
-    (the goal is a small percentage error everywhere). A coefficient that comes out negative
-    would mean more work takes less time; it is set to 0 and the rest refitted (an active-set
-    method: a few rounds at most for six features).
+    Each row is divided by its measured time, so a 5 ms step counts as much as a 500 ms one (the goal is a small
+    percentage error everywhere). A coefficient that comes out negative would mean more work takes less time; it is set
+    to 0 and the rest refitted (an active-set method: a few rounds at most for six features).
     """
     X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)
     if X.ndim != 2 or X.shape[0] != y.shape[0] or X.shape[1] != len(FEATURES):
@@ -168,8 +167,7 @@ class CostModel:
     def load(cls, path: str | Path) -> "CostModel":
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"no cost model at {path}; make one with "
-                             f"python -m kvlab calibrate --out {path}")
+            raise ValueError(f"no cost model at {path}; make one with python -m kvlab calibrate --out {path}")
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 

@@ -80,11 +80,10 @@ class StepFailed(RuntimeError):
     request if the scheduler itself failed, since its state can no longer be trusted). The
     engine can go on stepping the others. The original exception is ``__cause__``.
 
-    A step that ran but whose logits were NaN or inf for every sequence sampled in it is a failed
-    step too (``where`` is ``MODEL_FAILED``): each of its requests already ended on its own, with its
-    own bad row, but a model that yields nothing finite is broken, and a server counts such steps
-    with the raising ones (``kvlab.http.engine_loop``). A NaN row among finite ones is that request's
-    fault alone, and no failed step.
+    A step that ran but whose logits were NaN or inf for every sequence sampled in it is a failed step too (``where`` is
+    ``MODEL_FAILED``): each of its requests already ended on its own, with its own bad row, but a model that yields
+    nothing finite is broken, and a server counts such steps with the raising ones (``kvlab.http.engine_loop``). A NaN
+    row among finite ones is that request's fault alone, and no failed step.
     """
 
     def __init__(self, error: BaseException, outputs: list[RequestOutput], where: str) -> None:
@@ -101,19 +100,18 @@ def derive_seed(seed: int, request_id) -> int:
 class Engine:
     """Continuous (or static) batching of many requests over one model and one paged KV pool.
 
-    ``Engine(model, spec)`` runs the real decoder (``ModelExecutor``); ``Engine(cost_model, spec)`` runs the
-    simulator, whose steps a ``CostModel`` prices with no weights at all; ``Engine(config, spec, executor=...)``
-    runs any other executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler
-    and the seed. The KV pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token)
-    blocks; it must hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of
-    them, so nothing is ever preempted). ``block_manager_factory()`` builds the pool's
-    allocator (from the engine's ``num_blocks``, ``block_size`` and ``max_model_len``) at every reset: by default the paged ``BlockManager``; ``ReservationEngine``
-    passes one that reserves per request.
+    ``Engine(model, spec)`` runs the real decoder (``ModelExecutor``); ``Engine(cost_model, spec)`` runs the simulator,
+    whose steps a ``CostModel`` prices with no weights at all; ``Engine(config, spec, executor=...)`` runs any other
+    executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler and the seed. The KV
+    pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it must hold at least one
+    request of ``max_model_len`` tokens (default budget: ``max_seqs`` of them, so nothing is ever preempted).
+    ``block_manager_factory()`` builds the pool's allocator (from the engine's ``num_blocks``, ``block_size`` and
+    ``max_model_len``) at every reset: by default the paged ``BlockManager``; ``ReservationEngine`` passes one that
+    reserves per request.
 
-    Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the
-    run started: arrival (scheduled), hand-over to the engine (sent), first admission, every
-    token, and the end (completed, or failed with a reason). ``trace_frame()`` has one row
-    per step.
+    Every request gets a ``RequestRecord`` stamped on the engine's clock in seconds since the run started: arrival
+    (scheduled), hand-over to the engine (sent), first admission, every token, and the end (completed, or failed with a
+    reason). ``trace_frame()`` has one row per step.
     """
 
     def __init__(self, model: Decoder | ModelConfig | CostModel, spec: EngineSpec | None = None, *,
@@ -152,9 +150,7 @@ class Engine:
                              f"positions; lower max_model_len to <= {context}")
         per_block = spec.block_bytes(self.config, kv_dtype)
         blocks_per_request = -(-self.max_model_len // block_size)
-        kv_budget_bytes = spec.kv_budget_bytes
-        if kv_budget_bytes is None:
-            kv_budget_bytes = cfg.max_seqs * blocks_per_request * per_block
+        kv_budget_bytes = spec.kv_budget_bytes or cfg.max_seqs * blocks_per_request * per_block  # a given one is >= 1
         num_blocks = spec.num_blocks(self.config, kv_budget_bytes, kv_dtype)
         if num_blocks < blocks_per_request:
             raise ValueError(
@@ -164,7 +160,6 @@ class Engine:
                 f"<= {num_blocks * block_size}")
         self.block_size, self.num_blocks, self.kv_budget_bytes = block_size, num_blocks, kv_budget_bytes
         self.kv_dtype, self.enable_prefix_caching = kv_dtype, spec.enable_prefix_caching
-        # () -> the KV pool's allocator, built anew at every reset from the engine's geometry
         self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
         self.seed = spec.seed
@@ -181,7 +176,6 @@ class Engine:
     def reset(self) -> None:
         """Forget every request, the prefix cache and the trace; restart the clock at 0."""
         self.block_manager = self.block_manager_factory()
-        # the Scheduler checks its config against the block size and max_model_len (SchedulerConfig.check)
         self.scheduler = Scheduler(self.scheduler_config, self.block_manager, self.max_model_len)
         self.sequences: dict = {}  # request_id -> Sequence
         self.records: dict = {}  # request_id -> RequestRecord
@@ -349,11 +343,10 @@ class Engine:
             progress: Callable[[int, int], None] | None = None) -> list[RequestRecord]:
         """Release each request at its ``arrival_s`` and serve until all have ended; one record per request.
 
-        ``clock="wall"``: real time (time.perf_counter), sleeping until the next arrival when
-        idle. ``clock="virtual"``: time advances only by the executor's step durations (and
-        jumps over idle gaps), so a cost-model executor simulates hours in seconds.
-        ``progress(done, total)`` is called whenever a request ends. A step that raises ends the run
-        with that error (a learner's admission rule that over-admits, say); the server goes on instead.
+        ``clock="wall"``: real time (time.perf_counter), sleeping until the next arrival when idle. ``clock="virtual"``:
+        time advances only by the executor's step durations (and jumps over idle gaps), so a cost-model executor
+        simulates hours in seconds. ``progress(done, total)`` is called whenever a request ends. A step that raises ends
+        the run with that error (a learner's admission rule that over-admits, say); the server goes on instead.
         """
         if clock not in CLOCKS:
             raise ValueError(f"unknown clock {clock!r}; choose one of {', '.join(CLOCKS)}")
@@ -389,10 +382,9 @@ class Engine:
                     raise failed.error from failed
                 outputs, out = failed.outputs, None  # its requests ended with their rows; the others go on
             ended = sum(o.finished for o in outputs)
-            if ended:
-                done += ended
-                if progress:
-                    progress(done, total)
+            done += ended
+            if ended and progress:
+                progress(done, total)
             if out is not None and out.is_empty:
                 wake = [t for t in (out.wake_at_s, next_arrival) if t is not None]
                 if not wake:

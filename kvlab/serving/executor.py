@@ -1,9 +1,8 @@
 """Executors: run one scheduled step and say which token each sequence got and how long it took.
 
-The scheduler decides *what* runs; an executor runs it. ``ModelExecutor`` runs the real kvlab
-decoder on the step's mixed batch over a paged KV cache. Another executor (a cost model) can
-price the same ``SchedulerOutput`` from its ``StepShape`` alone, with no model, behind the
-same interface.
+The scheduler decides *what* runs; an executor runs it. ``ModelExecutor`` runs the real kvlab decoder on the step's
+mixed batch over a paged KV cache. Another executor (a cost model) can price the same ``SchedulerOutput`` from its
+``StepShape`` alone, with no model, behind the same interface.
 """
 from __future__ import annotations
 
@@ -54,11 +53,10 @@ class Executor(ABC):
 class ModelExecutor(Executor):
     """The model runner: one packed forward of the real decoder per step.
 
-    All scheduled tokens — prompt chunks and single decode tokens of different sequences — go
-    into one (1, N) batch with their own positions (RoPE or learned positions need no padding);
-    the paged cache's metadata tells each layer which slots to write and which blocks each
-    sequence attends over. Logits of the last token of each sequence that is due a token are
-    sampled with that sequence's own settings (greedy rows together in one argmax).
+    All scheduled tokens — prompt chunks and single decode tokens of different sequences — go into one (1, N) batch with
+    their own positions (RoPE or learned positions need no padding); the paged cache's metadata tells each layer which
+    slots to write and which blocks each sequence attends over. Logits of the last token of each sequence that is due a
+    token are sampled with that sequence's own settings (greedy rows together in one argmax).
     """
 
     name = "model"
@@ -79,7 +77,6 @@ class ModelExecutor(Executor):
         cache.reset()
 
     def _paged_cache(self) -> PagedKVCache:
-        """The paged pool (an error before ``initialize_cache``)."""
         if self.cache is None:
             raise RuntimeError("call initialize_cache(pool) first (the Engine does)")
         return self.cache
@@ -119,9 +116,8 @@ class ModelExecutor(Executor):
     def sample_rows(self, out: SchedulerOutput, rows: list[int], last: torch.Tensor) -> StepResult:
         """Each row's token by its own settings; a row with non-finite logits fails alone (``StepResult.failed``)."""
         tokens: list[int | None] = [None] * len(out.seqs)
-        failed: dict[int, str] = {}
-        for j in nonfinite_rows(last):  # every row checked at once: one sync per step
-            failed[rows[j]] = str(NonFiniteLogits([j]))
+        # every row checked at once: one sync per step
+        failed = {rows[j]: str(NonFiniteLogits([j])) for j in nonfinite_rows(last)}
         nonfinite = tuple(failed)
         greedy = [j for j, i in enumerate(rows) if out.seqs[i].sampling.greedy and i not in failed]
         if greedy:
@@ -140,7 +136,6 @@ class ModelExecutor(Executor):
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
-        self._paged_cache()  # an error before initialize_cache
         device = self.model.device
         start = now(device)
         rows = [i for i, s in enumerate(out.do_sample) if s]

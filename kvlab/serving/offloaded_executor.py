@@ -1,11 +1,10 @@
 """OffloadedModelExecutor: the model runner over a paged KV pool kept in a slower tier (an offloaded serving engine).
 
-``Engine(model, executor=OffloadedModelExecutor(model, link_gbps=1.0))`` serves exactly as
-``Engine(model)`` does — same scheduler, same block tables, same tokens — but its KV pool lives in
-``kvlab.cache.paged_offloaded.OffloadedPagedKVCache``: every step copies in the blocks its batch
-attends over and writes the new tokens back. ``step_log`` keeps, per executed step, the bytes
-moved each way and the seconds spent copying, to read beside the engine's trace (join on
-``step``).
+``Engine(model, executor=OffloadedModelExecutor(model, link_gbps=1.0))`` serves exactly as ``Engine(model)`` does — same
+scheduler, same block tables, same tokens — but its KV pool lives in
+``kvlab.cache.paged_offloaded.OffloadedPagedKVCache``: every step copies in the blocks its batch attends over and writes
+the new tokens back. ``step_log`` keeps, per executed step, the bytes moved each way and the seconds spent copying, to
+read beside the engine's trace (join on ``step``).
 """
 from __future__ import annotations
 
@@ -37,7 +36,8 @@ class OffloadedModelExecutor(ModelExecutor):
         if self.cache is not None:
             self.cache.close()
         self.cache = OffloadedPagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
-                                           device=self.model.device, num_blocks=pool.num_blocks, block_size=pool.block_size,
+                                           device=self.model.device, num_blocks=pool.num_blocks,
+                                           block_size=pool.block_size,
                                            link_gbps=self.link_gbps, storage_dir=self.storage_dir)
         self.step_log = []
 

@@ -5,11 +5,10 @@ big enough for the longest sequence it might become (``max_model_len`` tokens, o
 prompt + max_new_tokens), reserved at admission and held until it finished. Most of that
 region holds nothing most of the time: the request has not grown into it yet, or never will.
 
-``ReservingBlockManager`` reproduces that policy with blocks: at admission it takes every block
-the reservation needs, at once, and the sequence never needs another. Everything else (the
-scheduler, the executor, the clocks) is the paged engine's, so the only difference measured is
-the allocation rule. ``ReservationEngine`` is an ``Engine`` that uses it. Prefix caching is off:
-a reserved region is private.
+``ReservingBlockManager`` reproduces that policy with blocks: at admission it takes every block the reservation needs,
+at once, and the sequence never needs another. Everything else (the scheduler, the executor, the clocks) is the paged
+engine's, so the only difference measured is the allocation rule. ``ReservationEngine`` is an ``Engine`` that uses it.
+Prefix caching is off: a reserved region is private.
 """
 from __future__ import annotations
 
@@ -27,9 +26,8 @@ RESERVE_MODES = ("max_model_len", "request")
 class ReservingBlockManager(BlockManager):
     """A BlockManager that allocates a sequence's whole reservation at admission.
 
-    ``reserve="max_model_len"``: every sequence reserves ``max_model_len`` tokens (what a
-    server must assume when it cannot know the final length). ``"request"``: prompt +
-    max_new_tokens, the most this request may use.
+    ``reserve="max_model_len"``: every sequence reserves ``max_model_len`` tokens (what a server must assume when it
+    cannot know the final length). ``"request"``: prompt + max_new_tokens, the most this request may use.
     """
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, reserve: str = "max_model_len") -> None:
@@ -38,36 +36,17 @@ class ReservingBlockManager(BlockManager):
         super().__init__(num_blocks, block_size, enable_prefix_caching=False)
         self.max_model_len, self.reserve = max_model_len, reserve
 
-    def reserved_tokens(self, seq: Sequence) -> int:
-        return self.max_model_len if self.reserve == "max_model_len" else seq.num_prompt_tokens + seq.max_new_tokens
-
-    def _reserved_blocks(self, seq: Sequence) -> int:
-        return self.blocks_for(seq, max(self.reserved_tokens(seq), seq.num_tokens))
-
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self._reserved_blocks(seq) <= self.num_free_blocks
-
-    def allocate(self, seq: Sequence) -> None:
-        """The whole reservation now; ``append_slot`` then never needs a new block."""
-        if seq.block_table:
-            raise RuntimeError(f"request {seq.request_id} already holds blocks {seq.block_table}; free them first")
-        if not self.can_allocate(seq):
-            raise RuntimeError(f"not enough free blocks for request {seq.request_id}; call can_allocate first")
-        seq.block_table = [self._take_free_block() for _ in range(self._reserved_blocks(seq))]
-        seq.num_cached_tokens = seq.num_computed_tokens = 0
-        seq.num_registered_blocks = 0
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """The whole reservation, taken at admission; ``append_slot`` then never needs a new block."""
+        reserved = self.max_model_len if self.reserve == "max_model_len" else seq.num_prompt_tokens + seq.max_new_tokens
+        return self.blocks_for(seq, max(reserved, seq.num_tokens))
 
 
 class ReservationEngine(Engine):
-    """An Engine whose KV pool reserves per request instead of paging (see the module doc).
-
-    Takes Engine's arguments (its model and spec) plus ``reserve`` (one of RESERVE_MODES); prefix caching is always off.
-    """
+    """An Engine whose KV pool reserves per request (``reserve``: one of RESERVE_MODES) instead of paging."""
 
     def __init__(self, model: Decoder | ModelConfig | CostModel, spec: EngineSpec | None = None, *,
                  reserve: str = "max_model_len", **kwargs) -> None:
-        if reserve not in RESERVE_MODES:
-            raise ValueError(f"unknown reserve mode {reserve!r}; choose one of {', '.join(RESERVE_MODES)}")
         self.reserve = reserve
         spec = (spec or EngineSpec()).replace(enable_prefix_caching=False)
         super().__init__(model, spec, block_manager_factory=self.reserving_block_manager, **kwargs)

@@ -21,21 +21,19 @@ MAX_BATCH_TOKENS = 512  # tokens computed per step by default: a whole 512-token
 class SchedulerConfig:
     """The scheduling rules (vLLM's names where they exist).
 
-    - ``policy``: "continuous" rebuilds the batch every step (Orca's iteration-level
-      scheduling); "static" forms a batch from the queue and runs it until its longest member
-      finishes, admitting nobody meanwhile (optionally waiting up to ``batch_wait_s`` for the
-      batch to fill to ``max_seqs``).
-    - ``priority``: "decode_first" lets every running sequence decode, then fills the step's
-      leftover token budget with prompt chunks (vLLM with chunked prefill, Sarathi-Serve): steady
-      time between tokens. "prefill_first" gives the step to prompts whenever there are any and
-      decodes only in steps with no prompt work (vLLM's original scheduler): earlier first
-      tokens, decodes stall while prompts run.
-    - ``max_seqs``: sequences admitted at once; ``max_batch_tokens``: tokens computed per step
-      (prompt chunks + one per decode); ``chunked_prefill``: split a prompt across steps to fit
-      the budget (else a prompt runs whole, so max_batch_tokens must cover max_model_len).
-    - ``max_waiting``: queue bound (None: unbounded); a request arriving to a full queue fails
-      with "queue_full". ``max_model_len``: prompt + max_new_tokens allowed (None: the model's
-      context); a longer request fails with "prompt_too_long".
+    - ``policy``: "continuous" rebuilds the batch every step (Orca's iteration-level scheduling); "static" forms a batch
+      from the queue and runs it until its longest member finishes, admitting nobody meanwhile (optionally waiting up to
+      ``batch_wait_s`` for the batch to fill to ``max_seqs``).
+    - ``priority``: "decode_first" lets every running sequence decode, then fills the step's leftover token budget with
+      prompt chunks (vLLM with chunked prefill, Sarathi-Serve): steady time between tokens. "prefill_first" gives the
+      step to prompts whenever there are any and decodes only in steps with no prompt work (vLLM's original scheduler):
+      earlier first tokens, decodes stall while prompts run.
+    - ``max_seqs``: sequences admitted at once; ``max_batch_tokens``: tokens computed per step (prompt chunks + one per
+      decode); ``chunked_prefill``: split a prompt across steps to fit the budget (else a prompt runs whole, so
+      max_batch_tokens must cover max_model_len).
+    - ``max_waiting``: queue bound (None: unbounded); a request arriving to a full queue fails with "queue_full".
+      ``max_model_len``: prompt + max_new_tokens allowed (None: the model's context); a longer request fails with
+      "prompt_too_long".
     """
 
     policy: Policy = "continuous"
@@ -172,12 +170,11 @@ class SchedulerOutput:
 class Scheduler:
     """Keeps the ``waiting`` and ``running`` queues and builds each step's batch.
 
-    Admission takes waiting sequences first come, first served, only when the block manager
-    can give them blocks for all their tokens (a prefix-cache hit counts as computed); a rule of
-    your own (``SchedulerConfig.admission``) can take its place. When a
-    decoding sequence needs a new block and none is free, the most recently admitted running
-    sequence is preempted by recompute: its blocks are freed and it returns to the front of the
-    queue, to prefill its prompt and its tokens so far again on re-admission.
+    Admission takes waiting sequences first come, first served, only when the block manager can give them blocks for all
+    their tokens (a prefix-cache hit counts as computed); a rule of your own (``SchedulerConfig.admission``) can take
+    its place. When a decoding sequence needs a new block and none is free, the most recently admitted running sequence
+    is preempted by recompute: its blocks are freed and it returns to the front of the queue, to prefill its prompt and
+    its tokens so far again on re-admission.
     """
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
@@ -194,9 +191,8 @@ class Scheduler:
     # -- queue entry and exit ----------------------------------------------------------------
     def add_sequence(self, seq: Sequence) -> FinishReason | None:
         """Queue ``seq``, or return why it is rejected ("prompt_too_long", "queue_full")."""
-        total = seq.num_prompt_tokens + seq.max_new_tokens
         reason: FinishReason
-        if total > self.max_model_len:
+        if seq.num_prompt_tokens + seq.max_new_tokens > self.max_model_len:
             reason = "prompt_too_long"
         elif self.config.max_waiting is not None and len(self.waiting) >= self.config.max_waiting:
             reason = "queue_full"
@@ -208,15 +204,10 @@ class Scheduler:
 
     def abort(self, request_id) -> Sequence | None:
         """Remove a waiting or running sequence, freeing its blocks; None if it is not here."""
-        for queue in (self.waiting, self.running):
-            for seq in queue:
-                if seq.request_id == request_id:
-                    queue.remove(seq)
-                    self.block_manager.free(seq)
-                    self.static_batch.discard(request_id)
-                    seq.status, seq.finish_reason = SequenceStatus.FAILED, "cancelled"
-                    return seq
-        return None
+        seq = next((s for queue in (self.waiting, self.running) for s in queue if s.request_id == request_id), None)
+        if seq is not None:
+            self.fail(seq, "cancelled")
+        return seq
 
     def fail(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq`` with ``reason`` wherever it is (waiting, running, or half-way between after a fault), freeing its blocks."""
@@ -319,22 +310,17 @@ class Scheduler:
             budget -= n
         return budget
 
-    def waiting_view(self) -> list[WaitingRequest]:
-        """The queue as an admission rule sees it, oldest first (counts taken before anyone joins)."""
-        bm, views = self.block_manager, []
+    def _admit_by_rule(self, out: SchedulerOutput, budget: int, admission: Callable[..., list]) -> int:
+        """Admit what ``config.admission`` picks, once the pick is checked against this step's limits."""
+        if not self.waiting:
+            return budget
+        bm, views = self.block_manager, []  # the queue as the rule sees it, oldest first, before anyone joins
         for seq in self.waiting:
             hits = bm.match_prefix(seq)
             hits_in_free = sum(1 for b in hits if bm.blocks[b].ref_count == 0)
             views.append(WaitingRequest(seq.request_id, seq.num_tokens - len(hits) * bm.block_size,
                                         bm.blocks_for(seq) - len(hits) + hits_in_free,
                                         seq.arrival_s, seq.num_preemptions > 0))
-        return views
-
-    def _admit_by_rule(self, out: SchedulerOutput, budget: int, admission: Callable[..., list]) -> int:
-        """Admit what ``config.admission`` picks, once the pick is checked against this step's limits."""
-        if not self.waiting:
-            return budget
-        views = self.waiting_view()
         free_blocks, free_slots = self.block_manager.num_free_blocks, self.config.max_seqs - len(self.running)
         picked = admission(list(views), free_blocks, budget, free_slots)
         ids = [getattr(p, "request_id", p) for p in (picked or [])]

@@ -1,17 +1,16 @@
 """SchedulerConfig on a command line: one option per field, its name, type and default taken from the field.
 
-``add_scheduler_arguments(parser)`` adds ``--policy``, ``--priority``, ``--max-seqs``,
-``--max-batch-tokens``, ``--no-chunked-prefill``, ``--max-waiting``, ``--max-model-len`` and
-``--batch-wait-s`` (or the ``fields`` a command names), each defaulting to SchedulerConfig's own
-default unless the command passes one that deliberately differs; ``scheduler_config_from_args(args)``
-builds the SchedulerConfig they describe, which checks the values (``SchedulerConfig.__post_init__``),
-so a command never checks them itself. ``python -m kvlab serve`` and ``python -m kvlab sweep`` use both.
+``add_scheduler_arguments(parser)`` adds ``--policy``, ``--priority``, ``--max-seqs``, ``--max-batch-tokens``,
+``--no-chunked-prefill``, ``--max-waiting``, ``--max-model-len`` and ``--batch-wait-s``;
+``scheduler_config_from_args(args)`` builds the SchedulerConfig they describe, which checks the values
+(``SchedulerConfig.__post_init__``), so a command never checks them itself. ``python -m kvlab serve`` and
+``python -m kvlab sweep`` use both.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 from kvlab.serving.scheduler import POLICIES, PRIORITIES, SchedulerConfig
 
@@ -73,14 +72,10 @@ def scheduler_config_from_args(args: argparse.Namespace, **fixed) -> SchedulerCo
     Fields with neither an option nor a ``fixed`` value keep SchedulerConfig's defaults.
     SchedulerConfig checks every value and names the bad one.
     """
-    values = {}
-    for name in OPTION_FIELDS:
-        if name in fixed or not hasattr(args, name):
-            continue
-        value = getattr(args, name)
-        if value == 0 and "None" in _field(name).type:
-            value = None  # 0 on the command line: unbounded / the model's context
-        values[name] = value
+    values: dict[str, Any] = {name: getattr(args, name) for name in OPTION_FIELDS
+                              if name not in fixed and hasattr(args, name)}
+    # 0 on the command line: unbounded / the model's context
+    values.update({k: None for k, v in values.items() if v == 0 and "None" in _field(k).type})
     return SchedulerConfig(**values, **fixed)
 
 

@@ -53,11 +53,10 @@ class SamplingParams:
 class Sequence:
     """The engine's view of one request.
 
-    ``token_ids`` holds the prompt followed by every token generated so far. KV has been
-    computed for the first ``num_computed_tokens`` of them; a step computes the next chunk, and
-    when it reaches the end of ``token_ids`` a new token is sampled and appended. Decoding is
-    the case where exactly one token (the newest) is left to compute. Preemption by recompute
-    resets ``num_computed_tokens`` to 0 and keeps ``token_ids``: the prompt and the tokens
+    ``token_ids`` holds the prompt followed by every token generated so far. KV has been computed for the first
+    ``num_computed_tokens`` of them; a step computes the next chunk, and when it reaches the end of ``token_ids`` a new
+    token is sampled and appended. Decoding is the case where exactly one token (the newest) is left to compute.
+    Preemption by recompute resets ``num_computed_tokens`` to 0 and keeps ``token_ids``: the prompt and the tokens
     already streamed are prefilled again on re-admission.
     """
 

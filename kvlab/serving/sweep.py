@@ -1,20 +1,18 @@
 """Load sweeps: the same requests at rising offered load, one row of the four clocks per level, and the knee.
 
-A service curve answers "at what load do answers stay correct, within what delay, with what
-failure rate and which resources?" ``load_sweep`` runs one engine over a workload built once
-(``kvlab.workload.Workload``) at each offered rate (the requests are the same at every level; only
-their arrivals are compressed) and returns one tidy row per level:
+A service curve answers "at what load do answers stay correct, within what delay, with what failure rate and which
+resources?" ``load_sweep`` runs one engine over a workload built once (``kvlab.workload.Workload``) at each offered rate
+(the requests are the same at every level; only their arrivals are compressed) and returns one tidy row per level:
 
-- offered vs achieved: ``offered_rps`` (the nominal rate), ``sent_rps`` (requests sent / the
-  window they were sent in), ``achieved_rps`` (completed / first arrival to last finish),
-  ``throughput_ratio`` = achieved_rps / sent_rps, and the same in output tokens/s;
-- the four clocks of the completed requests (every request is served to the end), as
-  ``summarize`` names them: ``ttft_p50_s``, ``ttft_p95_s``, ..., ``tpot_*``, ``itl_*``,
-  ``e2e_*``, ``queue_*``, each with its sample size ``ttft_n``, ...;
+- offered vs achieved: ``offered_rps`` (the nominal rate), ``sent_rps`` (requests sent / the window they were sent in),
+  ``achieved_rps`` (completed / first arrival to last finish), ``throughput_ratio`` = achieved_rps / sent_rps, and the
+  same in output tokens/s;
+- the four clocks of the completed requests (every request is served to the end), as ``summarize`` names them:
+  ``ttft_p50_s``, ``ttft_p95_s``, ..., ``tpot_*``, ``itl_*``, ``e2e_*``, ``queue_*``, each with its sample size
+  ``ttft_n``, ...;
 - failures: ``failed``, ``failure_rate`` and ``failed_<reason>`` (a full queue, a prompt too long);
-- counts at the end of the sending window, when the last request has been handed to the engine
-  (``window_sent`` = all of them, ``window_completed``, ``window_waiting``, ...): the backlog a
-  load level leaves behind;
+- counts at the end of the sending window, when the last request has been handed to the engine (``window_sent`` = all of
+  them, ``window_completed``, ``window_waiting``, ...): the backlog a load level leaves behind;
 - resources: peak KV blocks and bytes in use, peak running sequences, preemptions, steps;
 - goodput under an SLO (requests meeting every target per second, and their share).
 
