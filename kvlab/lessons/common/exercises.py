@@ -6,9 +6,8 @@ In a notebook a learner writes an answer and calls the checker as the last line 
     answer = None          # replace None with your answer
     check_kv_bytes(answer)
 
-The checker returns a ``Feedback`` (one line, ✅ or ❌; ``bool(feedback)`` says whether the answer is right). It
-never raises: no answer yet, an answer of the wrong type, or a function answer that crashes all come back as a
-message.
+The checker returns a ``Feedback`` (one line, ✅ or ❌; ``bool(feedback)`` says whether the answer is right). It never
+raises: no answer yet, an answer of the wrong type, or a function answer that crashes all come back as a message.
 
 Adding an exercise (notebook authors): write ``check_<what>(answer) -> Feedback`` in the lesson's
 ``kvlab/lessons/lNN_<notebook>/exercises.py`` and register it with ``@exercise(notebook, solution=..., wrong=...,
@@ -280,11 +279,10 @@ def multiple_choice(notebook: str, name: str, *, title: str, stem: str,
                     wrong_example: str | None = None, code: str | None = None) -> Callable[..., Feedback]:
     """Register a multiple-choice exercise ``name`` for ``notebook`` and return its checker.
 
-    ``options`` maps each letter to (option text, explanation shown when it is chosen wrongly; None for
-    ``correct``). The question is ``stem``, a blank line and one ``- **a** text`` line per option; the
-    answer cell is ``answer = None   # a letter: ...`` and a call of the checker, unless ``code`` says
-    otherwise. ``wrong_example`` is the wrong answer the tests feed the checker (default: the first wrong
-    letter).
+    ``options`` maps each letter to (option text, explanation shown when it is chosen wrongly; None for ``correct``).
+    The question is ``stem``, a blank line and one ``- **a** text`` line per option; the answer cell is
+    ``answer = None   # a letter: ...`` and a call of the checker, unless ``code`` says otherwise. ``wrong_example`` is
+    the wrong answer the tests feed the checker (default: the first wrong letter).
     """
     if correct not in options or options[correct][1] is not None:
         raise ValueError(f"{name}: the correct letter {correct!r} must be an option with no wrong-answer explanation")

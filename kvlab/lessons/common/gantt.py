@@ -1,10 +1,9 @@
 """Gantt chart of requests: one row per request, coloured by what it was doing — queued, prefill, decode, paused.
 
-The segments come from two tables of an engine run: the requests (scheduled arrival, first token,
-end, status) and the (step, request) rows of ``Engine.step_requests_frame``. A request is
-*queued* from its scheduled arrival until its first step, in *prefill* or *decode* while it is in
-a step's batch, and *paused* between two steps it was part of (a decode stalled behind prompts,
-or a sequence preempted and waiting to be recomputed).
+The segments come from two tables of an engine run: the requests (scheduled arrival, first token, end, status) and the
+(step, request) rows of ``Engine.step_requests_frame``. A request is *queued* from its scheduled arrival until its first
+step, in *prefill* or *decode* while it is in a step's batch, and *paused* between two steps it was part of (a decode
+stalled behind prompts, or a sequence preempted and waiting to be recomputed).
 """
 from __future__ import annotations
 
@@ -135,8 +134,7 @@ def plot_gantt(requests: pd.DataFrame | Iterable[RequestRecord], steps: pd.DataF
     """A Gantt chart of one run: a row per request, segments queued / prefill / decode / paused.
 
     ``requests``: a requests frame (``ServingRun.requests``) or the RequestRecords; ``steps``:
-    ``Engine.step_requests_frame()``. First tokens are ticks, failed requests a red cross with
-    their reason.
+    ``Engine.step_requests_frame()``. First tokens are ticks, failed requests a red cross with their reason.
     """
     req = as_requests_frame(requests)
     fig = Figure(figsize=(10, 1.2 + 0.22 * max(len(req), 4)), layout="constrained")
@@ -147,8 +145,7 @@ def plot_gantt(requests: pd.DataFrame | Iterable[RequestRecord], steps: pd.DataF
 def plot_gantts(requests: pd.DataFrame, steps: pd.DataFrame, by: str = "run", titles: dict | None = None) -> Figure:
     """One Gantt chart per value of ``by`` (e.g. per policy), stacked on one shared time axis.
 
-    The same time axis makes the comparison direct: the run whose bars end further left served
-    its requests sooner.
+    The same time axis makes the comparison direct: the run whose bars end further left served its requests sooner.
     """
     if by not in requests.columns:
         raise ValueError(f"requests have no column {by!r} to split the charts by; columns: {list(requests.columns)}")

@@ -1,10 +1,9 @@
 """ExperimentPanel: input widgets, a Run button, a progress bar and an output area around one experiment.
 
-The behaviour every lesson shares lives here: results are cached by parameters (moving a slider
-back shows the earlier result instantly), long runs wait for the button and report progress on
-a tqdm bar, and a failed run shows one clear line in the output area, never a traceback. A
-notebook or a test can call ``panel.run()`` and get the DataFrame and the figure without clicking.
-Works without a front end (in pytest), because outputs are written to the Output widget's
+The behaviour every lesson shares lives here: results are cached by parameters (moving a slider back shows the earlier
+result instantly), long runs wait for the button and report progress on a tqdm bar, and a failed run shows one clear
+line in the output area, never a traceback. A notebook or a test can call ``panel.run()`` and get the DataFrame and the
+figure without clicking. Works without a front end (in pytest), because outputs are written to the Output widget's
 ``outputs`` directly rather than captured from a kernel.
 """
 from __future__ import annotations
@@ -137,11 +136,10 @@ class PanelResult:
 class ExperimentPanel:
     """Controls + Run button + tqdm progress bar + output area for one experiment.
 
-    ``controls`` maps parameter names to ipywidgets (sliders, dropdowns); ``run(progress=...,
-    **params)`` returns a DataFrame; ``figure(frame, params)`` and ``summary(frame, params)``
-    turn it into what the learner sees. Results are cached by parameters, so moving a control back
-    to earlier settings shows the earlier result without recomputing. With ``auto_run`` a change
-    of any control runs at once (for instant calculators); otherwise the Run button does.
+    ``controls`` maps parameter names to ipywidgets (sliders, dropdowns); ``run(progress=..., **params)`` returns a
+    DataFrame; ``figure(frame, params)`` and ``summary(frame, params)`` turn it into what the learner sees. Results are
+    cached by parameters, so moving a control back to earlier settings shows the earlier result without recomputing.
+    With ``auto_run`` a change of any control runs at once (for instant calculators); otherwise the Run button does.
     Display the panel with ``display(panel)`` or by ending a cell with it.
     """
 

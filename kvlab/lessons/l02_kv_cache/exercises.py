@@ -174,9 +174,8 @@ class OnlyNewKeysCache(SolutionCache):
 def _cache_model():
     """The tiny Llama with random weights drawn ten times larger than build_model's (std 0.2, not 0.02).
 
-    With std 0.02 attention is nearly uniform and the positions hardly matter, so a cache that
-    loses the position offset still writes the same tokens; at 0.2 every slip the checker names
-    changes them (tests/test_exercises_build.py).
+    With std 0.02 attention is nearly uniform and the positions hardly matter, so a cache that loses the position offset
+    still writes the same tokens; at 0.2 every slip the checker names changes them (tests/test_exercises_build.py).
     """
     model = Decoder(tiny_llama()).init_weights(seed=0, std=0.2).eval()
     model.tokenizer = ByteTokenizer()

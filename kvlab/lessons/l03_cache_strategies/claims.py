@@ -1,12 +1,11 @@
 """Claims of notebook 03 (cache strategies), checked on the learner's run of the strategies panel.
 
-The panel's result (``run_strategy_comparison``: one row per setting and context, the recall
-accuracy by distance in ``frame.attrs["accuracy"]``) feeds every claim except the last, which reads
-``try_compiled_decode``'s dict. Byte counts, recall answers and top-1 agreement are the same on
-every machine (the shipped model, fixed questions, greedy decoding in fp32 on one thread: checked
-bit for bit across repeated runs); their claims are ``deterministic`` and render only counts and
-exact ratios. KL divergence is not quoted as a number here: its last digits change with the number
-of threads (the order of the sums), so claims only compare KL between settings.
+The panel's result (``run_strategy_comparison``: one row per setting and context, the recall accuracy by distance in
+``frame.attrs["accuracy"]``) feeds every claim except the last, which reads ``try_compiled_decode``'s dict. Byte counts,
+recall answers and top-1 agreement are the same on every machine (the shipped model, fixed questions, greedy decoding in
+fp32 on one thread: checked bit for bit across repeated runs); their claims are ``deterministic`` and render only counts
+and exact ratios. KL divergence is not quoted as a number here: its last digits change with the number of threads (the
+order of the sums), so claims only compare KL between settings.
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Notebook 03's figures: the strategies side by side, kvlab beside transformers, offloading under load.
 
-``frame`` is ``run_strategies``' table (one row per setting and context); ``accuracy`` is
-``accuracy_by_distance``'s (or ``recall_accuracy`` frames concatenated): one row per setting and
-distance bucket. Each function draws on ``ax`` when given (and returns its Figure) or makes its
-own Figure; ``plot_strategies`` puts them all on one page.
+``frame`` is ``run_strategies``' table (one row per setting and context); ``accuracy`` is ``accuracy_by_distance``'s (or
+``recall_accuracy`` frames concatenated): one row per setting and distance bucket. Each function draws on ``ax`` when
+given (and returns its Figure) or makes its own Figure; ``plot_strategies`` puts them all on one page.
 """
 from __future__ import annotations
 

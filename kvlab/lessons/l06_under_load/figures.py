@@ -100,10 +100,9 @@ def plot_service_curve(frame: pd.DataFrame, title: str | None = None) -> Figure:
 def plot_ab_example(frame: pd.DataFrame) -> Figure:
     """The A/B example: per load (column ``load``, when there are several) and policy, three panels.
 
-    Output tokens/s in the window (with requests completed of those sent); time to first token
-    and time per output token, p50 (bar) and p95 (◆), each with its n. ``frame`` is
-    ``ab_example`` (one load) or ``ab_at_two_loads`` (below capacity and overloaded). The time
-    axes are logarithmic: overloaded and light loads differ by an order of magnitude.
+    Output tokens/s in the window (with requests completed of those sent); time to first token and time per output
+    token, p50 (bar) and p95 (◆), each with its n. ``frame`` is ``ab_example`` (one load) or ``ab_at_two_loads`` (below
+    capacity and overloaded). The time axes are logarithmic: overloaded and light loads differ by an order of magnitude.
     """
     loads = list(dict.fromkeys(frame["load"])) if "load" in frame else [None]
     policies = list(dict.fromkeys(frame["policy"]))

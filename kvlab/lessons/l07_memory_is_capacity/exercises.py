@@ -71,12 +71,11 @@ def check_in_block_waste(answer: Any) -> Feedback:
 
 
 # -- exercise: attention over a paged cache ------------------------------------------------------------
-# The learner writes the gather a paged cache needs: one query over K/V scattered in blocks of a pool.
-# With grouped-query attention the pool holds fewer K/V heads than q has query heads: query head h
-# reads K/V head h // (heads // kv_heads), as in kvlab's model (repeat_interleave). The oracle is
-# dense attention (torch's scaled_dot_product_attention) on the same K/V laid out contiguously, each
-# K/V head repeated for its group; each slip the checker names is computed too, so a wrong answer is
-# recognised by value.
+# The learner writes the gather a paged cache needs: one query over K/V scattered in blocks of a pool. With
+# grouped-query attention the pool holds fewer K/V heads than q has query heads: query head h reads K/V head
+# h // (heads // kv_heads), as in kvlab's model (repeat_interleave). The oracle is dense attention (torch's
+# scaled_dot_product_attention) on the same K/V laid out contiguously, each K/V head repeated for its group; each slip
+# the checker names is computed too, so a wrong answer is recognised by value.
 
 def solution_paged_attention(q, k_blocks, v_blocks, block_table, seq_len):
     """The reference answer: gather by block table, cut at seq_len, share K/V heads among their query heads,
@@ -144,11 +143,10 @@ PAGED_SLIPS = (  # (variant keywords, what the learner's slip is)
 def _paged_cases() -> list[dict]:
     """Random pools whose block tables are out of order and whose last block is partly filled (mostly).
 
-    The K/V of the sequence is drawn contiguous first (the oracle's input), then scattered into the
-    pool's blocks by the table; every other slot holds random stale values, so a slip shows. The
-    first cases have as many K/V heads as query heads; the last two have 4x and 2x as many query
-    heads (grouped-query attention), so a function that assumes equal heads passes the first and
-    fails there.
+    The K/V of the sequence is drawn contiguous first (the oracle's input), then scattered into the pool's blocks by the
+    table; every other slot holds random stale values, so a slip shows. The first cases have as many K/V heads as query
+    heads; the last two have 4x and 2x as many query heads (grouped-query attention), so a function that assumes equal
+    heads passes the first and fails there.
     """
     import torch
 

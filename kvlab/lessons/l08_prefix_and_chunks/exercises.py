@@ -179,11 +179,10 @@ class FreesSharedBlocks(SolutionBlockTable):
 class EngineBlockTable:
     """kvlab's BlockManager behind the exercise's interface: the checker's oracle.
 
-    The engine registers a block for reuse once its K/V is computed (``cache_full_blocks``); here a
-    prompt's or an appended token's K/V counts as computed at once. Two differences from the
-    exercise the scenarios stay clear of: the engine reuses at most the full blocks within a
-    prompt's first ``len - 1`` tokens (the last prompt token is always computed, for its logits), and
-    it keeps a freed block's prefix until the block is handed out again.
+    The engine registers a block for reuse once its K/V is computed (``cache_full_blocks``); here a prompt's or an
+    appended token's K/V counts as computed at once. Two differences from the exercise the scenarios stay clear of: the
+    engine reuses at most the full blocks within a prompt's first ``len - 1`` tokens (the last prompt token is always
+    computed, for its logits), and it keeps a freed block's prefix until the block is handed out again.
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:

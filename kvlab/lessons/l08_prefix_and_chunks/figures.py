@@ -4,11 +4,10 @@ Figures of prefix caching on a replayed trace: hit ratio against KV capacity, an
 
 KV blocks over time: how much of the memory budget sequences hold, what the prefix cache keeps, what is free.
 
-The pool has a fixed number of blocks (the budget). After each step the engine's trace records
-blocks used by sequences, free blocks still holding a cached prefix, and free blocks. The tokens
-actually held, divided by the block size, sit a little under the used blocks: the gap is the
-unfilled tail of each sequence's last block (in-block waste). A preemption is marked where it
-happened: the budget ran out.
+The pool has a fixed number of blocks (the budget). After each step the engine's trace records blocks used by sequences,
+free blocks still holding a cached prefix, and free blocks. The tokens actually held, divided by the block size, sit a
+little under the used blocks: the gap is the unfilled tail of each sequence's last block (in-block waste). A preemption
+is marked where it happened: the budget ran out.
 
 Time between tokens, as it happens: every gap of every request against the moment it ended.
 
@@ -103,9 +102,8 @@ def plot_kv_blocks(trace: pd.DataFrame, by: str | None = None, block_size: int |
                    title: str | None = None) -> Figure:
     """Stacked blocks used / cached / free after every step, against time, with the budget line.
 
-    ``trace`` is ``Engine.trace_frame()``; ``by="run"`` draws one panel per run (same y scale).
-    With ``block_size`` a line shows the tokens held in blocks' worth. Red triangles mark steps that
-    preempted sequences.
+    ``trace`` is ``Engine.trace_frame()``; ``by="run"`` draws one panel per run (same y scale). With ``block_size`` a
+    line shows the tokens held in blocks' worth. Red triangles mark steps that preempted sequences.
     """
     if by is not None and by not in trace.columns:
         raise ValueError(f"trace has no column {by!r}; columns: {list(trace.columns)}")

@@ -1,10 +1,9 @@
 """Claims of notebook 09 (measure a real server), checked on the learner's measurements over the wire.
 
-The seeded schedule of requests is the same on every machine (deterministic); what the server
-made of it, the window, the achieved rate, the waits and the rejections (429), is measured (wall).
-The server and load generator need kvlab's "serve" extra (httpx, FastAPI, uvicorn), which
-notebook 09 installs in its first cell: this module imports them only inside the one measure that
-reads them (``kvlab_knee_beyond_transformers``), so ``kvlab.lessons`` imports without them.
+The seeded schedule of requests is the same on every machine (deterministic); what the server made of it, the window,
+the achieved rate, the waits and the rejections (429), is measured (wall). The server and load generator need kvlab's
+"serve" extra (httpx, FastAPI, uvicorn), which notebook 09 installs in its first cell: this module imports them only
+inside the one measure that reads them (``kvlab_knee_beyond_transformers``), so ``kvlab.lessons`` imports without them.
 """
 from __future__ import annotations
 
@@ -161,10 +160,9 @@ def _row(t: pd.DataFrame, engine: str, phase: str) -> pd.Series:
            the close. That is the client, not a server: report it.""")
 def two_engines_account_for_every_request(run: Any) -> dict:
     """sent = completed + failed + waiting holds by construction (``clock_row`` counts sent as the sum of the
-    states), so the check is also against the schedule (``num_requests``, where the table records it): each
-    measurement sent every request it was to send. The sentence quotes no total: how many were sent depends on
-    the rate where each engine's sweep stopped, which is measured (this verdict's text is compared with the
-    committed copy's)."""
+    states), so the check is also against the schedule (``num_requests``, where the table records it): each measurement
+    sent every request it was to send. The sentence quotes no total: how many were sent depends on the rate where each
+    engine's sweep stopped, which is measured (this verdict's text is compared with the committed copy's)."""
     t = _engine_rows(run, need_both=False)
     reasons = "; ".join(r for r in t["failed_reasons"] if r)
     scheduled = t["num_requests"] if "num_requests" in t else None  # None: a table made by hand

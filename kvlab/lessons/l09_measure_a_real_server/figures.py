@@ -11,9 +11,8 @@ CLIENT, ENGINE, REJECTED = "#1f77b4", "#2ca02c", "#d62728"
 def plot_client_vs_engine(frame: pd.DataFrame) -> Figure:
     """Left: each request's TTFT at the client against inside the engine. Right: the difference.
 
-    ``frame`` is ``kvlab.experiments.wire.client_vs_engine`` (``kvlab.http.compare.compare_clocks``).
-    Points on the dashed line would mean HTTP and streaming cost nothing; the gap above it is
-    what the wire adds.
+    ``frame`` is ``kvlab.experiments.wire.client_vs_engine`` (``kvlab.http.compare.compare_clocks``). Points on the
+    dashed line would mean HTTP and streaming cost nothing; the gap above it is what the wire adds.
     """
     if frame.empty:
         raise ValueError("no request completed on both sides; nothing to plot")
@@ -97,11 +96,10 @@ TTFT_P95 = "ttft_p95_sent_s"  # over every request sent, the unanswered at their
 def plot_two_engines(frame: pd.DataFrame, slo_ttft_s: float | None = None) -> Figure:
     """Left: completed vs offered requests/s of each engine's sweep. Middle: TTFT p95. Right: TPOT p50.
 
-    ``frame`` is ``kvlab.experiments.two_engines.compare_engines(...).frame``: its ``sweep`` rows
-    are drawn (cold and warm rows are the table's). Each TTFT point is the p95 over every request
-    sent, as the knee reads it, with completed/sent above it and how many had no first token at the close;
-    the dotted line is the knee's TTFT bound (``slo_ttft_s``,
-    default the run's setting).
+    ``frame`` is ``kvlab.experiments.two_engines.compare_engines(...).frame``: its ``sweep`` rows are drawn (cold and
+    warm rows are the table's). Each TTFT point is the p95 over every request sent, as the knee reads it, with
+    completed/sent above it and how many had no first token at the close; the dotted line is the knee's TTFT bound
+    (``slo_ttft_s``, default the run's setting).
     """
     t = frame[frame["phase"] == "sweep"]
     if t.empty:

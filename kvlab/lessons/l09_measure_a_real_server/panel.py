@@ -44,10 +44,9 @@ _STYLE = dict(style={"description_width": "170px"}, layout=widgets.Layout(width=
 def service_table(table: pd.DataFrame) -> pd.DataFrame:
     """`wire_service_curve`'s table with the columns a learner reads first, in milliseconds.
 
-    `sent req/s` is the rate the seeded schedule really sent (requests over the span of their
-    scheduled arrivals); `achieved req/s` is completed requests over `window s`, which runs on
-    until the last answer ends. `n` counts the completed requests behind TTFT and E2E, `TPOT n`
-    those with a second token.
+    `sent req/s` is the rate the seeded schedule really sent (requests over the span of their scheduled arrivals);
+    `achieved req/s` is completed requests over `window s`, which runs on until the last answer ends. `n` counts the
+    completed requests behind TTFT and E2E, `TPOT n` those with a second token.
     """
     ms = 1e3
     return pd.DataFrame({
@@ -73,9 +72,8 @@ def wire_panel(url: str, rates: Sequence[float] = DEFAULT_RATES, profile: str = 
                duration_s: float = 2.0, model: str | None = None) -> ExperimentPanel:
     """Offered rates, a request profile and seconds per rate; Run measures `url` at each rate.
 
-    `url` is any OpenAI-compatible server (kvlab's own, vLLM, ...). Each rate sends
-    rate × `duration_s` seeded requests (`wire_service_curve`); the figure is
-    `plot_wire_service_curve`, the summary `service_table`.
+    `url` is any OpenAI-compatible server (kvlab's own, vLLM, ...). Each rate sends rate × `duration_s` seeded requests
+    (`wire_service_curve`); the figure is `plot_wire_service_curve`, the summary `service_table`.
     """
     rates = check_rates(rates)
     missing = [r for r in rates if r not in RATE_CHOICES]
