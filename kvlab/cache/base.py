@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-
 from typing import overload
 
 import torch
@@ -42,6 +41,13 @@ def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, tokens: in
     return 2 * num_layers * num_kv_heads * head_dim * tokens * batch * bytes_per_element
 
 
+def check_fits(cache: str, max_len: int, tokens: int) -> None:
+    """Raise before any work if ``tokens`` would not fit in a ``cache`` preallocated to ``max_len`` tokens."""
+    if tokens > max_len:
+        raise ValueError(f"{cache} cache holds {max_len} tokens but {tokens} are needed; "
+                         "raise max_len or shorten the prompt / lower max_new_tokens")
+
+
 def tensor_bytes(*tensors: torch.Tensor | None) -> int:
     """Bytes of the storage behind the given tensors (None counts 0)."""
     return sum(t.nbytes for t in tensors if t is not None)
@@ -78,12 +84,8 @@ class KVCache(ABC):
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        self.num_layers = num_layers
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
-        self.batch = batch
-        self.dtype = dtype
-        self.device = torch.device(device)
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.batch, self.dtype, self.device = batch, dtype, torch.device(device)
 
     @abstractmethod
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
-from kvlab.cache.base import CacheMemory, KVCache, kv_cache_bytes
+from kvlab.cache.base import CacheMemory, KVCache, check_fits, kv_cache_bytes
 
 
 def _remove_storage(path: str, owned_dir: str | None) -> None:
@@ -93,12 +93,10 @@ class OffloadedCache(KVCache):
     A slower link, modelled honestly (``link_gbps``): by default the copies run as fast as the two memories allow, which
     on a CPU-only machine means RAM to RAM. ``link_gbps=1.0`` models a tier behind a link of 1 GB/s (10^9 bytes per
     second): every copy still really moves its bytes, in chunks of ``LINK_CHUNK_BYTES``, and after each chunk the cache
-    waits until the time those bytes take at that rate has passed since the chunk began (sleeping, then polling the
-    clock for the last millisecond, since a sleeper wakes late). The link's time is therefore really inside the measured
-    step, not added on paper; a chunk whose copy is already slower than the link (a busy machine) waits nothing and is
-    not sped up. Throttled copies are synchronous (``prefetch`` is off), so their whole time shows in the step.
-    ``link_wait_s_total`` counts the seconds waited for the link; ``copy_s_total`` the seconds spent copying, waiting
-    included.
+    waits until the time those bytes take at that rate has passed since the chunk began (``wait_for_link``), so the
+    link's time is really inside the measured step, not added on paper. Throttled copies are synchronous (``prefetch``
+    is off), so their whole time shows in the step. ``link_wait_s_total`` counts the seconds waited for the link;
+    ``copy_s_total`` the seconds spent copying, waiting included.
 
     Accounting: ``bytes_moved_last_step`` = bytes read from the tier (the S stored tokens of every
     layer, K and V) + bytes written to it (the T new tokens of every layer) during the last step
@@ -131,8 +129,7 @@ class OffloadedCache(KVCache):
         # overlapping copies needs a side stream; a throttled link copies synchronously
         self.prefetch = prefetch and self.cuda and self.link_gbps is None
         self._len = [0] * num_layers
-        self.bytes_moved_last_step = 0
-        self.bytes_moved_total = 0
+        self.bytes_moved_last_step = self.bytes_moved_total = 0
         self.copy_s_total = 0.0  # seconds inside _copy (on CPU or a throttled link: the copies' own time)
         self.link_wait_s_total = 0.0  # seconds slept waiting for the modelled link
         # one token of one layer, K and V, for the whole batch: a row of the tier
@@ -199,7 +196,7 @@ class OffloadedCache(KVCache):
             raise RuntimeError("this offloaded cache was closed; build a new one")
         i, T = layer_idx, k.size(2)
         S = self._len[i]
-        self.check_fits(S + T)
+        check_fits(self.name, self.max_len, S + T)
         if i == 0:
             self.bytes_moved_last_step = 0  # a new step starts with layer 0
         slot = i % len(self.slots)
@@ -229,13 +226,6 @@ class OffloadedCache(KVCache):
         self._len[i] = S + T
         kv = buf[:S + T].permute(1, 2, 3, 0, 4)  # (2, B, nkv, S+T, hs): views, no copy
         return kv[0], kv[1]
-
-    def check_fits(self, tokens: int) -> None:
-        """Raise before any work if ``tokens`` would not fit."""
-        if tokens > self.max_len:
-            raise ValueError(
-                f"offloaded cache holds {self.max_len} tokens but {tokens} are needed; "
-                f"raise max_len or shorten the prompt / lower max_new_tokens")
 
     def synchronize(self) -> None:
         """Wait for copies still in flight on the side stream (CUDA with prefetch only)."""

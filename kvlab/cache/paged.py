@@ -69,11 +69,9 @@ class PagedAttentionMetadata:
         flat: list[int] = []
         gather_start: list[int] = []
         for i in prefill_rows:
-            if query_lens[i] == context_lens[i]:  # a whole new prompt: its keys are its own new k, v
-                gather_start.append(-1)
-                continue
-            gather_start.append(len(flat) * block_size)
-            flat.extend(block_tables[i][:-(-context_lens[i] // block_size)])
+            new_prompt = query_lens[i] == context_lens[i]  # a whole new prompt: its keys are its own new k, v
+            gather_start.append(-1 if new_prompt else len(flat) * block_size)
+            flat.extend([] if new_prompt else block_tables[i][:-(-context_lens[i] // block_size)])
         gather = torch.tensor(flat, dtype=torch.long, device=device) if flat else None
         return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
                    query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,

@@ -95,8 +95,7 @@ class OffloadedPagedKVCache(PagedKVCache):
         self._plan: tuple[PagedAttentionMetadata, list[tuple[int, int]], torch.Tensor] | None = None  # md, runs, slots
         self.bytes_read_last_step = self.bytes_written_last_step = 0
         self.bytes_read_total = self.bytes_written_total = 0
-        self.copy_s_total = 0.0
-        self.link_wait_s_total = 0.0
+        self.copy_s_total = self.link_wait_s_total = 0.0
 
     @property
     def bytes_moved_last_step(self) -> int:
@@ -114,14 +113,6 @@ class OffloadedPagedKVCache(PagedKVCache):
             self.work_k[a:b].copy_(self.tier[layer_idx, 0, a:b])  # (b-a, bs, nkv, hs): one contiguous copy
             self.work_v[a:b].copy_(self.tier[layer_idx, 1, a:b])
         return sum(2 * (b - a) * self.block_bytes for a, b in runs)
-
-    def _write_back(self, layer_idx: int, slots: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> int:
-        """Write the step's new K and V (N, nkv, hs) into their slots of the tier; bytes written."""
-        assert self.tier is not None  # update checked it is open
-        flat = (-1, self.num_kv_heads, self.head_dim)
-        self.tier[layer_idx, 0].view(flat).index_copy_(0, slots, k_new.to("cpu"))
-        self.tier[layer_idx, 1].view(flat).index_copy_(0, slots, v_new.to("cpu"))
-        return 2 * k_new.numel() * k_new.element_size()
 
     def _step_plan(self, md: PagedAttentionMetadata) -> tuple[list[tuple[int, int]], torch.Tensor]:
         """The runs of blocks to fetch and the new tokens' slots on the CPU, once per step (every layer reuses them)."""
@@ -143,7 +134,10 @@ class OffloadedPagedKVCache(PagedKVCache):
         # otherwise wait for them, and copy_s would read as the layer's compute (hiding link time behind it).
         start = devices.now(self.device)
         read = self._fetch(layer_idx, runs)
-        written = self._write_back(layer_idx, slots_cpu, k_new, v_new)
+        flat = (-1, self.num_kv_heads, self.head_dim)
+        self.tier[layer_idx, 0].view(flat).index_copy_(0, slots_cpu, k_new.to("cpu"))  # write-back into their slots
+        self.tier[layer_idx, 1].view(flat).index_copy_(0, slots_cpu, v_new.to("cpu"))
+        written = 2 * k_new.numel() * k_new.element_size()
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()  # the bytes have arrived
         if self.link_gbps is not None:  # one wait per layer and step
@@ -153,7 +147,6 @@ class OffloadedPagedKVCache(PagedKVCache):
         self.bytes_written_last_step += written
         self.bytes_read_total += read
         self.bytes_written_total += written
-        flat = (-1, self.num_kv_heads, self.head_dim)
         self.work_k.view(flat).index_copy_(0, md.slot_mapping, k_new)  # the new tokens beside the fetched ones
         self.work_v.view(flat).index_copy_(0, md.slot_mapping, v_new)
         return self.work_k, self.work_v

@@ -65,25 +65,21 @@ class QuantizedCache(KVCache):
         if isinstance(residual, bool) or not isinstance(residual, int) or residual < 0:
             raise ValueError(f"residual must be an integer >= 0 (tokens kept in full precision), got {residual!r}")
 
-    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return quantize(x, self.bits, self.group_size, scale_dtype=self.dtype)
-
-    def _dequantize(self, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-        return dequantize(packed, scale, zero, self.bits, self.group_size, dtype=self.dtype)
-
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         i = layer_idx
         window = torch.cat([self.window[i], torch.stack([k, v])], dim=3)  # (2, B, nkv, R+T, hs)
         overflow = window.size(3) - self.residual
         if overflow > 0:  # the oldest tokens leave the window: quantize them into the packed store
-            q, scale, zero = self._quantize(window[:, :, :, :overflow])  # (2, B, nkv, n, hs*bits/8), (.., n, G) x2
+            # (2, B, nkv, n, hs*bits/8), (.., n, G) x2
+            q, scale, zero = quantize(window[:, :, :, :overflow], self.bits, self.group_size, scale_dtype=self.dtype)
             self.packed[i] = torch.cat([self.packed[i], q], dim=3)  # (2, B, nkv, Sq+n, hs*bits/8)
             self.scale[i] = torch.cat([self.scale[i], scale], dim=3)  # (2, B, nkv, Sq+n, G)
             self.zero[i] = torch.cat([self.zero[i], zero], dim=3)
             window = window[:, :, :, overflow:].clone()  # clone: a slice would pin the old buffer (hidden bytes)
         self.window[i] = window  # (2, B, nkv, min(R, total), hs)
         if self.packed[i].size(3):
-            history = self._dequantize(self.packed[i], self.scale[i], self.zero[i])  # (2, B, nkv, Sq, hs)
+            history = dequantize(self.packed[i], self.scale[i], self.zero[i], self.bits, self.group_size,
+                                 dtype=self.dtype)  # (2, B, nkv, Sq, hs)
             window = torch.cat([history, window], dim=3)  # (2, B, nkv, S, hs)
         return window[0], window[1]
 

@@ -24,9 +24,7 @@ STRATEGIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 CACHE_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 # name -> (module, class) of the strategy's fixed-shape variant: every decode step has the same shapes,
 # so ``torch.compile`` builds one program and replays it (``generate(..., compile=True)``, kvlab/compiled.py)
-FIXED_SHAPE: dict[str, tuple[str, str]] = {
-    "static": ("kvlab.cache.static", "FixedShapeStaticCache"),
-}
+FIXED_SHAPE: dict[str, tuple[str, str]] = {"static": ("kvlab.cache.static", "FixedShapeStaticCache")}
 
 
 def cache_class(name: str) -> type[KVCache]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlab.cache.base import CacheMemory, KVCache, kv_cache_bytes
+from kvlab.cache.base import CacheMemory, KVCache, check_fits, kv_cache_bytes
 
 
 class StaticCache(KVCache):
@@ -28,16 +28,9 @@ class StaticCache(KVCache):
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._len = [0] * num_layers
 
-    def check_fits(self, tokens: int) -> None:
-        """Raise before any work if ``tokens`` would not fit."""
-        if tokens > self.max_len:
-            raise ValueError(
-                f"static cache holds {self.max_len} tokens but {tokens} are needed; "
-                f"raise max_len or shorten the prompt / lower max_new_tokens")
-
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start, T = self._len[layer_idx], k.size(2)
-        self.check_fits(start + T)
+        check_fits(self.name, self.max_len, start + T)
         self.keys[layer_idx][:, :, start:start + T] = k  # write in place: (B, nkv, T, hs)
         self.values[layer_idx][:, :, start:start + T] = v
         self._len[layer_idx] = start + T
@@ -86,8 +79,7 @@ class FixedShapeStaticCache(StaticCache):
         self.mark_static()
 
     def mark_static(self) -> None:
-        """Tell torch.compile that these tensors keep their addresses from call to call (``reset`` keeps
-        them: it only rewinds ``position``), so CUDA graphs capture the in-place writes instead of skipping."""
+        """Tell torch.compile these tensors keep their addresses between calls (``reset`` only rewinds ``position``)."""
         from torch._dynamo import mark_static_address
 
         for t in (*self.keys, *self.values, self.slots, self.position):
@@ -112,7 +104,7 @@ class FixedShapeStaticCache(StaticCache):
 
     def advance(self) -> None:
         """Count the token the last decode step stored (in every layer) and move to the next slot."""
-        self.check_fits(self.seq_len + 1)
+        check_fits(self.name, self.max_len, self.seq_len + 1)
         self._len = [n + 1 for n in self._len]
         self.position.add_(1)
 

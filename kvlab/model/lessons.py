@@ -46,12 +46,10 @@ class LessonScale:
 
 LESSON_SCALES: dict[str, LessonScale] = {
     "cpu": LessonScale("cpu", model=dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                                         intermediate_size=688, name="llama-3m"),
-                       prompt_tokens=32, max_new_tokens=200,
+                                         intermediate_size=688, name="llama-3m"), prompt_tokens=32, max_new_tokens=200,
                        offload_tier="a memory-mapped file (RAM via the page cache), copied synchronously"),
     "cuda": LessonScale("cuda", model=dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8,
-                                           intermediate_size=2752, max_position_embeddings=2048,
-                                           name="llama-90m"),
+                                           intermediate_size=2752, max_position_embeddings=2048, name="llama-90m"),
                         prompt_tokens=512, max_new_tokens=400,
                         offload_tier="pinned host memory, the next layer prefetched on a side CUDA stream"),
 }
@@ -75,10 +73,9 @@ def lesson_config(**overrides) -> ModelConfig:
 
 
 def lesson_model(seed: int = 0) -> Decoder:
-    """The lesson model with seeded random weights, built once per seed (timing needs no training).
+    """The lesson model (``lesson_config()``), seeded random weights, built once per seed (timing needs no training).
 
-    ~3M parameters on CPU; on a GPU the ~90M-parameter one of ``lesson_scale()``. Lesson 01 calls
-    it ``slowdown_model``; the serving lessons (04-08) run on it too.
+    Lesson 01 calls it ``slowdown_model``; the serving lessons (04-08) run on it too.
     """
     return _built_model(seed, lesson_scale().device)
 

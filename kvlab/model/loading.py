@@ -72,8 +72,7 @@ def _llama_weights(sd: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str
     for i in range(cfg.num_layers):
         a, mlp, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"blocks.{i}."
         # transformers stores [out, in]; kvlab stores [in, out] (see decoder.py)
-        out[p + "attn.w_qkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"],
-                                           sd[a + "v_proj.weight"]]).T
+        out[p + "attn.w_qkv"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]]).T
         if cfg.qkv_bias:
             out[p + "attn.b_qkv"] = torch.cat([sd[a + "q_proj.bias"], sd[a + "k_proj.bias"], sd[a + "v_proj.bias"]])
         out[p + "attn.w_o"] = sd[a + "o_proj.weight"].T

@@ -20,8 +20,6 @@ from __future__ import annotations
 import torch
 
 SPLIT_MAX_ROWS = 16  # products of up to this many rows (decode steps) are split by their inner dimension
-
-
 _THREADS_ARE_CONSTANT = False  # set by prepare_compile: torch.compile may read torch's threads while tracing
 
 

@@ -9,8 +9,7 @@ mixes of both) is built as real ``Sequence``s with block tables in a paged pool 
 order, so a moment of contention on a shared machine lands on random shapes rather than always on the same ones. The fit
 (``cost_model.fit_coefficients``) is saved as JSON with the config, settings, machine and per-shape residuals.
 
-``--validate`` also times a second set of shapes, none used for the fit (other batch sizes,
-context lengths, chunk sizes, uneven contexts), in the same passes, and reports the median
+``--validate`` also times ``validation_shapes``, none used for the fit, in the same passes, and reports the median
 absolute percentage error of the predictions for them.
 """
 from __future__ import annotations

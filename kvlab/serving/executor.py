@@ -1,8 +1,7 @@
 """Executors: run one scheduled step and say which token each sequence got and how long it took.
 
-The scheduler decides *what* runs; an executor runs it. ``ModelExecutor`` runs the real kvlab decoder on the step's
-mixed batch over a paged KV cache. Another executor (a cost model) can price the same ``SchedulerOutput`` from its
-``StepShape`` alone, with no model, behind the same interface.
+The scheduler decides *what* runs; an executor runs it: ``ModelExecutor`` the real decoder, a cost model's executor
+(``kvlab.serving.cost_model``) prices the same ``SchedulerOutput`` with no model, behind the same interface.
 """
 from __future__ import annotations
 
@@ -128,8 +127,7 @@ class ModelExecutor(Executor):
             if sp.greedy or i in failed:
                 continue
             try:
-                tokens[i] = int(sample(last[j:j + 1], sp.temperature, sp.top_k, sp.top_p,
-                                       out.seqs[i].generator).item())
+                tokens[i] = int(sample(last[j:j + 1], sp.temperature, sp.top_k, sp.top_p, out.seqs[i].generator).item())
             except (ValueError, RuntimeError) as e:  # this row's distribution cannot be sampled: fail it alone
                 failed[i] = f"{type(e).__name__}: {e}"
         return StepResult(tokens, 0.0, failed or None, nonfinite)

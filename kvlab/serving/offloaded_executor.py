@@ -20,8 +20,7 @@ STEP_LOG_COLUMNS = ("step", "bytes_read", "bytes_written", "bytes_moved", "copy_
 
 
 class OffloadedModelExecutor(ModelExecutor):
-    """``ModelExecutor`` whose paged pool is an ``OffloadedPagedKVCache`` (tier: a memory-mapped file on CPU,
-    pinned host memory on CUDA; ``link_gbps``: a modelled slower link, None = memory speed)."""
+    """``ModelExecutor`` whose paged pool is an ``OffloadedPagedKVCache`` (``link_gbps``: None = memory speed)."""
 
     name = "model_offloaded"
     cache: OffloadedPagedKVCache | None

@@ -69,8 +69,7 @@ def add_scheduler_arguments(parser: argparse.ArgumentParser | argparse._Argument
 def scheduler_config_from_args(args: argparse.Namespace, **fixed) -> SchedulerConfig:
     """The SchedulerConfig the parsed options describe; ``fixed`` sets fields the command has no option for.
 
-    Fields with neither an option nor a ``fixed`` value keep SchedulerConfig's defaults.
-    SchedulerConfig checks every value and names the bad one.
+    Fields with neither an option nor a ``fixed`` value keep SchedulerConfig's defaults; it checks every value.
     """
     values: dict[str, Any] = {name: getattr(args, name) for name in OPTION_FIELDS
                               if name not in fixed and hasattr(args, name)}

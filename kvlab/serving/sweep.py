@@ -16,8 +16,7 @@ resources?" ``load_sweep`` runs one engine over a workload built once (``kvlab.w
 - resources: peak KV blocks and bytes in use, peak running sequences, preemptions, steps;
 - goodput under an SLO (requests meeting every target per second, and their share).
 
-**The knee** (``mark_knee``): the highest load tested before the first one that does not keep up (at least
-``KEEPS_UP_RATIO`` of what was sent served and, with a TTFT target, p95 TTFT within it), by the one rule of
+**The knee** (``mark_knee``): the highest load tested before the first one that does not keep up, by the one rule of
 :mod:`kvlab.serving.knee`, which also says what a curve that keeps up everywhere, or nowhere, has instead.
 """
 from __future__ import annotations
@@ -41,10 +40,9 @@ LevelRow = Callable[[Engine, list[RequestRecord], list[Request], float, SLO | No
 
 def parse_rates(text: str) -> list[float]:
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--rates {text!r}: give numbers separated by commas, e.g. 0.5,1,2,4") from None
-    return rates
 
 
 def _check_rates(rates: Sequence[float]) -> list[float]:
@@ -74,7 +72,6 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
     trace = engine.trace_frame()
     per_block = engine.spec.block_bytes(engine.config, engine.kv_dtype)
     peak_blocks = int(trace["kv_blocks_used"].max()) if len(trace) else 0
-    d = drained.to_dict()
     row = {
         "offered_rps": rate, "sent_rps": sent_rps, "achieved_rps": achieved_rps,
         "throughput_ratio": achieved_rps / sent_rps if math.isfinite(sent_rps) else float("nan"),
@@ -91,11 +88,9 @@ def level_row(engine: Engine, records: list[RequestRecord], requests: list[Reque
         "preemptions": engine.scheduler.num_preemptions, "steps": len(trace),
         "busy_s": float(trace["duration_s"].sum()) if len(trace) else 0.0,
     }
-    for k, v in d.items():  # the four clocks with their n, failures by reason, goodput
-        if k.endswith(("_s", "_n")) and k.split("_")[0] in ("ttft", "tpot", "itl", "e2e", "queue", "send"):
-            row[k] = v
-        elif k.startswith(("failed_", "slo_")) or k in ("goodput_rps", "slo_share"):
-            row[k] = v
+    row.update({k: v for k, v in drained.to_dict().items()  # the four clocks with their n, failures by reason, goodput
+                if k.endswith(("_s", "_n")) and k.split("_")[0] in ("ttft", "tpot", "itl", "e2e", "queue", "send")
+                or k.startswith(("failed_", "slo_")) or k in ("goodput_rps", "slo_share")})
     return row
 
 
@@ -153,8 +148,7 @@ def mark_knee(frame: pd.DataFrame, min_throughput_ratio: float = KEEPS_UP_RATIO,
         if knee.index is not None:
             frame.loc[curve.index[knee.index], "is_knee"] = True
         knees[" / ".join(map(str, key if isinstance(key, tuple) else (key,)))] = str(knee)
-    frame.attrs.update(knee_rule={"min_throughput_ratio": min_throughput_ratio, "slo_ttft_s": slo_ttft_s},
-                       knees=knees)
+    frame.attrs.update(knee_rule={"min_throughput_ratio": min_throughput_ratio, "slo_ttft_s": slo_ttft_s}, knees=knees)
     return frame
 
 
