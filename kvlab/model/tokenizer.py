@@ -56,8 +56,7 @@ class HFTokenizer:
 
     def __init__(self, hf_tokenizer) -> None:
         self.hf = hf_tokenizer
-        self.eos_token_id = hf_tokenizer.eos_token_id
-        self.bos_token_id = hf_tokenizer.bos_token_id
+        self.eos_token_id, self.bos_token_id = hf_tokenizer.eos_token_id, hf_tokenizer.bos_token_id
         self.vocab_size = len(hf_tokenizer)
 
     def encode(self, text: str) -> list[int]:

@@ -57,17 +57,14 @@ class BlockManager:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         check_block_size(block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.enable_prefix_caching = enable_prefix_caching
+        self.num_blocks, self.block_size, self.enable_prefix_caching = num_blocks, block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order (front evicted first); an OrderedDict gives O(1) removal on a hit.
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block: dict[int, int] = {}
         self.num_cached_free = 0  # free blocks that still hold a hash
         self.num_shared_refs = 0  # sum over blocks of (ref_count - 1) where shared: tokens stored once, used twice
-        self.prefix_queries_tokens = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_queries_tokens = self.prefix_hit_tokens = 0
 
     # -- pool bookkeeping -------------------------------------------------------------------------
     @property
@@ -209,8 +206,7 @@ class BlockManager:
     def stats(self) -> BlockStats:
         return BlockStats(num_blocks=self.num_blocks, used=self.num_blocks - self.num_free_blocks,
                           free=self.num_free_blocks, cached=self.num_cached_free,
-                          prefix_queries_tokens=self.prefix_queries_tokens,
-                          prefix_hit_tokens=self.prefix_hit_tokens)
+                          prefix_queries_tokens=self.prefix_queries_tokens, prefix_hit_tokens=self.prefix_hit_tokens)
 
     def __repr__(self) -> str:
         s = self.stats()

@@ -208,8 +208,7 @@ class CostModelExecutor(Executor):
         self.cost_model = cost_model
         self.vocab_size = vocab_size or int(cost_model.config.get("vocab_size", 256))
         self._c = [float(cost_model.coefficients[f]) for f in FEATURES]
-        self.num_steps = 0
-        self.busy_s = 0.0  # predicted seconds of all steps so far
+        self.num_steps, self.busy_s = 0, 0.0  # busy_s: predicted seconds of all steps so far
 
     @classmethod
     def from_file(cls, path: str | Path, vocab_size: int | None = None) -> "CostModelExecutor":

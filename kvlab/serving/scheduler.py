@@ -179,14 +179,11 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int) -> None:
         config.check(block_manager, max_model_len)
-        self.config = config
-        self.block_manager = block_manager
-        self.max_model_len = max_model_len
+        self.config, self.block_manager, self.max_model_len = config, block_manager, max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.static_batch: set = set()  # request ids of the current static batch
-        self.num_steps = 0
-        self.num_preemptions = 0
+        self.num_steps = self.num_preemptions = 0
 
     # -- queue entry and exit ----------------------------------------------------------------
     def add_sequence(self, seq: Sequence) -> FinishReason | None:

@@ -70,8 +70,7 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_new_tokens = max_new_tokens
-        self.sampling = sampling
-        self.record = record
+        self.sampling, self.record = sampling, record
         self.arrival_s = arrival_s  # when the engine received it (starts the static batch's wait)
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V sit in this sequence's blocks
