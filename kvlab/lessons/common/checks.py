@@ -25,9 +25,7 @@ def rises_at_every_level(values: Iterable[float], tie: float = TIE, overall: flo
     if not 0 <= tie < 1:
         raise ValueError(f"tie must be in [0, 1), got {tie}")
     v = [float(x) for x in values]
-    if len(v) < 2:
-        return False
-    return all(b >= (1 - tie) * a for a, b in zip(v, v[1:])) and v[-1] > overall * v[0]
+    return len(v) >= 2 and all(b >= (1 - tie) * a for a, b in zip(v, v[1:])) and v[-1] > overall * v[0]
 
 
 def series(values: Iterable[float], fmt: str = "{:.1f}", scale: float = 1.0) -> str:

@@ -120,9 +120,7 @@ class Exercise:
         """Call the checker with ``answer`` (resolving lazy(...) and Answer(...))."""
         if isinstance(answer, lazy):
             answer = answer.make()
-        if isinstance(answer, Answer):
-            return self.check(*answer.args, **answer.kwargs)
-        return self.check(answer)
+        return self.check(*answer.args, **answer.kwargs) if isinstance(answer, Answer) else self.check(answer)
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -269,9 +267,7 @@ def check_choice(answer: Any, correct: str, explanations: Mapping[str, str], *, 
     letter = str(answer).strip().lower().strip("()")
     if letter not in options:
         return wrong(f"answer with one of the letters {', '.join(repr(o) for o in options)}, got {answer!r}.")
-    if letter == correct:
-        return right(confirm)
-    return wrong(explanations[letter])
+    return right(confirm) if letter == correct else wrong(explanations[letter])
 
 
 def multiple_choice(notebook: str, name: str, *, title: str, stem: str,

@@ -128,9 +128,7 @@ class PanelResult:
             display(out["data"], raw=True)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        if self.figure is not None:
-            return figure_output(self.figure)["data"]
-        return {"text/plain": repr(self.frame)}
+        return figure_output(self.figure)["data"] if self.figure is not None else {"text/plain": repr(self.frame)}
 
 
 class ExperimentPanel:
@@ -294,9 +292,7 @@ class ExperimentPanel:
 
     def traceback(self) -> str:
         """The full traceback of the last failed run (for debugging; the panel shows one line)."""
-        if self.last_exception is None:
-            return ""
-        return "".join(traceback.format_exception(self.last_exception))
+        return "".join(traceback.format_exception(self.last_exception)) if self.last_exception else ""
 
     # --- display --------------------------------------------------------------------------
     def _set_status(self, text_html: str) -> None:
@@ -320,11 +316,8 @@ class ExperimentPanel:
             self.output.outputs = (_display({"text/html": page, "text/plain": "(folded until you predict)"}),)
         else:
             self.output.outputs = tuple(result.outputs())
-        if result.from_cache:
-            self._set_status(f"same settings as an earlier run: shown from the cache, not recomputed "
-                             f"(that run took {result.seconds:.1f} s)")
-        else:
-            self._set_status(f"done in {result.seconds:.1f} s")
+        self._set_status(f"same settings as an earlier run: shown from the cache, not recomputed (that run took "
+                         f"{result.seconds:.1f} s)" if result.from_cache else f"done in {result.seconds:.1f} s")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return widget_bundle(self.widget, "ExperimentPanel: " + ", ".join(self.controls))

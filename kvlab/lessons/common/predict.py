@@ -31,12 +31,6 @@ from kvlab.lessons.common.session import note_comparison
 MEASURED_CLASS = "kvlab-measured"  # the element inside a fold that holds the measured value
 
 
-def _folded_figure(figure: Figure) -> dict:
-    """The figure's output, marked as drawn inside a fold (tests/figure_text.py leaves it out of what shows)."""
-    setattr(figure, "kvlab_folded", True)
-    return figure_output(figure)
-
-
 @dataclass(frozen=True)
 class Comparison:
     """A prediction next to what the run measured (a notebook cell's last expression)."""
@@ -58,9 +52,7 @@ class Comparison:
     @property
     def in_order(self) -> bool | None:
         """True when the result was produced after the question was asked; None where a cell is unknown."""
-        if self.asked_in is None or self.produced_in is None:
-            return None
-        return self.produced_in > self.asked_in
+        return None if self.asked_in is None or self.produced_in is None else self.produced_in > self.asked_in
 
     def _cells_ago(self, cell: int | None) -> str:
         return "" if cell is None or self.compared_in is None else str(self.compared_in - cell)
@@ -92,10 +84,8 @@ class Comparison:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        warn = ""
-        if self.in_order is False:
-            warn = ('<div style="color:#b00020">⚠ this result was produced before the question was asked: '
-                    'predict first, then run the experiment again</div>')
+        warn = ('<div style="color:#b00020">⚠ this result was produced before the question was asked: '
+                'predict first, then run the experiment again</div>' if self.in_order is False else "")
         if not self.hidden:
             return f'<div class="kvlab-prediction"{self._provenance()}>🎯 {html.escape(str(self))}</div>{warn}'
         summary = (f"🎯 no prediction yet: type your number in the box above and run this cell again — "
@@ -118,7 +108,8 @@ class Folded:
     def _body_html(self) -> str:
         shown = self.shown
         if isinstance(shown, Figure):
-            return output_html(_folded_figure(shown))
+            setattr(shown, "kvlab_folded", True)  # tests/figure_text.py leaves a figure inside a fold out of what shows
+            return output_html(figure_output(shown))
         if isinstance(shown, PanelResult):  # its summary and its figure
             return shown.folded_html()
         to_html = getattr(shown, "_repr_html_", None)

@@ -65,12 +65,6 @@ def cached_steps_stay_flat(result: Any) -> dict:
 GAP_MARGIN_SE = 2.0
 
 
-def _robust_sd(x: np.ndarray) -> float:
-    """The step-to-step scatter of ``x``, a trend left out: the median absolute difference of neighbours,
-    scaled to a normal standard deviation (median |X - Y| = 0.954 sd for X, Y independent normal)."""
-    return float(np.median(np.abs(np.diff(x)))) / 0.954 if len(x) > 2 else float("nan")
-
-
 @claim(NOTEBOOK, clock="wall",
        says="""
            the gap between the arrivals without and with a cache ({gap_end:.2f} s at token {last}) widened
@@ -95,7 +89,9 @@ def uncached_wait_gap_widens(result: Any) -> dict:
     mid = max(1, last // 2)
     behind = (steps["none"] - steps["dynamic"]).loc[1:]  # each decode step: how far the uncached one falls behind
     early, late = behind.loc[1:mid].to_numpy(), behind.loc[mid + 1:].to_numpy()
-    sd = _robust_sd(behind.to_numpy())
+    # the step-to-step scatter, a trend left out: median |X - Y| of neighbours = 0.954 sd for X, Y independent normal
+    d = np.abs(np.diff(behind.to_numpy()))
+    sd = float(np.median(d)) / 0.954 if len(d) > 1 else float("nan")
     se = sd * float(np.sqrt(1 / max(len(early), 1) + 1 / max(len(late), 1)))
     early_ms = float(early.mean()) if len(early) else float("nan")
     late_ms = float(late.mean()) if len(late) else float("nan")

@@ -7,8 +7,8 @@ from kvlab.experiments.slowdown import tokens_processed
 from kvlab.lessons.common.exercises import Feedback, check_function, check_number, exercise, right
 
 
-def _work_ratio(prompt: int, early: int, late: int, cache: str = "none") -> float:
-    return tokens_processed(cache, prompt, late) / tokens_processed(cache, prompt, early)
+def _work_ratio(prompt: int, early: int, late: int) -> float:
+    return tokens_processed("none", prompt, late) / tokens_processed("none", prompt, early)
 
 
 @exercise("01_the_slowdown.ipynb", solution=450 / 276, wrong=194 / 20,
@@ -42,15 +42,9 @@ def check_work_ratio(answer: Any) -> Feedback:
                 "slowdown_summary on your own run.")
 
 
-def _total_processed(cache: str, prompt_tokens: int, new_tokens: int) -> int:
-    return sum(tokens_processed(cache, prompt_tokens, i) for i in range(new_tokens))
-
-
 def _forgets_the_prefill(cache: str, prompt_tokens: int, new_tokens: int) -> int:
     """A plausible wrong answer: every step of a cached run counted as one token, the prefill too."""
-    if cache == "none":
-        return sum(prompt_tokens + i for i in range(new_tokens))
-    return new_tokens
+    return sum(prompt_tokens + i for i in range(new_tokens)) if cache == "none" else new_tokens
 
 
 def _explain_total(kwargs: dict, got: Any, expected: Any) -> str:
@@ -85,7 +79,7 @@ Without a cache the total is *n·T + n(n−1)/2*: it grows with the square of th
 With a cache it is *T + n − 1*: linear.""")
 def check_total_processed(answer: Any) -> Feedback:
     """A function total(cache, prompt_tokens, new_tokens): tokens pushed through the model for a whole generation."""
-    cases = [(dict(cache=c, prompt_tokens=t, new_tokens=n), _total_processed(c, t, n))
+    cases = [(dict(cache=c, prompt_tokens=t, new_tokens=n), sum(tokens_processed(c, t, i) for i in range(n)))
              for c in ("none", "dynamic") for t, n in ((32, 1), (32, 10), (8, 200), (256, 400))]
     feedback = check_function(answer, cases, what="total tokens processed", explain=_explain_total)
     if feedback:

@@ -19,16 +19,12 @@ _SLIDER = dict(continuous_update=False, style={"description_width": "150px"},
 def learner_summary(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with column names a learner reads at a glance."""
     return pd.DataFrame({
-        "cache": summary["cache"],
-        "early token": summary["early_token"],
-        "late token": summary["late_token"],
-        "ms per step (early)": summary["early_step_ms"],
-        "ms per step (late)": summary["late_step_ms"],
+        "cache": summary["cache"], "early token": summary["early_token"], "late token": summary["late_token"],
+        "ms per step (early)": summary["early_step_ms"], "ms per step (late)": summary["late_step_ms"],
         "measured late/early": summary["measured_ratio"],
         "tokens processed (early → late)": [f"{a} → {b}" for a, b in
                                             zip(summary["early_tokens_processed"], summary["late_tokens_processed"])],
-        "expected from work": summary["work_ratio"],
-        "total seconds": summary["total_s"],
+        "expected from work": summary["work_ratio"], "total seconds": summary["total_s"],
     })
 
 

@@ -191,14 +191,6 @@ _SHAPE = "(batch, kv_heads, tokens, head_dim)"
 _WRONG_DIM = re.compile(r"must match except in dimension (-?\d+)")
 
 
-def _returned(got: Any) -> tuple[torch.Tensor, torch.Tensor] | str:
-    """``got`` as (K, V), or what is wrong with it."""
-    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-        return (f"update returned {type(got).__name__} {str(got)[:60]!r}; it must return two tensors, "
-                "(keys, values): everything this layer holds, to attend over.")
-    return got[0], got[1]
-
-
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
 
@@ -241,9 +233,7 @@ def _tokens_held(cache: Any) -> int | None:
     if not isinstance(keys, (list, tuple)) or not keys:
         return None
     first = keys[0]
-    if first is None:
-        return 0
-    return first.size(2) if isinstance(first, torch.Tensor) and first.dim() == 4 else None
+    return 0 if first is None else first.size(2) if isinstance(first, torch.Tensor) and first.dim() == 4 else None
 
 
 def _probe(cache_class: type) -> str | None:
@@ -269,9 +259,9 @@ def _probe(cache_class: type) -> str | None:
                             f"to a 3-token prompt that way, the two do not line up. The tokens are dimension 2 of "
                             f"{_SHAPE}: torch.cat([stored, new], dim=2).")
                 return f"update raised {type(exc).__name__}: {exc} (layer {layer}, {tokens} new token(s))."
-            got = _returned(got)
-            if isinstance(got, str):
-                return got
+            if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+                return (f"update returned {type(got).__name__} {str(got)[:60]!r}; it must return two tensors, "
+                        "(keys, values): everything this layer holds, to attend over.")
             stored = sum(t[0].size(2) for t in held[layer])
             held[layer].append((k, v))
             for i, what in ((0, "keys"), (1, "values")):

@@ -22,13 +22,9 @@ def memory_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """The last step of each cache: bytes by kind, the formula, and whether they agree."""
     last = frame.groupby("cache", sort=False).tail(1)
     return pd.DataFrame({
-        "cache": last["cache"],
-        "tokens stored": last["tokens"],
-        "allocated bytes": last["allocated_bytes"],
-        "holding tokens": last["used_bytes"],
-        "reserved, empty": last["reserved_bytes"],
-        "offloaded": last["offloaded_bytes"],
-        "formula bytes": last["formula_bytes"],
+        "cache": last["cache"], "tokens stored": last["tokens"], "allocated bytes": last["allocated_bytes"],
+        "holding tokens": last["used_bytes"], "reserved, empty": last["reserved_bytes"],
+        "offloaded": last["offloaded_bytes"], "formula bytes": last["formula_bytes"],
         "note": [n if n else ("allocated = formula" if a == f else f"allocated / formula = {a / f:.2f}")
                  for n, a, f in zip(last["note"], last["allocated_bytes"], last["formula_bytes"])],
     })

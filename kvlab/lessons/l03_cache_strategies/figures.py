@@ -27,9 +27,7 @@ _MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 
 
 def _axes(ax: Axes | None, size: tuple[float, float] = (6.5, 4.2)) -> Axes:
-    if ax is not None:
-        return ax
-    return Figure(figsize=size, layout="constrained").subplots()
+    return ax if ax is not None else Figure(figsize=size, layout="constrained").subplots()
 
 
 def _finish(ax: Axes, legend: bool, loc: LegendLocType = "upper left", grid: Literal["both", "x", "y"] = "both",

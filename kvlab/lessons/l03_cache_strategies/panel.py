@@ -24,18 +24,12 @@ def learner_table(frame: pd.DataFrame) -> pd.DataFrame:
     accuracy = [("= exact" if ex else f"{a:.0%}" + (f" ({c}/{n})" if pd.notna(n) else ""))
                 if (ex or pd.notna(a)) else "" for ex, a, (c, n) in zip(exact, rows["accuracy"], counts)]
     return pd.DataFrame({
-        "setting": rows["setting"],
-        "prompt tokens": rows["context_tokens"],
-        "KiB allocated": rows["allocated_bytes"] / 1024,
-        "× dynamic": rows["memory_ratio"],
-        "ideal ×": rows["ideal_memory_ratio"],
-        "KiB reserved, empty": rows["reserved_bytes"] / 1024,
-        "ms/token p50": rows["token_ms_p50"],
-        "ms/token p95": rows["token_ms_p95"],
-        "p50 × dynamic": rows["latency_ratio"],
-        "ms in cache/step": rows["cache_ms_per_step"],
-        "KiB moved/step": rows["bytes_moved_per_step"] / 1024,
-        "recall accuracy": accuracy,
+        "setting": rows["setting"], "prompt tokens": rows["context_tokens"],
+        "KiB allocated": rows["allocated_bytes"] / 1024, "× dynamic": rows["memory_ratio"],
+        "ideal ×": rows["ideal_memory_ratio"], "KiB reserved, empty": rows["reserved_bytes"] / 1024,
+        "ms/token p50": rows["token_ms_p50"], "ms/token p95": rows["token_ms_p95"],
+        "p50 × dynamic": rows["latency_ratio"], "ms in cache/step": rows["cache_ms_per_step"],
+        "KiB moved/step": rows["bytes_moved_per_step"] / 1024, "recall accuracy": accuracy,
     })
 
 

@@ -17,12 +17,11 @@ NOTEBOOK = "04_four_clocks.ipynb"
 
 def _requests(result: Any) -> pd.DataFrame:
     """The requests frame of a panel result (``.frame``), a ServingRun (``.requests``) or the frame itself."""
-    if isinstance(result, ServingRun):
-        return result.requests
-    return frame_of(result)
+    return result.requests if isinstance(result, ServingRun) else frame_of(result)
 
 
-def _watched(frame: pd.DataFrame) -> pd.Series:
+def watched_row(frame: pd.DataFrame) -> pd.Series:
+    """The watched request's row of a journey run's requests frame (the last row when no profile says which)."""
     rows = frame[frame["profile"] == "watched"] if "profile" in frame.columns else frame.iloc[0:0]
     return (rows if len(rows) else frame.tail(1)).iloc[0]
 
@@ -37,7 +36,7 @@ def _watched(frame: pd.DataFrame) -> pd.Series:
            nothing holds it back and its TTFT is mostly its own prefill; set the sliders back to their defaults (4
            requests ahead, 2 slots) to see the queue.""")
 def watched_ttft_is_mostly_queue(result: Any) -> dict:
-    r = _watched(_requests(result))
+    r = watched_row(_requests(result))
     ttft, queue = float(r["ttft_s"]), float(r["queue_s"])
     return dict(ttft=ttft * 1e3, queue=queue * 1e3, share=queue / ttft, holds=queue > 0.5 * ttft)
 

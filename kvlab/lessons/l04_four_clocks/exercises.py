@@ -14,19 +14,16 @@ def _journey_clocks_at(step_s: float) -> tuple[float, float]:
     from kvlab.experiments.four_clocks import journey_workload
     from kvlab.experiments.serving_run import FixedStepCostExecutor, serve
     from kvlab.serving.config import EngineSpec
+    from kvlab.serving.scheduler import SchedulerConfig
     from kvlab.model.lessons import lesson_config
 
     config = lesson_config()
     requests = journey_workload(config.vocab_size)
-    run = serve(config, requests, EngineSpec(scheduler=_journey_scheduler()), clock="virtual",
+    scheduler = SchedulerConfig(max_seqs=2, max_batch_tokens=256)  # run_journey's defaults
+    run = serve(config, requests, EngineSpec(scheduler=scheduler), clock="virtual",
                 executor=FixedStepCostExecutor(step_s), threads=None)
     c = run.record(requests[-1].request_id).clocks()
     return c["ttft_s"], c["e2e_s"]
-
-
-def _journey_scheduler():
-    from kvlab.serving.scheduler import SchedulerConfig
-    return SchedulerConfig(max_seqs=2, max_batch_tokens=256)  # run_journey's defaults
 
 
 @exercise("04_four_clocks.ipynb", solution=_journey_clocks_at(0.020), wrong=_journey_clocks_at(0.010),
@@ -117,4 +114,4 @@ def check_share_above_mean(answer: Any) -> Feedback:
             return f"expected {expected}: give a fraction between 0 and 1, not a percentage or a count."
         return f"expected {expected} (values strictly above mean = {sum(values) / len(values):g}, over {len(values)})."
 
-    return check_function(answer, [(k, v) for k, v in cases], what="share_above_mean", explain=explain)
+    return check_function(answer, cases, what="share_above_mean", explain=explain)

@@ -93,10 +93,8 @@ def plot_request_journey(request: RequestRecord | pd.Series | dict, steps: pd.Da
                      f"{len(tokens) - 1} gaps, mean (TPOT) {_ms(tpot)}", "#1f77b4")
     end = max([t0, *tokens, *(t for t in (r["finished_s"], r["admitted_s"]) if t is not None)])
     span = max(end - t0, 1e-3)
-    ax.set_xlim(t0 - 0.03 * span, end + 0.03 * span)
-    ax.set_ylim(-1.6, 0.75)
-    ax.set_yticks([])
-    ax.set_xlabel("seconds since the run started")
+    ax.set(xlim=(t0 - 0.03 * span, end + 0.03 * span), ylim=(-1.6, 0.75), yticks=[],
+           xlabel="seconds since the run started")
     ax.legend(fontsize=7, loc="upper left", ncol=3, framealpha=0.9)
     ax.set_title(title or f"Request {r['request_id']}: {r.get('prompt_tokens', '?')} prompt tokens, "
                           f"{len(tokens)} output tokens ({r['status']})", fontsize=10)
@@ -249,9 +247,8 @@ def plot_cold_warm(frame: pd.DataFrame) -> Figure:
                        fontsize=8, padding=3)
     ax_phase.set_yticks(list(y), [name for name, _ in rows], fontsize=8)
     ax_phase.invert_yaxis()
-    ax_phase.set_xscale("log")
-    ax_phase.set_xlim(1e-3, max(v for _, v in rows) * 8)
-    ax_phase.set(xlabel="seconds (log scale)", title="Cold start, phase by phase, vs a warm request")
+    ax_phase.set(xscale="log", xlim=(1e-3, max(v for _, v in rows) * 8), xlabel="seconds (log scale)",
+                 title="Cold start, phase by phase, vs a warm request")
     colors = ["#e6550d" if s == "cold" else "#1f77b4" for s in frame["start"]]
     bars = ax_runs.bar(frame["run"].astype(str), frame["ttft_s"] * 1e3, color=colors)
     ax_runs.bar_label(bars, fmt="%.1f", fontsize=7)

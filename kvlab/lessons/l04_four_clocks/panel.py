@@ -7,6 +7,7 @@ import pandas as pd
 from kvlab.experiments.four_clocks import journey_clocks, run_journey
 from kvlab.experiments.serving_run import runs_frame
 from kvlab.model.decoder import Decoder
+from kvlab.lessons.l04_four_clocks.claims import watched_row
 from kvlab.lessons.l04_four_clocks.figures import plot_request_journey
 from kvlab.lessons.common.panel import ExperimentPanel
 
@@ -18,12 +19,6 @@ def clocks_for_learners(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"clock": table["clock"], "from": table["start"], "to": table["end"],
                          "how it is computed": table["how"],
                          "ms": [f"{v * 1e3:,.1f}" if pd.notna(v) else "" for v in table["seconds"]]})
-
-
-def watched_row(frame: pd.DataFrame) -> pd.Series:
-    """The watched request's row of a journey run's requests frame."""
-    rows = frame[frame["profile"] == "watched"]
-    return (rows if len(rows) else frame.tail(1)).iloc[0]
 
 
 def journey_panel(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 2, prompt_tokens: int = 64,

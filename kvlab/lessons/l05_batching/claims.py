@@ -30,10 +30,6 @@ def _policies(result: Any, lengths: str) -> tuple[pd.Series, pd.Series]:
     return t.loc[f"continuous, {lengths} lengths"], t.loc[f"static, {lengths} lengths"]
 
 
-def _runs(result: Sequence[ServingRun]) -> dict[tuple[str, str], ServingRun]:
-    return {(r.extra["policy"], r.extra["lengths"]): r for r in result}
-
-
 # -- the panel's runs (wall clock) --------------------------------------------------------------------------
 @claim(NOTEBOOK, clock="wall",
        says="""
@@ -223,7 +219,7 @@ def exact_mixed_lengths_continuous_fewer_steps(result: Sequence[ServingRun]) -> 
            continuous batching left a slot empty while a request waited: the token budget per step
            (max_batch_tokens) or the KV cache, not the slots, was the limit in that step.""")
 def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[ServingRun]) -> dict:
-    runs = _runs(result)
+    runs = {(r.extra["policy"], r.extra["lengths"]): r for r in result}
     c, s = runs["continuous", "mixed"].trace, runs["static", "mixed"].trace
     size = int(runs["continuous", "mixed"].settings["max_seqs"])
     c_wait, s_wait = c[c["num_waiting"] > 0], s[s["num_waiting"] > 0]

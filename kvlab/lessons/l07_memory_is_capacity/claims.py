@@ -5,6 +5,8 @@ clock): the same numbers on every machine, so every claim is deterministic.
 """
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 
 from kvlab.lessons.common.claims import claim
@@ -112,13 +114,8 @@ def bigger_blocks_fit_fewer(sizes: pd.DataFrame) -> dict:
     t = sizes.sort_values("block_size")
     fit = t["sequences_fit"].astype(int).tolist()
     bs = t["block_size"].astype(int).tolist()
-    groups: list[tuple[int, list[int]]] = []
-    for f, b in zip(fit, bs):
-        if groups and groups[-1][0] == f:
-            groups[-1][1].append(b)
-        else:
-            groups.append((f, [b]))
-    fits = "; ".join(f"{f} with blocks of {_sizes(sizes_)}" for f, sizes_ in groups)
+    groups = itertools.groupby(zip(fit, bs), key=lambda pair: pair[0])  # neighbouring block sizes that fit as many
+    fits = "; ".join(f"{f} with blocks of {_sizes([b for _, b in same])}" for f, same in groups)
     return dict(fits=fits, first=fit[0], last=fit[-1],
                 holds=all(a >= b for a, b in zip(fit, fit[1:])) and fit[-1] < fit[0])
 
@@ -129,11 +126,6 @@ def _sizes(values: list[int]) -> str:
 
 # -- max context and max new tokens -------------------------------------------------------------------
 
-def _at_context(levers: pd.DataFrame, context: int | None = None) -> pd.DataFrame:
-    context = int(levers["max_model_len"].max()) if context is None else context
-    return levers[levers["max_model_len"] == context].sort_values("max_new_tokens")
-
-
 @claim(NOTEBOOK, clock="deterministic",
        says="""
            at max context {context}, lowering max new tokens from {m_hi} to {m_lo} lets reservation admit {r_hi} →
@@ -142,7 +134,7 @@ def _at_context(levers: pd.DataFrame, context: int | None = None) -> pd.DataFram
            paging gained as much as reservation: the answers of this workload reach their cap, so the cap is what
            both schemes hold.""")
 def shorter_answers_help_reservation_most(levers: pd.DataFrame) -> dict:
-    t = _at_context(levers)
+    t = levers[levers["max_model_len"] == levers["max_model_len"].max()].sort_values("max_new_tokens")
     lo, hi = t.iloc[0], t.iloc[-1]
     dr, dp = int(lo.reserved_fit - hi.reserved_fit), int(lo.paged_fit - hi.paged_fit)
     return dict(context=int(lo.max_model_len), m_hi=int(hi.max_new_tokens), m_lo=int(lo.max_new_tokens),

@@ -15,14 +15,10 @@ from kvlab.lessons.common.claims import claim
 NOTEBOOK = "08_prefix_and_chunks.ipynb"
 
 
-def _budgets(result: Any) -> pd.DataFrame:
-    """``preemption_table`` of a list of runs, or such a table (several stacked), sorted by budget."""
-    table = result if isinstance(result, pd.DataFrame) else preemption_table(result)
-    return table.sort_values("kv_blocks", kind="stable").reset_index(drop=True)
-
-
 def _tight_and_ample(result: Any) -> tuple[pd.Series, pd.Series]:
-    t = _budgets(result)
+    """The smallest and largest budget's rows of ``preemption_table`` (of a list of runs, or such a table)."""
+    t = result if isinstance(result, pd.DataFrame) else preemption_table(result)
+    t = t.sort_values("kv_blocks", kind="stable")
     if len(t) < 2 or t["kv_blocks"].iloc[0] == t["kv_blocks"].iloc[-1]:
         raise ValueError("needs runs at two different KV budgets")
     return t.iloc[0], t.iloc[-1]

@@ -266,11 +266,9 @@ def _sharing_slip(tables: dict, tokens: dict, bs: int, freed: dict) -> str | Non
         for (s, i), (t, j) in ((holders[0], h) for h in holders[1:]):
             if s == t:
                 return f"block {block} appears twice in sequence {s}'s table: take each new block from the free list."
-            full_s, full_t = len(tokens[s]) >= (i + 1) * bs, len(tokens[t]) >= (j + 1) * bs
-            same_prefix = i == j and tokens[s][:(i + 1) * bs] == tokens[t][:(j + 1) * bs]
-            if same_prefix and full_s and full_t:
-                continue  # a full block after the same tokens: shared as it should be
             if i == j and tokens[s][:(i + 1) * bs] == tokens[t][:(i + 1) * bs]:
+                if min(len(tokens[s]), len(tokens[t])) >= (i + 1) * bs:
+                    continue  # a full block after the same tokens: shared as it should be
                 filled = len(tokens[s]) - i * bs
                 return (f"sequences {s} and {t} share block {block}, at position {i} of both tables, which is only partly filled "
                         f"({filled} of {bs} slots): each one's next token would be written into the same free "

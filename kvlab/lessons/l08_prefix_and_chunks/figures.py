@@ -131,9 +131,7 @@ def plot_kv_blocks(trace: pd.DataFrame, by: str | None = None, block_size: int |
         if len(pre):
             ax.scatter(pre["end_s"], [total * 1.03] * len(pre), marker="v", color="#d62728", s=30, zorder=4,
                        label=f"preemption ({int(pre['num_preempted'].sum())} in all)")
-        ax.set_xlim(0, x[-1])
-        ax.set_ylim(0, total * 1.08)
-        ax.set_xlabel("seconds since the run started")
+        ax.set(xlim=(0, x[-1]), ylim=(0, total * 1.08), xlabel="seconds since the run started")
         ax.set_title(str(g) if g is not None else (title or "KV blocks in use"), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right", framealpha=0.9)

@@ -50,20 +50,11 @@ def service_table(table: pd.DataFrame) -> pd.DataFrame:
     """
     ms = 1e3
     return pd.DataFrame({
-        "offered req/s": table["offered_rps"],
-        "requests sent": table["sent"],
-        "sent req/s": table["sent_rps"],
-        "completed": table["completed"],
-        "rejected (429)": table["rejected"],
-        "other failures": table["failed_other"],
-        "window s": table["window_s"],
-        "achieved req/s": table["requests_per_s"],
-        "n": table["ttft_n"],
-        "TTFT p50 ms": table["ttft_p50_s"] * ms,
-        "TTFT p90 ms": table["ttft_p90_s"] * ms,
-        "E2E p50 ms": table["e2e_p50_s"] * ms,
-        "TPOT n": table["tpot_n"],
-        "TPOT p50 ms": table["tpot_p50_s"] * ms,
+        "offered req/s": table["offered_rps"], "requests sent": table["sent"], "sent req/s": table["sent_rps"],
+        "completed": table["completed"], "rejected (429)": table["rejected"], "other failures": table["failed_other"],
+        "window s": table["window_s"], "achieved req/s": table["requests_per_s"], "n": table["ttft_n"],
+        "TTFT p50 ms": table["ttft_p50_s"] * ms, "TTFT p90 ms": table["ttft_p90_s"] * ms,
+        "E2E p50 ms": table["e2e_p50_s"] * ms, "TPOT n": table["tpot_n"], "TPOT p50 ms": table["tpot_p50_s"] * ms,
         "client late, max ms": table["send_delay_max_s"] * ms,
     })
 
@@ -123,12 +114,10 @@ def two_engines_panel(folder=None, rates: Sequence[float] = SWEEP_RATES, low_rat
         protocol = Protocol(low_rate=low_rate, duration_s=duration_s, slo_ttft_s=slo_ttft_s)
         return compare_engines(folder, sorted(rates), protocol, progress=progress).frame
 
-    def summary(frame: pd.DataFrame, _params) -> pd.DataFrame:
-        return clocks_table(frame).round(2)
-
     ok, why = transformers_serve_available()
     title = "kvlab serve and transformers serve: same weights, same workload, same client"
-    return ExperimentPanel(controls, run, figure=lambda f, p: plot_two_engines(f, p["slo_ttft_s"]), summary=summary,
+    return ExperimentPanel(controls, run, figure=lambda f, p: plot_two_engines(f, p["slo_ttft_s"]),
+                           summary=lambda f, _p: clocks_table(f).round(2),
                            title=title if ok else f"{title} (transformers serve unavailable: {why})")
 
 
@@ -184,11 +173,9 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
                 "client_priority": str(priority)}
     frame.attrs.update(servers=described, greedy=greedy, settings=settings, unavailable=left_out or None, usage=usage)
     run = EnginesRun(frame, described, greedy["answers"], settings, "; ".join(left_out.values()) or None)
-    knees = run.knees()
     message = (f"same greedy text on {greedy['prompts'] - len(greedy['differ'])} of {greedy['prompts']} prompts; "
-               + "; ".join(f"{e}: knee {k}, "
-                           f"{u['processes']} processes, {u['cores_busy']} cores busy"
-                           for (e, k), u in zip(knees.items(), usage)))
+               + "; ".join(f"{e}: knee {k}, {u['processes']} processes, {u['cores_busy']} cores busy"
+                           for (e, k), u in zip(run.knees().items(), usage)))
     return ThreeEngines(message, run, clocks_table(frame).round(2), plot_two_engines(frame, slo_ttft_s), usage)
 
 
