@@ -166,9 +166,8 @@ def claim(notebook: str, *, says: str, otherwise: str, clock: Clock, asserts: bo
         name = measure.__name__
         if name in CLAIMS:
             raise ValueError(f"a claim named {name!r} is already registered (for {CLAIMS[name].notebook})")
-        c = Claim(name, notebook, says, measure, otherwise, clock, asserts)
-        CLAIMS[name] = c
-        return c
+        CLAIMS[name] = Claim(name, notebook, says, measure, otherwise, clock, asserts)
+        return CLAIMS[name]
 
     return register
 

@@ -257,8 +257,7 @@ def check_number(answer: Any, expected: float, *, what: str, rel: float = 1e-3, 
         if math.isclose(answer, value, rel_tol=rel) or (
                 digits and abs(answer - value) <= rounding_tolerance(value, digits)):
             return wrong(explanation)
-    side = "too high" if answer > expected else "too low"
-    return wrong(f"{answer:,.6g} is {side} for {what}. {hint}".strip())
+    return wrong(f"{answer:,.6g} is {'too high' if answer > expected else 'too low'} for {what}. {hint}".strip())
 
 
 def check_choice(answer: Any, correct: str, explanations: Mapping[str, str], *, confirm: str) -> Feedback:

@@ -76,8 +76,7 @@ def error_message(exc: BaseException) -> str:
     as is; anything else is unexpected and is shown with its type.
     """
     text = " ".join(str(exc).split()) or "no message"
-    if len(text) > 400:
-        text = text[:397] + "..."
+    text = text if len(text) <= 400 else text[:397] + "..."
     return text if isinstance(exc, ValueError) else f"{type(exc).__name__}: {text}"
 
 
@@ -227,8 +226,7 @@ class ExperimentPanel:
     # --- running --------------------------------------------------------------------------
     def _progress(self, iterable: Iterable, *, total: int | None = None, desc: str | None = None,
                   unit: str = "it") -> Iterable:
-        bar = tqdm_notebook(iterable, total=total, desc=desc, unit=unit, display=False, leave=True)
-        self.progress_bar = bar
+        self.progress_bar = bar = tqdm_notebook(iterable, total=total, desc=desc, unit=unit, display=False, leave=True)
         self.progress_box.children = (bar.container,)
         return bar
 

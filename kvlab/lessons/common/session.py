@@ -17,8 +17,7 @@ def note_comparison(comparison: Any) -> None:
 
 
 def note_verdicts(verdicts: Any) -> None:
-    for v in verdicts:
-        _VERDICTS[v.claim.name] = v
+    _VERDICTS.update({v.claim.name: v for v in verdicts})
 
 
 def noted(notebook: str) -> tuple[list, list]:

@@ -176,8 +176,7 @@ def many_tokens_per_pass_cost_less_each(result: Any) -> dict:
            line.""")
 def uncached_steps_share_a_per_pass_cost(result: Any) -> dict:
     """Decided by the run's own scatter: the lower end of the meeting point's resampled interval is above zero."""
-    frame = frame_of(result)
-    fit = slowdown_fit(frame).set_index("cache")
+    fit = slowdown_fit(frame_of(result)).set_index("cache")
     cached = float(_row(result, "dynamic").early_step_ms)
     fixed, low, high = (float(fit.loc["none", k]) for k in ("fixed_ms", "fixed_low_ms", "fixed_high_ms"))
     slope = float(fit.loc["none", "us_per_context_token"]) / 1e3
@@ -228,5 +227,4 @@ def _slope_and_se(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
         raise ValueError("a slope needs at least three steps at two or more contexts")
     slope, intercept = np.polyfit(x, y, 1)
     resid = y - (slope * x + intercept)
-    se = float(np.sqrt(resid @ resid / (len(x) - 2) / ((x - x.mean()) @ (x - x.mean()))))
-    return float(slope), se
+    return float(slope), float(np.sqrt(resid @ resid / (len(x) - 2) / ((x - x.mean()) @ (x - x.mean()))))

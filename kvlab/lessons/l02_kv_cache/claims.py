@@ -144,11 +144,9 @@ def quantized_saves_past_its_window(result: Any) -> dict:
            offloaded kept as much on the device as the tokens take: with few layers its working buffer (one
            layer's history, two with prefetch on a GPU) is a large share of the whole.""")
 def offloaded_keeps_less_on_the_device(result: Any) -> dict:
-    o = _rows(result, "offloaded")
-    last = o.iloc[-1]
-    capacity = _capacity(result, "offloaded")
+    last = _rows(result, "offloaded").iloc[-1]
     return dict(device=int(last["device_bytes"]), tokens=int(last["tokens"]), formula=int(last["formula_bytes"]),
-                offloaded=int(last["offloaded_bytes"]), capacity=capacity,
+                offloaded=int(last["offloaded_bytes"]), capacity=_capacity(result, "offloaded"),
                 holds=int(last["device_bytes"]) < int(last["formula_bytes"]))
 
 
@@ -179,7 +177,6 @@ def real_model_cache_is_the_formula(demo: Any) -> dict:
            the uncached steps were not clearly slower (by a fifth). On a short run the recomputed text is small; a
            busy machine can also hide it. Run the cell again.""")
 def real_model_is_slower_without_a_cache(demo: Any) -> dict:
-    s = demo.speed.set_index("cache")
-    ratio = float(s.loc["none", "x_dynamic"])
+    ratio = float(demo.speed.set_index("cache").loc["none", "x_dynamic"])
     # a fixed margin: the demo records no repeat spread, and a fifth is what a busy CPU moves a median step
     return dict(model=_model_name(demo), ratio=ratio, holds=ratio > 1.2)

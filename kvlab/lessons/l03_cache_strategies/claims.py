@@ -291,8 +291,7 @@ def _offloaded(result: Any) -> pd.DataFrame:
 def offloaded_bytes_follow_the_count(result: Any) -> dict:
     from kvlab.lessons.l03_cache_strategies.figures import expected_bytes_moved
 
-    frame = frame_of(result)
-    bpt = int(frame.attrs["bytes_per_token"])
+    bpt = int(frame_of(result).attrs["bytes_per_token"])
     off = _offloaded(result)
     expected = [expected_bytes_moved(c, s, bpt) for c, s in zip(off["context_tokens"], off["stored_tokens"])]
     one = off.drop_duplicates("context_tokens")

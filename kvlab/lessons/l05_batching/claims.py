@@ -232,8 +232,7 @@ def continuous_keeps_every_slot_busy_while_requests_wait(result: Sequence[Servin
 def _knob(result: Any) -> tuple[pd.DataFrame, pd.Series]:
     """The static runs sorted by their wait, and the continuous run."""
     t = _table(result)
-    static = t[t["policy"] == "static"].sort_values("batch_wait_s")
-    return static, t[t["policy"] == "continuous"].iloc[0]
+    return t[t["policy"] == "static"].sort_values("batch_wait_s"), t[t["policy"] == "continuous"].iloc[0]
 
 
 # "Sooner" on the wall clock: by more than this many standard errors of the difference between two medians, each
@@ -381,10 +380,6 @@ def _decode_rows(result: Any) -> pd.DataFrame:
     return getattr(result, "decode", result).set_index("batch", drop=False).sort_index()
 
 
-def _ms_series(d: pd.DataFrame, column: str, sizes) -> str:
-    return ", ".join(f"{d.loc[b, column] * 1e3:.2f} ms at batch {b}" for b in sizes)
-
-
 FLAT_BAR = 2.0  # the lesson's bar: a batch's step under twice a one-sequence step (stated in the sentence)
 
 
@@ -411,8 +406,8 @@ def decode_step_stays_flat_for_small_batches(result: Any) -> dict:
             break
         flat = int(b)
     shown = [b for b in d.index if b <= max(flat * 2, 2)]
-    return dict(flat=flat, series=_ms_series(d, "step_s", shown), n=int(d["n"].iloc[0]),
-                times=float(d.loc[flat, "step_s"] / one), holds=flat >= 4)
+    return dict(flat=flat, series=", ".join(f"{d.loc[b, 'step_s'] * 1e3:.2f} ms at batch {b}" for b in shown),
+                n=int(d["n"].iloc[0]), times=float(d.loc[flat, "step_s"] / one), holds=flat >= 4)
 
 
 @claim(NOTEBOOK, clock="wall",

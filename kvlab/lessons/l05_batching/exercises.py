@@ -149,8 +149,7 @@ def _admits_what_does_not_fit(rule, kind: str) -> bool:
 
     blocks, tokens = (5, 10) if kind == "blocks" else (1, 50)
     try:
-        picked = rule([WaitingRequest(0, tokens, blocks, 0.0, False)], 4, 40, 4)
-        return len(list(picked or [])) > 0
+        return len(list(rule([WaitingRequest(0, tokens, blocks, 0.0, False)], 4, 40, 4) or [])) > 0
     except Exception:
         return False
 

@@ -163,8 +163,7 @@ def small_reservation_matches_paging(levers: pd.DataFrame) -> dict:
            fits {fit_lo} paged sequences instead of {fit_hi}""",
        otherwise="the shorter context cut no prompt: this workload's prompts all fit; lower the context further.")
 def short_context_cuts_prompts(levers: pd.DataFrame) -> dict:
-    m_lo = int(levers["max_new_tokens"].min())
-    t = levers[levers["max_new_tokens"] == m_lo].sort_values("max_model_len")
+    t = levers[levers["max_new_tokens"] == levers["max_new_tokens"].min()].sort_values("max_model_len")
     lo, hi = t.iloc[0], t.iloc[-1]
     return dict(c_lo=int(lo.max_model_len), c_hi=int(hi.max_model_len), cut_lo=int(lo.prompts_cut),
                 cut_hi=int(hi.prompts_cut), n=int(levers.attrs.get("requests", 64)), fit_lo=int(lo.paged_fit),

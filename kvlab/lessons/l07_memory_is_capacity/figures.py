@@ -22,8 +22,7 @@ def plot_paged_vs_reserved(table: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(11, 3.6), layout="constrained")
     ax_fit, ax_parts = fig.subplots(1, 2, width_ratios=[1, 2])
     names = list(table["scheme"])
-    colors = [SCHEME_COLORS.get(n, "#7f7f7f") for n in names]
-    bars = ax_fit.bar(names, table["sequences_fit"], color=colors)
+    bars = ax_fit.bar(names, table["sequences_fit"], color=[SCHEME_COLORS.get(n, "#7f7f7f") for n in names])
     ax_fit.bar_label(bars, fontsize=9)
     ax_fit.set(ylabel="sequences that fit", title="Sequences held at once, same budget")
     y = np.arange(len(names))

@@ -178,10 +178,9 @@ def chunks_delay_the_long_prompt(result: Any) -> dict:
     took are exact; the delay they cause is the learner's to read."""
     whole, chunks = _chunk_rows(result)
     ratio = float(chunks.long_prompt_ttft_s) / float(whole.long_prompt_ttft_s)
-    steps = int(chunks.get("long_prompt_steps", 0))
-    steps_whole = int(whole.get("long_prompt_steps", 1))
     return dict(ratio=ratio, chunk_ms=chunks.long_prompt_ttft_s * 1e3, whole_ms=whole.long_prompt_ttft_s * 1e3,
-                steps=steps, steps_whole=steps_whole, holds=bool(ratio == ratio))
+                steps=int(chunks.get("long_prompt_steps", 0)), steps_whole=int(whole.get("long_prompt_steps", 1)),
+                holds=bool(ratio == ratio))
 
 
 # -- a trace's shared prefixes (the shipped Mooncake-format sample, on the simulator's virtual clock) ----------

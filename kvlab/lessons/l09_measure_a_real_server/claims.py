@@ -177,8 +177,7 @@ def two_engines_account_for_every_request(run: Any) -> dict:
            the two servers wrote different greedy answers: they did not load the same weights or cut the prompt
            into different tokens (save the folder with save_shared_checkpoint).""")
 def two_engines_same_weights(run: Any) -> dict:
-    t = _engine_rows(run)
-    answers = t.attrs.get("greedy") or {}
+    answers = _engine_rows(run).attrs.get("greedy") or {}
     if len(answers) < 2:
         raise ValueError("the run holds no greedy answers of both servers")
     texts = list(answers.values())
@@ -222,8 +221,7 @@ def two_engines_at_low_load(run: Any) -> dict:
 
 
 def _shared_top_rate(t: pd.DataFrame) -> float:
-    s = t[t["phase"] == "sweep"]
-    rates = set.intersection(*(set(g["offered_rps"]) for _, g in s.groupby("engine")))
+    rates = set.intersection(*(set(g["offered_rps"]) for _, g in t[t["phase"] == "sweep"].groupby("engine")))
     if not rates:
         raise ValueError("no sweep rate was measured on both engines")
     return max(rates)

@@ -30,8 +30,7 @@ def plot_client_vs_engine(frame: pd.DataFrame) -> Figure:
     ax_pairs.set(xlim=(0, top), ylim=(0, top), xlabel="TTFT inside the engine (ms)",
                  ylabel="TTFT at the client (ms)", title=f"The same {len(frame)} requests, timed twice")
     ax_pairs.legend(fontsize=8, loc="upper left")
-    bins = max(8, min(30, len(overhead) // 2))
-    ax_diff.hist(overhead, bins=bins, color=CLIENT, alpha=0.75)
+    ax_diff.hist(overhead, bins=max(8, min(30, len(overhead) // 2)), color=CLIENT, alpha=0.75)
     median = float(np.median(overhead))
     ax_diff.axvline(median, color="black", ls=":", label=f"median {median:.2f} ms (n={len(overhead)})")
     ax_diff.set(xlabel="client TTFT (from sending) − engine TTFT (ms)", ylabel="requests",
@@ -61,9 +60,7 @@ def plot_wire_service_curve(table: pd.DataFrame) -> Figure:
     ax_tput.plot([lo, hi], [lo, hi], ls="--", color="#999999", lw=1, label="achieved = offered")
     ax_tput.plot(offered, t["requests_per_s"], "o-", color=CLIENT, label="completed requests/s")
     for x, y, row in zip(offered, t["requests_per_s"], t.itertuples(index=False)):
-        note = f"{row.completed}/{row.sent} done"
-        if row.rejected:
-            note += f"\n{row.rejected} rejected (429)"
+        note = f"{row.completed}/{row.sent} done" + (f"\n{row.rejected} rejected (429)" if row.rejected else "")
         ax_tput.annotate(note, (x, y), xytext=(4, -18 if row.rejected else 6), textcoords="offset points",
                          fontsize=7, color=REJECTED if row.rejected else "#333333")
     ax_tput.set(xscale="log", yscale="log", xlim=(lo, hi), xlabel="offered load (requests/s)",
