@@ -22,18 +22,37 @@ def _remove_storage(path: str, owned_dir: str | None) -> None:
         os.remove(path)
 
 
-def make_tier(owner: object, shape: tuple[int, ...], dtype: torch.dtype, cuda: bool, storage_dir: str | None,
-              name: str) -> tuple[torch.Tensor, str | None, weakref.finalize | None]:
-    """The slower tier, zeroed: pinned host memory on CUDA (RAM the GPU can copy from without staging), else
-    a memory-mapped file in ``storage_dir`` (default: a temporary folder ``kvlab-<name>-*``), deleted when
-    ``owner`` is closed or garbage-collected. Returns the tier, its file (or None) and the finalizer (or None)."""
-    if cuda:
-        return torch.zeros(shape, dtype=dtype).pin_memory(), None, None
-    owned = tempfile.mkdtemp(prefix=f"kvlab-{name}-") if storage_dir is None else None
-    fd, path = tempfile.mkstemp(prefix="kvlab-kv-", suffix=".bin", dir=owned or storage_dir)
-    os.close(fd)
-    finalizer = weakref.finalize(owner, _remove_storage, path, owned)
-    return torch.from_file(path, shared=True, size=math.prod(shape), dtype=dtype).view(shape), path, finalizer
+class SlowTier:
+    """The slower tier both offloaded caches keep K/V in: its storage, its modelled link and its copy counters."""
+
+    device: torch.device
+    tier: torch.Tensor | None  # None once closed
+    storage_path: str | None = None  # the tier's file (CPU)
+    _finalizer: weakref.finalize | None = None  # deletes that file
+
+    def _open_tier(self, shape: tuple[int, ...], dtype: torch.dtype, storage_dir: str | None, name: str,
+                   link_gbps: float | None) -> None:
+        """The tier, zeroed: pinned host memory on CUDA (RAM the GPU can copy from without staging), else
+        a memory-mapped file in ``storage_dir`` (default: a temporary folder ``kvlab-<name>-*``), deleted on
+        ``close()`` or when the cache is garbage-collected."""
+        self.cuda = self.device.type == "cuda"
+        self.link_gbps = None if link_gbps is None else float(link_gbps)
+        self.copy_s_total = 0.0  # seconds spent copying, link waits included
+        self.link_wait_s_total = 0.0  # seconds waited for the modelled link
+        if self.cuda:
+            self.tier = torch.zeros(shape, dtype=dtype).pin_memory()
+            return
+        owned = tempfile.mkdtemp(prefix=f"kvlab-{name}-") if storage_dir is None else None
+        fd, self.storage_path = tempfile.mkstemp(prefix="kvlab-kv-", suffix=".bin", dir=owned or storage_dir)
+        os.close(fd)
+        self._finalizer = weakref.finalize(self, _remove_storage, self.storage_path, owned)
+        self.tier = torch.from_file(self.storage_path, shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+
+    def close(self) -> None:
+        """Release the tier and delete its file (CPU); the cache cannot be used afterwards."""
+        self.tier = None
+        if self._finalizer is not None:
+            self._finalizer()  # runs once: removes the file (and the temporary folder)
 
 
 LINK_POLL_S = 1e-3  # the last part of a link wait is polled, not slept (a sleeper wakes late)
@@ -69,7 +88,7 @@ def wait_for_link(start: float, nbytes: int, link_gbps: float) -> float:
     return time.perf_counter() - now
 
 
-class OffloadedCache(KVCache):
+class OffloadedCache(SlowTier, KVCache):
     """Holds all K/V in a slow tier; each step copies a layer's history in, computes, writes new tokens out.
 
     The slow tier ("offloaded") is preallocated to ``max_len`` tokens:
@@ -107,7 +126,6 @@ class OffloadedCache(KVCache):
 
     name = "offloaded"
     LINK_CHUNK_BYTES = 64 * 1024  # a throttled copy moves this much at a time, then waits for the link
-    tier: torch.Tensor | None  # (layers, max_len, 2, B, nkv, hs); None once closed
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -124,20 +142,15 @@ class OffloadedCache(KVCache):
         check_link_and_storage(link_gbps, storage_dir)
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         self.max_len = max_len
-        self.cuda = self.device.type == "cuda"
-        self.link_gbps = None if link_gbps is None else float(link_gbps)
+        tier_shape = (num_layers, max_len, 2, batch, num_kv_heads, head_dim)
+        self._open_tier(tier_shape, dtype, storage_dir, "offload", link_gbps)
         # overlapping copies needs a side stream; a throttled link copies synchronously
         self.prefetch = prefetch and self.cuda and self.link_gbps is None
         self._len = [0] * num_layers
         self.bytes_moved_last_step = self.bytes_moved_total = 0
-        self.copy_s_total = 0.0  # seconds inside _copy (on CPU or a throttled link: the copies' own time)
-        self.link_wait_s_total = 0.0  # seconds slept waiting for the modelled link
         # one token of one layer, K and V, for the whole batch: a row of the tier
         self.row_bytes = kv_cache_bytes(1, num_kv_heads, head_dim, 1, batch, torch.empty(0, dtype=dtype).element_size())
 
-        tier_shape = (num_layers, max_len, 2, batch, num_kv_heads, head_dim)
-        self.tier, self.storage_path, self._finalizer = make_tier(self, tier_shape, dtype, self.cuda, storage_dir,
-                                                                  "offload")
         # Working buffers on the compute device, one layer's worth each: (max_len, 2, B, nkv, hs).
         n_slots = 2 if self.prefetch else 1
         self.slots = [torch.empty(tier_shape[1:], dtype=dtype, device=self.device) for _ in range(n_slots)]
@@ -244,12 +257,9 @@ class OffloadedCache(KVCache):
             self._fetched.clear()
 
     def close(self) -> None:
-        """Release the tier and delete its file (CPU); the cache cannot be used afterwards."""
         self.synchronize()
-        self.tier = None
         self.slots = []
-        if self._finalizer is not None:
-            self._finalizer()  # runs once: removes the file (and the temporary folder)
+        super().close()
 
     def memory(self) -> CacheMemory:
         offloaded = self.num_layers * self.max_len * self.row_bytes

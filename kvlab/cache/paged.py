@@ -105,24 +105,27 @@ class PagedKVCache(KVCache):
     # per layer (num_blocks, bs, nkv, hs); None in OffloadedPagedKVCache (no on-device pool per layer, its own update)
     key_cache: list[torch.Tensor] | None
     value_cache: list[torch.Tensor] | None
+    metadata: PagedAttentionMetadata | None  # set by the model runner before every forward
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  num_blocks: int = 256, block_size: int = BLOCK_SIZE) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self._set_pool_size(num_blocks, block_size)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.
         self.key_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.value_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.metadata: PagedAttentionMetadata | None = None
-        self.num_tokens_held = 0  # set by the runner from the block manager: tokens whose KV is stored
-        self.num_blocks_held = 0  # blocks in use by sequences
+        self.reset()
+
+    def _set_pool_size(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
 
     def set_usage(self, num_tokens: int, num_blocks: int) -> None:
-        """Mirror the block manager's accounting (the pool itself cannot tell a live slot from a stale one)."""
+        """Mirror the block manager's accounting (the pool itself cannot tell a live slot from a stale one): tokens
+        whose KV is stored, and blocks in use by sequences."""
         self.num_tokens_held, self.num_blocks_held = num_tokens, num_blocks
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ import torch
 
 from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from kvlab.cache.base import CacheMemory, KVCache, tensor_bytes
-from kvlab.cache.offloaded import check_link_and_storage, make_tier, wait_for_link
+from kvlab.cache.offloaded import SlowTier, check_link_and_storage, wait_for_link
 from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
 
 
@@ -64,38 +64,29 @@ def blocks_to_fetch(metadata: PagedAttentionMetadata) -> list[int]:
     return sorted(wanted)
 
 
-class OffloadedPagedKVCache(PagedKVCache):
+class OffloadedPagedKVCache(SlowTier, PagedKVCache):
     """A paged KV pool in a slower tier; one layer's working pool on the device (see the module docstring)."""
 
     name = "paged_offloaded"
-    tier: torch.Tensor | None  # (layers, 2, num_blocks, bs, nkv, hs); None once closed
+    _plan: tuple[PagedAttentionMetadata, list[tuple[int, int]], torch.Tensor] | None  # md, runs, slots
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
                  num_blocks: int, block_size: int, link_gbps: float | None = None,
                  storage_dir: str | None = None) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self._set_pool_size(num_blocks, block_size)
         check_link_and_storage(link_gbps, storage_dir)
         KVCache.__init__(self, num_layers, num_kv_heads, head_dim, batch, dtype, device)
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.link_gbps = None if link_gbps is None else float(link_gbps)
-        self.cuda = self.device.type == "cuda"
         pool = (num_blocks, block_size, num_kv_heads, head_dim)
-        tier_shape = (num_layers, 2, *pool)  # every layer's K pool and V pool, one after the other
-        self.tier, self.storage_path, self._finalizer = make_tier(self, tier_shape, dtype, self.cuda, storage_dir,
-                                                                  "paged-offload")
+        # every layer's K pool and V pool, one after the other: (layers, 2, num_blocks, bs, nkv, hs)
+        self._open_tier((num_layers, 2, *pool), dtype, storage_dir, "paged-offload", link_gbps)
         # One layer's working pool on the device, reused by every layer (zeros: see PagedKVCache).
         self.work_k = torch.zeros(pool, dtype=dtype, device=self.device)
         self.work_v = torch.zeros(pool, dtype=dtype, device=self.device)
         self.key_cache = self.value_cache = None  # no on-device pool per layer: that is the point
         self.block_bytes = tensor_bytes(self.work_k[0])  # one block of one layer, K or V: (bs, nkv, hs)
-        self.metadata = None
-        self.num_tokens_held = self.num_blocks_held = 0
-        self._plan: tuple[PagedAttentionMetadata, list[tuple[int, int]], torch.Tensor] | None = None  # md, runs, slots
-        self.bytes_read_last_step = self.bytes_written_last_step = 0
         self.bytes_read_total = self.bytes_written_total = 0
-        self.copy_s_total = self.link_wait_s_total = 0.0
+        self.reset()
 
     @property
     def bytes_moved_last_step(self) -> int:
@@ -155,12 +146,6 @@ class OffloadedPagedKVCache(PagedKVCache):
         super().reset()
         self._plan = None
         self.bytes_read_last_step = self.bytes_written_last_step = 0
-
-    def close(self) -> None:
-        """Release the tier and delete its file (CPU); the cache cannot be used afterwards."""
-        self.tier = None
-        if self._finalizer is not None:
-            self._finalizer()
 
     def memory(self) -> CacheMemory:
         """offloaded = the whole pool in the tier; device = the one-layer working pool; used = tokens held."""
