@@ -59,15 +59,15 @@ def detect_format(path: str | Path) -> str:
                      f"{', '.join(TRACE_FORMATS)}")
 
 
-def _existing(path: str | Path) -> Path:
+def _existing(path: str | Path, fix: str = f"a trace there, or use one of kvlab.traces.SAMPLE_TRACES "
+                                          f"({', '.join(TRACE_FORMATS)})") -> Path:
+    """The path of a file that exists; a missing shipped sample says how to get it back, any other the ``fix``."""
     path = Path(path)
-    if path == MOONCAKE_SAMPLE_TRACE and not path.is_file():
-        raise FileNotFoundError(missing_message(MOONCAKE_SAMPLE_FILE))
-    if path == SAMPLE_TRACE and not path.is_file():
-        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
+    samples = {MOONCAKE_SAMPLE_TRACE: MOONCAKE_SAMPLE_FILE, SAMPLE_TRACE: SAMPLE_TRACE_FILE}
+    if path in samples and not path.is_file():
+        raise FileNotFoundError(missing_message(samples[path]))
     if not path.is_file():
-        raise ValueError(f"trace file {str(path)!r} does not exist; download a trace there, or use one of "
-                         f"kvlab.traces.SAMPLE_TRACES ({', '.join(TRACE_FORMATS)})")
+        raise ValueError(f"trace file {str(path)!r} does not exist; download {fix}")
     return path
 
 
@@ -78,12 +78,7 @@ def read_trace(path: str | Path) -> pd.DataFrame:
     `TIMESTAMP` is a date-time (sub-second precision) or plain seconds;
     arrivals are made relative to the first (earliest) request, rows sorted by time.
     """
-    path = Path(path)
-    if path == SAMPLE_TRACE and not path.is_file():
-        raise FileNotFoundError(missing_message(SAMPLE_TRACE_FILE))
-    if not path.is_file():
-        raise ValueError(f"trace file {str(path)!r} does not exist; download an Azure LLM trace CSV there, "
-                         "or use kvlab.traces.SAMPLE_TRACE")
+    path = _existing(path, "an Azure LLM trace CSV there, or use kvlab.traces.SAMPLE_TRACE")
     try:
         df = pd.read_csv(path, skipinitialspace=True, comment="#")
     except pd.errors.EmptyDataError:

@@ -249,17 +249,15 @@ class ResponseShape:
                                                  "logprobs": None, "finish_reason": None}]}
 
     def chunk(self, text: str, finish_reason: str | None) -> dict:
-        choice = ({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
-        return {**self._head(True), "choices": [choice]}
+        body: dict = {"delta": {"content": text}} if self.chat else {"text": text}
+        return {**self._head(True), "choices": [{"index": 0, **body, "logprobs": None, "finish_reason": finish_reason}]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self._head(True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
 
     def response(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": finish_reason}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason})
+        body: dict = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        choice = {"index": 0, **body, "logprobs": None, "finish_reason": finish_reason}
         return {**self._head(False), "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
 
 

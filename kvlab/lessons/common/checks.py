@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-__all__ = ["TIE", "rises_at_every_level", "series"]
+__all__ = ["TIE", "listing", "rises_at_every_level", "series"]
 
 # Two neighbouring levels that barely differ in load (both below capacity, say) give the same quantile up
 # to the machine's jitter: a p50 or p95 of a dozen requests rests on one or two of them, and a step on a
@@ -28,6 +28,12 @@ def rises_at_every_level(values: Iterable[float], tie: float = TIE, overall: flo
     return len(v) >= 2 and all(b >= (1 - tie) * a for a, b in zip(v, v[1:])) and v[-1] > overall * v[0]
 
 
-def series(values: Iterable[float], fmt: str = "{:.1f}", scale: float = 1.0) -> str:
+def series(values: Iterable[float], fmt: str = "{:.1f}", scale: float = 1.0, sep: str = " → ") -> str:
     """``"1.2 → 3.4 → 5.6"``: a level-by-level series, each value times ``scale``."""
-    return " → ".join(fmt.format(float(x) * scale) for x in values)
+    return sep.join(fmt.format(float(x) * scale) for x in values)
+
+
+def listing(items: Iterable[object]) -> str:
+    """``"a, b and c"``: the items as a sentence lists them."""
+    *rest, last = map(str, items)
+    return f"{', '.join(rest)} and {last}" if rest else last

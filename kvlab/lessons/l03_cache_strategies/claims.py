@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvlab.lessons.common.checks import listing
 from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of
 
 NOTEBOOK = "03_cache_strategies.ipynb"
@@ -21,10 +22,6 @@ NOTEBOOK = "03_cache_strategies.ipynb"
 
 def _kib(n: float) -> str:
     return f"{n / 1024:,.1f} KiB"
-
-
-def _listing(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 # -- memory: byte counts, the same everywhere ------------------------------------------------------
@@ -45,7 +42,7 @@ def quantized_memory_follows_the_format(result: Any) -> dict:
         raise ValueError("no quantized setting in this run")
     exact = bool(np.allclose(q["memory_ratio"], q["ideal_memory_ratio"], rtol=0, atol=1e-9))
     longest = q[q["context_tokens"] == q["context_tokens"].max()]
-    ratios = _listing([f"{r.memory_ratio:.4f} ({int(r.bits)} bits)" for r in longest.itertuples()])
+    ratios = listing([f"{r.memory_ratio:.4f} ({int(r.bits)} bits)" for r in longest.itertuples()])
     return dict(ratios=ratios, context=int(longest["context_tokens"].iloc[0]), holds=exact)
 
 
@@ -179,7 +176,7 @@ def answers_fall_as_bits_fall(result: Any) -> dict:
         raise ValueError("only one bit width was scored; choose two or more")
     correct = fam["correct"].astype(int).tolist()
     n = int(fam["examples"].iloc[0])
-    series = _listing([f"{int(b)} bits {c}/{int(m)}" for b, c, m in zip(fam["bits"], correct, fam["examples"])])
+    series = listing([f"{int(b)} bits {c}/{int(m)}" for b, c, m in zip(fam["bits"], correct, fam["examples"])])
     p = min(max((correct[0] + correct[-1]) / (2 * n), 0.0), 1.0)
     margin = FALL_SE * n * float(np.sqrt(p * (1 - p) * 2 / n))  # in answers
     return dict(series=series, exact=int(_exact_row(s)["correct"]), n=n, drop=correct[0] - correct[-1], margin=margin,
@@ -235,12 +232,12 @@ def token_metrics_order_settings_like_accuracy(result: Any) -> dict:
     kl = fam["kl_mean"].tolist()
     positions = int(fam["compared_positions"].iloc[0])
     bits = fam["bits"].tolist()
-    agree = _listing([f"{t}/{positions} ({int(b)} bits)" for t, b in zip(top1, bits)])
+    agree = listing([f"{t}/{positions} ({int(b)} bits)" for t, b in zip(top1, bits)])
     correct = fam["correct"].astype(int).tolist()
-    answers = _listing([f"{c}/{int(n)}" for c, n in zip(correct, fam["examples"])])
+    answers = listing([f"{c}/{int(n)}" for c, n in zip(correct, fam["examples"])])
     ties = _ties(top1, correct, bits)
     top1_words = ("in the same order" if not ties and all(a > b for a, b in zip(top1, top1[1:])) else
-                  "never in the other order" + (f", but tied at {_listing(ties)}, which the recall answers told apart"
+                  "never in the other order" + (f", but tied at {listing(ties)}, which the recall answers told apart"
                                                 if ties else ""))
     holds = (all(a < b for a, b in zip(kl, kl[1:])) and all(a > b for a, b in zip(correct, correct[1:]))
              and not _discordant(top1, correct))
@@ -295,8 +292,8 @@ def offloaded_bytes_follow_the_count(result: Any) -> dict:
     off = _offloaded(result)
     expected = [expected_bytes_moved(c, s, bpt) for c, s in zip(off["context_tokens"], off["stored_tokens"])]
     one = off.drop_duplicates("context_tokens")
-    return dict(moved=_listing([_kib(b) for b in one["bytes_moved_per_step"]]),
-                contexts=_listing([str(c) for c in one["context_tokens"]]),
+    return dict(moved=listing([_kib(b) for b in one["bytes_moved_per_step"]]),
+                contexts=listing([str(c) for c in one["context_tokens"]]),
                 holds=bool(np.allclose(off["bytes_moved_per_step"], expected, rtol=0, atol=1e-6)))
 
 

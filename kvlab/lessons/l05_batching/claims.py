@@ -12,6 +12,7 @@ import pandas as pd
 
 from kvlab.experiments.batching import batching_table
 from kvlab.experiments.serving_run import ServingRun
+from kvlab.lessons.common.checks import series
 from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of, median_se
 
 NOTEBOOK = "05_batching.ipynb"
@@ -277,8 +278,8 @@ def continuous_answers_first_under_a_trickle(result: Any) -> dict:
     margins = [_sooner_margin(c, r) for _, r in waiting.iterrows()]
     gaps = waiting["ttft_p50_s"] - c["ttft_p50_s"]
     return dict(c=c["ttft_p50_s"] * 1e3, s0=s0["ttft_p50_s"] * 1e3, margin0=margin0 * 1e3,
-                waits=_series(waiting["batch_wait_s"] * 1e3, ".0f"),
-                ttfts=_series(waiting["ttft_p50_s"] * 1e3, ".0f"), n=int(c["ttft_n"]),
+                waits=series(waiting["batch_wait_s"] * 1e3, "{:.0f}", sep=", "),
+                ttfts=series(waiting["ttft_p50_s"] * 1e3, "{:.0f}", sep=", "), n=int(c["ttft_n"]),
                 holds=bool(c["ttft_p50_s"] <= s0["ttft_p50_s"] + margin0 and all(g > m for g, m in zip(gaps, margins))))
 
 
@@ -316,10 +317,6 @@ def continuous_batches_only_what_has_arrived(result: Any) -> dict:
 
 
 # -- the batch-wait knob on a fixed step cost (virtual clock) ------------------------------------------------
-def _series(values, fmt: str) -> str:
-    return ", ".join(format(v, fmt) for v in values)
-
-
 def _rising(values) -> bool:
     """Never falling (up to float noise: equal schedules sum their step costs in different orders) and up overall."""
     v = [float(x) for x in values]
@@ -337,8 +334,10 @@ def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
     static, _ = _knob(result)
     holds = (_rising(static["mean_batch"]) and _rising(static["tokens_per_busy_s"])
              and _rising(static["ttft_p50_s"]))
-    return dict(waits=_series(static["batch_wait_s"] * 1e3, ".0f"), mb=_series(static["mean_batch"], ".2f"),
-                tp=_series(static["tokens_per_busy_s"], ".0f"), ttft=_series(static["ttft_p50_s"] * 1e3, ".0f"),
+    return dict(waits=series(static["batch_wait_s"] * 1e3, "{:.0f}", sep=", "),
+                mb=series(static["mean_batch"], "{:.2f}", sep=", "),
+                tp=series(static["tokens_per_busy_s"], "{:.0f}", sep=", "),
+                ttft=series(static["ttft_p50_s"] * 1e3, "{:.0f}", sep=", "),
                 n=int(static["ttft_n"].iloc[0]), holds=holds)
 
 

@@ -26,10 +26,6 @@ PROFILE_WORDS = {"short_short": "short chats", "long_short": "long prompts", "lo
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
-def _series(values: Sequence[float], fmt: str = "{:.2f}") -> str:
-    return ", ".join(fmt.format(v) for v in values)
-
-
 def _n(values: Sequence[int]) -> str:
     """One n when every level has the same, else the list."""
     values = [int(v) for v in values]
@@ -69,7 +65,7 @@ def simulator_throughput_close_to_real(check: Any) -> dict:
     top = t.iloc[-1]
     return dict(rate=float(top["offered_rps"]), real=float(top["real"]), sim=float(top["simulated"]),
                 ratio=float(top["ratio"]), n=int(top["n_real"]), span=int(top["n_real"]) / float(top["offered_rps"]),
-                low=_series(t["ratio"].iloc[:-1]), **{SHOWN_ONLY: SIMULATOR_SHOWN},
+                low=series(t["ratio"].iloc[:-1], "{:.2f}", sep=", "), **{SHOWN_ONLY: SIMULATOR_SHOWN},
                 holds=0.8 <= float(top["ratio"]) <= 1.25)
 
 
@@ -107,7 +103,7 @@ def simulator_medians_within_factor_two(check: Any) -> dict:
     worst = (f"{_label(w['clock'])} at {w['offered_rps']:g} req/s, real "
              f"{w['real'] * 1e3:.1f} ms vs simulated {w['simulated'] * 1e3:.1f} ms ({w['ratio']:.2f}×)")
     medians = pd.concat([by["ttft_p50_s"]["ratio"], by["tpot_p50_s"]["ratio"]])
-    return dict(**{k.removesuffix("_s"): _series(v["ratio"]) for k, v in by.items()},
+    return dict(**{k.removesuffix("_s"): series(v["ratio"], "{:.2f}", sep=", ") for k, v in by.items()},
                 n=_n(pd.concat([by["ttft_p50_s"]["n_real"], by["ttft_p50_s"]["n_simulated"]])), worst=worst,
                 goal=SIMULATOR_GOAL, **{SHOWN_ONLY: SIMULATOR_SHOWN},
                 holds=bool(((medians >= 1 / SIMULATOR_GOAL) & (medians <= SIMULATOR_GOAL)).all()))

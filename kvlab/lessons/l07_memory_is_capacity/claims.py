@@ -9,6 +9,7 @@ import itertools
 
 import pandas as pd
 
+from kvlab.lessons.common.checks import listing
 from kvlab.lessons.common.claims import claim
 
 NOTEBOOK = "07_memory_is_capacity.ipynb"
@@ -115,13 +116,9 @@ def bigger_blocks_fit_fewer(sizes: pd.DataFrame) -> dict:
     fit = t["sequences_fit"].astype(int).tolist()
     bs = t["block_size"].astype(int).tolist()
     groups = itertools.groupby(zip(fit, bs), key=lambda pair: pair[0])  # neighbouring block sizes that fit as many
-    fits = "; ".join(f"{f} with blocks of {_sizes([b for _, b in same])}" for f, same in groups)
+    fits = "; ".join(f"{f} with blocks of {listing([b for _, b in same])}" for f, same in groups)
     return dict(fits=fits, first=fit[0], last=fit[-1],
                 holds=all(a >= b for a, b in zip(fit, fit[1:])) and fit[-1] < fit[0])
-
-
-def _sizes(values: list[int]) -> str:
-    return str(values[0]) if len(values) == 1 else ", ".join(map(str, values[:-1])) + " and " + str(values[-1])
 
 
 # -- max context and max new tokens -------------------------------------------------------------------
