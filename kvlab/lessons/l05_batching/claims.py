@@ -12,7 +12,7 @@ import pandas as pd
 
 from kvlab.experiments.batching import batching_table
 from kvlab.experiments.serving_run import ServingRun
-from kvlab.lessons.common.checks import series
+from kvlab.lessons.common.checks import rises_at_every_level, series
 from kvlab.lessons.common.claims import SHOWN_ONLY, claim, frame_of, median_se
 
 NOTEBOOK = "05_batching.ipynb"
@@ -317,12 +317,6 @@ def continuous_batches_only_what_has_arrived(result: Any) -> dict:
 
 
 # -- the batch-wait knob on a fixed step cost (virtual clock) ------------------------------------------------
-def _rising(values) -> bool:
-    """Never falling (up to float noise: equal schedules sum their step costs in different orders) and up overall."""
-    v = [float(x) for x in values]
-    return all(b >= a - 1e-9 * abs(a) for a, b in zip(v, v[1:])) and v[-1] > v[0] * (1 + 1e-9)
-
-
 @claim(NOTEBOOK, clock="deterministic",
        says="""
            static batching waiting up to {waits} ms: sequences per step {mb}; tokens per busy second {tp}; TTFT
@@ -332,13 +326,13 @@ def _rising(values) -> bool:
            waits (a wait shorter than the gap between arrivals changes nothing).""")
 def exact_waiting_trades_first_tokens_for_fuller_batches(result: Any) -> dict:
     static, _ = _knob(result)
-    holds = (_rising(static["mean_batch"]) and _rising(static["tokens_per_busy_s"])
-             and _rising(static["ttft_p50_s"]))
     return dict(waits=series(static["batch_wait_s"] * 1e3, "{:.0f}", sep=", "),
                 mb=series(static["mean_batch"], "{:.2f}", sep=", "),
                 tp=series(static["tokens_per_busy_s"], "{:.0f}", sep=", "),
-                ttft=series(static["ttft_p50_s"] * 1e3, "{:.0f}", sep=", "),
-                n=int(static["ttft_n"].iloc[0]), holds=holds)
+                ttft=series(static["ttft_p50_s"] * 1e3, "{:.0f}", sep=", "), n=int(static["ttft_n"].iloc[0]),
+                # never falling, up to float noise (equal schedules sum their step costs in different orders)
+                holds=all(rises_at_every_level(static[c], 1e-9, 1 + 1e-9)
+                          for c in ("mean_batch", "tokens_per_busy_s", "ttft_p50_s")))
 
 
 @claim(NOTEBOOK, clock="deterministic",
