@@ -22,7 +22,7 @@ from kvlab.serving.scheduler import MAX_BATCH_TOKENS, POLICIES, Policy, Schedule
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import LENGTHS, arrival_times, policy_workload
 from kvlab.progress import Progress, no_progress
-from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, runs_table, serve, warm_up
+from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, runs_table, serve_plan
 
 # The default requests: 16 at once, mixed outputs long-tailed, in the shuffle whose longest answer arrives early
 # (shuffle 0 puts it last, where it runs alone at the end under either rule and the gap shrinks: a lesson of its own).
@@ -49,18 +49,11 @@ def compare_policies(model: Decoder | None = None, lengths: Sequence[str] = LENG
             raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
     workloads = {ls: policy_workload(model.config.vocab_size, ls, n, prompt_tokens, max_new_tokens, seed=seed,
                                      outputs=outputs) for ls in lengths}
-    plan = [(ls, p) for ls in lengths for p in policies]
-    if executor is None:
-        warm_up(model, threads)
-    runs = []
-    for ls, p in progress(plan, total=len(plan), desc="policies", unit="run"):
-        sched = SchedulerConfig(policy=cast(Policy, p), max_seqs=max_seqs,  # checked above
-                                max_batch_tokens=max_batch_tokens)
-        run = serve(model.config if executor is not None else model, workloads[ls], EngineSpec(scheduler=sched),
-                    label=f"{p}, {ls} lengths", clock=clock, executor=executor, threads=threads)
-        run.extra.update(policy=p, lengths=ls)
-        runs.append(run)
-    return runs
+    plan = [(f"{p}, {ls} lengths", workloads[ls],
+             EngineSpec(scheduler=SchedulerConfig(policy=cast(Policy, p), max_seqs=max_seqs,  # checked above
+                                                  max_batch_tokens=max_batch_tokens)),
+             dict(policy=p, lengths=ls)) for ls in lengths for p in policies]
+    return serve_plan(model, plan, "policies", clock=clock, executor=executor, threads=threads, progress=progress)
 
 
 def policy_rounds(model: Decoder | None = None, rounds: int = 3, lengths: Sequence[str] = LENGTHS,
@@ -121,19 +114,13 @@ def batch_wait_runs(model: Decoder | None = None, waits: Sequence[float] = (0.0,
         raise ValueError(f"waits must be a non-empty list of seconds >= 0, got {waits!r}")
     requests = policy_workload(model.config.vocab_size, "equal", n, prompt_tokens, max_new_tokens,
                                arrivals=arrival_times("constant", n, rate), seed=seed)
-    plan: list[tuple[Policy, float]] = [("static", w) for w in waits] + \
+    policies: list[tuple[Policy, float]] = [("static", w) for w in waits] + \
         ([("continuous", 0.0)] if include_continuous else [])
-    if executor is None:
-        warm_up(model, threads)
-    runs = []
-    for policy, w in progress(plan, total=len(plan), desc="batch wait", unit="run"):
-        sched = SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, batch_wait_s=w)
-        label = f"static, wait {w * 1e3:.0f} ms" if policy == "static" else "continuous (no wait)"
-        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
-                    label=label, clock=clock, executor=executor, threads=threads)
-        run.extra.update(policy=policy, batch_wait_s=w)
-        runs.append(run)
-    return runs
+    plan = [(f"static, wait {w * 1e3:.0f} ms" if policy == "static" else "continuous (no wait)", requests,
+             EngineSpec(scheduler=SchedulerConfig(policy=policy, max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS,
+                                                  batch_wait_s=w)), dict(policy=policy, batch_wait_s=w))
+            for policy, w in policies]
+    return serve_plan(model, plan, "batch wait", clock=clock, executor=executor, threads=threads, progress=progress)
 
 
 def batching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:

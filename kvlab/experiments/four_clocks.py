@@ -26,8 +26,7 @@ from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads, set_torch_threads
 from kvlab.workload import Request, make_workload, seeded_prompt
 from kvlab.progress import Progress, no_progress
-from kvlab.experiments.serving_run import (ServingRun, check_positive_int, records_from_frame, resolve_model,
-                          serve, warm_up)
+from kvlab.experiments.serving_run import ServingRun, check_positive_int, records_from_frame, resolve_model, serve_plan
 
 CLOCK_ROWS = (  # (clock, from, to, how)
     ("queue wait", "arrival", "admission", "admitted_s - scheduled_s"),
@@ -69,14 +68,9 @@ def run_journey(model: Decoder | None = None, n_ahead: int = 4, max_seqs: int = 
     check_threads(threads)
     requests = journey_workload(model.config.vocab_size, n_ahead, ahead_prompt_tokens, ahead_new_tokens,
                                 prompt_tokens, max_new_tokens, seed=seed)
-    sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
-    if executor is None:
-        warm_up(model, threads)
-    for _ in progress(range(1), total=1, desc="serving", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
-                    label="journey", clock=clock, executor=executor, threads=threads)
-    run.extra["watched"] = n_ahead  # also the request whose profile is "watched"
-    return run
+    spec = EngineSpec(scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens))
+    plan = [("journey", requests, spec, {"watched": n_ahead})]  # also the request whose profile is "watched"
+    return serve_plan(model, plan, "serving", clock=clock, executor=executor, threads=threads, progress=progress)[0]
 
 
 def journey_clocks(run: ServingRun | pd.DataFrame, request_id=None) -> pd.DataFrame:
@@ -213,13 +207,9 @@ def run_mixed_load(model: Decoder | None = None, n: int = 30, rate: float = 6.0,
     requests = make_workload("mixture", n, arrival="gamma", rate=rate, burstiness=burstiness, seed=seed,
                              vocab_size=model.config.vocab_size, scale=scale,
                              max_context=model.config.max_position_embeddings)
-    sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens)
-    if executor is None:
-        warm_up(model, threads)
-    for _ in progress(range(1), total=1, desc=f"serving {n} requests", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
-                    label="mixed load", clock=clock, executor=executor, threads=threads)
-    return run
+    spec = EngineSpec(scheduler=SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=max_batch_tokens))
+    return serve_plan(model, [("mixed load", requests, spec, {})], f"serving {n} requests", clock=clock,
+                      executor=executor, threads=threads, progress=progress)[0]
 
 
 def mean_vs_tail(requests: pd.DataFrame, clocks: tuple[str, ...] = ("ttft_s", "e2e_s", "tpot_s")) -> pd.DataFrame:

@@ -22,8 +22,7 @@ from kvlab.serving.scheduler import MAX_BATCH_TOKENS, SchedulerConfig
 from kvlab.threads import LESSON_THREADS, check_threads
 from kvlab.workload import Request, make_workload, seeded_prompt
 from kvlab.progress import Progress, no_progress
-from kvlab.experiments.serving_run import (ServingRun, check_positive_int, resolve_model, runs_table,
-                          serve, warm_up)
+from kvlab.experiments.serving_run import ServingRun, check_positive_int, resolve_model, runs_table, serve_plan
 from kvlab.experiments.presets import LESSON_SPEC
 
 
@@ -64,20 +63,16 @@ def preemption_runs(model: Decoder | None = None, kv_blocks: Sequence[int | None
     check_threads(threads)
     requests = preemption_workload(model.config.vocab_size, n, seed=seed)
     blocks_per_seq = -(-max_model_len // LESSON_SPEC.block_size)
-    plan = [max_seqs * blocks_per_seq if b is None else b for b in kv_blocks]
-    for b in plan:
+    budgets = [max_seqs * blocks_per_seq if b is None else b for b in kv_blocks]
+    for b in budgets:
         check_positive_int("kv_blocks", b, blocks_per_seq)
-    if executor is None:
-        warm_up(model, threads)
-    runs = []
-    for b in progress(plan, total=len(plan), desc="KV budgets", unit="run"):
-        sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, max_model_len=max_model_len)
-        spec = EngineSpec(block_size=LESSON_SPEC.block_size, enable_prefix_caching=False,
-                          scheduler=sched).with_blocks(model.config, b, model.dtype)
-        run = serve(model.config if executor is not None else model, requests, spec, label=f"{b} blocks",
-                    clock=clock, executor=executor, threads=threads)
-        run.extra.update(kv_blocks=b, recomputed_tokens=recomputed_tokens(run))
-        runs.append(run)
+    sched = SchedulerConfig(max_seqs=max_seqs, max_batch_tokens=MAX_BATCH_TOKENS, max_model_len=max_model_len)
+    spec = EngineSpec(block_size=LESSON_SPEC.block_size, enable_prefix_caching=False, scheduler=sched)
+    plan = [(f"{b} blocks", requests, spec.with_blocks(model.config, b, model.dtype), dict(kv_blocks=b))
+            for b in budgets]
+    runs = serve_plan(model, plan, "KV budgets", clock=clock, executor=executor, threads=threads, progress=progress)
+    for run in runs:
+        run.extra["recomputed_tokens"] = recomputed_tokens(run)
     return runs
 
 
@@ -112,17 +107,12 @@ def prefix_caching_runs(model: Decoder | None = None, n: int = 10, system_prompt
                              vocab_size=model.config.vocab_size, shared_prefix_tokens=system_prompt_tokens,
                              max_context=model.config.max_position_embeddings)
     expected = (n - 1) * (system_prompt_tokens // block_size) * block_size
-    if executor is None:
-        warm_up(model, threads)
-    runs = []
-    for on in progress([False, True], total=2, desc="prefix caching", unit="run"):
-        spec = EngineSpec(block_size=block_size, enable_prefix_caching=on,
-                          scheduler=SchedulerConfig(max_seqs=8, max_batch_tokens=MAX_BATCH_TOKENS))
-        run = serve(model.config if executor is not None else model, requests, spec,
-                    label=f"prefix caching {'on' if on else 'off'}", clock=clock, executor=executor, threads=threads)
-        run.extra.update(prefix_caching=on, expected_hit_tokens=expected if on else 0)
-        runs.append(run)
-    return runs
+    sched = SchedulerConfig(max_seqs=8, max_batch_tokens=MAX_BATCH_TOKENS)
+    plan = [(f"prefix caching {'on' if on else 'off'}", requests,
+             EngineSpec(block_size=block_size, enable_prefix_caching=on, scheduler=sched),
+             dict(prefix_caching=on, expected_hit_tokens=expected if on else 0)) for on in (False, True)]
+    return serve_plan(model, plan, "prefix caching", clock=clock, executor=executor, threads=threads,
+                      progress=progress)
 
 
 def prefix_caching_table(runs: Sequence[ServingRun]) -> pd.DataFrame:
@@ -176,15 +166,10 @@ def chunked_prefill_runs(model: Decoder | None = None, chunk_tokens: int = 64, n
     plans = [("whole prompt in one step", SchedulerConfig(max_seqs=8, max_batch_tokens=context, chunked_prefill=False)),
              (f"chunks (budget {chunk_tokens} tokens/step)",
               SchedulerConfig(max_seqs=8, max_batch_tokens=chunk_tokens, chunked_prefill=True))]
-    if executor is None:
-        warm_up(model, threads)
-    runs = []
-    for label, sched in progress(plans, total=len(plans), desc="prefill", unit="run"):
-        run = serve(model.config if executor is not None else model, requests, EngineSpec(scheduler=sched),
-                    label=label, clock=clock, executor=executor, threads=threads)
-        run.extra.update(chunked=sched.chunked_prefill, long_id=n_decoding, long_arrival_s=long_arrival_s)
-        runs.append(run)
-    return runs
+    plan = [(label, requests, EngineSpec(scheduler=sched),
+             dict(chunked=sched.chunked_prefill, long_id=n_decoding, long_arrival_s=long_arrival_s))
+            for label, sched in plans]
+    return serve_plan(model, plan, "prefill", clock=clock, executor=executor, threads=threads, progress=progress)
 
 
 def _steps_to_first_token(run: ServingRun, record) -> int:

@@ -22,6 +22,7 @@ from kvlab.clocks import SLO, RequestRecord, Summary, requests_frame, summarize
 from kvlab.model.config import ModelConfig
 from kvlab.model.decoder import Decoder
 from kvlab.model.lessons import lesson_model  # the serving experiments' model
+from kvlab.progress import Progress
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.engine import Engine
 from kvlab.serving.executor import Executor, StepResult
@@ -129,6 +130,21 @@ def warm_up(model: Decoder, threads: int | None = LESSON_THREADS) -> None:
     serve(model, requests, EngineSpec(scheduler=SchedulerConfig(max_seqs=2, max_batch_tokens=32, max_model_len=64)),
           label="warm-up", threads=threads)
     _WARM.add(id(model))
+
+
+def serve_plan(model: Decoder, plan: Sequence[tuple[str, Sequence[Request], EngineSpec, dict]], desc: str, *,
+               clock: str, executor: Executor | None, threads: int | None, progress: Progress) -> list[ServingRun]:
+    """Warm ``model`` up (unless an ``executor`` stands in for it), then serve each (label, requests, spec, extra)
+    of ``plan`` in turn, with ``extra`` in ``run.extra``."""
+    if executor is None:
+        warm_up(model, threads)
+    runs = []
+    for label, requests, spec, extra in progress(plan, total=len(plan), desc=desc, unit="run"):
+        run = serve(model.config if executor is not None else model, requests, spec, label=label, clock=clock,
+                    executor=executor, threads=threads)
+        run.extra.update(extra)
+        runs.append(run)
+    return runs
 
 
 # -- tables over several runs -----------------------------------------------------------------------
