@@ -33,6 +33,16 @@ def cache_options(setting: dict, max_len: int | None = None) -> dict:
     return opts
 
 
+def checked_settings(settings: Sequence[dict]) -> list[dict]:
+    """Copies of ``settings``, each checked to name a cache and options it takes (every check before any work)."""
+    settings = [dict(s) for s in settings]
+    for s in settings:
+        if "cache" not in s:
+            raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
+        check_cache_options(s["cache"], cache_options(s))
+    return settings
+
+
 def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] = (
         {"cache": "quantized", "bits": 8, "residual": 0}, {"cache": "quantized", "bits": 4, "residual": 0},
         {"cache": "quantized", "bits": 2, "residual": 0}), pairs: int = 16, examples: int = 100, seed: int = 1000,
@@ -46,11 +56,7 @@ def accuracy_by_distance(model: Decoder | None = None, settings: Sequence[dict] 
     """
     from kvlab.experiments.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 
-    settings = [dict(s) for s in settings]
-    for s in settings:  # every check before any work
-        if "cache" not in s:
-            raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
-        check_cache_options(s["cache"], cache_options(s))
+    settings = checked_settings(settings)
     if not isinstance(examples, int) or examples < buckets or buckets < 1:
         raise ValueError(f"need buckets >= 1 and at least one example per bucket: examples={examples!r}, "
                          f"buckets={buckets!r}; ask for more examples or fewer buckets")

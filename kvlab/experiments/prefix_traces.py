@@ -119,7 +119,8 @@ def hit_sources(frame: pd.DataFrame, shared_min_requests: int = SHARED_MIN_REQUE
     own_hit_tokens and kind: "later turn" (reuses blocks of its own), "first turn under a shared
     prompt" (reuses shared blocks only) or "nothing reused".
     """
-    _check_count("shared_min_requests", shared_min_requests)
+    if isinstance(shared_min_requests, bool) or not isinstance(shared_min_requests, int) or shared_min_requests < 1:
+        raise ValueError(f"shared_min_requests={shared_min_requests!r}: need a whole number of requests >= 1")
     popularity: dict[int, int] = {}
     for ids in frame["hash_ids"]:
         for h in set(ids):
@@ -142,11 +143,6 @@ def hit_sources_table(sources: pd.DataFrame) -> pd.DataFrame:
     g = g.reindex(kinds).fillna(0).astype(int)
     total = g.sum().rename("all requests")
     return pd.concat([g, total.to_frame().T]).rename_axis("kind").reset_index()
-
-
-def _check_count(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r}: need a whole number of requests >= 1")
 
 
 # -- 2. the ideal under the engine's rules ---------------------------------------------------------

@@ -34,13 +34,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from kvlab.cache import KVCache, check_cache_options, make_cache
+from kvlab.cache import KVCache, make_cache
 from kvlab.cache.base import kv_cache_bytes
 from kvlab.device import pick_device
 from kvlab.generate import generate
 from kvlab.model.decoder import Decoder
 from kvlab.experiments.quality import EXACT, compare_to_exact, describe_cache
-from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary, cache_options
+from kvlab.experiments.cache_accuracy import accuracy_by_distance, accuracy_summary, cache_options, checked_settings
 from kvlab.progress import Progress, no_progress
 from kvlab.threads import LESSON_THREADS, torch_threads
 
@@ -151,11 +151,7 @@ def run_strategies(model: Decoder | None = None, settings: Sequence[dict] = DEFA
     """
     from kvlab.experiments.recall import ANSWER_TOKENS, load_recall_model, make_examples, score
 
-    settings = [dict(s) for s in settings]
-    for s in settings:  # every check before any work
-        if "cache" not in s:
-            raise ValueError(f"setting {s} names no cache; write e.g. {{'cache': 'quantized', 'bits': 4}}")
-        check_cache_options(s["cache"], cache_options(s))
+    settings = checked_settings(settings)
     if not pairs or any(not isinstance(p, int) or p < 1 for p in pairs):
         raise ValueError(f"pairs must be positive integers (pairs per recall context), got {pairs!r}")
     if new_tokens < 2 or repeats < 1 or examples < 0 or quality_prompts < 0:

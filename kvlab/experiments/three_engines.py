@@ -104,21 +104,17 @@ def knee_search(server: LoopbackServer, ladder: Sequence[float], protocol: Proto
     rows, kept, failed = [], None, None
     for i, rate in enumerate(sorted(float(r) for r in ladder)):
         rows.append(at(rate, "ladder", first=i == 0))
-        if kept_up(rows[-1]):
-            kept = rate
-        else:
+        if not kept_up(rows[-1]):
             failed = rate
             break
+        kept = rate
     if kept is not None and failed is not None:
         for k in range(protocol.bisect):
             mid = round((kept + failed) / 2, 1)
             if mid in (kept, failed):
                 break
             rows.append(at(mid, f"bisect {k + 1}"))
-            if kept_up(rows[-1]):
-                kept = mid
-            else:
-                failed = mid
+            kept, failed = (mid, failed) if kept_up(rows[-1]) else (kept, mid)
     return rows
 
 
