@@ -377,6 +377,5 @@ def main(args: argparse.Namespace) -> int:
                                              report["load_average"]["after"]["1m"]]  # others share the machine
     print_report(report)
     if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}", file=sys.stderr)
+        print(f"wrote {write_json(args.json, report)}", file=sys.stderr)
     return 0

@@ -337,6 +337,5 @@ def main(args: argparse.Namespace) -> int:
                                       "model_config": config.to_dict()}, "machine_bandwidth": bandwidth, "summary": summary,
               "rounds": rounds_log, "results": results, "created_unix_s": time.time()}
     if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}", file=sys.stderr)
+        print(f"wrote {write_json(args.json, report)}", file=sys.stderr)
     return 1 if any(r["status"] == "error" for r in results) else 0

@@ -88,6 +88,5 @@ def main(args: argparse.Namespace) -> int:
               "summary": summary, "results": json.loads(frame.to_json(orient="records")),
               "wall_s": wall, "created_unix_s": time.time()}
     if args.json:
-        write_json(args.json, report)
-        print(f"wrote {args.json}", file=sys.stderr)
+        print(f"wrote {write_json(args.json, report)}", file=sys.stderr)
     return 0

@@ -136,11 +136,9 @@ def distribution_table(result: OffloadUnderLoad, ms: bool = False) -> pd.DataFra
 
     Seconds; with ``ms`` milliseconds, the columns named ``p50_ms`` and so on.
     """
-    rows = []
-    for label in (ON_DEVICE, OFFLOADED):
-        for measure, values in (("step time", result.steps.loc[result.steps["run"] == label, "duration_s"]),
-                                ("time between tokens", result.gaps.loc[result.gaps["run"] == label, "gap_s"])):
-            rows.append({"run": label, "measure": measure, **spread_stats(values)})
+    rows = [{"run": label, "measure": measure, **spread_stats(values)} for label in (ON_DEVICE, OFFLOADED)
+            for measure, values in (("step time", result.steps.loc[result.steps["run"] == label, "duration_s"]),
+                                    ("time between tokens", result.gaps.loc[result.gaps["run"] == label, "gap_s"]))]
     stats = ["mean", "p25", "p50", "p75", "p95", "iqr"]
     table = pd.DataFrame(rows)[["run", "measure", "n", *stats]]
     if ms:
