@@ -334,8 +334,8 @@ def main(args: argparse.Namespace) -> int:
                            "inductor_cache": inductor_cache,
                            "load_average_1m": [load_before["1m"], load_after["1m"]]},
               "env": environment() | {"device_used": str(device), "threads": torch.get_num_threads(),
-                                      "model_config": config.to_dict()}, "machine_bandwidth": bandwidth, "summary": summary,
-              "rounds": rounds_log, "results": results, "created_unix_s": time.time()}
+                                      "model_config": config.to_dict()},
+              "machine_bandwidth": bandwidth, "summary": summary, "rounds": rounds_log, "results": results, "created_unix_s": time.time()}
     if args.json:
         print(f"wrote {write_json(args.json, report)}", file=sys.stderr)
     return 1 if any(r["status"] == "error" for r in results) else 0

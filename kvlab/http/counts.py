@@ -43,7 +43,7 @@ class RequestCounts:
 
     def totals(self) -> dict[str, int]:
         """sent, each kind of end, waiting and running (sent is the sum of the rest)."""
-        kinds: dict[str, int] = {k: sum(n for outcome, n in self.outcomes.items() if OUTCOMES[outcome] == k) for k in KINDS}
+        kinds: dict[str, int] = {k: sum(n for o, n in self.outcomes.items() if OUTCOMES[o] == k) for k in KINDS}
         return {"sent": self.sent, **kinds, **self.in_place}
 
     def add_up(self) -> bool:

@@ -3,7 +3,8 @@
 ``EngineSpec`` is everything an engine is built from besides its model. It is checked where it is made, so a bad
 value fails before any weight is loaded, and it travels whole: ``Engine(model, spec)`` runs the decoder,
 ``Engine(cost_model, spec)`` the simulator, ``python -m kvlab serve`` reads one from its options
-(``add_engine_arguments``, ``spec_from_args``), the server's settings hold it and the engine's own process builds from it.
+(``add_engine_arguments``, ``spec_from_args``; ``engine_args`` writes it back for a peer's process), the server's
+settings hold it and the engine's own process builds from it.
 
 Presets: ``SERVE_SPEC``, what ``python -m kvlab serve`` runs (a queue of 64: beyond it the server answers 429).
 The lessons' spec is kvlab's lesson preset (``kvlab.experiments.presets.LESSON_SPEC``): a bounded queue and a

@@ -57,7 +57,8 @@ def _gap(check: pd.DataFrame) -> pd.DataFrame:
 def simulator_throughput_close_to_real(check: Any) -> dict:
     """Decided at the highest load alone. Below capacity a level's throughput is its arrivals: the real run and the
     simulated one replay the same arrival times, so their ratio is about 1 whatever the cost model says. The notebook
-    sets the highest load past the capacity the cost model estimates, where the engine's speed decides what is served."""
+    sets the highest load past the capacity the cost model estimates, where the engine's speed decides what is
+    served."""
     g = _gap(check)
     t = g[g["clock"] == "achieved_rps"].sort_values("offered_rps")
     if len(t) < 2:
