@@ -83,10 +83,13 @@ class PagedAttentionMetadata:
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
 
 
-def check_block_size(block_size: object) -> None:
-    """ValueError unless ``block_size`` is a positive whole number of tokens (the one place this is checked)."""
+def check_block_size(block_size: object, num_blocks: object = 1) -> None:
+    """ValueError unless ``block_size`` is a positive whole number of tokens, and the pool's ``num_blocks`` a positive
+    whole number (the one place a pool's geometry is checked: the spec, the block manager, the caches)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer number of tokens, got {block_size!r}")
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
 
 
 class PagedKVCache(KVCache):
@@ -111,17 +114,13 @@ class PagedKVCache(KVCache):
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  num_blocks: int = 256, block_size: int = BLOCK_SIZE) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
-        self._set_pool_size(num_blocks, block_size)
+        check_block_size(block_size, num_blocks)
+        self.num_blocks, self.block_size = num_blocks, block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.
         self.key_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.value_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.reset()
-
-    def _set_pool_size(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"paged cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
 
     def set_usage(self, num_tokens: int, num_blocks: int) -> None:
         """Mirror the block manager's accounting (the pool itself cannot tell a live slot from a stale one): tokens

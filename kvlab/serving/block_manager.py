@@ -54,9 +54,7 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        check_block_size(block_size)
+        check_block_size(block_size, num_blocks)
         self.num_blocks, self.block_size, self.enable_prefix_caching = num_blocks, block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order (front evicted first); an OrderedDict gives O(1) removal on a hit.
