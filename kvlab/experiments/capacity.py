@@ -82,14 +82,13 @@ def block_manager_fit(lengths: Sequence[int] | np.ndarray, bm: BlockManager) -> 
     return len(lengths)
 
 
-def pool_of(config: ModelConfig, spec: EngineSpec) -> tuple[int, int, int, torch.dtype]:
-    """(KV budget in bytes, block size, bytes per token, dtype) of ``spec``'s pool for ``config``; the budget
-    must be set."""
+def pool_of(config: ModelConfig, spec: EngineSpec) -> tuple[int, int, int]:
+    """(KV budget in bytes, block size, bytes per token at its KV dtype) of ``spec``'s pool for ``config``; the
+    budget must be set."""
     if spec.kv_budget_bytes is None:
         raise ValueError("the spec has no KV budget to fill: give one, e.g. "
                          "LESSON_SPEC.replace(kv_budget_bytes=budget_for_tokens(config, 8192))")
-    dtype = spec.kv_dtype or torch.float32
-    return spec.kv_budget_bytes, spec.block_size, bytes_per_token(config, dtype), dtype
+    return spec.kv_budget_bytes, spec.block_size, bytes_per_token(config, spec.kv_dtype or torch.float32)
 
 
 @experiment
@@ -106,7 +105,7 @@ def paged_vs_reserved(config: ModelConfig, requests: Sequence[Request], spec: En
     """
     if not requests:
         raise ValueError("requests is empty; give the workload whose sequences should fit")
-    kv_budget_bytes, block_size, per_token, _ = pool_of(config, spec)
+    kv_budget_bytes, block_size, per_token = pool_of(config, spec)
     peak, reserve = sequence_lengths(requests, spec.scheduler.max_model_len, max_new_tokens)
     capacity = kv_budget_bytes // per_token
     num_blocks = kv_budget_bytes // (per_token * block_size)
@@ -180,7 +179,7 @@ def capacity_levers(config: ModelConfig, requests: Sequence[Request], spec: Engi
     (capped at C); paged: blocks for the p' + o' tokens it really reaches. ``worst_case_fit``
     is what a server that promises every request its full context can admit: capacity // C.
     """
-    kv_budget_bytes, block_size, per_token, _ = pool_of(config, spec)
+    kv_budget_bytes, block_size, per_token = pool_of(config, spec)
     capacity = kv_budget_bytes // per_token
     num_blocks = kv_budget_bytes // (per_token * block_size)
     rows = []
