@@ -20,7 +20,7 @@ from kvlab.experiments.presets import LESSON_SPEC, MAX_MODEL_LEN, MAX_WAITING
 
 @pytest.mark.parametrize("bad", [0, -4, 2.5, True, "16"])
 def test_a_block_size_that_is_not_a_positive_whole_number_is_refused_with_the_same_words_everywhere(bad):
-    """One check (kvlab.cache.paged.check_block_size), whoever is given the block size first."""
+    """One check (kvlab.cache.paged.check_pool_geometry), whoever is given the block size first."""
     for make in (lambda: EngineSpec(block_size=bad), lambda: BlockManager(8, bad)):
         with pytest.raises(ValueError, match="block_size must be a positive integer number of tokens"):
             make()

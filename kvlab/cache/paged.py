@@ -83,7 +83,7 @@ class PagedAttentionMetadata:
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
 
 
-def check_block_size(block_size: object, num_blocks: object = 1) -> None:
+def check_pool_geometry(block_size: object, num_blocks: object = 1) -> None:
     """ValueError unless ``block_size`` is a positive whole number of tokens, and the pool's ``num_blocks`` a positive
     whole number (the one place a pool's geometry is checked: the spec, the block manager, the caches)."""
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -114,7 +114,7 @@ class PagedKVCache(KVCache):
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  num_blocks: int = 256, block_size: int = BLOCK_SIZE) -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
-        check_block_size(block_size, num_blocks)
+        check_pool_geometry(block_size, num_blocks)
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.

@@ -33,7 +33,7 @@ import torch
 from kvlab import device as devices  # devices.now(): a timestamp after the device's queued work (patchable in tests)
 from kvlab.cache.base import CacheMemory, KVCache, tensor_bytes
 from kvlab.cache.offloaded import SlowTier, check_link_and_storage, wait_for_link
-from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache, check_block_size
+from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache, check_pool_geometry
 
 
 def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
@@ -74,7 +74,7 @@ class OffloadedPagedKVCache(SlowTier, PagedKVCache):
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
                  num_blocks: int, block_size: int, link_gbps: float | None = None,
                  storage_dir: str | None = None) -> None:
-        check_block_size(block_size, num_blocks)
+        check_pool_geometry(block_size, num_blocks)
         check_link_and_storage(link_gbps, storage_dir)
         self.num_blocks, self.block_size = num_blocks, block_size
         KVCache.__init__(self, num_layers, num_kv_heads, head_dim, batch, dtype, device)

@@ -5,7 +5,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 from kvlab.serving.sequence import Sequence
-from kvlab.cache.paged import check_block_size
+from kvlab.cache.paged import check_pool_geometry
 
 
 @dataclass
@@ -54,7 +54,7 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        check_block_size(block_size, num_blocks)
+        check_pool_geometry(block_size, num_blocks)
         self.num_blocks, self.block_size, self.enable_prefix_caching = num_blocks, block_size, enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Free blocks in eviction order (front evicted first); an OrderedDict gives O(1) removal on a hit.

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvlab.cache.paged import BLOCK_SIZE, check_block_size
+from kvlab.cache.paged import BLOCK_SIZE, check_pool_geometry
 from kvlab.model.config import ModelConfig
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.scheduler_cli import (OPTION_FIELDS, add_scheduler_arguments, scheduler_args,
@@ -49,7 +49,7 @@ class EngineSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_block_size(self.block_size)
+        check_pool_geometry(self.block_size)
         budget = self.kv_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"kv_budget_bytes must be a whole number of bytes >= 1, or None (room for max_seqs "
