@@ -394,7 +394,10 @@ three.show()
 #   <a href="https://docs.vllm.ai/en/latest/design/cuda_graphs/">CUDA graphs</a>). On a CPU there are no
 #   graphs, but Inductor still compiles the step to C++
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/platforms/cpu.py">vllm/platforms/cpu.py</a>):
-#   most of its long start, and part of its short time per token.
+#   most of its long start, and part of its short time per token. `python -m kvlab serve --compile-decode`
+#   does the same for steps where every sequence decodes: one program per batch size (1, 2, 4, 8, 16),
+#   built at start, the batch padded up to the next size (`kvlab/serving/compiled_decode.py`);
+#   `bench serve` runs kvlab serve so, and `--compile-twin` measures it off and on (README).
 # - **CPU attention kernels.** Its attention reads the paged KV cache where it lies, in C++
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);

@@ -18,7 +18,8 @@ meanwhile is recorded beside it):
 
 The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine in a process of its own on
 one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
-process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator), transformers
+process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator; its decode
+step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it eager), transformers
 serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
 preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
@@ -74,6 +75,7 @@ RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
 
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
 KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
+KVLAB_EAGER = f"{KVLAB}, eager decode"  # the lever off: no compiled decode step (kvlab.serving.compiled_decode)
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class Bench:
     realtime: bool = True  # the client in the real-time scheduling class where the machine allows it
     thread_twin: bool = False  # kvlab serve again with its engine in a thread of the server's process
     allocator_twin: bool = False  # kvlab serve again with the system's allocator settings (kvlab.allocator)
+    compile_decode: bool = True  # kvlab serve with its decode step compiled per batch size (serve --compile-decode)
+    compile_twin: bool = False  # kvlab serve again with its decode step eager
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -106,11 +110,14 @@ def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
     for e, why in left_out.items():
         log(f"{e} left out: {why}")
     folder = lesson_checkpoint(b.model) if b.model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
-    servers = [make_server(e, folder, b.threads) for e in todo]
+    kvlab = {"compile_decode": b.compile_decode}
+    servers = [make_server(e, folder, b.threads, **(kvlab if e == KVLAB else {})) for e in todo]
     twins: list[tuple[str, dict, bool]] = [
-        (f"{KVLAB}, {b.equal_threads} threads", {"threads": b.equal_threads}, b.equal_threads not in (None, b.threads)),
-        (KVLAB_THREAD, {"threads": b.threads, "engine_in_thread": True}, b.thread_twin),
-        (KVLAB_SYSTEM_MALLOC, {"threads": b.threads, "allocator": "system"}, b.allocator_twin)]
+        (f"{KVLAB}, {b.equal_threads} threads", {**kvlab, "threads": b.equal_threads},
+         b.equal_threads not in (None, b.threads)),
+        (KVLAB_THREAD, {**kvlab, "threads": b.threads, "engine_in_thread": True}, b.thread_twin),
+        (KVLAB_SYSTEM_MALLOC, {**kvlab, "threads": b.threads, "allocator": "system"}, b.allocator_twin),
+        (KVLAB_EAGER, {"threads": b.threads, "compile_decode": False}, b.compile_twin and b.compile_decode)]
     for name, settings, wanted in twins:  # kvlab serve again with one lever changed, each right after kvlab serve
         if KVLAB in todo and wanted:
             servers.insert(1, make_server(KVLAB, folder, **settings))
@@ -285,6 +292,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allocator-twin", action="store_true",
                    help="also measure kvlab serve with malloc as the system sets it (serve --allocator system: the "
                         "lever off)")
+    p.add_argument("--eager-decode", action="store_true",
+                   help="run kvlab serve without --compile-decode (its decode step compiled per batch size at start)")
+    p.add_argument("--compile-twin", action="store_true",
+                   help="also measure kvlab serve with its decode step eager (the lever off)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
@@ -393,7 +404,8 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         warm_requests=args.requests, sweep_profile=args.profile, duration_s=args.duration,
                         slo_ttft_s=args.slo_ttft, bisect=args.bisect, seed=args.seed)
     bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
-                  args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin)
+                  args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin,
+                  not args.eager_decode, args.compile_twin)
     out = run(bench, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))

@@ -92,6 +92,16 @@ def check_pool_geometry(block_size: object, num_blocks: object = 1) -> None:
         raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
 
 
+def rows_of(pool: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """The pool's ``blocks`` copied out in order: (num_blocks, bs, nkv, hs)[blocks] -> (len(blocks), bs * nkv * hs).
+
+    Each block is one contiguous row of the 2-D view; on a CPU, index_select copies such rows whole (a memcpy each),
+    where over the 4-D pool it copies element by element: 4.5x slower on the same bytes (600 blocks of 16 slots, one
+    thread, 2026-12-07).
+    """
+    return pool.view(pool.size(0), -1).index_select(0, blocks)
+
+
 class PagedKVCache(KVCache):
     """K/V of many sequences in fixed-size blocks, found through each sequence's block table.
 
@@ -150,25 +160,25 @@ class PagedKVCache(KVCache):
             assert md.decode_block_tables is not None  # built with decode_rows
             D, width = md.decode_block_tables.shape
             shape = (D, width * self.block_size, self.num_kv_heads, self.head_dim)
-            blocks = md.decode_block_tables.flatten()  # (D * Bmax,): index_select copies faster than t[idx]
-            keys = k_pool.index_select(0, blocks).view(shape).transpose(1, 2)  # (D, nkv, L, hs)
-            values = v_pool.index_select(0, blocks).view(shape).transpose(1, 2)
+            blocks = md.decode_block_tables.flatten()  # (D * Bmax,)
+            keys = rows_of(k_pool, blocks).view(shape).transpose(1, 2)  # (D, nkv, L, hs)
+            values = rows_of(v_pool, blocks).view(shape).transpose(1, 2)
             q_dec = q[0, :, md.decode_token_idx].transpose(0, 1).unsqueeze(2)  # (D, nh, 1, hs)
             y = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=md.decode_mask,
                                                enable_gqa=gqa)  # (D, nh, 1, hs) over (D, nkv, L, hs)
             out[0, :, md.decode_token_idx] = y.squeeze(2).transpose(0, 1)  # (nh, D, hs)
         if md.gather_blocks is not None:  # every row's stored blocks at once: (sum nb * bs, nkv, hs)
             flat = (-1, self.num_kv_heads, self.head_dim)
-            k_rows = k_pool.index_select(0, md.gather_blocks).view(flat)
-            v_rows = v_pool.index_select(0, md.gather_blocks).view(flat)
+            k_rows = rows_of(k_pool, md.gather_blocks).view(flat).transpose(0, 1)  # (nkv, slots, hs)
+            v_rows = rows_of(v_pool, md.gather_blocks).view(flat).transpose(0, 1)
         for j, row in enumerate(md.prefill_rows):
             start, T, ctx = md.query_start_loc[row], md.query_lens[row], md.context_lens[row]
             at = md.gather_start[j]
             if at < 0:  # a whole prompt from an empty cache: its keys are the new k, v; no gather
                 keys, values = k[:, :, start:start + T], v[:, :, start:start + T]  # (1, nkv, T, hs)
             else:  # its slice of the step's one gather
-                keys = k_rows[at:at + ctx].transpose(0, 1)[None]  # (1, nkv, ctx, hs)
-                values = v_rows[at:at + ctx].transpose(0, 1)[None]
+                keys = k_rows[None, :, at:at + ctx]  # (1, nkv, ctx, hs)
+                values = v_rows[None, :, at:at + ctx]
             # the T new queries sit at positions ctx-T .. ctx-1 of the ctx keys
             out[:, :, start:start + T] = causal_attention(q[:, :, start:start + T], keys, values)
         return out

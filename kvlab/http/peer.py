@@ -96,6 +96,7 @@ class LoopbackServer:
     settings: dict
     version: str | None
     threads: int | None = LESSON_THREADS
+    start_timeout_s: float = 120.0  # until /health answers (a server that compiles at start needs longer)
     log_path: Path | None = None
     process: ServerProcess | None = field(default=None, repr=False)
 
@@ -115,14 +116,14 @@ class LoopbackServer:
             return ""
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])
 
-    def start(self, timeout_s: float = 120.0) -> "LoopbackServer":
+    def start(self, timeout_s: float | None = None) -> "LoopbackServer":
         if self.log_path is None:
             fd, path = tempfile.mkstemp(prefix=self.name.replace(" ", "-") + "-", suffix=".log")
             os.close(fd)
             self.log_path = Path(path)
         self.process = ServerProcess(self.args, host=LOOPBACK, log_path=self.log_path, env=child_env(self.threads))
         try:
-            self.process.start(timeout_s=timeout_s)
+            self.process.start(timeout_s=self.start_timeout_s if timeout_s is None else timeout_s)
         except (RuntimeError, TimeoutError) as e:
             raise RuntimeError(f"{self.name} did not start ({e}); the end of its log:\n{self.log_tail()}") from None
         return self
@@ -163,10 +164,10 @@ def _folder(folder: str | Path) -> Path:
 
 def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,
                  device: str = "cpu", threads: int | None = LESSON_THREADS, engine_in_thread: bool = False,
-                 allocator: Allocator = DEFAULT_ALLOCATOR) -> LoopbackServer:
+                 allocator: Allocator = DEFAULT_ALLOCATOR, compile_decode: bool = False) -> LoopbackServer:
     """`python -m kvlab serve --model folder` running `spec` (its options, `engine_args`), with its KV pool sized to
     `num_blocks` blocks (its engine in a process of its own, or with `engine_in_thread` in a thread of the
-    server's; `allocator`: `serve --allocator`, kvlab.allocator)."""
+    server's; `allocator`: `serve --allocator`, kvlab.allocator; `compile_decode`: `serve --compile-decode`)."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
 
@@ -183,15 +184,17 @@ def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks
         args += ["--threads", str(threads)]
     if engine_in_thread:
         args.append("--engine-in-thread")
+    if compile_decode:
+        args.append("--compile-decode")
     sched = spec.scheduler
     settings = {"block_size": spec.block_size, "num_blocks": num_blocks, "max_batch_tokens": sched.max_batch_tokens,
                 "max_seqs": sched.max_seqs, "max_waiting": sched.max_waiting, "device": device,
                 "prefix_caching": spec.enable_prefix_caching, "chunked_prefill": sched.chunked_prefill,
                 "scheduling": f"{sched.policy}, {sched.priority.replace('_', ' ')}",
                 "engine": "in a thread of the server" if engine_in_thread else "in its own process",
-                "allocator": allocator}
+                "allocator": allocator, "compiled_decode": compile_decode}
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
-                          __version__, threads)
+                          __version__, threads, start_timeout_s=300.0 if compile_decode else 120.0)
 
 
 def transformers_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,

@@ -337,7 +337,7 @@ class VllmServer(LoopbackServer):
     def cmd(self) -> list[str]:
         return self.process.cmd if self.process is not None else [str(venv_python(self.home)), "-m", *self.args]
 
-    def start(self, timeout_s: float = 300.0) -> "VllmServer":
+    def start(self, timeout_s: float | None = None) -> "VllmServer":
         home = vllm_home(self.home)
         (home / "cache").mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix="run-", dir=home / "cache"))  # removed again by stop()
@@ -356,7 +356,7 @@ class VllmServer(LoopbackServer):
         self.process = GroupProcess([venv_python(home), "-m", *self.args], venv_env(home, extra), self.log_path)
         t0 = time.perf_counter()
         try:
-            self.process.start(timeout_s)
+            self.process.start(300.0 if timeout_s is None else timeout_s)  # vLLM compiles its step at start
         except (RuntimeError, TimeoutError) as e:
             raise RuntimeError(f"{self.name} did not start ({e}); the end of its log {self.log_path}:\n"
                                f"{self.log_tail()}") from None

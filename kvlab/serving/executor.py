@@ -6,6 +6,7 @@ The scheduler decides *what* runs; an executor runs it: ``ModelExecutor`` the re
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,7 @@ from kvlab.device import now
 from kvlab.model.decoder import Decoder
 from kvlab.sampling import NonFiniteLogits, nonfinite_rows, sample
 from kvlab.serving.block_manager import BlockManager
+from kvlab.serving.compiled_decode import CompiledDecode
 from kvlab.serving.scheduler import SchedulerOutput, StepShape
 
 
@@ -56,16 +58,20 @@ class ModelExecutor(Executor):
     their own positions (RoPE or learned positions need no padding); the paged cache's metadata tells each layer which
     slots to write and which blocks each sequence attends over. Logits of the last token of each sequence that is due a
     token are sampled with that sequence's own settings (greedy rows together in one argmax).
+
+    ``compile_sizes``: where given, a step in which every sequence decodes (up to the largest size) runs a program
+    ``torch.compile`` built for its padded batch size when the cache is made (``kvlab.serving.compiled_decode``).
     """
 
     name = "model"
 
-    def __init__(self, model: Decoder) -> None:
+    def __init__(self, model: Decoder, compile_sizes: Sequence[int] = ()) -> None:
         if not isinstance(model, Decoder):
             raise TypeError(f"ModelExecutor runs a kvlab Decoder, got {type(model).__name__}; "
                             "load one with kvlab.build_model or kvlab.from_pretrained")
-        self.model = model
+        self.model, self.compile_sizes = model, tuple(compile_sizes)
         self.cache: PagedKVCache | None = None
+        self.compiled: CompiledDecode | None = None
 
     def initialize_cache(self, pool: BlockManager) -> None:
         cfg, cache = self.model.config, self.cache
@@ -73,7 +79,11 @@ class ModelExecutor(Executor):
             cache = self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
                                               device=self.model.device, num_blocks=pool.num_blocks,
                                               block_size=pool.block_size)
+            self.compiled = None
         cache.reset()
+        if self.compile_sizes and self.compiled is None:
+            self.compiled = CompiledDecode(self.model, cache, self.compile_sizes)
+            self.compiled.compile_all()
 
     def _paged_cache(self) -> PagedKVCache:
         if self.cache is None:
@@ -101,6 +111,12 @@ class ModelExecutor(Executor):
 
     def compute_logits(self, out: SchedulerOutput, rows: list[int]) -> torch.Tensor:
         """One packed forward of the step; logits (len(rows), V) of the last token of each ``out.seqs[rows[j]]``."""
+        seqs = out.seqs
+        if (self.compiled is not None and len(rows) == len(seqs) and set(out.num_new_tokens) == {1}  # all decode
+                and self.compiled.accepts(len(seqs), max(s.num_computed_tokens // self.compiled.cache.block_size + 1
+                                                         for s in seqs))):
+            return self.compiled([s.token_ids[s.num_computed_tokens] for s in seqs],
+                                 [s.num_computed_tokens for s in seqs], [s.block_table for s in seqs])
         device = self.model.device
         input_ids, positions, metadata = self.prepare_inputs(out)
         cache = self._paged_cache()
