@@ -107,3 +107,20 @@ def test_a_decode_batch_runs_compiled_only_while_its_padding_stays_small(model):
     assert compiled.accepts(1, longest) and compiled.accepts(3, longest // 4)
     assert not compiled.accepts(3, longest // 4 + 1) and not compiled.accepts(16, longest // 8)
     assert not compiled.accepts(17, 1)  # above the largest size: eager
+
+
+@torch.inference_mode()
+def test_a_shape_without_a_program_runs_eagerly_rather_than_compiling_mid_serving(model):
+    """Once serving, a step whose shapes no program was built for runs eagerly (same logits), never compiles."""
+    executor = ModelExecutor(model)
+    Engine(model, SERVE_SPEC, executor=executor)
+    cache = executor._paged_cache()
+    compiled = CompiledDecode(model, cache, sizes=(1,), backend="eager")
+    compiled.compile_all()
+    args = ([3], [5], [[2]])
+    served = compiled(*args)
+    assert compiled.num_steps == 1 and compiled.num_eager_steps == 0
+    torch._dynamo.reset()  # the programs forgotten: the same call would have to compile again
+    again = compiled(*args)
+    assert compiled.num_steps == 1 and compiled.num_eager_steps == 1
+    torch.testing.assert_close(again, served)

@@ -75,8 +75,10 @@ class CompiledDecode:
         prepare_compile()
         self.compiled = torch.compile(self.step, backend=backend, dynamic=False)
         self.compile_s: dict[int, float] = {}  # size -> seconds its first call took
-        self.num_steps = 0  # decode steps run by a compiled program (compile_all's not counted)
+        self.num_steps = 0  # decode steps run by a compiled program
+        self.num_eager_steps = 0  # steps accepted whose shapes had no program: run eagerly rather than compiled then
         self.fallback: str | None = None
+        self.compiling = False  # True during compile_all only
 
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: DecodeBatch) -> torch.Tensor:
         """input_ids, positions (b, 1) -> logits (b, V)."""
@@ -105,12 +107,23 @@ class CompiledDecode:
         slots = torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)], device=device)
         pos = torch.tensor(positions, device=device)  # (b,)
         batch = DecodeBatch(self.cache, slots, tables, pos + 1)
-        logits = self.compiled(torch.tensor(token_ids, device=device)[:, None], pos[:, None], batch)  # (b, V)
+        ids = torch.tensor(token_ids, device=device)[:, None]  # (b, 1)
+        if self.compiling:  # compile_all's calls: compiling is what they are for
+            return self.compiled(ids, pos[:, None], batch)[:n]
+        try:  # serving: never a compile in the middle of a step (seconds every request would wait)
+            with torch.compiler.set_stance("fail_on_recompile"):
+                logits = self.compiled(ids, pos[:, None], batch)  # (b, V)
+        except RuntimeError as e:
+            if "recompile" not in str(e):
+                raise
+            self.num_eager_steps += 1  # a shape no program was built for: this step runs eagerly
+            return self.step(ids, pos[:, None], batch)[:n]
         self.num_steps += 1
         return logits[:n]
 
     def compile_all(self) -> None:
         """Compile every size now, on a batch that writes into block 0 of an empty pool (then zeroed again)."""
+        self.compiling = True
         for size in self.sizes:
             print(f"kvlab: compiling the decode step for batches of {size} with torch.compile...",
                   file=sys.stderr, flush=True)
@@ -123,9 +136,10 @@ class CompiledDecode:
                 print(f"kvlab: torch.compile failed ({self.fallback}); decode steps run uncompiled",
                       file=sys.stderr, flush=True)
                 break
-            self.compile_s[size] = time.perf_counter() - t0
-            print(f"kvlab: compiled in {self.compile_s[size]:.1f} s", file=sys.stderr, flush=True)
-        self.num_steps = 0
+            seconds = time.perf_counter() - t0
+            self.compile_s[size] = seconds
+            print(f"kvlab: compiled in {seconds:.1f} s", file=sys.stderr, flush=True)
+        self.compiling = False
         assert self.cache.key_cache is not None and self.cache.value_cache is not None
         for pool in (*self.cache.key_cache, *self.cache.value_cache):
             pool[0].zero_()
