@@ -124,3 +124,23 @@ def test_a_shape_without_a_program_runs_eagerly_rather_than_compiling_mid_servin
     again = compiled(*args)
     assert compiled.num_steps == 1 and compiled.num_eager_steps == 1
     torch.testing.assert_close(again, served)
+
+
+def test_the_model_executor_compiles_at_start_and_replays_decode_steps(model, monkeypatch):
+    """`ModelExecutor(model, compile_sizes)`: the programs are built when the engine makes its cache, before any
+    request, and a lone request's decode steps run them (its prompt step runs eagerly)."""
+    import functools
+
+    import kvlab.serving.executor as executor_module
+
+    monkeypatch.setattr(executor_module, "CompiledDecode", functools.partial(CompiledDecode, backend="eager"))
+    executor = ModelExecutor(model, compile_sizes=(1, 2))
+    engine = Engine(model, SERVE_SPEC, executor=executor)
+    assert executor.compiled is not None and set(executor.compiled.compile_s) == {1, 2}
+    engine.add_request(make_workload("short_short", 1, arrival="all_at_once", seed=1,
+                                     vocab_size=model.config.vocab_size)[0])
+    steps = 0
+    while engine.scheduler.running or engine.scheduler.waiting:
+        engine.step()
+        steps += 1
+    assert executor.compiled.num_steps == steps - 1 > 0

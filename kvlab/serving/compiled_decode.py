@@ -3,9 +3,10 @@
 A step in which every sequence decodes one token (no prompt chunk) has few shapes: the batch and the longest block
 table. ``CompiledDecode`` pads the batch up to the next of a few sizes (``sizes``, vLLM's capture sizes), compiles the
 decoder's forward for each size with ``torch.compile`` when the engine starts (the block-table width left dynamic), and
-replays it for such a step while its padding stays small (``accepts``); other steps run eagerly. On a CPU with a small model the gain is the dozens of small
-operations per layer (norms, RoPE, the cache write, the mask) fused into a few loops: the weight products and attention
-stay the same calls. Padding rows repeat the first row (same token, same slot): they write what it writes.
+replays it for such a step while its padding stays small (``accepts``); other steps run eagerly. On a CPU with a small
+model the gain is the dozens of small operations per layer (norms, RoPE, the cache write, the mask) fused into a few
+loops: the weight products and attention stay the same calls. Padding rows repeat the first row (same token, same slot):
+they write what it writes.
 
 Real engines do the same: vLLM compiles its model at start-up for a list of batch sizes and, on a GPU, captures each as
 a CUDA graph (https://docs.vllm.ai/en/latest/design/torch_compile/), replayed only for steps that decode and fit the
@@ -101,7 +102,7 @@ class CompiledDecode:
         pad = size - n  # padding rows repeat row 0: the same token written to the same slot
         token_ids, positions, block_tables = token_ids + token_ids[:1] * pad, positions + positions[:1] * pad, \
             block_tables + block_tables[:1] * pad
-        width = max(2, max(p // bs + 1 for p in positions))  # 2 at least: a width of 1 would compile a program of its own
+        width = max(2, max(p // bs + 1 for p in positions))  # 2 at least: width 1 would compile a program of its own
         tables = torch.tensor([t[:width] + [0] * (width - len(t[:width])) for t in block_tables], device=device)
         torch._dynamo.mark_dynamic(tables, 1)  # one program for every width
         slots = torch.tensor([t[p // bs] * bs + p % bs for t, p in zip(block_tables, positions)], device=device)
