@@ -42,14 +42,19 @@ def test_the_start_up_is_compared_with_the_whole_warm_service_not_one_first_toke
     assert 0.5 > 10 * 0.007 and not v.holds and v.values["times"] == pytest.approx(0.5 / 0.957)
 
 
-def test_the_first_request_must_pay_a_measurable_extra_and_a_small_one():
-    """The first request against the warm median, beside the warm runs' own spread: no extra to see is ✗ (the
-    sentence says it paid one), and an extra over a tenth of the start-up is ✗ (the sentence says it was small)."""
+def test_the_first_request_must_pay_a_small_extra_and_says_whether_it_stood_out():
+    """Only "small" is asserted (an extra over a tenth of the start-up is ✗); whether the first request stood out
+    from the warm runs' spread is said in the sentence, both ways, and decides nothing: on a CPU it goes either
+    way from run to run."""
     like_warm = _cold(7.6, [7.0, 8.0, 6.0, 7.5, 9.0, 7.2], startup_s=2.0)  # +0.2 ms, inside the warm spread
     v = CLAIMS["first_request_extra_is_small"].on(like_warm)
-    assert not v.holds and v.values["extra"] < 2 * v.values["se"], v.text
+    assert v.holds and v.values["extra"] < v.values["se2"] and "no set-up of its own stands out" in v.text, v.text
+    seen = _cold(60.0, [7.0, 8.0, 6.0, 7.5, 9.0, 7.2], startup_s=2.0)  # +53 ms: 2.6% of the start-up
+    v = CLAIMS["first_request_extra_is_small"].on(seen)
+    assert v.holds and "a set-up of its own stands out" in v.text and "2.6% of the start-up" in v.text, v.text
     heavy = _cold(307.0, [7.0, 8.0, 6.0, 7.5], startup_s=2.0)  # +300 ms: 15% of the start-up
-    assert not CLAIMS["first_request_extra_is_small"].on(heavy).holds
+    v = CLAIMS["first_request_extra_is_small"].on(heavy)
+    assert not v.holds and "stands out" in v.text and "more than a tenth of the start-up" in str(v), str(v)
 
 
 def test_the_mean_vs_tail_claims_count_requests_above_the_mean():

@@ -81,7 +81,7 @@ def _warm_ttft(frame: pd.DataFrame) -> pd.Series:
 # not fail. The two cold-start claims compare what is comparable instead: the start-up with the whole warm service
 # (every warm request served start to finish, one after another), and the first request with the warm ones.
 FIRST_REQUEST_SHARE = 0.1  # "small": the first request's own extra under a tenth of the start-up
-EXTRA_SE = 2.0  # "paid extra": by more than twice the standard error of the warm median
+EXTRA_SE = 2.0  # "stands out": more than twice the standard error of the warm median (shown, not asserted)
 
 
 @claim(NOTEBOOK, clock="wall",
@@ -104,24 +104,27 @@ def startup_dwarfs_a_warm_request(frame: pd.DataFrame) -> dict:
 
 @claim(NOTEBOOK, clock="wall",
        says="""
-           the first request's TTFT was {cold:.1f} ms, {extra:.1f} ms more than the median of {n} warm ones ({warm:.1f}
-           ms; more than twice that median's standard error, {se:.2f} ms): its first forward pass paid one-time
-           set-up of its own, yet {pct:.1%} of the start-up, so most of a cold start's cost came before the
+           the first request's TTFT was {cold:.1f} ms, {extra:+.1f} ms against the median of {n} warm ones
+           ({warm:.1f} ms; twice that median's standard error is {se2:.2f} ms: {seen}): whatever set-up its first
+           forward pass paid was {pct:.1%} of the start-up, so most of a cold start's cost came before the
            request""",
        otherwise="""
-           either the first request was not measurably slower than a warm one (its set-up was too small to see
-           beside the warm requests' own spread), or it paid more than a tenth of the start-up (heavy set-up in the
-           first forward pass: on a GPU, loading kernels and creating library handles). The second is what a
-           warm-up request before opening a service is for.""")
+           the first request paid more than a tenth of the start-up: heavy set-up in the first forward pass (on a
+           GPU, creating the device context and loading kernels). That is what a warm-up request before opening a
+           service is for.""")
 def first_request_extra_is_small(frame: pd.DataFrame) -> dict:
+    """Asserts the small half only. Whether the first request was measurably slower at all is shown, not
+    asserted: on a CPU its own set-up is often within the warm requests' spread, so that half would go either
+    way from run to run (an observation inside the sentence)."""
     warm = _warm_ttft(frame)
     cold = float(frame.loc[frame["start"] == "cold", "ttft_s"].iloc[0])
     median = float(warm.median())
     se = median_se(median, float(warm.quantile(0.95)), len(warm))
     extra, startup = cold - median, _startup_s(frame)
-    return dict(cold=cold * 1e3, n=len(warm), warm=median * 1e3, extra=extra * 1e3, se=se * 1e3,
-                pct=max(extra, 0.0) / startup,
-                holds=extra > EXTRA_SE * se and extra < FIRST_REQUEST_SHARE * startup)
+    seen = ("a set-up of its own stands out" if extra > EXTRA_SE * se
+            else "no set-up of its own stands out from the warm requests' spread")
+    return dict(cold=cold * 1e3, n=len(warm), warm=median * 1e3, extra=extra * 1e3, se2=EXTRA_SE * se * 1e3,
+                seen=seen, pct=max(extra, 0.0) / startup, holds=extra < FIRST_REQUEST_SHARE * startup)
 
 
 # -- why a mean hides the wait (wall clock) -----------------------------------------------------------------
