@@ -401,9 +401,11 @@ three.show()
 # - **CPU attention kernels.** Its attention reads the paged KV cache where it lies, in C++
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);
-#   kvlab gathers the blocks into one tensor first (notebook 07), one gather per layer for all the
-#   sequences of a step rather than one per sequence: on a CPU each call costs a fixed few microseconds,
-#   so a step of many short calls pays that many times (vLLM's kernel reads the blocks in place, in one call).
+#   the lessons' engine gathers the blocks into one tensor for torch's attention (notebook 07), so each
+#   key is read, copied and read again, and each long decode is a call of its own.
+#   `python -m kvlab serve --attention in_place` reads them in the pool, every decode of a step in one
+#   call, with a small C++ kernel of kvlab's built once per machine (`kvlab/cache/in_place_attention.py`);
+#   `bench serve` runs kvlab serve so, and `--attention-twin` measures it off and on (README).
 # - **Chunked prefill and prefix caching, on by default.** Its guide says chunked prefill is "always
 #   enabled by default" in V1, with decodes scheduled first
 #   (<a href="https://docs.vllm.ai/en/latest/configuration/optimization/#chunked-prefill">optimization guide</a>);

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.http.peer import PEER_SPEC
 from kvlab.http.server import add_arguments
 from kvlab.http.settings import ServerSettings
 from kvlab.serving.block_manager import BlockManager
@@ -28,7 +29,10 @@ def test_a_block_size_that_is_not_a_positive_whole_number_is_refused_with_the_sa
 
 @pytest.mark.parametrize("field,bad,words", [("kv_budget_bytes", 0, "kv_budget_bytes must be a whole number"),
                                              ("kv_budget_bytes", 1.5, "kv_budget_bytes must be a whole number"),
-                                             ("seed", "1", "seed must be an integer")])
+                                             ("seed", "1", "seed must be an integer"),
+                                             ("compile_sizes", [1, 2], "compile_sizes must be a tuple"),
+                                             ("compile_sizes", (0,), "compile_sizes must be a tuple of positive"),
+                                             ("attention", "paged", "attention must be one of gather, in_place")])
 def test_bad_values_are_refused_where_the_spec_is_made(field, bad, words):
     with pytest.raises(ValueError, match=words):
         EngineSpec(**{field: bad})
@@ -119,6 +123,7 @@ def test_an_engine_in_its_own_process_leaves_one_core_to_the_front_end_and_never
                        policy="static", priority="prefill_first", max_seqs=3, max_batch_tokens=40, chunked_prefill=False,
                        max_waiting=None, max_model_len=40, batch_wait_s=0.25),
     LESSON_SPEC.replace(max_waiting=4096),
+    PEER_SPEC,  # compiled decode, in-place attention
 ])
 def test_a_spec_spelled_as_serves_options_reads_back_whole(spec):
     """What a peer server is started with (engine_args) is what its own process reads (spec_from_args): the spec
@@ -132,5 +137,7 @@ def test_a_spec_spelled_as_serves_options_reads_back_whole(spec):
 def test_what_has_no_option_is_refused_rather_than_dropped():
     with pytest.raises(ValueError, match="kv_dtype has no command-line option"):
         engine_args(SERVE_SPEC.replace(kv_dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"compile_sizes=\(1, 3\) has no command-line option"):
+        engine_args(SERVE_SPEC.replace(compile_sizes=(1, 3)))
     with pytest.raises(ValueError, match="admission rule is code"):
         engine_args(SERVE_SPEC.replace(admission=lambda *a: [], chunked_prefill=False, max_batch_tokens=4096))

@@ -18,8 +18,9 @@ meanwhile is recorded beside it):
 
 The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine in a process of its own on
 one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
-process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator; its decode
-step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it eager), transformers
+process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator; its engine
+`PEER_SPEC`: its decode step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it
+eager; its decodes read in the pool, `serve --attention in_place`, `--attention-twin` adds it gathering), transformers
 serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
 preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
@@ -56,8 +57,9 @@ from kvlab.benchmarks.vllm_client import CLIENT as SECOND_CLIENT
 from kvlab.benchmarks.vllm_client import vllm_client_sweep
 from kvlab.experiments.three_engines import (ENGINES, available_engines, measure_engine,
                                              same_greedy_tokens, server_pid, vllm_folder)
-from kvlab.http.peer import LoopbackServer, process_usage
+from kvlab.http.peer import PEER_SPEC, LoopbackServer, process_usage
 from kvlab.experiments.two_engines import Protocol, knee, lesson_checkpoint, make_server, start_together
+from kvlab.serving.config import EngineSpec
 from kvlab.serving.knee import Knee
 from kvlab.rounds import format_load, format_spread, load_average, paired_ratio, rotated, spread
 from kvlab.results_io import save_results
@@ -76,6 +78,7 @@ RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
 KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
 KVLAB_EAGER = f"{KVLAB}, eager decode"  # the lever off: no compiled decode step (kvlab.serving.compiled_decode)
+KVLAB_GATHER = f"{KVLAB}, gather attention"  # the lever off: decodes' blocks copied out (kvlab.cache.in_place_attention)
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,9 @@ class Bench:
     realtime: bool = True  # the client in the real-time scheduling class where the machine allows it
     thread_twin: bool = False  # kvlab serve again with its engine in a thread of the server's process
     allocator_twin: bool = False  # kvlab serve again with the system's allocator settings (kvlab.allocator)
-    compile_decode: bool = True  # kvlab serve with its decode step compiled per batch size (serve --compile-decode)
+    kvlab_spec: EngineSpec = PEER_SPEC  # kvlab serve's engine: at its best (compiled decode, in-place attention)
     compile_twin: bool = False  # kvlab serve again with its decode step eager
+    attention_twin: bool = False  # kvlab serve again with its decodes' blocks gathered, not read in place
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -110,14 +114,17 @@ def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
     for e, why in left_out.items():
         log(f"{e} left out: {why}")
     folder = lesson_checkpoint(b.model) if b.model else (vllm_folder() if VLLM in todo else lesson_checkpoint())
-    kvlab = {"compile_decode": b.compile_decode}
+    kvlab = {"spec": b.kvlab_spec}
     servers = [make_server(e, folder, b.threads, **(kvlab if e == KVLAB else {})) for e in todo]
     twins: list[tuple[str, dict, bool]] = [
         (f"{KVLAB}, {b.equal_threads} threads", {**kvlab, "threads": b.equal_threads},
          b.equal_threads not in (None, b.threads)),
         (KVLAB_THREAD, {**kvlab, "threads": b.threads, "engine_in_thread": True}, b.thread_twin),
         (KVLAB_SYSTEM_MALLOC, {**kvlab, "threads": b.threads, "allocator": "system"}, b.allocator_twin),
-        (KVLAB_EAGER, {"threads": b.threads, "compile_decode": False}, b.compile_twin and b.compile_decode)]
+        (KVLAB_EAGER, {"threads": b.threads, "spec": b.kvlab_spec.replace(compile_sizes=())},
+         b.compile_twin and bool(b.kvlab_spec.compile_sizes)),
+        (KVLAB_GATHER, {"threads": b.threads, "spec": b.kvlab_spec.replace(attention="gather")},
+         b.attention_twin and b.kvlab_spec.attention != "gather")]
     for name, settings, wanted in twins:  # kvlab serve again with one lever changed, each right after kvlab serve
         if KVLAB in todo and wanted:
             servers.insert(1, make_server(KVLAB, folder, **settings))
@@ -296,6 +303,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run kvlab serve without --compile-decode (its decode step compiled per batch size at start)")
     p.add_argument("--compile-twin", action="store_true",
                    help="also measure kvlab serve with its decode step eager (the lever off)")
+    p.add_argument("--gather-attention", action="store_true",
+                   help="run kvlab serve with --attention gather (its decodes read in the pool by default)")
+    p.add_argument("--attention-twin", action="store_true",
+                   help="also measure kvlab serve with --attention gather (the lever off)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
@@ -405,7 +416,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         slo_ttft_s=args.slo_ttft, bisect=args.bisect, seed=args.seed)
     bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
                   args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin,
-                  not args.eager_decode, args.compile_twin)
+                  PEER_SPEC.replace(**({"compile_sizes": ()} if args.eager_decode else {}),
+                                    **({"attention": "gather"} if args.gather_attention else {})),
+                  args.compile_twin, args.attention_twin)
     out = run(bench, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvlab.cache import in_place_attention
 from kvlab.cache.base import CacheMemory, KVCache, causal_attention, kv_cache_bytes
 
 # Decodes are attended together (one padded gather + one masked call) only while the padded gather stays this small;
@@ -13,6 +14,9 @@ from kvlab.cache.base import CacheMemory, KVCache, causal_attention, kv_cache_by
 # context) slots per layer and the masked kernel reads them again: on a mixed batch (contexts 50-640) that measured 2-9x
 # slower than one call per sequence, while for many short contexts one batched call is cheaper than D small ones.
 DECODE_BATCH_MAX_SLOTS = 2048
+# How decoding sequences attend: "gather" copies their blocks out and calls torch's attention (above); "in_place" reads
+# them in the pool with kvlab's CPU kernel (kvlab.cache.in_place_attention), every decode in one call, no cap.
+ATTENTION_BACKENDS = ("gather", "in_place")
 
 
 @dataclass
@@ -32,7 +36,8 @@ class PagedAttentionMetadata:
     decode_rows: list[int]  # single-query sequences attended together in one batched call (may be empty)
     decode_token_idx: torch.Tensor | None  # (D,) their token index in the packed batch
     decode_block_tables: torch.Tensor | None  # (D, Bmax) their blocks, padded with block 0
-    decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real
+    decode_mask: torch.Tensor | None  # (D, 1, 1, Bmax * block_size) True where a key is real (gather only)
+    decode_context_lens: torch.Tensor | None  # (D,) their context lengths (in_place only)
     prefill_rows: list[int]  # sequences attended one by one, causally: prompt chunks, and decodes not batched
     # Those of them that read stored keys (all but whole new prompts) are gathered in one call per layer:
     gather_blocks: torch.Tensor | None  # (sum nb,) their blocks, one sequence after the other
@@ -52,17 +57,20 @@ class PagedAttentionMetadata:
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
         decode_rows = [i for i, q in enumerate(query_lens) if q == 1]
         width = max((-(-context_lens[i] // block_size) for i in decode_rows), default=0)
-        if len(decode_rows) * width * block_size > DECODE_BATCH_MAX_SLOTS:
+        if not cache.in_place and len(decode_rows) * width * block_size > DECODE_BATCH_MAX_SLOTS:
             decode_rows = []  # each decode on its own (see DECODE_BATCH_MAX_SLOTS)
         batched = set(decode_rows)
         prefill_rows = [i for i in range(len(query_lens)) if i not in batched]
-        dec_idx = dec_tables = dec_mask = None
+        dec_idx = dec_tables = dec_mask = dec_lens = None
         if decode_rows:
             padded = [block_tables[i][:width] + [0] * (width - len(block_tables[i][:width])) for i in decode_rows]
             dec_tables = torch.tensor(padded, dtype=torch.long, device=device)  # (D, Bmax)
             lens = torch.tensor([context_lens[i] for i in decode_rows], device=device)  # (D,)
-            keys = torch.arange(width * block_size, device=device)  # (L,)
-            dec_mask = (keys[None, :] < lens[:, None])[:, None, None, :]  # (D, 1, 1, L)
+            if cache.in_place:
+                dec_lens = lens
+            else:
+                keys = torch.arange(width * block_size, device=device)  # (L,)
+                dec_mask = (keys[None, :] < lens[:, None])[:, None, None, :]  # (D, 1, 1, L)
             dec_idx = torch.tensor([starts[i] for i in decode_rows], dtype=torch.long, device=device)  # (D,)
         # One gather per layer for every row that reads stored keys, instead of one per row: each
         # index_select is a call with its own fixed cost, and a step may hold tens of such rows.
@@ -76,7 +84,7 @@ class PagedAttentionMetadata:
         return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
                    query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,
                    decode_rows=decode_rows, decode_token_idx=dec_idx, decode_block_tables=dec_tables,
-                   decode_mask=dec_mask, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start,
+                   decode_mask=dec_mask, decode_context_lens=dec_lens, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start,
                    block_size=block_size)
 
 
@@ -111,7 +119,8 @@ class PagedKVCache(KVCache):
     each new token's k/v into its slot and attends every sequence over its own blocks only: single-query (decode)
     sequences in one batched call over a padded gather while that gather is small (DECODE_BATCH_MAX_SLOTS), every other
     sequence on its own over exactly its blocks (a prompt chunk with the causal offset of the tokens already stored; a
-    whole new prompt straight from its new k, v).
+    whole new prompt straight from its new k, v). With ``attention="in_place"`` (a float32 pool on the CPU) every decode
+    is read where its blocks lie instead, all in one call (``kvlab.cache.in_place_attention``).
     """
 
     name = "paged"
@@ -119,17 +128,24 @@ class PagedKVCache(KVCache):
     key_cache: list[torch.Tensor] | None
     value_cache: list[torch.Tensor] | None
     metadata: PagedAttentionMetadata | None  # set by the model runner before every forward
+    in_place: bool = False  # decodes attend with the in-place kernel (the constructor's attention="in_place")
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 num_blocks: int = 256, block_size: int = BLOCK_SIZE) -> None:
+                 num_blocks: int = 256, block_size: int = BLOCK_SIZE, attention: str = "gather") -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         check_pool_geometry(block_size, num_blocks)
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {attention!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.
         self.key_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.value_cache = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        # in_place where the kernel reads this pool (float32 on the CPU), built before any step; else the torch path
+        self.in_place = attention == "in_place" and in_place_attention.applies(self.key_cache[0])
+        if self.in_place:
+            in_place_attention.load()
         self.reset()
 
     def set_usage(self, num_tokens: int, num_blocks: int) -> None:
@@ -156,7 +172,13 @@ class PagedKVCache(KVCache):
         k_pool, v_pool = self.update(layer_idx, k, v)  # (num_blocks, bs, nkv, hs) each
         out = torch.empty_like(q)  # (1, nh, N, hs)
         gqa = q.size(1) != self.num_kv_heads
-        if md.decode_rows:
+        if md.decode_rows and self.in_place:  # every decode at once, read in the pool (kvlab.cache.in_place_attention)
+            assert md.decode_block_tables is not None and md.decode_context_lens is not None  # built with decode_rows
+            q_dec = q[0, :, md.decode_token_idx].transpose(0, 1)  # (D, nh, hs)
+            y = in_place_attention.paged_decode_attention(q_dec, k_pool, v_pool, md.decode_block_tables,
+                                                          md.decode_context_lens)  # (D, nh, hs)
+            out[0, :, md.decode_token_idx] = y.transpose(0, 1)  # (nh, D, hs)
+        elif md.decode_rows:
             assert md.decode_block_tables is not None  # built with decode_rows
             D, width = md.decode_block_tables.shape
             shape = (D, width * self.block_size, self.num_kv_heads, self.head_dim)

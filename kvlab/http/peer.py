@@ -35,13 +35,17 @@ import httpx
 
 from kvlab.http.local import LOOPBACK, ServerProcess
 from kvlab.allocator import DEFAULT_ALLOCATOR, Allocator, check_allocator
+from kvlab.serving.compiled_decode import COMPILE_SIZES
 from kvlab.serving.config import SERVE_SPEC, EngineSpec, engine_args
 from kvlab.threads import LESSON_THREADS
 
 TRANSFORMERS_CLI = "transformers.cli.transformers"  # `python -m` this = the `transformers` command
 NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `transformers serve` imports
 NUM_BLOCKS = 512  # the peers' KV pool: room for 16 sequences of 512 tokens in SERVE_SPEC's blocks of 16
-PEER_SPEC = SERVE_SPEC.replace(max_waiting=4096)  # kvlab serve as a peer: a queue no sweep fills
+# kvlab serve as a peer, at its best: a queue no sweep fills, its decode step compiled per batch size at start, its
+# decodes attending in the pool (the two levers bench serve measures on and off; transformers serve reads only its
+# block size and tokens per step)
+PEER_SPEC = SERVE_SPEC.replace(max_waiting=4096, compile_sizes=COMPILE_SIZES, attention="in_place")
 IGNORE_EOS: dict[str, dict[str, Any]] = {"kvlab serve": {"ignore_eos": True},
                                          "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
@@ -164,10 +168,11 @@ def _folder(folder: str | Path) -> Path:
 
 def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,
                  device: str = "cpu", threads: int | None = LESSON_THREADS, engine_in_thread: bool = False,
-                 allocator: Allocator = DEFAULT_ALLOCATOR, compile_decode: bool = False) -> LoopbackServer:
+                 allocator: Allocator = DEFAULT_ALLOCATOR) -> LoopbackServer:
     """`python -m kvlab serve --model folder` running `spec` (its options, `engine_args`), with its KV pool sized to
     `num_blocks` blocks (its engine in a process of its own, or with `engine_in_thread` in a thread of the
-    server's; `allocator`: `serve --allocator`, kvlab.allocator; `compile_decode`: `serve --compile-decode`)."""
+    server's; `allocator`: `serve --allocator`, kvlab.allocator). A spec that compiles or builds the in-place kernel
+    gets longer to start (its first start on a machine compiles for a minute or two)."""
     from kvlab.cache.base import kv_cache_bytes  # the one KV formula, to size --kv-budget-mb to whole blocks
     from kvlab.version import __version__
 
@@ -184,17 +189,16 @@ def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks
         args += ["--threads", str(threads)]
     if engine_in_thread:
         args.append("--engine-in-thread")
-    if compile_decode:
-        args.append("--compile-decode")
     sched = spec.scheduler
     settings = {"block_size": spec.block_size, "num_blocks": num_blocks, "max_batch_tokens": sched.max_batch_tokens,
                 "max_seqs": sched.max_seqs, "max_waiting": sched.max_waiting, "device": device,
                 "prefix_caching": spec.enable_prefix_caching, "chunked_prefill": sched.chunked_prefill,
                 "scheduling": f"{sched.policy}, {sched.priority.replace('_', ' ')}",
                 "engine": "in a thread of the server" if engine_in_thread else "in its own process",
-                "allocator": allocator, "compiled_decode": compile_decode}
+                "allocator": allocator, "compile_sizes": list(spec.compile_sizes), "attention": spec.attention}
+    builds = spec.compile_sizes or spec.attention == "in_place"
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
-                          __version__, threads, start_timeout_s=300.0 if compile_decode else 120.0)
+                          __version__, threads, start_timeout_s=300.0 if builds else 120.0)
 
 
 def transformers_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks: int = NUM_BLOCKS,

@@ -55,8 +55,6 @@ from kvlab.model.config import PRESETS, preset
 from kvlab.model.tokenizer import ByteTokenizer
 from kvlab.serving import ENGINE_ERROR, Engine, RequestOutput, SamplingParams
 from kvlab.serving.sequence import COMPLETED
-from kvlab.serving.compiled_decode import COMPILE_SIZES
-from kvlab.serving.executor import ModelExecutor
 from kvlab.serving.config import SERVE_SPEC, EngineSpec, add_engine_arguments
 from kvlab.workload import Request as WorkloadRequest
 from kvlab.allocator import ALLOCATORS, DEFAULT_ALLOCATOR, set_allocator
@@ -469,10 +467,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="kept: glibc keeps freed memory for the next step instead of page-faulting it in again "
                         "(kvlab.allocator; vLLM's CPU guide preloads TCMalloc for the same reason); system: malloc "
                         "as it is")
-    p.add_argument("--compile-decode", action="store_true",
-                   help="compile the decode step for batches of " + ", ".join(map(str, COMPILE_SIZES)) + " with "
-                        "torch.compile at start (about 15 s each the first time, a few once inductor's cache holds "
-                        "them; kvlab.serving.compiled_decode): steps where every sequence decodes replay it")
     s = p.add_argument_group("scheduling (kvlab.serving.SchedulerConfig)")
     # SERVE_SPEC: SchedulerConfig's own defaults, but a bounded queue: overload is answered 429, not queued forever
     add_engine_arguments(s, SERVE_SPEC, help={"max_waiting": "beyond it 429 + Retry-After"})
@@ -501,8 +495,7 @@ def build_engine(args: argparse.Namespace, spec: EngineSpec) -> tuple[Engine, st
     set_torch_threads(args.threads or None)
     log.info("allocator %s", set_allocator(args.allocator))
     model, name = load_model(args.model, args.seed, args.device)
-    executor = ModelExecutor(model, COMPILE_SIZES if args.compile_decode else ())
-    return Engine(model, spec, executor=executor), args.served_model_name or name
+    return Engine(model, spec), args.served_model_name or name
 
 
 def engine_process_threads() -> int:

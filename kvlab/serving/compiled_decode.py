@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence as Seq
 import torch
 import torch.nn.functional as F
 
+from kvlab.cache import in_place_attention
 from kvlab.cache.paged import DECODE_BATCH_MAX_SLOTS, PagedKVCache
 from kvlab.compiled import short_reason
 from kvlab.model.decoder import Decoder
@@ -51,6 +52,10 @@ class DecodeBatch:
         k_pool, v_pool = c.key_cache[layer_idx], c.value_cache[layer_idx]  # (num_blocks, bs, nkv, hs)
         k_pool.view(-1, nkv, hs).index_copy_(0, self.slots, k[:, :, 0])  # (b, nkv, hs) into their slots
         v_pool.view(-1, nkv, hs).index_copy_(0, self.slots, v[:, :, 0])
+        if c.in_place:  # every row read in the pool, to its own length (kvlab.cache.in_place_attention)
+            y = in_place_attention.paged_decode_attention(q.view(b, nh, hs), k_pool, v_pool, self.block_tables,
+                                                          self.context_lens)  # (b, nh, hs)
+            return y.view(b, nh, 1, hs)
         shape = (b, width * c.block_size, nkv, hs)
         keys = k_pool.view(c.num_blocks, -1)[self.block_tables].view(shape).transpose(1, 2)  # (b, nkv, L, hs)
         values = v_pool.view(c.num_blocks, -1)[self.block_tables].view(shape).transpose(1, 2)
@@ -88,11 +93,12 @@ class CompiledDecode:
     def accepts(self, num_seqs: int, num_blocks: int) -> bool:
         """Whether a step of ``num_seqs`` decodes, the longest over ``num_blocks`` blocks, runs compiled: only while
         its padded attention stays as small as the eager path's batched decodes (``DECODE_BATCH_MAX_SLOTS``); past it,
-        attending every row over the longest row's blocks costs more than the fused operations save."""
+        attending every row over the longest row's blocks costs more than the fused operations save. A cache that
+        attends in place reads each row to its own length only: every such step runs compiled."""
         if self.fallback is not None or num_seqs > self.sizes[-1]:
             return False
         size = next(s for s in self.sizes if s >= num_seqs)
-        return size * max(2, num_blocks) * self.cache.block_size <= DECODE_BATCH_MAX_SLOTS
+        return self.cache.in_place or size * max(2, num_blocks) * self.cache.block_size <= DECODE_BATCH_MAX_SLOTS
 
     def __call__(self, token_ids: list[int], positions: list[int], block_tables: list[list[int]]) -> torch.Tensor:
         """One decode step of len(token_ids) sequences, each at ``positions[i]`` with its ``block_tables[i]``

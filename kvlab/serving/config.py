@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from kvlab.cache.paged import BLOCK_SIZE, check_pool_geometry
+from kvlab.cache.paged import ATTENTION_BACKENDS, BLOCK_SIZE, check_pool_geometry
 from kvlab.model.config import ModelConfig
+from kvlab.serving.compiled_decode import COMPILE_SIZES
 from kvlab.serving.scheduler import SchedulerConfig
 from kvlab.serving.scheduler_cli import (OPTION_FIELDS, add_scheduler_arguments, scheduler_args,
                                          scheduler_config_from_args)
@@ -38,7 +39,14 @@ class EngineSpec:
     - ``enable_prefix_caching``: reuse the blocks of a prompt prefix computed before;
     - ``kv_dtype``: what the pool stores (None: the model's dtype);
     - ``scheduler``: how requests are batched (``SchedulerConfig``);
-    - ``seed``: each request's sampling seed is derived from it and the request's id.
+    - ``seed``: each request's sampling seed is derived from it and the request's id;
+    - ``compile_sizes``: decode batches whose step ``torch.compile`` builds at start (``kvlab.serving.compiled_decode``,
+      vLLM's capture sizes; () none, the default; ``serve --compile-decode``: ``COMPILE_SIZES``);
+    - ``attention``: how decoding sequences attend over their blocks, "gather" (copied out, torch's attention) or
+      "in_place" (read in the pool by kvlab's CPU kernel, ``kvlab.cache.in_place_attention``).
+
+    The last two change how fast a step runs, never what it computes; ``Engine(model, spec)`` hands them to its
+    ``ModelExecutor``.
     """
 
     block_size: int = BLOCK_SIZE
@@ -47,9 +55,17 @@ class EngineSpec:
     kv_dtype: torch.dtype | None = None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     seed: int = 0
+    compile_sizes: tuple[int, ...] = ()
+    attention: str = "gather"
 
     def __post_init__(self) -> None:
         check_pool_geometry(self.block_size)
+        sizes = self.compile_sizes
+        if not isinstance(sizes, tuple) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+            raise ValueError(f"compile_sizes must be a tuple of positive batch sizes, e.g. {COMPILE_SIZES}; got "
+                             f"{sizes!r}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         budget = self.kv_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"kv_budget_bytes must be a whole number of bytes >= 1, or None (room for max_seqs "
@@ -106,6 +122,15 @@ def add_engine_arguments(group: argparse.ArgumentParser | argparse._ArgumentGrou
     group.add_argument("--block-size", type=int, default=defaults.block_size)
     group.add_argument("--kv-budget-mb", type=float, default=None, help="KV pool size (default: max-seqs full requests)")
     group.add_argument("--no-prefix-caching", action="store_true")
+    group.add_argument("--compile-decode", action="store_true", default=bool(defaults.compile_sizes),
+                       help="compile the decode step for batches of " + ", ".join(map(str, COMPILE_SIZES)) + " with "
+                            "torch.compile at start (about 15 s each the first time, a few once inductor's cache holds "
+                            "them; kvlab.serving.compiled_decode): steps where every sequence decodes replay it")
+    group.add_argument("--attention", choices=ATTENTION_BACKENDS, default=defaults.attention,
+                       help="how decoding sequences attend: gather (their blocks copied out, torch's attention) or "
+                            "in_place (read in the pool by kvlab's CPU kernel, built once per machine: about a minute "
+                            "the first time; float32 pools on the CPU, any other keeps gather; "
+                            "kvlab.cache.in_place_attention)")
 
 
 def spec_from_args(args: argparse.Namespace) -> EngineSpec:
@@ -113,7 +138,8 @@ def spec_from_args(args: argparse.Namespace) -> EngineSpec:
     checked as it is made."""
     budget = int(args.kv_budget_mb * 2**20) if args.kv_budget_mb else None
     return EngineSpec(block_size=args.block_size, kv_budget_bytes=budget, enable_prefix_caching=not args.no_prefix_caching,
-                      scheduler=scheduler_config_from_args(args), seed=args.seed)
+                      scheduler=scheduler_config_from_args(args), seed=args.seed,
+                      compile_sizes=COMPILE_SIZES if args.compile_decode else (), attention=args.attention)
 
 
 def engine_args(spec: EngineSpec, defaults: EngineSpec = SERVE_SPEC) -> list[str]:
@@ -121,7 +147,14 @@ def engine_args(spec: EngineSpec, defaults: EngineSpec = SERVE_SPEC) -> list[str
     and ``--seed``: ``python -m kvlab serve`` started with them builds its engine from this very spec."""
     if spec.kv_dtype is not None:
         raise ValueError("kv_dtype has no command-line option: the server's pool holds the model's dtype")
+    if spec.compile_sizes not in ((), COMPILE_SIZES) or (defaults.compile_sizes and not spec.compile_sizes):
+        raise ValueError(f"compile_sizes={spec.compile_sizes} has no command-line option: --compile-decode compiles "
+                         f"{COMPILE_SIZES}, its absence none")
     args = scheduler_args(spec.scheduler, defaults.scheduler) + ["--block-size", str(spec.block_size)]
+    if spec.compile_sizes and not defaults.compile_sizes:
+        args.append("--compile-decode")
+    if spec.attention != defaults.attention:
+        args += ["--attention", spec.attention]
     if spec.kv_budget_bytes is not None:
         args += ["--kv-budget-mb", repr(spec.kv_budget_bytes / 2**20)]
     return args + (["--no-prefix-caching"] if not spec.enable_prefix_caching else []) + ["--seed", str(spec.seed)]

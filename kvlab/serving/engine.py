@@ -102,9 +102,10 @@ class Engine:
 
     ``Engine(model, spec)`` runs the real decoder (``ModelExecutor``); ``Engine(cost_model, spec)`` runs the simulator,
     whose steps a ``CostModel`` prices with no weights at all; ``Engine(config, spec, executor=...)`` runs any other
-    executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler and the seed. The KV
-    pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it must hold at least one
-    request of ``max_model_len`` tokens (default budget: ``max_seqs`` of them, so nothing is ever preempted).
+    executor. ``spec`` (an ``EngineSpec``, default ``EngineSpec()``) holds the pool, the scheduler, the seed and how the
+    model's steps run. The KV pool holds ``spec.kv_budget_bytes`` // (block_size x config.kv_bytes_per_token) blocks; it
+    must hold at least one request of ``max_model_len`` tokens (default budget: ``max_seqs`` of them, so nothing is ever
+    preempted).
     ``block_manager_factory()`` builds the pool's allocator (from the engine's ``num_blocks``, ``block_size`` and
     ``max_model_len``) at every reset: by default the paged ``BlockManager``; ``ReservationEngine`` passes one that
     reserves per request.
@@ -163,7 +164,8 @@ class Engine:
         self.block_manager_factory = block_manager_factory or self.paged_block_manager
         self.sampling = sampling or SamplingParams()
         self.seed = spec.seed
-        self.executor = executor or ModelExecutor(cast(Decoder, self.model))  # a ModelConfig came with an executor
+        # a ModelConfig came with an executor; a Decoder's runs it as the spec says
+        self.executor = executor or ModelExecutor(cast(Decoder, self.model), spec.compile_sizes, spec.attention)
         self.clock = "wall"
         self.reset()
         self.executor.initialize_cache(self.block_manager)

@@ -61,15 +61,16 @@ class ModelExecutor(Executor):
 
     ``compile_sizes``: where given, a step in which every sequence decodes (up to the largest size) runs a program
     ``torch.compile`` built for its padded batch size when the cache is made (``kvlab.serving.compiled_decode``).
+    ``attention``: how the other steps' decodes attend (``PagedKVCache``'s, "gather" or "in_place").
     """
 
     name = "model"
 
-    def __init__(self, model: Decoder, compile_sizes: Sequence[int] = ()) -> None:
+    def __init__(self, model: Decoder, compile_sizes: Sequence[int] = (), attention: str = "gather") -> None:
         if not isinstance(model, Decoder):
             raise TypeError(f"ModelExecutor runs a kvlab Decoder, got {type(model).__name__}; "
                             "load one with kvlab.build_model or kvlab.from_pretrained")
-        self.model, self.compile_sizes = model, tuple(compile_sizes)
+        self.model, self.compile_sizes, self.attention = model, tuple(compile_sizes), attention
         self.cache: PagedKVCache | None = None
         self.compiled: CompiledDecode | None = None
 
@@ -78,7 +79,7 @@ class ModelExecutor(Executor):
         if cache is None or (cache.num_blocks, cache.block_size) != (pool.num_blocks, pool.block_size):  # else reuse
             cache = self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
                                               device=self.model.device, num_blocks=pool.num_blocks,
-                                              block_size=pool.block_size)
+                                              block_size=pool.block_size, attention=self.attention)
             self.compiled = None
         cache.reset()
         if self.compile_sizes and self.compiled is None:

@@ -155,9 +155,8 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
         return ThreeEngines(left_out[VLLM])
     folder = lesson_checkpoint(folder) if folder is not None else vllm_folder()
     log(f"starting {', '.join(engines)} (vLLM: 50-100 s) ...")
-    # kvlab serve as bench serve runs it: its decode step compiled at start, while vLLM compiles its own
-    servers = start_together([make_server(e, folder, **({"compile_decode": True} if e == "kvlab serve" else {}))
-                              for e in engines])
+    # kvlab serve as bench serve runs it (PEER_SPEC: at its best, compiled at start while vLLM compiles its own)
+    servers = start_together([make_server(e, folder) for e in engines])
     rows: list[dict] = []
     usage: list[dict] = []
     try:

@@ -1,0 +1,102 @@
+"""Decode attention read in the pool (kvlab.cache.in_place_attention): dense attention per row is the oracle.
+
+Building the kernel takes about a minute on a fresh machine, so every test that builds it is in the full tier; the
+default run checks what needs no build (the option's validation, and which pools keep the torch path).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvlab.cache import in_place_attention
+from kvlab.cache.paged import PagedKVCache
+from kvlab.serving import Engine
+from kvlab.serving.compiled_decode import CompiledDecode
+from kvlab.serving.config import SERVE_SPEC
+from kvlab.serving.executor import ModelExecutor
+from kvlab.workload import make_workload
+
+
+def test_an_unknown_attention_backend_is_refused_before_any_pool_is_made():
+    with pytest.raises(ValueError, match="attention must be one of gather, in_place"):
+        PagedKVCache(1, 2, 8, num_blocks=4, block_size=4, attention="paged")
+
+
+def test_pools_the_kernel_does_not_read_keep_the_torch_path():
+    """float64 (and any pool off the CPU) never builds the kernel: in_place falls back to the gather path."""
+    assert not in_place_attention.applies(torch.zeros(1, dtype=torch.float64))
+    cache = PagedKVCache(1, 2, 8, num_blocks=4, block_size=4, dtype=torch.float64, attention="in_place")
+    assert not cache.in_place
+
+
+def test_a_machine_that_cannot_build_the_kernel_is_told_what_to_use_before_any_step(monkeypatch):
+    """No C++ compiler (the build raises): the pool is refused when it is made, saying to use the gather path."""
+    import torch.utils.cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: g++: not found")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load_inline", no_compiler)
+    in_place_attention.load.cache_clear()
+    try:
+        with pytest.raises(in_place_attention.KernelUnavailable, match=r"g\+\+: not found.*attention='gather'"):
+            PagedKVCache(1, 2, 8, num_blocks=4, block_size=4, attention="in_place")
+    finally:
+        in_place_attention.load.cache_clear()  # a later test builds (or loads) it for real
+
+
+@pytest.mark.full
+def test_the_kernel_matches_dense_attention_per_row_and_reads_no_slot_past_a_length():
+    """Uneven contexts, grouped heads, tables padded with a block full of NaN that must never be read; a NaN in one
+    row's own keys stays in that row (a fault stays in its request)."""
+    in_place_attention.load()
+    torch.manual_seed(0)
+    nh, nkv, hs, bs, nb = 8, 4, 32, 16, 40
+    k_pool, v_pool = torch.randn(nb, bs, nkv, hs), torch.randn(nb, bs, nkv, hs)
+    k_pool[0] = v_pool[0] = float("nan")  # the padding block
+    tables = [[3, 9, 1], [5], [12, 7, 30, 2, 8], [6, 4]]
+    lens = [40, 1, 77, 32]  # the last fills its two blocks exactly
+    width = max(map(len, tables))
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    q = torch.randn(len(tables), nh, hs)
+    got = in_place_attention.paged_decode_attention(q, k_pool, v_pool, block_tables, torch.tensor(lens))
+    for i, (table, n) in enumerate(zip(tables, lens)):
+        keys = k_pool[table].reshape(-1, nkv, hs)[:n].transpose(0, 1)[None]  # (1, nkv, n, hs)
+        values = v_pool[table].reshape(-1, nkv, hs)[:n].transpose(0, 1)[None]
+        want = F.scaled_dot_product_attention(q[i][None, :, None], keys, values, enable_gqa=True)[0, :, 0]
+        print(f"row {i}: context {n}, max |kernel - dense| {(got[i] - want).abs().max():.2e}")
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+    k_pool[5, 0, 1, 3] = float("nan")  # row 1's only key
+    got = in_place_attention.paged_decode_attention(q, k_pool, v_pool, block_tables, torch.tensor(lens))
+    assert got[1].isnan().any() and got[[0, 2, 3]].isfinite().all()
+
+
+def greedy_tokens(model, attention: str, compile_sizes: tuple[int, ...] = ()) -> dict:
+    """Every token of 10 long-prompt requests at once: 8 decode together over about 2,500-3,800 slots, past the
+    gather path's cap (DECODE_BATCH_MAX_SLOTS), so the gather path attends them one by one. With ``compile_sizes``
+    the decode steps run compiled (torch.compile's ``eager`` backend: traced through the kernel's fake, quick)."""
+    spec = SERVE_SPEC.replace(max_seqs=8, max_batch_tokens=512, attention=attention)
+    engine = Engine(model, spec)  # the spec's attention reaches the executor's cache
+    executor = engine.executor
+    assert isinstance(executor, ModelExecutor) and executor._paged_cache().in_place == (attention == "in_place")
+    if compile_sizes:
+        executor.compiled = CompiledDecode(model, executor._paged_cache(), compile_sizes, backend="eager")
+        executor.compiled.compile_all()
+    for r in make_workload("long_short", 10, arrival="all_at_once", seed=5, vocab_size=model.config.vocab_size):
+        engine.add_request(r)
+    tokens: dict = {}
+    while engine.scheduler.running or engine.scheduler.waiting:
+        for o in engine.step():
+            tokens.setdefault(o.request_id, []).append(o.token_id)
+    if compile_sizes:  # past the gather path's cap, every decode step ran compiled
+        assert executor.compiled.num_steps > 20 and executor.compiled.num_eager_steps == 0
+    return tokens
+
+
+@pytest.mark.full
+def test_the_engine_gives_the_gather_paths_tokens_with_the_kernel(model):
+    expected = greedy_tokens(model, "gather")
+    assert sum(map(len, expected.values())) >= 80
+    assert greedy_tokens(model, "in_place") == expected
+    assert greedy_tokens(model, "in_place", compile_sizes=(1, 2, 4, 8)) == expected
