@@ -78,7 +78,7 @@ RATIO_CLOCKS = ("ttft_p95_sent_s", "tpot_p50_s")
 KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps in a thread of the server's process
 KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
 KVLAB_EAGER = f"{KVLAB}, eager decode"  # the lever off: no compiled decode step (kvlab.serving.compiled_decode)
-KVLAB_GATHER = f"{KVLAB}, gather attention"  # the lever off: decodes' blocks copied out (kvlab.cache.in_place_attention)
+KVLAB_GATHER = f"{KVLAB}, gather attention"  # the lever off: decodes' blocks copied out (cache.in_place_attention)
 
 
 @dataclass(frozen=True)

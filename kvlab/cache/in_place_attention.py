@@ -7,9 +7,11 @@ CPU its time is memory traffic and per-call overhead. This kernel walks each seq
 slot once, in the pool: one call per layer for every decoding sequence of the step, whatever their lengths.
 
 It is vLLM's approach (https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp on a CPU), written
-small: one sequence per task, all its query heads per slot row, a two-pass softmax. It is C++ built once per machine with the C++
-compiler torch's extensions use (``torch.utils.cpp_extension.load_inline``, cached in torch's extensions folder;
-about a minute the first time), for float32 pools on the CPU; every other pool keeps the torch path.
+small: one sequence per task, all its query heads per slot row, a two-pass softmax. It is C++ built once per machine
+with the C++ compiler torch's extensions use (``torch.utils.cpp_extension.load_inline``, cached in torch's extensions
+folder; about a minute the first time, for this machine's instruction set), for float32 pools on the CPU; every other
+pool keeps the torch path. kvlab's choice, for teaching: the lessons keep the gather path (notebook 07's last
+exercise writes it); ``python -m kvlab serve --attention in_place`` and the peers of ``bench serve`` and 09 use it.
 """
 from __future__ import annotations
 

@@ -84,8 +84,8 @@ class PagedAttentionMetadata:
         return cls(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), query_start_loc=starts,
                    query_lens=list(query_lens), context_lens=list(context_lens), block_tables=block_tables,
                    decode_rows=decode_rows, decode_token_idx=dec_idx, decode_block_tables=dec_tables,
-                   decode_mask=dec_mask, decode_context_lens=dec_lens, prefill_rows=prefill_rows, gather_blocks=gather, gather_start=gather_start,
-                   block_size=block_size)
+                   decode_mask=dec_mask, decode_context_lens=dec_lens, prefill_rows=prefill_rows, gather_blocks=gather,
+                   gather_start=gather_start, block_size=block_size)
 
 
 BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on CUDA, and kvlab's default everywhere (the one home)
