@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.http.peer import PEER_SPEC
+from kvlab.http.peer import BEST_SPEC
 from kvlab.http.server import add_arguments
 from kvlab.http.settings import ServerSettings
 from kvlab.serving.block_manager import BlockManager
@@ -123,7 +123,7 @@ def test_an_engine_in_its_own_process_leaves_one_core_to_the_front_end_and_never
                        policy="static", priority="prefill_first", max_seqs=3, max_batch_tokens=40, chunked_prefill=False,
                        max_waiting=None, max_model_len=40, batch_wait_s=0.25),
     LESSON_SPEC.replace(max_waiting=4096),
-    PEER_SPEC,  # compiled decode, in-place attention
+    BEST_SPEC,  # compiled decode, in-place attention
 ])
 def test_a_spec_spelled_as_serves_options_reads_back_whole(spec):
     """What a peer server is started with (engine_args) is what its own process reads (spec_from_args): the spec

@@ -19,7 +19,7 @@ meanwhile is recorded beside it):
 The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its engine in a process of its own on
 one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
 process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator; its engine
-`PEER_SPEC`: its decode step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it
+`BEST_SPEC`: its decode step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it
 eager; its decodes read in the pool, `serve --attention in_place`, `--attention-twin` adds it gathering), transformers
 serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
@@ -57,7 +57,7 @@ from kvlab.benchmarks.vllm_client import CLIENT as SECOND_CLIENT
 from kvlab.benchmarks.vllm_client import vllm_client_sweep
 from kvlab.experiments.three_engines import (ENGINES, available_engines, measure_engine,
                                              same_greedy_tokens, server_pid, vllm_folder)
-from kvlab.http.peer import PEER_SPEC, LoopbackServer, process_usage
+from kvlab.http.peer import BEST_SPEC, LoopbackServer, process_usage
 from kvlab.experiments.two_engines import Protocol, knee, lesson_checkpoint, make_server, start_together
 from kvlab.serving.config import EngineSpec
 from kvlab.serving.knee import Knee
@@ -96,7 +96,7 @@ class Bench:
     realtime: bool = True  # the client in the real-time scheduling class where the machine allows it
     thread_twin: bool = False  # kvlab serve again with its engine in a thread of the server's process
     allocator_twin: bool = False  # kvlab serve again with the system's allocator settings (kvlab.allocator)
-    kvlab_spec: EngineSpec = PEER_SPEC  # kvlab serve's engine: at its best (compiled decode, in-place attention)
+    kvlab_spec: EngineSpec = BEST_SPEC  # kvlab serve's engine: at its best (compiled decode, in-place attention)
     compile_twin: bool = False  # kvlab serve again with its decode step eager
     attention_twin: bool = False  # kvlab serve again with its decodes' blocks gathered, not read in place
 
@@ -416,7 +416,7 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
                         slo_ttft_s=args.slo_ttft, bisect=args.bisect, seed=args.seed)
     bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
                   args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin,
-                  PEER_SPEC.replace(**({"compile_sizes": ()} if args.eager_decode else {}),
+                  BEST_SPEC.replace(**({"compile_sizes": ()} if args.eager_decode else {}),
                                     **({"attention": "gather"} if args.gather_attention else {})),
                   args.compile_twin, args.attention_twin)
     out = run(bench, log=lambda m: print(m, flush=True))

@@ -32,7 +32,7 @@ from kvlab.experiments.two_engines import (
 )
 from kvlab.experiments.wire import DEFAULT_RATES, check_rates, wire_service_curve
 from kvlab.http.client_priority import realtime_client
-from kvlab.http.peer import transformers_serve_available
+from kvlab.http.peer import BEST_SPEC, transformers_serve_available
 from kvlab.lessons.common.panel import ExperimentPanel
 from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines, plot_wire_service_curve
 from kvlab.workload import PROFILE_NAMES
@@ -155,8 +155,9 @@ def three_engines(folder: str | Path | None = None, rates: Sequence[float] = NOT
         return ThreeEngines(left_out[VLLM])
     folder = lesson_checkpoint(folder) if folder is not None else vllm_folder()
     log(f"starting {', '.join(engines)} (vLLM: 50-100 s) ...")
-    # kvlab serve as bench serve runs it (PEER_SPEC: at its best, compiled at start while vLLM compiles its own)
-    servers = start_together([make_server(e, folder) for e in engines])
+    # kvlab serve as bench serve runs it (BEST_SPEC: compiled at start while vLLM compiles its own)
+    servers = start_together([make_server(e, folder, spec=BEST_SPEC) if e == "kvlab serve" else make_server(e, folder)
+                              for e in engines])
     rows: list[dict] = []
     usage: list[dict] = []
     try:
