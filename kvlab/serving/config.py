@@ -45,8 +45,8 @@ class EngineSpec:
     - ``attention``: how decoding sequences attend over their blocks, "gather" (copied out, torch's attention) or
       "in_place" (read in the pool by kvlab's CPU kernel, ``kvlab.cache.in_place_attention``).
 
-    The last two change how fast a step runs, never what it computes; ``Engine(model, spec)`` hands them to its
-    ``ModelExecutor``.
+    The last two change how fast a step runs, not what it computes (up to float rounding: tests compare the greedy
+    tokens); ``Engine(model, spec)`` hands them to its ``ModelExecutor``.
     """
 
     block_size: int = BLOCK_SIZE
@@ -114,8 +114,8 @@ SERVE_SPEC = EngineSpec(scheduler=SchedulerConfig(max_waiting=64))
 def add_engine_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup,
                          defaults: EngineSpec = SERVE_SPEC, help: dict[str, str] | None = None) -> None:
     """The spec's options on a command line (``--seed`` is the command's own: it seeds the weights too): every
-    scheduler field, then ``--block-size``, ``--kv-budget-mb`` and ``--no-prefix-caching``, defaulting to
-    ``defaults``. ``spec_from_args`` reads them back."""
+    scheduler field, then ``--block-size``, ``--kv-budget-mb``, ``--no-prefix-caching``, ``--compile-decode`` and
+    ``--attention``, defaulting to ``defaults``. ``spec_from_args`` reads them back."""
     sched = defaults.scheduler
     changed = {f: getattr(sched, f) for f in OPTION_FIELDS if getattr(sched, f) != getattr(SchedulerConfig, f)}
     add_scheduler_arguments(group, help=help, **changed)
