@@ -1,9 +1,10 @@
 """The serving engine's paged executor on the device: every request's tokens equal ``generate``'s.
 
 The engine on the real decoder (``ModelExecutor`` over a ``PagedKVCache``) against one-at-a-time ``generate``
-with a dynamic cache, in four runs of the same requests: chunked prefill with prefix caching (a shared system
+with a dynamic cache, in five runs of the same requests: chunked prefill with prefix caching (a shared system
 prompt), a KV budget small enough to force preemption by recompute, every decode attended on its own
-(``DECODE_BATCH_MAX_SLOTS = 0``), and static batching. On CUDA the pool's bytes against the allocator's.
+(``DECODE_BATCH_MAX_SLOTS = 0``), static batching, and ``attention="in_place"`` (kvlab's CPU kernel; on CUDA the
+gather path). On CUDA the pool's bytes against the allocator's.
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def engine_runs(device: torch.device, quick: bool) -> list[dict]:
                                   slots=0),
         "static-batching": dict(scheduler=SchedulerConfig(policy="static", max_seqs=4, max_batch_tokens=512,
                                                           max_model_len=256)),
+        # kvlab serve's at-its-best attention: read in the pool on a CPU, the gather path on CUDA (a clean fallback)
+        "attention-in-place": dict(scheduler=SchedulerConfig(max_seqs=4, max_batch_tokens=512, max_model_len=256),
+                                   attention="in_place"),
     }
     rows = []
     for label, opts in runs.items():
@@ -71,7 +75,8 @@ def engine_runs(device: torch.device, quick: bool) -> list[dict]:
                    tokens_equal_generate=all(same), requests_equal=sum(same), steps=stats["steps"],
                    preemptions=stats["preemptions"], prefix_hit_tokens=stats["prefix_hit_tokens"],
                    mixed_steps=int(((trace.num_prefill_seqs > 0) & (trace.num_decode_seqs > 0)).sum()),
-                   wall_s=wall, output_tokens_per_s=out_tokens / wall, pool_bytes=pool)
+                   wall_s=wall, output_tokens_per_s=out_tokens / wall, pool_bytes=pool,
+                   in_place=engine.executor.cache.in_place)
         if device.type == "cuda":
             row["cuda_pool_bytes"] = after_build - before
             row["cuda_over_pool"] = (after_build - before) / pool
@@ -104,6 +109,16 @@ def test_cuda_allocated_is_the_pool(runs, gpu, record):
         else:
             record(f"engine {r['run']}: cuda allocated within 10% of the pool", None, f"{r['pool_bytes']} B +-10%",
                    f"not applicable on {gpu.device.type}: no CUDA allocator")
+    record.verdict()
+
+
+def test_in_place_attention_reads_the_pool_on_a_cpu_and_falls_back_to_gather_elsewhere(runs, gpu, record):
+    """``EngineSpec(attention="in_place")``: kvlab's CPU kernel where the pool is float32 on the CPU; on CUDA the
+    gather path, with the same tokens as generate's (the first test checks them)."""
+    r = runs["attention-in-place"]
+    expected = gpu.device.type == "cpu"
+    record("engine attention-in-place: the kernel only where it reads the pool", r["in_place"] == expected,
+           f"in_place={expected} on {gpu.device.type}", f"in_place={r['in_place']}")
     record.verdict()
 
 
