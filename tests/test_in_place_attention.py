@@ -100,3 +100,23 @@ def test_the_engine_gives_the_gather_paths_tokens_with_the_kernel(model):
     assert sum(map(len, expected.values())) >= 80
     assert greedy_tokens(model, "in_place") == expected
     assert greedy_tokens(model, "in_place", compile_sizes=(1, 2, 4, 8)) == expected
+
+
+@pytest.mark.full
+def test_kvlab_serve_with_the_kernel_answers_as_with_the_gather_path(tmp_path):
+    """`serve --attention in_place` across the process boundary: its engine's process builds (or loads) the kernel,
+    records the setting, and streams the gather server's greedy text."""
+    from kvlab.experiments.two_engines import lesson_checkpoint, same_greedy_answer, start_together
+    from kvlab.http.peer import PEER_SPEC, kvlab_server
+
+    folder = lesson_checkpoint(tmp_path / "recall-tiny")
+    gather, in_place = kvlab_server(folder), kvlab_server(folder, spec=PEER_SPEC.replace(attention="in_place"))
+    in_place.name = "kvlab serve, in place"
+    assert "--attention" in in_place.args and in_place.settings["attention"] == "in_place"
+    servers = start_together([gather, in_place])
+    try:
+        answers = same_greedy_answer(servers, max_tokens=32)
+    finally:
+        for s in servers:
+            s.stop()
+    assert len(answers["answers"]) == 2 and answers["same"], answers
