@@ -31,8 +31,28 @@ SOURCE = r"""
 // q (D, nh, hs); k_pool, v_pool (num_blocks, bs, nkv, hs); block_tables (D, W) int64; context_lens (D,) int64
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  // Checked before any read: a bad table raises in its step (the engine fails that step's requests) instead of
+  // reading outside the pool and taking the engine's process down with every other request.
+  TORCH_CHECK(q.dim() == 3 && k_pool.dim() == 4 && v_pool.sizes() == k_pool.sizes() && block_tables.dim() == 2,
+              "paged_decode_attention: q (D, nh, hs), pools (num_blocks, bs, nkv, hs), block_tables (D, W)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_pool.scalar_type() == at::kFloat && v_pool.scalar_type() == at::kFloat
+              && k_pool.is_contiguous() && v_pool.is_contiguous(), "paged_decode_attention: contiguous float32 only");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong
+              && block_tables.is_contiguous() && context_lens.is_contiguous(), "paged_decode_attention: int64 tables");
   const int64_t D = q.size(0), nh = q.size(1), hs = q.size(2);
-  const int64_t bs = k_pool.size(1), nkv = k_pool.size(2), W = block_tables.size(1), g = nh / nkv;
+  const int64_t nb = k_pool.size(0), bs = k_pool.size(1), nkv = k_pool.size(2), W = block_tables.size(1);
+  TORCH_CHECK(k_pool.size(3) == hs && nkv > 0 && nh % nkv == 0 && block_tables.size(0) == D
+              && context_lens.numel() == D, "paged_decode_attention: shapes disagree");
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t L = context_lens.data_ptr<int64_t>()[d];
+    TORCH_CHECK(L >= 1 && L <= W * bs, "paged_decode_attention: row ", d, " attends over ", L, " slots, its table ",
+                "holds ", W * bs);
+    for (int64_t j = 0; j < (L + bs - 1) / bs; ++j) {
+      const int64_t b = block_tables.data_ptr<int64_t>()[d * W + j];
+      TORCH_CHECK(b >= 0 && b < nb, "paged_decode_attention: row ", d, " names block ", b, " of a pool of ", nb);
+    }
+  }
+  const int64_t g = nh / nkv;
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
   const float* Q = qc.data_ptr<float>();

@@ -19,6 +19,12 @@ DECODE_BATCH_MAX_SLOTS = 2048
 ATTENTION_BACKENDS = ("gather", "in_place")
 
 
+def check_attention(attention: object) -> None:
+    """ValueError unless ``attention`` names one of ATTENTION_BACKENDS (the spec and the cache check it here)."""
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {attention!r}")
+
+
 @dataclass
 class PagedAttentionMetadata:
     """What one forward of the engine's packed batch needs to know (vLLM's attention metadata).
@@ -135,8 +141,7 @@ class PagedKVCache(KVCache):
                  num_blocks: int = 256, block_size: int = BLOCK_SIZE, attention: str = "gather") -> None:
         super().__init__(num_layers, num_kv_heads, head_dim, batch, dtype, device)
         check_pool_geometry(block_size, num_blocks)
-        if attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {attention!r}")
+        check_attention(attention)
         self.num_blocks, self.block_size = num_blocks, block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zeros, not empty: padded decode keys are masked, but 0 x NaN from stale memory would still be NaN.

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kvlab.cache.paged import ATTENTION_BACKENDS, BLOCK_SIZE, check_pool_geometry
+from kvlab.cache.paged import ATTENTION_BACKENDS, BLOCK_SIZE, check_attention, check_pool_geometry
 from kvlab.model.config import ModelConfig
 from kvlab.serving.compiled_decode import COMPILE_SIZES
 from kvlab.serving.scheduler import SchedulerConfig
@@ -64,8 +64,7 @@ class EngineSpec:
         if not isinstance(sizes, tuple) or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
             raise ValueError(f"compile_sizes must be a tuple of positive batch sizes, e.g. {COMPILE_SIZES}; got "
                              f"{sizes!r}")
-        if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
+        check_attention(self.attention)
         budget = self.kv_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"kv_budget_bytes must be a whole number of bytes >= 1, or None (room for max_seqs "
