@@ -52,6 +52,57 @@ def real_vllm_home():
         os.environ["KVLAB_VLLM_HOME"] = empty
 
 
+# -- the notebooks' one execution, ahead of the tests that read it ----------------------------------------------------
+# Tests marked `notebook_runs` read a notebook's one run of the session (tests/notebook_run.py): they run last, and
+# the notebooks they read are executed from the session's start in a background thread while the other tests run, so
+# the default run takes about the longer of the two rather than their sum (the notebooks mostly wait on real-time
+# clocks: about 350 s of the 730 s the default run took one after the other here, using half a core on average).
+NOTEBOOKS_AHEAD = pytest.StashKey[list[str]]()
+
+
+def notebooks_read(item: pytest.Item) -> list[str]:
+    """The notebooks a `notebook_runs` test reads: its marker's names, else the notebook it is parametrised on
+    (tests/test_notebooks.py's ``run``), else every notebook of the course."""
+    marker = item.get_closest_marker("notebook_runs")
+    if marker is None:
+        return []
+    if marker.args:
+        return list(marker.args)
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and isinstance(callspec.params.get("run"), str):
+        return [callspec.params["run"]]
+    from kvlab.course import NOTEBOOKS
+
+    return [n.file for n in NOTEBOOKS]
+
+
+class NotebookReadersLast:
+    """A plugin of its own (pytest_configure registers it): a module holds one hook of a name, and this one must run
+    after -m and -k have deselected (and after the lesson markers below are added), so only tests that will run count."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        readers = [item for item in items if item.get_closest_marker("notebook_runs")]
+        items[:] = [item for item in items if not item.get_closest_marker("notebook_runs")] + readers
+        names = [name for item in readers for name in notebooks_read(item)]
+        config.stash[NOTEBOOKS_AHEAD] = list(dict.fromkeys(sorted(names)))  # course order (NN_ prefixes), once each
+
+
+@pytest.fixture(autouse=True, scope="session")
+def notebooks_ahead(request: pytest.FixtureRequest):
+    """Starts executing the notebooks this session's tests read (none: nothing starts), and at the end starts no
+    other and waits for the one running."""
+    names = request.config.stash.get(NOTEBOOKS_AHEAD, [])
+    if not names:
+        yield
+        return
+    from notebook_run import Ahead
+
+    ahead = Ahead(names)
+    yield
+    ahead.stop()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Every test runs on one torch thread: tiny models are fastest so, and a shared 2-core machine does not thrash."""
@@ -154,6 +205,8 @@ def _lesson_of(value) -> str | None:
 
 def pytest_configure(config):
     from kvlab.course import NOTEBOOKS
+
+    config.pluginmanager.register(NotebookReadersLast(), "kvlab-notebook-readers-last")
 
     for entry in NOTEBOOKS:
         number = entry.file[:2]

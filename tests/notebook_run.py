@@ -5,6 +5,8 @@ kernel of this environment (the interpreter running pytest, as nbval's ``--nbval
 ``notebooks/`` like a learner's Run All, and keeps the result for the session: the executed notebook
 (outputs of this run), the saved one (outputs of the authors' run), the seconds taken and the errors.
 Errors are collected, not raised, so every test of that notebook reports on the same run.
+A session whose tests read notebook runs executes them ahead, in a background thread (``Ahead``, started by
+tests/conftest.py), while the other tests run: the notebooks spend much of their time waiting on real-time clocks.
 
 ``compare_outputs`` is nbval's comparison of one cell (``# NBVAL_CHECK_OUTPUT``): streams coalesced
 and keyed by their name, every MIME type compared except images and widget views.
@@ -12,10 +14,13 @@ and keyed by their name, every MIME type compared except images and widget views
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import threading
 import time
 from collections import defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +69,8 @@ class NotebookRun:
         return [(s, e) for s, e in zip(self.saved.cells, self.executed.cells) if s.cell_type == "code"]
 
 
-_RUNS: dict[str, NotebookRun] = {}
+_RUNS: dict[str, Future[NotebookRun]] = {}  # name -> its one run (a thread ahead may still be making it)
+_LOCK = threading.Lock()
 
 
 def _kernel_manager(claim_folder: Path | None = None):
@@ -98,10 +104,47 @@ def visible_text(out) -> str:
     return data.get("text/plain", "") if isinstance(data.get("text/plain", ""), str) else ""
 
 
-def run_notebook(name: str) -> NotebookRun:
-    """Execute ``notebooks/<name>`` once per session (later calls return the same run)."""
-    if name in _RUNS:
-        return _RUNS[name]
+def run_notebook(name: str, env: dict[str, str] | None = None) -> NotebookRun:
+    """Execute ``notebooks/<name>`` once per session; later calls, from any thread, wait for and return that run.
+    ``env``: the kernel's environment (default: this process's, now)."""
+    with _LOCK:
+        future = _RUNS.get(name)
+        owner = future is None
+        if owner:
+            future = _RUNS[name] = Future()
+    if owner:
+        try:
+            future.set_result(_execute(name, dict(os.environ) if env is None else env))
+        except BaseException as e:  # kept for every test that reads this run, raised to each
+            future.set_exception(e)
+    return future.result()
+
+
+class Ahead:
+    """The notebooks ``names`` executed one after another in a background thread (``run_notebook``), each in a kernel
+    with the environment the session had when this started (a test's monkeypatched variables never reach it).
+    ``stop()``: start no other notebook, and wait for the one running."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.env, self.stopping = names, dict(os.environ), threading.Event()
+        self.thread = threading.Thread(target=self._run, name="notebooks ahead", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for name in self.names:
+            if self.stopping.is_set():
+                return
+            try:
+                run_notebook(name, self.env)
+            except BaseException:  # kept in the run's future: the tests that read it report it
+                pass
+
+    def stop(self, timeout_s: float = CELL_TIMEOUT_S) -> None:
+        self.stopping.set()
+        self.thread.join(timeout_s)
+
+
+def _execute(name: str, env: dict[str, str]) -> NotebookRun:
     from nbclient import NotebookClient
 
     saved = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
@@ -114,11 +157,16 @@ def run_notebook(name: str) -> NotebookRun:
     shutil.rmtree(claims, ignore_errors=True)
     start = time.perf_counter()
     # vLLM: tests/conftest.py gives every test, and so this kernel, an empty KVLAB_VLLM_HOME (not set up).
-    client = NotebookClient(executed, km=_kernel_manager(claims), timeout=CELL_TIMEOUT_S, allow_errors=True,
+    km = _kernel_manager(claims)
+    client = NotebookClient(executed, km=km, timeout=CELL_TIMEOUT_S, allow_errors=True,
                             store_widget_state=False, record_timing=False,
                             resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    client.execute()
-    seconds = time.perf_counter() - start
+    try:
+        client.execute(env=env)
+        seconds = time.perf_counter() - start
+    finally:  # the kernel is ours (a manager we made): ended with its run, not left for the session's end
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     dump = executed.cells.pop()
     records = json.loads("".join(o.get("text", "") for o in dump.outputs if o.get("output_type") == "stream") or "[]")
     by_count = {cell.execution_count: i for i, cell in enumerate(executed.cells) if cell.cell_type == "code"}
@@ -129,8 +177,9 @@ def run_notebook(name: str) -> NotebookRun:
     errors = [f"cell {i}: {out.get('ename')}: {out.get('evalue')}"
               for i, cell in enumerate(executed.cells) if cell.cell_type == "code"
               for out in cell.get("outputs", []) if out.get("output_type") == "error"]
-    run = _RUNS[name] = NotebookRun(name, saved, executed, seconds, errors, figure_texts, claims)
-    _record_time(run)
+    run = NotebookRun(name, saved, executed, seconds, errors, figure_texts, claims)
+    with _LOCK:
+        _record_time(run)
     return run
 
 

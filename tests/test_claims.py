@@ -63,6 +63,7 @@ def test_every_claim_has_an_example_and_a_notebook_of_the_course():
         assert c.notebook in files, f"claim {c.name} belongs to {c.notebook}, which is not in kvlab.course.NOTEBOOKS"
 
 
+@pytest.mark.notebook_runs
 def test_every_claim_with_its_verdict_on_this_machine():
     rows, checked = [], []
     for c in CLAIMS.values():
@@ -119,6 +120,7 @@ def test_every_wall_clock_claim_that_asserts_has_a_counterexample_and_only_those
     assert not stray, f"counterexamples of claims that are deterministic or do not assert: {stray}"
 
 
+@pytest.mark.notebook_runs
 @pytest.mark.parametrize("c", WALL_ASSERTING, ids=lambda c: c.name)
 def test_a_wall_clock_claim_is_marked_false_on_its_counterexample_and_holds_on_its_example(c):
     """On a run built (or edited) so that the sentence is false, the claim says ✗ (False, not "not checked"),

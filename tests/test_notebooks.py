@@ -26,6 +26,7 @@ from notebook_run import CHECK_OUTPUT, compare_outputs, run_notebook
 from test_course import ANY_MACHINE_PATH, PANEL_CELL, machine_paths, output_texts
 from test_workshop_edition import assert_answers_folded
 
+pytestmark = pytest.mark.notebook_runs  # each test reads the run of the notebook it is parametrised on
 FILES = [n.file for n in NOTEBOOKS]
 VERDICTS_CALL = re.compile(r"verdicts\(([^)]*)\)", re.S)
 CLAIM_LINE = re.compile(r'<div class="kvlab-claim"')

@@ -108,6 +108,7 @@ def run():
     return EnginesRun(frame, a["servers"], a["greedy"], a["settings"], a["unavailable"])
 
 
+@pytest.mark.notebook_runs("09_measure_a_real_server.ipynb")
 def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accounted_for(run):
     t = run.frame
     engines = ENGINES if OK else ENGINES[:1]
@@ -139,6 +140,7 @@ def test_both_engines_are_measured_cold_warm_and_swept_with_every_request_accoun
     assert t.attrs["settings"]["slo_ttft_s"] == 1.0 and set(t.attrs["servers"]) == set(engines)
 
 
+@pytest.mark.notebook_runs("09_measure_a_real_server.ipynb")
 @pytest.mark.skipif(not OK, reason=WHY)
 def test_the_two_servers_hold_the_same_weights_and_report_their_settings(run):
     assert len(set(run.greedy.values())) == 1, run.greedy  # greedy text equal on both servers
@@ -148,6 +150,7 @@ def test_the_two_servers_hold_the_same_weights_and_report_their_settings(run):
     assert "--continuous-batching" in run.servers["transformers serve"]["command"]
 
 
+@pytest.mark.notebook_runs("09_measure_a_real_server.ipynb")
 def test_the_figure_draws_each_engines_sweep(run):
     from kvlab.lessons.l09_measure_a_real_server.figures import plot_two_engines
 

@@ -7,11 +7,15 @@ CPU its time is memory traffic and per-call overhead. This kernel walks each seq
 slot once, in the pool: one call per layer for every decoding sequence of the step, whatever their lengths.
 
 It is vLLM's approach (https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp on a CPU), written
-small: one sequence per task, all its query heads per slot row, a two-pass softmax. It is C++ built once per machine
-with the C++ compiler torch's extensions use (``torch.utils.cpp_extension.load_inline``, cached in torch's extensions
-folder; about a minute the first time, for this machine's instruction set), for float32 pools on the CPU; every other
-pool keeps the torch path. kvlab's choice, for teaching: the lessons keep the gather path (notebook 07's last
-exercise writes it); ``python -m kvlab serve --attention in_place`` and the peers of ``bench serve`` and 09 use it.
+small: one task per sequence and KV head, the query heads that share it scored on each key as it is read, a softmax
+kept online chunk by chunk of slots (flash-decoding's running maximum, so a chunk's keys and values are read while
+they sit in the L1 cache), and an ``exp`` written as a polynomial the compiler vectorises. It is C++ built once per
+machine with the C++ compiler torch's extensions use (``torch.utils.cpp_extension.load_inline``, cached in torch's
+extensions folder; about a minute the first time, for this machine's instruction set), for float32 pools on the CPU;
+every other pool keeps the torch path. Prompt chunks keep torch's attention (a tiled prompt kernel written the same
+way ran at half the speed of torch's flash attention, 2026-12-07, and was not kept). kvlab's choice, for teaching:
+the lessons keep the gather path (notebook 07's last exercise writes it); ``python -m kvlab serve --attention
+in_place`` and the peers of ``bench serve`` and 09 use it.
 """
 from __future__ import annotations
 
@@ -25,8 +29,106 @@ SOURCE = r"""
 #include <torch/library.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
+
+namespace {
+
+// exp(x) for x <= 0 (softmax's shifted scores), vectorisable: 2^n * p(r), r in [-ln2/2, ln2/2] (Cephes' expf
+// polynomial, about 1 ulp); below -87, exp(-87) (1e-38, nothing beside the maximum's 1); a NaN stays NaN
+inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);  // a NaN compares false, stays, and stays NaN through the arithmetic
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t e = static_cast<int32_t>(n) + 127;
+  e = e < 0 ? 0 : e;
+  uint32_t bits = static_cast<uint32_t>(e) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+constexpr int64_t CHUNK = 16;  // slots scored at a time (a block of more is walked in chunks of this many)
+
+// Scratch for one task: the group's scaled queries and sums (g, hs), running maxima and totals (g,), scores (g, CHUNK).
+struct Scratch {
+  std::vector<float> q, acc, m, z, s;
+  Scratch(int64_t g, int64_t hs) : q(g * hs), acc(g * hs), m(g), z(g), s(g * CHUNK) {}
+};
+
+// One sequence, one KV head and its g query heads: over each chunk of slots, the scores, a running maximum (what was
+// summed is rescaled when it rises), then the values weighted. HS: the head size as a compile-time constant for the
+// usual sizes (0: any, read from hs).
+template <int64_t HS>
+void attend(const float* q, const float* K, const float* V, const int64_t* table, int64_t L, int64_t bs,
+            int64_t row, int64_t g, int64_t hs_any, float sc, float* o, Scratch& w) {
+  const int64_t hs = HS > 0 ? HS : hs_any;
+  float* qs = w.q.data();
+  float* acc = w.acc.data();
+  float* m = w.m.data();
+  float* z = w.z.data();
+  float* s = w.s.data();
+  for (int64_t j = 0; j < g; ++j) {
+    for (int64_t c = 0; c < hs; ++c) { qs[j * hs + c] = q[j * hs + c] * sc; acc[j * hs + c] = 0.f; }
+    m[j] = -std::numeric_limits<float>::infinity();
+    z[j] = 0.f;
+  }
+  for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
+    t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
+    const int64_t first = table[t0 / bs] * bs + t0 % bs;  // the chunk's first slot in the pool
+    float bm[64];  // the chunk's maximum per query head (g <= 64, checked)
+    for (int64_t j = 0; j < g; ++j) bm[j] = -std::numeric_limits<float>::infinity();
+    for (int64_t t = t0; t < t1; ++t) {  // scores: each slot's key read once for the group's query heads
+      const float* kt = K + (first + t - t0) * row;
+      for (int64_t j = 0; j < g; ++j) {
+        const float* qj = qs + j * hs;
+        float dot = 0.f;
+#pragma omp simd reduction(+:dot)
+        for (int64_t c = 0; c < hs; ++c) dot += qj[c] * kt[c];
+        s[j * CHUNK + t - t0] = dot;
+        bm[j] = std::max(bm[j], dot);
+      }
+    }
+    for (int64_t j = 0; j < g; ++j) {
+      const float mn = std::max(m[j], bm[j]);
+      float* aj = acc + j * hs;
+      if (mn > m[j]) {  // a new maximum: rescale what was summed so far
+        const float f = exp_neg(m[j] - mn);
+        z[j] *= f;
+#pragma omp simd
+        for (int64_t c = 0; c < hs; ++c) aj[c] *= f;
+        m[j] = mn;
+      }
+      float* sj = s + j * CHUNK;
+      float sum = 0.f;
+#pragma omp simd reduction(+:sum)
+      for (int64_t t = 0; t < t1 - t0; ++t) { sj[t] = exp_neg(sj[t] - mn); sum += sj[t]; }
+      z[j] += sum;
+    }
+    for (int64_t t = t0; t < t1; ++t) {  // values, weighted: each slot's value read once
+      const float* vt = V + (first + t - t0) * row;
+      for (int64_t j = 0; j < g; ++j) {
+        const float p = s[j * CHUNK + t - t0];
+        float* aj = acc + j * hs;
+#pragma omp simd
+        for (int64_t c = 0; c < hs; ++c) aj[c] += p * vt[c];
+      }
+    }
+  }
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t c = 0; c < hs; ++c) o[j * hs + c] = acc[j * hs + c] / z[j];
+}
+
+
+}  // namespace
 
 // q (D, nh, hs); k_pool, v_pool (num_blocks, bs, nkv, hs); block_tables (D, W) int64; context_lens (D,) int64
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -43,69 +145,41 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t nb = k_pool.size(0), bs = k_pool.size(1), nkv = k_pool.size(2), W = block_tables.size(1);
   TORCH_CHECK(k_pool.size(3) == hs && nkv > 0 && nh % nkv == 0 && block_tables.size(0) == D
               && context_lens.numel() == D, "paged_decode_attention: shapes disagree");
+  TORCH_CHECK(nh / nkv <= 64, "paged_decode_attention: at most 64 query heads per KV head");
+  const int64_t* T = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
   for (int64_t d = 0; d < D; ++d) {
-    const int64_t L = context_lens.data_ptr<int64_t>()[d];
+    const int64_t L = lens[d];
     TORCH_CHECK(L >= 1 && L <= W * bs, "paged_decode_attention: row ", d, " attends over ", L, " slots, its table ",
                 "holds ", W * bs);
     for (int64_t j = 0; j < (L + bs - 1) / bs; ++j) {
-      const int64_t b = block_tables.data_ptr<int64_t>()[d * W + j];
+      const int64_t b = T[d * W + j];
       TORCH_CHECK(b >= 0 && b < nb, "paged_decode_attention: row ", d, " names block ", b, " of a pool of ", nb);
     }
   }
-  const int64_t g = nh / nkv;
+  const int64_t g = nh / nkv, row = nkv * hs;
   const at::Tensor qc = q.contiguous();
   at::Tensor out = at::empty_like(qc);
   const float* Q = qc.data_ptr<float>();
   const float* K = k_pool.data_ptr<float>();
   const float* V = v_pool.data_ptr<float>();
-  const int64_t* T = block_tables.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
   float* O = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, D, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s, acc(nh * hs), z(nh);
-    for (int64_t d = begin; d < end; ++d) {
-      const int64_t L = lens[d];
-      const int64_t* table = T + d * W;
-      const float* qd = Q + d * nh * hs;
-      s.resize(nh * L);
-      for (int64_t t = 0; t < L; ++t) {  // scores: each slot's row (nkv, hs) read once, for every query head
-        const float* kt = K + (table[t / bs] * bs + t % bs) * nkv * hs;
-        for (int64_t j = 0; j < nh; ++j) {
-          const float* qj = qd + j * hs;
-          const float* kh = kt + (j / g) * hs;
-          float dot = 0.f;
-#pragma omp simd reduction(+:dot)
-          for (int64_t c = 0; c < hs; ++c) dot += qj[c] * kh[c];
-          s[j * L + t] = dot * sc;
-        }
-      }
-      for (int64_t j = 0; j < nh; ++j) {  // softmax per head (a NaN score stays NaN: a fault stays visible)
-        float* sj = s.data() + j * L;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < L; ++t) mx = std::max(mx, sj[t]);
-        float sum = 0.f;
-        for (int64_t t = 0; t < L; ++t) { sj[t] = std::exp(sj[t] - mx); sum += sj[t]; }
-        z[j] = sum;
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = 0; t < L; ++t) {  // values, weighted: each slot's row read once
-        const float* vt = V + (table[t / bs] * bs + t % bs) * nkv * hs;
-        for (int64_t j = 0; j < nh; ++j) {
-          const float p = s[j * L + t];
-          const float* vh = vt + (j / g) * hs;
-          float* a = acc.data() + j * hs;
-#pragma omp simd
-          for (int64_t c = 0; c < hs; ++c) a[c] += p * vh[c];
-        }
-      }
-      float* o = O + d * nh * hs;
-      for (int64_t j = 0; j < nh; ++j)
-        for (int64_t c = 0; c < hs; ++c) o[j * hs + c] = acc[j * hs + c] / z[j];
+  at::parallel_for(0, D * nkv, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(g, hs);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t d = i / nkv, h = i % nkv;
+      const float* qd = Q + (d * nh + h * g) * hs;
+      float* od = O + (d * nh + h * g) * hs;
+      if (hs == 32) attend<32>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
+      else if (hs == 64) attend<64>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
+      else if (hs == 128) attend<128>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
+      else attend<0>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
     }
   });
   return out;
 }
+
 
 TORCH_LIBRARY(kvlab_paged, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_pool, Tensor v_pool, Tensor block_tables, Tensor context_lens, "
@@ -126,7 +200,7 @@ def load() -> None:
 
     try:
         load_inline("kvlab_paged_attention", cpp_sources=SOURCE, is_python_module=False,
-                    extra_cflags=["-O3", "-march=native", "-fopenmp-simd"])
+                    extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math"])
     except Exception as exc:  # no compiler, or it failed: say what to use instead
         raise KernelUnavailable(
             f"the in-place decode attention kernel could not be built ({type(exc).__name__}: {exc}); it needs the C++ "
@@ -148,3 +222,4 @@ def paged_decode_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.
     its length are never read. ``load()`` first (``PagedKVCache(attention="in_place")`` does, when it is made)."""
     return torch.ops.kvlab_paged.paged_decode_attention(q, k_pool, v_pool, block_tables, context_lens,
                                                         q.size(-1) ** -0.5)
+
