@@ -58,10 +58,11 @@ inline float exp_neg(float x) {
 
 constexpr int64_t CHUNK = 16;  // slots scored at a time (a block of more is walked in chunks of this many)
 
-// Scratch for one task: the group's scaled queries and sums (g, hs), running maxima and totals (g,), scores (g, CHUNK).
+// Scratch for one task: the group's scaled queries and sums (g, hs), running maxima, totals and a chunk's maxima (g,),
+// scores (g, CHUNK).
 struct Scratch {
-  std::vector<float> q, acc, m, z, s;
-  Scratch(int64_t g, int64_t hs) : q(g * hs), acc(g * hs), m(g), z(g), s(g * CHUNK) {}
+  std::vector<float> q, acc, m, z, bm, s;
+  Scratch(int64_t g, int64_t hs) : q(g * hs), acc(g * hs), m(g), z(g), bm(g), s(g * CHUNK) {}
 };
 
 // One sequence, one KV head and its g query heads: over each chunk of slots, the scores, a running maximum (what was
@@ -75,6 +76,7 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
   float* acc = w.acc.data();
   float* m = w.m.data();
   float* z = w.z.data();
+  float* bm = w.bm.data();
   float* s = w.s.data();
   for (int64_t j = 0; j < g; ++j) {
     for (int64_t c = 0; c < hs; ++c) { qs[j * hs + c] = q[j * hs + c] * sc; acc[j * hs + c] = 0.f; }
@@ -84,7 +86,6 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
   for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
     t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
     const int64_t first = table[t0 / bs] * bs + t0 % bs;  // the chunk's first slot in the pool
-    float bm[64];  // the chunk's maximum per query head (g <= 64, checked)
     for (int64_t j = 0; j < g; ++j) bm[j] = -std::numeric_limits<float>::infinity();
     for (int64_t t = t0; t < t1; ++t) {  // scores: each slot's key read once for the group's query heads
       const float* kt = K + (first + t - t0) * row;
@@ -145,7 +146,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const int64_t nb = k_pool.size(0), bs = k_pool.size(1), nkv = k_pool.size(2), W = block_tables.size(1);
   TORCH_CHECK(k_pool.size(3) == hs && nkv > 0 && nh % nkv == 0 && block_tables.size(0) == D
               && context_lens.numel() == D, "paged_decode_attention: shapes disagree");
-  TORCH_CHECK(nh / nkv <= 64, "paged_decode_attention: at most 64 query heads per KV head");
   const int64_t* T = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   for (int64_t d = 0; d < D; ++d) {
@@ -165,16 +165,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const float* V = v_pool.data_ptr<float>();
   float* O = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  const auto run = hs == 32 ? attend<32> : hs == 64 ? attend<64> : hs == 128 ? attend<128> : attend<0>;
   at::parallel_for(0, D * nkv, 1, [&](int64_t begin, int64_t end) {
     Scratch w(g, hs);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t d = i / nkv, h = i % nkv;
-      const float* qd = Q + (d * nh + h * g) * hs;
-      float* od = O + (d * nh + h * g) * hs;
-      if (hs == 32) attend<32>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
-      else if (hs == 64) attend<64>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
-      else if (hs == 128) attend<128>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
-      else attend<0>(qd, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc, od, w);
+      run(Q + (d * nh + h * g) * hs, K + h * hs, V + h * hs, T + d * W, lens[d], bs, row, g, hs, sc,
+          O + (d * nh + h * g) * hs, w);
     }
   });
   return out;
