@@ -78,6 +78,27 @@ def test_the_kernel_matches_dense_attention_per_row_and_reads_no_slot_past_a_len
         in_place_attention.paged_decode_attention(q, k_pool, v_pool, block_tables, torch.tensor([81] + lens[1:]))
 
 
+
+@pytest.mark.parametrize("nh, nkv, hs, bs", [(4, 2, 32, 16), (8, 1, 64, 5), (4, 4, 128, 24), (80, 1, 32, 16),
+                                             (6, 2, 16, 7), (6, 3, 48, 1)])
+def test_the_kernel_matches_dense_attention_on_every_geometry(nh, nkv, hs, bs):
+    """Head sizes with a vectorised path (32, 64, 128 where the CPU has AVX2) and without (16, 48); blocks shorter than
+    the 8 slots scored together (1, 5, 7), longer than a chunk of 16 (24); one to 40 query heads per KV head."""
+    in_place_attention.load()
+    torch.manual_seed(1)
+    lens = [1, 7, 8, 9, 16, 17, 40, 123]
+    width = max(-(-n // bs) for n in lens)
+    nb = len(lens) * width + 1
+    k_pool, v_pool = torch.randn(nb, bs, nkv, hs), torch.randn(nb, bs, nkv, hs)
+    block_tables = (torch.randperm(nb - 1) + 1)[:len(lens) * width].view(len(lens), width)
+    q = torch.randn(len(lens), nh, hs)
+    got = in_place_attention.paged_decode_attention(q, k_pool, v_pool, block_tables, torch.tensor(lens))
+    for i, n in enumerate(lens):
+        keys = k_pool[block_tables[i]].reshape(-1, nkv, hs)[:n].transpose(0, 1)[None]  # (1, nkv, n, hs)
+        values = v_pool[block_tables[i]].reshape(-1, nkv, hs)[:n].transpose(0, 1)[None]
+        want = F.scaled_dot_product_attention(q[i][None, :, None], keys, values, enable_gqa=True)[0, :, 0]
+        torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
+
 def greedy_tokens(model, attention: str, compile_sizes: tuple[int, ...] = ()) -> dict:
     """Every token of 10 long-prompt requests at once: 8 decode together over about 2,500-3,800 slots, past the
     gather path's cap (DECODE_BATCH_MAX_SLOTS), so the gather path attends them one by one. With ``compile_sizes``

@@ -9,7 +9,10 @@ slot once, in the pool: one call per layer for every decoding sequence of the st
 It is vLLM's approach (https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp on a CPU), written
 small: one task per sequence and KV head, the query heads that share it scored on each key as it is read, a softmax
 kept online chunk by chunk of slots (flash-decoding's running maximum, so a chunk's keys and values are read while
-they sit in the L1 cache), and an ``exp`` written as a polynomial the compiler vectorises. It is C++ built once per
+they sit in the L1 cache), and an ``exp`` written as a polynomial the compiler vectorises. Where the machine has AVX2
+and FMA (most x86 CPUs since 2013) and the head size is 32, 64 or 128, a head's query and sums stay in registers and
+the scores of 8 slots are summed across lanes together (1.4-1.9x on the same decodes, 2026-12-07); elsewhere the
+portable loops run. It is C++ built once per
 machine with the C++ compiler torch's extensions use (``torch.utils.cpp_extension.load_inline``, cached in torch's
 extensions folder; about a minute the first time, for this machine's instruction set), for float32 pools on the CPU;
 every other pool keeps the torch path. Prompt chunks keep torch's attention (a tiled prompt kernel written the same
@@ -32,6 +35,9 @@ SOURCE = r"""
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -57,6 +63,20 @@ inline float exp_neg(float x) {
 }
 
 constexpr int64_t CHUNK = 16;  // slots scored at a time (a block of more is walked in chunks of this many)
+
+// Ask for the keys and values of the chunk that starts at slot t1 (if any) while the current one is scored: its block
+// may lie anywhere in the pool, where no hardware prefetcher would look (10-50% on decodes whose pool is not in cache).
+inline void prefetch_chunk(const float* K, const float* V, const int64_t* table, int64_t t1, int64_t L, int64_t bs,
+                           int64_t row, int64_t hs) {
+  if (t1 >= L) return;
+  const int64_t n = std::min({L, t1 + CHUNK, (t1 / bs + 1) * bs}) - t1;
+  const int64_t first = (table[t1 / bs] * bs + t1 % bs) * row;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < hs; c += 16) {  // one 64-byte line at a time
+      __builtin_prefetch(K + first + t * row + c);
+      __builtin_prefetch(V + first + t * row + c);
+    }
+}
 
 // Scratch for one task: the group's scaled queries and sums (g, hs), running maxima, totals and a chunk's maxima (g,),
 // scores (g, CHUNK).
@@ -86,6 +106,7 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
   for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
     t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
     const int64_t first = table[t0 / bs] * bs + t0 % bs;  // the chunk's first slot in the pool
+    prefetch_chunk(K, V, table, t1, L, bs, row, hs);
     for (int64_t j = 0; j < g; ++j) bm[j] = -std::numeric_limits<float>::infinity();
     for (int64_t t = t0; t < t1; ++t) {  // scores: each slot's key read once for the group's query heads
       const float* kt = K + (first + t - t0) * row;
@@ -129,6 +150,91 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
 }
 
 
+#if defined(__AVX2__) && defined(__FMA__)
+// The sums of 8 vectors' lanes, as one vector: lane i holds the sum of r[i]'s 8 lanes (six horizontal adds, two lane
+// swaps and one add for 8 dot products, where each on its own would end in a chain of shuffles).
+inline __m256 sum_lanes8(const __m256* r) {
+  const __m256 t0 = _mm256_hadd_ps(r[0], r[1]), t1 = _mm256_hadd_ps(r[2], r[3]);
+  const __m256 t2 = _mm256_hadd_ps(r[4], r[5]), t3 = _mm256_hadd_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// attend<HS> with AVX2 intrinsics for head sizes that are a multiple of 8: a head's query and its chunk's sums held
+// in registers; the scores of 8 slots reduced together.
+template <int64_t HS>
+void attend_avx2(const float* q, const float* K, const float* V, const int64_t* table, int64_t L, int64_t bs,
+                 int64_t row, int64_t g, int64_t /*hs_any*/, float sc, float* o, Scratch& w) {
+  constexpr int64_t NV = HS / 8;
+  float* qs = w.q.data();
+  float* acc = w.acc.data();
+  float* m = w.m.data();
+  float* z = w.z.data();
+  float* s = w.s.data();
+  for (int64_t j = 0; j < g; ++j) {
+    for (int64_t c = 0; c < HS; ++c) { qs[j * HS + c] = q[j * HS + c] * sc; acc[j * HS + c] = 0.f; }
+    m[j] = -std::numeric_limits<float>::infinity();
+    z[j] = 0.f;
+  }
+  for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
+    t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
+    const int64_t n = t1 - t0;
+    const float* Kc = K + (table[t0 / bs] * bs + t0 % bs) * row;  // the chunk's first slot in the pool
+    const float* Vc = V + (table[t0 / bs] * bs + t0 % bs) * row;
+    if (t1 < L) {  // prefetch_chunk, written out: measured faster here than the call
+      const int64_t nn = std::min({L, t1 + CHUNK, (t1 / bs + 1) * bs}) - t1;
+      const int64_t off = (table[t1 / bs] * bs + t1 % bs) * row;
+      for (int64_t t = 0; t < nn; ++t)
+        for (int64_t c = 0; c < HS; c += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(K + off + t * row + c), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(V + off + t * row + c), _MM_HINT_T0);
+        }
+    }
+    for (int64_t j = 0; j < g; ++j) {
+      __m256 qv[NV];
+      for (int64_t v = 0; v < NV; ++v) qv[v] = _mm256_loadu_ps(qs + j * HS + 8 * v);
+      float* sj = s + j * CHUNK;
+      for (int64_t tb = 0; tb < n; tb += 8) {  // 8 slots' scores at a time
+        __m256 r[8];
+        for (int64_t u = 0; u < 8; ++u) {
+          r[u] = _mm256_setzero_ps();
+          if (tb + u < n) {
+            const float* kt = Kc + (tb + u) * row;
+            for (int64_t v = 0; v < NV; ++v) r[u] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(kt + 8 * v), r[u]);
+          }
+        }
+        _mm256_storeu_ps(sj + tb, sum_lanes8(r));
+      }
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sj[t]);
+      const float mn = std::max(m[j], mx);
+      float* aj = acc + j * HS;
+      __m256 a[NV];
+      if (mn > m[j]) {  // a new maximum: rescale what was summed so far
+        const float f = exp_neg(m[j] - mn);
+        z[j] *= f;
+        for (int64_t v = 0; v < NV; ++v) a[v] = _mm256_mul_ps(_mm256_set1_ps(f), _mm256_loadu_ps(aj + 8 * v));
+        m[j] = mn;
+      } else {
+        for (int64_t v = 0; v < NV; ++v) a[v] = _mm256_loadu_ps(aj + 8 * v);
+      }
+      float sum = 0.f;
+#pragma omp simd reduction(+:sum)
+      for (int64_t t = 0; t < n; ++t) { sj[t] = exp_neg(sj[t] - mn); sum += sj[t]; }
+      z[j] += sum;
+      for (int64_t t = 0; t < n; ++t) {  // values, weighted, into the head's sums held in registers
+        const __m256 p = _mm256_set1_ps(sj[t]);
+        const float* vt = Vc + t * row;
+        for (int64_t v = 0; v < NV; ++v) a[v] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vt + 8 * v), a[v]);
+      }
+      for (int64_t v = 0; v < NV; ++v) _mm256_storeu_ps(aj + 8 * v, a[v]);
+    }
+  }
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t c = 0; c < HS; ++c) o[j * HS + c] = acc[j * HS + c] / z[j];
+}
+#endif
+
 }  // namespace
 
 // q (D, nh, hs); k_pool, v_pool (num_blocks, bs, nkv, hs); block_tables (D, W) int64; context_lens (D,) int64
@@ -165,7 +271,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pool,
   const float* V = v_pool.data_ptr<float>();
   float* O = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+#if defined(__AVX2__) && defined(__FMA__)
+  const auto run = hs == 32 ? attend_avx2<32> : hs == 64 ? attend_avx2<64> : hs == 128 ? attend_avx2<128>
+                 : attend<0>;
+#else
   const auto run = hs == 32 ? attend<32> : hs == 64 ? attend<64> : hs == 128 ? attend<128> : attend<0>;
+#endif
   at::parallel_for(0, D * nkv, 1, [&](int64_t begin, int64_t end) {
     Scratch w(g, hs);
     for (int64_t i = begin; i < end; ++i) {
