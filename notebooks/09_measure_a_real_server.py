@@ -398,6 +398,11 @@ three.show()
 #   does the same for steps where every sequence decodes: one program per batch size (1, 2, 4, 8, 16),
 #   built at start, the batch padded up to the next size (`kvlab/serving/compiled_decode.py`);
 #   `bench serve` runs kvlab serve so, and `--compile-twin` measures it off and on (README).
+#   `--compile-mixed` compiles the other steps too, those holding a prompt chunk: one program for any
+#   number of tokens, attention left as one operator the program calls, as vLLM splits its compiled graph
+#   at its attention operator
+#   (<a href="https://docs.vllm.ai/en/latest/design/torch_compile/">piecewise compilation</a>;
+#   `kvlab/serving/compiled_step.py`; `--mixed-twin` measures it off and on).
 # - **CPU attention kernels.** Its attention reads the paged KV cache where it lies, in C++
 #   (<a href="https://github.com/vllm-project/vllm/blob/main/vllm/v1/attention/backends/cpu_attn.py">cpu_attn.py</a>,
 #   <a href="https://github.com/vllm-project/vllm/blob/main/csrc/cpu/cpu_attn.cpp">csrc/cpu/cpu_attn.cpp</a>);

@@ -86,15 +86,17 @@ def test_sizes_must_be_positive_whole_batches(model, sizes):
 
 
 def test_kvlab_serve_at_its_best_compiles_and_reads_in_place_and_says_so(model, tmp_path):
-    """`kvlab_server(spec=BEST_SPEC)` runs `serve --compile-decode --attention in_place`, recorded in its settings,
-    with longer to start; PEER_SPEC (the lessons' peers), neither option and the usual start timeout."""
+    """`kvlab_server(spec=BEST_SPEC)` runs `serve --compile-decode --attention in_place --compile-mixed`, recorded in
+    its settings, with longer to start; PEER_SPEC (the lessons' peers), none of them and the usual start timeout."""
     from kvlab.http.peer import BEST_SPEC, PEER_SPEC
     from kvlab.http.shared_checkpoint import save_shared_checkpoint
 
     folder = save_shared_checkpoint(model, tmp_path / "ckpt")
     on, off = kvlab_server(folder, spec=BEST_SPEC), kvlab_server(folder)
-    assert BEST_SPEC == PEER_SPEC.replace(compile_sizes=(1, 2, 4, 8, 16), attention="in_place")
+    assert BEST_SPEC == PEER_SPEC.replace(compile_sizes=(1, 2, 4, 8, 16), attention="in_place", compile_mixed=True)
     assert "--compile-decode" in on.args and "--compile-decode" not in off.args
+    assert "--compile-mixed" in on.args and "--compile-mixed" not in off.args
+    assert (on.settings["compile_mixed"], off.settings["compile_mixed"]) == (True, False)
     assert on.args[on.args.index("--attention") + 1] == "in_place" and "--attention" not in off.args
     assert on.settings["compile_sizes"] == [1, 2, 4, 8, 16] and off.settings["compile_sizes"] == []
     assert (on.settings["attention"], off.settings["attention"]) == ("in_place", "gather")

@@ -32,7 +32,8 @@ def test_a_block_size_that_is_not_a_positive_whole_number_is_refused_with_the_sa
                                              ("seed", "1", "seed must be an integer"),
                                              ("compile_sizes", [1, 2], "compile_sizes must be a tuple"),
                                              ("compile_sizes", (0,), "compile_sizes must be a tuple of positive"),
-                                             ("attention", "paged", "attention must be one of gather, in_place")])
+                                             ("attention", "paged", "attention must be one of gather, in_place"),
+                                             ("compile_mixed", "yes", "compile_mixed must be True or False")])
 def test_bad_values_are_refused_where_the_spec_is_made(field, bad, words):
     with pytest.raises(ValueError, match=words):
         EngineSpec(**{field: bad})
@@ -123,7 +124,7 @@ def test_an_engine_in_its_own_process_leaves_one_core_to_the_front_end_and_never
                        policy="static", priority="prefill_first", max_seqs=3, max_batch_tokens=40, chunked_prefill=False,
                        max_waiting=None, max_model_len=40, batch_wait_s=0.25),
     LESSON_SPEC.replace(max_waiting=4096),
-    BEST_SPEC,  # compiled decode, in-place attention
+    BEST_SPEC,  # compiled decode, in-place attention, compiled prompt-chunk steps
 ])
 def test_a_spec_spelled_as_serves_options_reads_back_whole(spec):
     """What a peer server is started with (engine_args) is what its own process reads (spec_from_args): the spec

@@ -20,7 +20,8 @@ The engines: kvlab serve on `--threads` torch threads (kvlab's default, 1: its e
 one core, its HTTP front end beside it; `--thread-twin` adds it with the engine in a thread of the front end's
 process, the lever off; `--allocator-twin` adds it with malloc as the system sets it, kvlab.allocator; its engine
 `BEST_SPEC`: its decode step compiled per batch size at start, `serve --compile-decode`, `--compile-twin` adds it
-eager; its decodes read in the pool, `serve --attention in_place`, `--attention-twin` adds it gathering), transformers
+eager; its decodes read in the pool, `serve --attention in_place`, `--attention-twin` adds it gathering; its
+prompt-chunk steps compiled for any token count, `serve --compile-mixed`, `--mixed-twin` adds them eager), transformers
 serve on `--threads`, and vLLM (set up with `python -m kvlab peer vllm
 --setup-only`; left out with one line when it is not) as its CPU guide recommends: TCMalloc and Intel's OpenMP
 preloaded, its OpenMP threads bound to all cores but the one it keeps for its front end (on 2 cores: one and
@@ -79,6 +80,7 @@ KVLAB_THREAD = f"{KVLAB}, engine in a thread"  # the lever off: the engine steps
 KVLAB_SYSTEM_MALLOC = f"{KVLAB}, system allocator"  # the lever off: malloc as glibc sets it (kvlab.allocator)
 KVLAB_EAGER = f"{KVLAB}, eager decode"  # the lever off: no compiled decode step (kvlab.serving.compiled_decode)
 KVLAB_GATHER = f"{KVLAB}, gather attention"  # the lever off: decodes' blocks copied out (cache.in_place_attention)
+KVLAB_EAGER_MIXED = f"{KVLAB}, eager prompt steps"  # the lever off: steps with a prompt chunk eager (compiled_step)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class Bench:
     kvlab_spec: EngineSpec = BEST_SPEC  # kvlab serve's engine: at its best (compiled decode, in-place attention)
     compile_twin: bool = False  # kvlab serve again with its decode step eager
     attention_twin: bool = False  # kvlab serve again with its decodes' blocks gathered, not read in place
+    mixed_twin: bool = False  # kvlab serve again with its prompt-chunk steps eager
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -124,7 +127,9 @@ def run(bench: Bench = Bench(), log: Callable[[str], None] = print) -> dict:
         (KVLAB_EAGER, {"threads": b.threads, "spec": b.kvlab_spec.replace(compile_sizes=())},
          b.compile_twin and bool(b.kvlab_spec.compile_sizes)),
         (KVLAB_GATHER, {"threads": b.threads, "spec": b.kvlab_spec.replace(attention="gather")},
-         b.attention_twin and b.kvlab_spec.attention != "gather")]
+         b.attention_twin and b.kvlab_spec.attention != "gather"),
+        (KVLAB_EAGER_MIXED, {"threads": b.threads, "spec": b.kvlab_spec.replace(compile_mixed=False)},
+         b.mixed_twin and b.kvlab_spec.compile_mixed)]
     for name, settings, wanted in twins:  # kvlab serve again with one lever changed, each right after kvlab serve
         if KVLAB in todo and wanted:
             servers.insert(1, make_server(KVLAB, folder, **settings))
@@ -307,6 +312,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run kvlab serve with --attention gather (its decodes read in the pool by default)")
     p.add_argument("--attention-twin", action="store_true",
                    help="also measure kvlab serve with --attention gather (the lever off)")
+    p.add_argument("--eager-mixed", action="store_true",
+                   help="run kvlab serve without --compile-mixed (its prompt-chunk steps compiled at start)")
+    p.add_argument("--mixed-twin", action="store_true",
+                   help="also measure kvlab serve with its prompt-chunk steps eager (the lever off)")
     p.add_argument("--no-vllm", action="store_true", help="leave vLLM out")
     p.add_argument("--no-transformers", action="store_true", help="leave transformers serve out")
     p.add_argument("--model", default=None, help="a checkpoint folder with a tokenizer (default: the lesson model)")
@@ -417,8 +426,9 @@ def main(args: argparse.Namespace | Sequence[str] | None = None) -> int:
     bench = Bench(protocol, rates, args.rounds, tuple(engines), args.threads, args.equal_threads, args.model,
                   args.second_client, args.client_priority == "realtime", args.thread_twin, args.allocator_twin,
                   BEST_SPEC.replace(**({"compile_sizes": ()} if args.eager_decode else {}),
-                                    **({"attention": "gather"} if args.gather_attention else {})),
-                  args.compile_twin, args.attention_twin)
+                                    **({"attention": "gather"} if args.gather_attention else {}),
+                                    **({"compile_mixed": False} if args.eager_mixed else {})),
+                  args.compile_twin, args.attention_twin, args.mixed_twin)
     out = run(bench, log=lambda m: print(m, flush=True))
     wall = time.perf_counter() - t0
     print("\n".join(report_lines(out, args)))

@@ -44,9 +44,10 @@ NEEDED = ("accelerate", "fastapi", "uvicorn", "openai", "pydantic")  # what `tra
 NUM_BLOCKS = 512  # the peers' KV pool: room for 16 sequences of 512 tokens in SERVE_SPEC's blocks of 16
 PEER_SPEC = SERVE_SPEC.replace(max_waiting=4096)  # kvlab serve as a peer: a queue no sweep fills
 # kvlab serve at its best, as bench serve and 09's three engines run it beside vLLM: its decode step compiled per batch
-# size at start, its decodes read in the pool (the two levers bench serve measures on and off). Not the lessons' two
+# size at start, its decodes read in the pool, its prompt-chunk steps compiled for any token count (the three levers
+# bench serve measures on and off). Not the lessons' two
 # engines: a learner's first start would compile and build for two minutes.
-BEST_SPEC = PEER_SPEC.replace(compile_sizes=COMPILE_SIZES, attention="in_place")
+BEST_SPEC = PEER_SPEC.replace(compile_sizes=COMPILE_SIZES, attention="in_place", compile_mixed=True)
 IGNORE_EOS: dict[str, dict[str, Any]] = {"kvlab serve": {"ignore_eos": True},
                                          "transformers serve": {"generation_config": json.dumps({"eos_token_id": -1})}}
 
@@ -196,8 +197,9 @@ def kvlab_server(folder: str | Path, spec: EngineSpec = PEER_SPEC, *, num_blocks
                 "prefix_caching": spec.enable_prefix_caching, "chunked_prefill": sched.chunked_prefill,
                 "scheduling": f"{sched.policy}, {sched.priority.replace('_', ' ')}",
                 "engine": "in a thread of the server" if engine_in_thread else "in its own process",
-                "allocator": allocator, "compile_sizes": list(spec.compile_sizes), "attention": spec.attention}
-    builds = spec.compile_sizes or spec.attention == "in_place"
+                "allocator": allocator, "compile_sizes": list(spec.compile_sizes), "attention": spec.attention,
+                "compile_mixed": spec.compile_mixed}
+    builds = spec.compile_sizes or spec.attention == "in_place" or spec.compile_mixed
     return LoopbackServer("kvlab serve", args, str(folder), dict(IGNORE_EOS["kvlab serve"]), settings,
                           __version__, threads, start_timeout_s=300.0 if builds else 120.0)
 

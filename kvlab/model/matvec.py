@@ -62,14 +62,13 @@ def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def matvec(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x (..., K) @ w (K, N): split by K across threads for a decode step's few rows on CPU, else plain."""
+    compiling = torch.compiler.is_compiling()
+    if compiling and _THREADS_ARE_CONSTANT and _threads() < 2:
+        return x @ w  # one thread, nothing to split (asked first: a program for any number of rows needs no guard)
     rows = x.numel() // w.shape[0]
     if x.device.type != "cpu" or not 0 < rows <= SPLIT_MAX_ROWS:
         return x @ w  # a prompt, or another device: the plain product
-    if not torch.compiler.is_compiling():
-        return split_product(x, w)
-    if _THREADS_ARE_CONSTANT and _threads() < 2:
-        return x @ w  # one thread, nothing to split: the compiler may fuse the product with its neighbours
-    return split_matvec(x, w)
+    return split_matvec(x, w) if compiling else split_product(x, w)
 
 
 __all__ = ["SPLIT_MAX_ROWS", "matvec", "prepare_compile", "split_matvec", "split_product"]

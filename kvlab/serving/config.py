@@ -43,9 +43,11 @@ class EngineSpec:
     - ``compile_sizes``: decode batches whose step ``torch.compile`` builds at start (``kvlab.serving.compiled_decode``,
       vLLM's capture sizes; () none, the default; ``serve --compile-decode``: ``COMPILE_SIZES``);
     - ``attention``: how decoding sequences attend over their blocks, "gather" (copied out, torch's attention) or
-      "in_place" (read in the pool by kvlab's CPU kernel, ``kvlab.cache.in_place_attention``).
+      "in_place" (read in the pool by kvlab's CPU kernel, ``kvlab.cache.in_place_attention``);
+    - ``compile_mixed``: the steps that hold a prompt chunk run one program ``torch.compile`` builds at start for any
+      token count, attention an operator it calls (``kvlab.serving.compiled_step``; ``serve --compile-mixed``).
 
-    The last two change how fast a step runs, not what it computes (up to float rounding: tests compare the greedy
+    The last three change how fast a step runs, not what it computes (up to float rounding: tests compare the greedy
     tokens); ``Engine(model, spec)`` hands them to its ``ModelExecutor``.
     """
 
@@ -57,6 +59,7 @@ class EngineSpec:
     seed: int = 0
     compile_sizes: tuple[int, ...] = ()
     attention: str = "gather"
+    compile_mixed: bool = False
 
     def __post_init__(self) -> None:
         check_pool_geometry(self.block_size)
@@ -65,6 +68,8 @@ class EngineSpec:
             raise ValueError(f"compile_sizes must be a tuple of positive batch sizes, e.g. {COMPILE_SIZES}; got "
                              f"{sizes!r}")
         check_attention(self.attention)
+        if not isinstance(self.compile_mixed, bool):
+            raise ValueError(f"compile_mixed must be True or False, got {self.compile_mixed!r}")
         budget = self.kv_budget_bytes
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"kv_budget_bytes must be a whole number of bytes >= 1, or None (room for max_seqs "
@@ -113,8 +118,8 @@ SERVE_SPEC = EngineSpec(scheduler=SchedulerConfig(max_waiting=64))
 def add_engine_arguments(group: argparse.ArgumentParser | argparse._ArgumentGroup,
                          defaults: EngineSpec = SERVE_SPEC, help: dict[str, str] | None = None) -> None:
     """The spec's options on a command line (``--seed`` is the command's own: it seeds the weights too): every
-    scheduler field, then ``--block-size``, ``--kv-budget-mb``, ``--no-prefix-caching``, ``--compile-decode`` and
-    ``--attention``, defaulting to ``defaults``. ``spec_from_args`` reads them back."""
+    scheduler field, then ``--block-size``, ``--kv-budget-mb``, ``--no-prefix-caching``, ``--compile-decode``,
+    ``--attention`` and ``--compile-mixed``, defaulting to ``defaults``. ``spec_from_args`` reads them back."""
     sched = defaults.scheduler
     changed = {f: getattr(sched, f) for f in OPTION_FIELDS if getattr(sched, f) != getattr(SchedulerConfig, f)}
     add_scheduler_arguments(group, help=help, **changed)
@@ -130,6 +135,9 @@ def add_engine_arguments(group: argparse.ArgumentParser | argparse._ArgumentGrou
                             "in_place (read in the pool by kvlab's CPU kernel, built once per machine: about a minute "
                             "the first time; float32 pools on the CPU, any other keeps gather; "
                             "kvlab.cache.in_place_attention)")
+    group.add_argument("--compile-mixed", action="store_true", default=defaults.compile_mixed,
+                       help="compile the steps that hold a prompt chunk too, once for any number of tokens, attention "
+                            "an operator the program calls (about 20 s at start; kvlab.serving.compiled_step)")
 
 
 def spec_from_args(args: argparse.Namespace) -> EngineSpec:
@@ -138,7 +146,8 @@ def spec_from_args(args: argparse.Namespace) -> EngineSpec:
     budget = int(args.kv_budget_mb * 2**20) if args.kv_budget_mb else None
     return EngineSpec(block_size=args.block_size, kv_budget_bytes=budget, enable_prefix_caching=not args.no_prefix_caching,
                       scheduler=scheduler_config_from_args(args), seed=args.seed,
-                      compile_sizes=COMPILE_SIZES if args.compile_decode else (), attention=args.attention)
+                      compile_sizes=COMPILE_SIZES if args.compile_decode else (), attention=args.attention,
+                      compile_mixed=args.compile_mixed)
 
 
 def engine_args(spec: EngineSpec, defaults: EngineSpec = SERVE_SPEC) -> list[str]:
@@ -154,6 +163,11 @@ def engine_args(spec: EngineSpec, defaults: EngineSpec = SERVE_SPEC) -> list[str
         args.append("--compile-decode")
     if spec.attention != defaults.attention:
         args += ["--attention", spec.attention]
+    if spec.compile_mixed != defaults.compile_mixed:
+        if not spec.compile_mixed:
+            raise ValueError("compile_mixed=False has no command-line option where the defaults compile: "
+                             "--compile-mixed only turns it on")
+        args.append("--compile-mixed")
     if spec.kv_budget_bytes is not None:
         args += ["--kv-budget-mb", repr(spec.kv_budget_bytes / 2**20)]
     return args + (["--no-prefix-caching"] if not spec.enable_prefix_caching else []) + ["--seed", str(spec.seed)]

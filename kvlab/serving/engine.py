@@ -165,7 +165,8 @@ class Engine:
         self.sampling = sampling or SamplingParams()
         self.seed = spec.seed
         # a ModelConfig came with an executor; a Decoder's runs it as the spec says
-        self.executor = executor or ModelExecutor(cast(Decoder, self.model), spec.compile_sizes, spec.attention)
+        self.executor = executor or ModelExecutor(cast(Decoder, self.model), spec.compile_sizes, spec.attention,
+                                                  spec.compile_mixed)
         self.clock = "wall"
         self.reset()
         self.executor.initialize_cache(self.block_manager)

@@ -17,6 +17,7 @@ from kvlab.model.decoder import Decoder
 from kvlab.sampling import NonFiniteLogits, nonfinite_rows, sample
 from kvlab.serving.block_manager import BlockManager
 from kvlab.serving.compiled_decode import CompiledDecode
+from kvlab.serving.compiled_step import CompiledStep
 from kvlab.serving.scheduler import SchedulerOutput, StepShape
 
 
@@ -62,17 +63,22 @@ class ModelExecutor(Executor):
     ``compile_sizes``: where given, a step in which every sequence decodes (up to the largest size) runs a program
     ``torch.compile`` built for its padded batch size when the cache is made (``kvlab.serving.compiled_decode``).
     ``attention``: how the other steps' decodes attend (``PagedKVCache``'s, "gather" or "in_place").
+    ``compile_mixed``: the other steps (those holding a prompt chunk) run one program ``torch.compile`` built for any
+    token count when the cache is made (``kvlab.serving.compiled_step``).
     """
 
     name = "model"
 
-    def __init__(self, model: Decoder, compile_sizes: Sequence[int] = (), attention: str = "gather") -> None:
+    def __init__(self, model: Decoder, compile_sizes: Sequence[int] = (), attention: str = "gather",
+                 compile_mixed: bool = False) -> None:
         if not isinstance(model, Decoder):
             raise TypeError(f"ModelExecutor runs a kvlab Decoder, got {type(model).__name__}; "
                             "load one with kvlab.build_model or kvlab.from_pretrained")
         self.model, self.compile_sizes, self.attention = model, tuple(compile_sizes), attention
+        self.compile_mixed = compile_mixed
         self.cache: PagedKVCache | None = None
         self.compiled: CompiledDecode | None = None
+        self.compiled_step: CompiledStep | None = None
 
     def initialize_cache(self, pool: BlockManager) -> None:
         cfg, cache = self.model.config, self.cache
@@ -80,11 +86,14 @@ class ModelExecutor(Executor):
             cache = self.cache = PagedKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=self.model.dtype,
                                               device=self.model.device, num_blocks=pool.num_blocks,
                                               block_size=pool.block_size, attention=self.attention)
-            self.compiled = None
+            self.compiled = self.compiled_step = None
         cache.reset()
         if self.compile_sizes and self.compiled is None:
             self.compiled = CompiledDecode(self.model, cache, self.compile_sizes)
             self.compiled.compile_all()
+        if self.compile_mixed and self.compiled_step is None:
+            self.compiled_step = CompiledStep(self.model, cache)
+            self.compiled_step.compile_all()
 
     def _paged_cache(self) -> PagedKVCache:
         if self.cache is None:
@@ -125,7 +134,10 @@ class ModelExecutor(Executor):
         try:
             index = torch.tensor([metadata.query_start_loc[i + 1] - 1 for i in rows], dtype=torch.long, device=device)
             # logits only where a token is sampled: each such sequence's last token (a prompt's other rows need none)
-            return self.model(input_ids, cache, positions=positions, logits_index=index)[0]  # (S', V)
+            logits = self.compiled_step(input_ids, positions, index) if self.compiled_step is not None else None
+            if logits is None:  # not compiled, or no program for this step: eagerly
+                logits = self.model(input_ids, cache, positions=positions, logits_index=index)[0]
+            return logits  # (S', V)
         finally:
             cache.metadata = None
 
