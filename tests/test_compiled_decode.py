@@ -12,6 +12,8 @@ from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.executor import ModelExecutor
 from kvlab.workload import make_workload
 
+from engine_tokens import tokens_of
+
 
 def greedy_tokens(model, compile_sizes: tuple[int, ...] = (), backend="eager", n: int = 7):
     """Every token of ``n`` requests sent at once (decode batches of 1 to n, some above the largest size), and the
@@ -22,12 +24,8 @@ def greedy_tokens(model, compile_sizes: tuple[int, ...] = (), backend="eager", n
         executor.compiled = CompiledDecode(model, executor._paged_cache(), compile_sizes, backend=backend)
         executor.compiled.compile_all()
         assert all(not pool[0].any() for pool in executor._paged_cache().key_cache)  # the compile's writes undone
-    for r in make_workload("short_short", n, arrival="all_at_once", seed=3, vocab_size=model.config.vocab_size):
-        engine.add_request(r)
-    tokens: dict = {}
-    while engine.scheduler.running or engine.scheduler.waiting:
-        for o in engine.step():
-            tokens.setdefault(o.request_id, []).append(o.token_id)
+    tokens = tokens_of(engine, make_workload("short_short", n, arrival="all_at_once", seed=3,
+                                             vocab_size=model.config.vocab_size))
     return tokens, executor.compiled
 
 

@@ -10,6 +10,8 @@ from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.executor import ModelExecutor
 from kvlab.workload import make_workload
 
+from engine_tokens import tokens_of
+
 
 def greedy_tokens(model, backend: str | None = None) -> tuple[dict, CompiledStep | None]:
     """Every token of 6 requests sent at once, prompts of 256-512 tokens cut into chunks of a 96-token budget (so a
@@ -20,12 +22,8 @@ def greedy_tokens(model, backend: str | None = None) -> tuple[dict, CompiledStep
         executor.compiled_step = CompiledStep(model, executor._paged_cache(), backend=backend)
         executor.compiled_step.compile_all()
         assert all(not pool.any() for pool in executor._paged_cache().key_cache)  # the compile's writes undone
-    for r in make_workload("long_short", 6, arrival="all_at_once", seed=4, vocab_size=model.config.vocab_size):
-        engine.add_request(r)
-    tokens: dict = {}
-    while engine.scheduler.running or engine.scheduler.waiting:
-        for o in engine.step():
-            tokens.setdefault(o.request_id, []).append(o.token_id)
+    tokens = tokens_of(engine, make_workload("long_short", 6, arrival="all_at_once", seed=4,
+                                             vocab_size=model.config.vocab_size))
     return tokens, executor.compiled_step
 
 

@@ -17,6 +17,8 @@ from kvlab.serving.config import SERVE_SPEC
 from kvlab.serving.executor import ModelExecutor
 from kvlab.workload import make_workload
 
+from engine_tokens import tokens_of
+
 
 def test_an_unknown_attention_backend_is_refused_before_any_pool_is_made():
     with pytest.raises(ValueError, match="attention must be one of gather, in_place"):
@@ -110,12 +112,8 @@ def greedy_tokens(model, attention: str, compile_sizes: tuple[int, ...] = ()) ->
     if compile_sizes:
         executor.compiled = CompiledDecode(model, executor._paged_cache(), compile_sizes, backend="eager")
         executor.compiled.compile_all()
-    for r in make_workload("long_short", 10, arrival="all_at_once", seed=5, vocab_size=model.config.vocab_size):
-        engine.add_request(r)
-    tokens: dict = {}
-    while engine.scheduler.running or engine.scheduler.waiting:
-        for o in engine.step():
-            tokens.setdefault(o.request_id, []).append(o.token_id)
+    tokens = tokens_of(engine, make_workload("long_short", 10, arrival="all_at_once", seed=5,
+                                             vocab_size=model.config.vocab_size))
     if compile_sizes:  # past the gather path's cap, every decode step ran compiled
         assert executor.compiled.num_steps > 20 and executor.compiled.num_eager_steps == 0
     return tokens

@@ -65,10 +65,15 @@ def test_every_throttled_step_takes_at_least_its_bytes_over_the_rate(model, runs
 
 
 def test_the_throttled_step_is_slower_than_the_unthrottled_one_by_the_links_time(model, runs):
+    """A copy waits until its bytes would have crossed the link since it started (``wait_for_link``): a step gains the
+    link's time less what its copies took anyway, which a competing CPU load lengthens (2026-12-08: 1.46 ms gained
+    against 2.10 ms of link beside two busy loops)."""
     link_s = np.median(by_hand(model.config, len(PROMPT), NEW)) / (RATE_GBPS * 1e9)
     slow = np.median(runs["slow"][0].timeline.step_s[1:])
-    fast = np.median(runs["fast"][0].timeline.step_s[1:])
-    assert slow - fast >= 0.8 * link_s - 2e-4, (slow, fast, link_s)
+    fast_result, fast_cache = runs["fast"]
+    fast = np.median(fast_result.timeline.step_s[1:])
+    copy_s = fast_cache.copy_s_total / len(fast_result.timeline.step_s)  # what a step's copies take unthrottled
+    assert slow - fast >= 0.8 * (link_s - copy_s) - 2e-4, (slow, fast, link_s, copy_s)
     fast_cache = runs["fast"][1]
     assert fast_cache.link_wait_s_total == 0  # no link: no waiting
 

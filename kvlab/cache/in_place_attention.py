@@ -83,6 +83,19 @@ inline void prefetch_chunk(const float* K, const float* V, const int64_t* table,
 struct Scratch {
   std::vector<float> q, acc, m, z, bm, s;
   Scratch(int64_t g, int64_t hs) : q(g * hs), acc(g * hs), m(g), z(g), bm(g), s(g * CHUNK) {}
+  // A task's start: its g queries (g, hs) scaled, nothing summed yet.
+  void start(const float* qin, int64_t g, int64_t hs, float sc) {
+    for (int64_t j = 0; j < g; ++j) {
+      for (int64_t c = 0; c < hs; ++c) { q[j * hs + c] = qin[j * hs + c] * sc; acc[j * hs + c] = 0.f; }
+      m[j] = -std::numeric_limits<float>::infinity();
+      z[j] = 0.f;
+    }
+  }
+  // Its end: each head's weighted sum over its total weight, into o (g, hs).
+  void finish(float* o, int64_t g, int64_t hs) const {
+    for (int64_t j = 0; j < g; ++j)
+      for (int64_t c = 0; c < hs; ++c) o[j * hs + c] = acc[j * hs + c] / z[j];
+  }
 };
 
 // One sequence, one KV head and its g query heads: over each chunk of slots, the scores, a running maximum (what was
@@ -98,11 +111,7 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
   float* z = w.z.data();
   float* bm = w.bm.data();
   float* s = w.s.data();
-  for (int64_t j = 0; j < g; ++j) {
-    for (int64_t c = 0; c < hs; ++c) { qs[j * hs + c] = q[j * hs + c] * sc; acc[j * hs + c] = 0.f; }
-    m[j] = -std::numeric_limits<float>::infinity();
-    z[j] = 0.f;
-  }
+  w.start(q, g, hs, sc);
   for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
     t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
     const int64_t first = table[t0 / bs] * bs + t0 % bs;  // the chunk's first slot in the pool
@@ -145,8 +154,7 @@ void attend(const float* q, const float* K, const float* V, const int64_t* table
       }
     }
   }
-  for (int64_t j = 0; j < g; ++j)
-    for (int64_t c = 0; c < hs; ++c) o[j * hs + c] = acc[j * hs + c] / z[j];
+  w.finish(o, g, hs);
 }
 
 
@@ -171,11 +179,7 @@ void attend_avx2(const float* q, const float* K, const float* V, const int64_t* 
   float* m = w.m.data();
   float* z = w.z.data();
   float* s = w.s.data();
-  for (int64_t j = 0; j < g; ++j) {
-    for (int64_t c = 0; c < HS; ++c) { qs[j * HS + c] = q[j * HS + c] * sc; acc[j * HS + c] = 0.f; }
-    m[j] = -std::numeric_limits<float>::infinity();
-    z[j] = 0.f;
-  }
+  w.start(q, g, HS, sc);
   for (int64_t t0 = 0, t1 = 0; t0 < L; t0 = t1) {  // a chunk: slots t0 .. t1-1, all in one block
     t1 = std::min({L, t0 + CHUNK, (t0 / bs + 1) * bs});
     const int64_t n = t1 - t0;
@@ -230,8 +234,7 @@ void attend_avx2(const float* q, const float* K, const float* V, const int64_t* 
       for (int64_t v = 0; v < NV; ++v) _mm256_storeu_ps(aj + 8 * v, a[v]);
     }
   }
-  for (int64_t j = 0; j < g; ++j)
-    for (int64_t c = 0; c < HS; ++c) o[j * HS + c] = acc[j * HS + c] / z[j];
+  w.finish(o, g, HS);
 }
 #endif
 
