@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kvlab.cache import in_place_attention
 from kvlab.cache.paged import DECODE_BATCH_MAX_SLOTS, PagedKVCache
-from kvlab.compiled import short_reason
+from kvlab.compiled import run_compiled, short_reason
 from kvlab.model.decoder import Decoder
 from kvlab.model.matvec import prepare_compile
 
@@ -117,14 +117,8 @@ class CompiledDecode:
         ids = torch.tensor(token_ids, device=device)[:, None]  # (b, 1)
         if self.compiling:  # compile_all's calls: compiling is what they are for
             return self.compiled(ids, pos[:, None], batch)[:n]
-        try:  # serving: never a compile in the middle of a step (seconds every request would wait). Only the guards
-            # that tell the sizes' programs apart run (the lookup 265 -> 86-104 us a step here): the ones left out
-            # check what this method builds the same way every step (dtypes, devices, the model, the pool)
-            with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=True):
-                logits = self.compiled(ids, pos[:, None], batch)  # (b, V)
-        except RuntimeError as e:
-            if "recompil" not in str(e).lower():  # fail_on_recompile's words, or skip_guard_eval_unsafe's
-                raise
+        logits = run_compiled(self.compiled, ids, pos[:, None], batch)  # (b, V); None: no program for it
+        if logits is None:
             self.num_eager_steps += 1  # a shape no program was built for: this step runs eagerly
             return self.step(ids, pos[:, None], batch)[:n]
         self.num_steps += 1

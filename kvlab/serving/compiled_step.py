@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from kvlab.cache.paged import PagedAttentionMetadata, PagedKVCache
-from kvlab.compiled import short_reason
+from kvlab.compiled import run_compiled, short_reason
 from kvlab.model.decoder import Decoder
 from kvlab.model.matvec import SPLIT_MAX_ROWS, prepare_compile
 
@@ -98,14 +98,10 @@ class CompiledStep:
         with forward_context(self.cache):
             if self.compiling:
                 return self.compiled(input_ids, positions, index)[:rows]
-            try:  # serving: never a compile in the middle of a step; only the guards that tell the programs apart
-                with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=True):
-                    logits = self.compiled(input_ids, positions, index)  # (>= 2, V)
-            except RuntimeError as e:
-                if "recompil" not in str(e).lower():
-                    raise
-                self.num_eager_steps += 1
-                return None
+            logits = run_compiled(self.compiled, input_ids, positions, index)  # (>= 2, V); None: no program
+        if logits is None:
+            self.num_eager_steps += 1
+            return None
         self.num_steps += 1
         return logits[:rows]
 
